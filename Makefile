@@ -1,0 +1,47 @@
+# tileweave — the two commands a new user runs: `make run` and `make test`.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+SAMPLE  ?= samples/bert_layer.onnx
+JOBS    ?= auto
+
+.PHONY: run test test-fast test-slow test-browser lint venv install install-dev sys-deps samples clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+venv: $(BIN)/python
+
+install: venv
+	$(BIN)/pip install -q -e .
+
+install-dev: venv
+	$(BIN)/pip install -q -e '.[dev]'
+
+# Debian packages the tests need: graphviz (dot) for SVG rendering, chromium for the browser tests.
+sys-deps:
+	@if ! command -v dot >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null; \
+	  else echo "need Debian packages graphviz and chromium: sudo apt-get install graphviz chromium"; fi; \
+	fi
+
+run: install
+	$(BIN)/tileweave info $(SAMPLE)
+
+test: install-dev sys-deps
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -n $(JOBS) -m 'not slow and not gpu and not browser'
+	$(BIN)/python -m pytest -q -m browser -p no:xdist
+
+test-slow: install-dev
+	$(BIN)/python -m pytest -q -n $(JOBS) -m slow
+
+lint: install-dev
+	$(BIN)/ruff check .
+
+samples: install
+	$(BIN)/python samples/make_samples.py
+
+clean:
+	rm -rf .tileweave-cache .pytest_cache .ruff_cache

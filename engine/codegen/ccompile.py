@@ -1,0 +1,147 @@
+"""C source in, path to a cached shared library out (system C compiler + OpenMP), for the CPU backend.
+
+Libraries live under `cache_dir()/cc/`, keyed on source, options and compiler version; `load_library`
+opens one with ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from engine.errors import CompileError
+from engine.flags import cache_dir, debug
+
+# -ffp-contract=off: no fused multiply-adds, so the C backend rounds like the NumPy reference.
+# -fno-math-errno lets expf/sqrtf vectorise without changing results.
+# No -march=native by default: the cache may be shared (NFS home, CI cache) across machines, where a
+# binary built for another CPU dies with SIGILL. A caller who passes it gets the host's CPU folded
+# into the cache key (see _host_fingerprint), so such binaries never leave the CPU they were built for.
+DEFAULT_OPTIONS: tuple[str, ...] = (
+    "-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-std=c11", "-shared", "-fPIC",
+)
+LINK_LIBS: tuple[str, ...] = ("-lm",)  # after the source file, where the linker looks for them
+_CACHE_FORMAT = 1
+_COMPILE_TIMEOUT_S = 600
+
+
+def find_compiler() -> list[str]:
+    """The C compiler command: $CC (may carry arguments, e.g. "ccache gcc"), else cc, else gcc."""
+    env = os.environ.get("CC", "").strip()
+    if env:
+        cmd = shlex.split(env)
+        if shutil.which(cmd[0]) is None:
+            raise CompileError(f"CC={env!r} is not an executable on PATH: install it or unset CC")
+        return cmd
+    for candidate in ("cc", "gcc"):
+        if shutil.which(candidate):
+            return [candidate]
+    raise CompileError("no C compiler found: install gcc (apt-get install gcc) or set CC")
+
+
+@functools.cache
+def _compiler_version(cmd: tuple[str, ...]) -> str:
+    """`cc --version` output: a compiler upgrade must miss the cache."""
+    try:
+        out = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except OSError as err:
+        raise CompileError(f"C compiler {shlex.join(cmd)} cannot run ({err.strerror}): install gcc or set CC") from None
+    return out.stdout.strip() or out.stderr.strip()
+
+
+@functools.cache
+def _host_fingerprint() -> str:
+    """Machine + CPU model + feature flags: what -march=native compiles for."""
+    parts = [platform.machine()]
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        for field in ("model name", "flags", "Features"):
+            match = re.search(rf"^{field}\s*:\s*(.*)$", cpuinfo, re.MULTILINE)
+            if match:
+                parts.append(match.group(1).strip())
+    except OSError:
+        parts.append(platform.processor())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "program"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Temp file in the same folder, then rename: parallel pytest-xdist workers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _first_error(log: str) -> str:
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"\b(fatal )?error\b", line)]
+    first = errors[0] if errors else (lines[0] if lines else "no output")
+    return f"{first} (+{len(errors) - 1} more)" if len(errors) > 1 else first
+
+
+def compile_c(source: str, *, name: str, options: tuple[str, ...] = DEFAULT_OPTIONS) -> Path:
+    """Compile `source` to a shared library and return its path; a cache hit runs no compiler."""
+    cmd = find_compiler()
+    options = tuple(options)
+    key_parts = [_CACHE_FORMAT, source, list(options), list(LINK_LIBS), _compiler_version(tuple(cmd))]
+    if any("native" in opt for opt in options):
+        key_parts.append(_host_fingerprint())
+    key = hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()
+    stem = f"{_safe(name)}-{key[:20]}"
+    folder = cache_dir() / "cc"
+    lib = folder / f"{stem}.so"
+    if lib.exists():
+        debug(2, f"cc {name}: cache hit {lib.name}")
+        return lib
+
+    # The source stays beside the library: it is what the repro command and a debugger point at.
+    src = folder / f"{stem}.c"
+    _write_atomic(src, source.encode())
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{stem}.", suffix=".so.tmp")
+    os.close(fd)
+    argv = [*cmd, *options, str(src), "-o", tmp, *LINK_LIBS]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False)
+        if proc.returncode != 0:
+            repro = shlex.join([*cmd, *options, str(src), "-o", str(lib), *LINK_LIBS])
+            log = (proc.stderr + proc.stdout).strip()
+            err = CompileError(f"C program {name} failed to compile: {_first_error(log)}; reproduce: {repro}")
+            err.log = log  # the full compiler output
+            err.source_path = src
+            raise err
+        os.replace(tmp, lib)
+    except subprocess.TimeoutExpired:
+        raise CompileError(
+            f"C program {name} took over {_COMPILE_TIMEOUT_S} s to compile; reproduce: {shlex.join(argv)}"
+        ) from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    debug(2, f"cc {name}: compiled {lib.name}")
+    return lib
+
+
+def load_library(path: str | Path) -> ctypes.CDLL:
+    """Open a compiled library; set argtypes/restype on its functions before calling them."""
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as err:
+        raise CompileError(f"cannot load {path}: {err}; delete it to force a rebuild") from None

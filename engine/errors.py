@@ -1,0 +1,47 @@
+"""User-facing errors: one line naming what is wrong and how to fix it.
+
+The CLI prints `error: <message>` and exits with code 2 for any TileweaveError; the app shows the
+message. Raise these for bad input (files, shapes, plans, devices); let real bugs raise normally.
+"""
+
+from __future__ import annotations
+
+
+class TileweaveError(Exception):
+    """Bad input or an unsatisfiable request. `str(err)` is a single line."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        message = " ".join(message.split())
+        if hint:
+            message = f"{message} ({' '.join(hint.split())})"
+        super().__init__(message)
+
+
+class ModelError(TileweaveError):
+    """The ONNX model cannot be loaded, checked or lowered."""
+
+
+class UnsupportedOpError(ModelError):
+    """An ONNX op (or an attribute value of it) that the frontend does not convert."""
+
+
+class ShapeError(TileweaveError):
+    """A dynamic dimension without a binding, or inputs of the wrong shape/dtype."""
+
+
+class DeviceError(TileweaveError):
+    """An unknown device preset or a malformed device file."""
+
+
+class PlanError(TileweaveError):
+    """A plan that does not fit the model, the schema, or the legality rules."""
+
+
+class CompileError(TileweaveError):
+    """Generated code failed to compile, or the compiler is missing."""
+
+
+class BackendError(TileweaveError):
+    """A backend cannot run here (no CUDA device, pycuda missing, ...)."""

@@ -1,0 +1,34 @@
+"""Environment flags, declared once.
+
+DEBUG=1 plan summary, 2 per-kernel numbers, 3 every decision with its reason, 4 generated source,
+5 IR after each stage. DUMP_DIR=path writes graph, plans, kernels, profile and a repro.sh.
+TILEWEAVE_CACHE=path overrides the compile cache folder (default: ~/.cache/tileweave).
+UPDATE_GOLDEN=1 rewrites tests/golden/.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEBUG: int = int(os.environ.get("DEBUG", "0") or 0)
+DUMP_DIR: Path | None = Path(os.environ["DUMP_DIR"]) if os.environ.get("DUMP_DIR") else None
+UPDATE_GOLDEN: bool = os.environ.get("UPDATE_GOLDEN", "") not in ("", "0")
+
+
+def cache_dir() -> Path:
+    """Folder for on-disk compile caches (created on demand)."""
+    root = os.environ.get("TILEWEAVE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tileweave"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def debug(level: int, message: str) -> None:
+    """Print `message` to stderr when DEBUG >= level."""
+    if DEBUG >= level:
+        import sys
+
+        print(f"[tileweave:{level}] {message}", file=sys.stderr)

@@ -1,0 +1,225 @@
+"""Scalar body expressions of a stage: math over `Load(tensor, index)` values.
+
+Every node carries its dtype, so a body is self-describing; nodes are frozen dataclasses with
+structural equality and hashing (caches and CSE key on them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from engine.ir.dtypes import DType
+from engine.ir.index import Lin, as_lin
+
+UNARY_OPS = frozenset(
+    "neg abs exp log sqrt rsqrt recip tanh erf sigmoid ceil floor round not sin cos isnan sign".split()
+)
+BINARY_OPS = frozenset("add sub mul div pow min max mod fmod eq ne lt le gt ge and or xor".split())
+COMPARE_OPS = frozenset("eq ne lt le gt ge".split())
+LOGIC_OPS = frozenset("and or xor".split())
+# Rough cost in flops of one evaluation, for the cost model (transcendentals cost more).
+OP_FLOPS = {
+    "exp": 4, "log": 4, "sqrt": 2, "rsqrt": 2, "recip": 1, "tanh": 6, "erf": 8, "sigmoid": 5, "pow": 8,
+    "sin": 6, "cos": 6, "div": 1,
+}
+
+
+@dataclass(frozen=True)
+class Load:
+    """tensor[index]; with `pad` set, an index outside the tensor reads `pad` (Pad, conv padding,
+    concat) instead of being an error."""
+
+    tensor: str
+    index: tuple[Lin, ...]
+    dtype: DType
+    pad: float | int | bool | None = None
+
+
+@dataclass(frozen=True)
+class Imm:
+    value: float | int | bool
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class IndexVal:
+    """The integer value of an index expression (iota, ArgMax positions, concat/pad masks)."""
+
+    expr: Lin
+    dtype: DType = DType.I64
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: str
+    x: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: str
+    a: Expr
+    b: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Select:
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Cast:
+    x: Expr
+    dtype: DType
+
+
+Expr = Load | Imm | IndexVal | Unary | Binary | Select | Cast
+
+
+# ---- builders (keep converters short) ----------------------------------------------------
+
+
+def imm(value: float | int | bool, dtype: DType = DType.F32) -> Imm:
+    if dtype.is_float:
+        value = float(value)
+    elif dtype == DType.BOOL:
+        value = bool(value)
+    else:
+        value = int(value)
+    return Imm(value, dtype)
+
+
+def unary(op: str, x: Expr) -> Expr:
+    assert op in UNARY_OPS, op
+    dtype = DType.BOOL if op in ("not", "isnan") else x.dtype
+    return Unary(op, x, dtype)
+
+
+def binary(op: str, a: Expr, b: Expr) -> Expr:
+    assert op in BINARY_OPS, op
+    dtype = DType.BOOL if op in COMPARE_OPS or op in LOGIC_OPS else a.dtype
+    return Binary(op, a, b, dtype)
+
+
+def select(cond: Expr, a: Expr, b: Expr) -> Expr:
+    return Select(cond, a, b, a.dtype)
+
+
+def cast(x: Expr, dtype: DType) -> Expr:
+    return x if x.dtype == dtype else Cast(x, dtype)
+
+
+def index_val(e: Lin | int) -> IndexVal:
+    return IndexVal(as_lin(e))
+
+
+def add(a: Expr, b: Expr) -> Expr:
+    return binary("add", a, b)
+
+
+def sub(a: Expr, b: Expr) -> Expr:
+    return binary("sub", a, b)
+
+
+def mul(a: Expr, b: Expr) -> Expr:
+    return binary("mul", a, b)
+
+
+def div(a: Expr, b: Expr) -> Expr:
+    return binary("div", a, b)
+
+
+# ---- traversal ----------------------------------------------------------------------------
+
+
+def children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, (Unary, Cast)):
+        return (e.x,)
+    if isinstance(e, Binary):
+        return (e.a, e.b)
+    if isinstance(e, Select):
+        return (e.cond, e.a, e.b)
+    return ()
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """Pre-order walk over the expression tree (shared subtrees visited once per occurrence)."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(children(node)))
+
+
+def loads(e: Expr) -> list[Load]:
+    return [n for n in walk(e) if isinstance(n, Load)]
+
+
+def tensors_read(e: Expr) -> tuple[str, ...]:
+    """Tensors the expression reads (loads and gathered indices), in first-use order."""
+    names: list[str] = []
+    for n in walk(e):
+        if isinstance(n, Load):
+            names.append(n.tensor)
+            for ix in n.index:
+                names.extend(ix.indirect_tensors())
+        elif isinstance(n, IndexVal):
+            names.extend(n.expr.indirect_tensors())
+    return tuple(dict.fromkeys(names))
+
+
+def map_expr(e: Expr, fn) -> Expr:
+    """Rebuild bottom-up, applying `fn` to each rebuilt node (fn returns a node)."""
+    if isinstance(e, Unary):
+        e = Unary(e.op, map_expr(e.x, fn), e.dtype)
+    elif isinstance(e, Cast):
+        e = Cast(map_expr(e.x, fn), e.dtype)
+    elif isinstance(e, Binary):
+        e = Binary(e.op, map_expr(e.a, fn), map_expr(e.b, fn), e.dtype)
+    elif isinstance(e, Select):
+        e = Select(map_expr(e.cond, fn), map_expr(e.a, fn), map_expr(e.b, fn), e.dtype)
+    return fn(e)
+
+
+def count_flops(e: Expr) -> int:
+    """Arithmetic operations per evaluation of the body (transcendentals weighted by OP_FLOPS)."""
+    total = 0
+    for n in walk(e):
+        if isinstance(n, (Unary, Binary)):
+            total += OP_FLOPS.get(n.op, 1)
+        elif isinstance(n, Select):
+            total += 1
+    return total
+
+
+def format_expr(e: Expr) -> str:
+    if isinstance(e, Load):
+        idx = ", ".join(str(i) for i in e.index)
+        pad = "" if e.pad is None else f" pad={e.pad}"
+        return f"{e.tensor}[{idx}]{pad}"
+    if isinstance(e, Imm):
+        return repr(e.value) if e.dtype.is_float else str(e.value)
+    if isinstance(e, IndexVal):
+        return f"idx({e.expr})"
+    if isinstance(e, Unary):
+        return f"{e.op}({format_expr(e.x)})"
+    if isinstance(e, Cast):
+        return f"{e.dtype.short}({format_expr(e.x)})"
+    if isinstance(e, Binary):
+        sym = _INFIX.get(e.op)
+        if sym:
+            return f"({format_expr(e.a)} {sym} {format_expr(e.b)})"
+        return f"{e.op}({format_expr(e.a)}, {format_expr(e.b)})"
+    if isinstance(e, Select):
+        return f"({format_expr(e.cond)} ? {format_expr(e.a)} : {format_expr(e.b)})"
+    raise TypeError(e)
+
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
+          "gt": ">", "ge": ">=", "and": "&&", "or": "||"}

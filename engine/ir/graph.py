@@ -1,0 +1,181 @@
+"""The primitive graph: stages, each `out[i...] = combine over r... of body`, plus graph inputs,
+constant tensors (weights) and outputs. Stages are kept in topological order."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+
+import numpy as np
+
+from engine.ir.dtypes import DType
+from engine.ir.expr import Expr, count_flops, tensors_read
+
+
+class StageKind(StrEnum):
+    ELEMENTWISE = "elementwise"
+    REDUCE = "reduce"
+    CONTRACTION = "contraction"  # matmul/conv: compute-intensive reduce over a product
+    LAYOUT = "layout"  # pure index remap: transpose, reshape, slice, concat, pad, gather
+
+
+class Combine(StrEnum):
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+    PROD = "prod"
+    ARGMAX = "argmax"  # index along r0 of the first maximum of the body
+    ARGMIN = "argmin"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One tensor computed by a tensor expression. Output axes are i0..i{rank-1}, reduce axes
+    r0..r{len(reduce)-1} with extents `reduce`."""
+
+    name: str
+    kind: StageKind
+    shape: tuple[int, ...]
+    dtype: DType
+    body: Expr
+    reduce: tuple[int, ...] = ()
+    combine: Combine | None = None
+    op: str = ""  # short label used to name kernels ("matmul", "add", "softmax.max")
+    origin: tuple[str, ...] = ()  # ONNX node names this stage came from
+
+    def __post_init__(self):
+        if bool(self.reduce) != (self.combine is not None):
+            raise ValueError(f"stage {self.name}: reduce axes and combine go together")
+        if self.kind in (StageKind.REDUCE, StageKind.CONTRACTION) and not self.reduce:
+            raise ValueError(f"stage {self.name}: {self.kind.value} needs reduce axes")
+        if self.kind in (StageKind.ELEMENTWISE, StageKind.LAYOUT) and self.reduce:
+            raise ValueError(f"stage {self.name}: {self.kind.value} has no reduce axes")
+
+    @cached_property
+    def inputs(self) -> tuple[str, ...]:
+        return tensors_read(self.body)
+
+    @property
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.shape, self.dtype)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def reduce_size(self) -> int:
+        return int(np.prod(self.reduce, dtype=np.int64)) if self.reduce else 1
+
+    @property
+    def flops(self) -> int:
+        """Arithmetic operations to compute the whole tensor once (body per point + combine)."""
+        per_point = count_flops(self.body) + (1 if self.reduce else 0)
+        return self.size * self.reduce_size * per_point
+
+    @property
+    def is_memory_intensive(self) -> bool:
+        return self.kind != StageKind.CONTRACTION
+
+
+@dataclass(frozen=True)
+class PrimGraph:
+    """Primitive stages in topological order. `weights` holds the constant tensors' values; it is
+    excluded from equality and hashed by content in `structural_hash`."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    constants: tuple[TensorSpec, ...]
+    stages: tuple[Stage, ...]
+    outputs: tuple[str, ...]
+    weights: Mapping[str, np.ndarray] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    # ONNX names of graph outputs in order -> tensor names (usually identical).
+    output_names: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.output_names:
+            object.__setattr__(self, "output_names", self.outputs)
+
+    # ---- lookups ------------------------------------------------------------------------
+    @cached_property
+    def stage_map(self) -> dict[str, Stage]:
+        return {s.name: s for s in self.stages}
+
+    @cached_property
+    def specs(self) -> dict[str, TensorSpec]:
+        out = {t.name: t for t in self.inputs}
+        out.update({t.name: t for t in self.constants})
+        out.update({s.name: s.spec for s in self.stages})
+        return out
+
+    def stage(self, name: str) -> Stage:
+        return self.stage_map[name]
+
+    def is_stage(self, name: str) -> bool:
+        return name in self.stage_map
+
+    @cached_property
+    def consumers(self) -> dict[str, tuple[str, ...]]:
+        """tensor name -> names of stages reading it (in stage order)."""
+        acc: dict[str, list[str]] = {}
+        for s in self.stages:
+            for t in s.inputs:
+                acc.setdefault(t, []).append(s.name)
+        return {k: tuple(v) for k, v in acc.items()}
+
+    @cached_property
+    def edges(self) -> tuple[tuple[str, str], ...]:
+        """Stage-to-stage edges (producer, consumer) in a stable order."""
+        out = []
+        for s in self.stages:
+            for t in s.inputs:
+                if t in self.stage_map:
+                    out.append((t, s.name))
+        return tuple(out)
+
+    # ---- totals -------------------------------------------------------------------------
+    @property
+    def flops(self) -> int:
+        return sum(s.flops for s in self.stages)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(t.nbytes for t in self.constants)
+
+    @property
+    def min_dram_bytes(self) -> int:
+        """Inputs + weights read once + outputs written once: the floor for any schedule."""
+        outs = {self.specs[o].name: self.specs[o].nbytes for o in self.outputs}
+        return sum(t.nbytes for t in self.inputs) + self.param_bytes + sum(outs.values())
+
+    # ---- hashing ------------------------------------------------------------------------
+    @cached_property
+    def structural_hash(self) -> str:
+        """sha256 over stages, specs and weight contents: the model hash plans are tied to."""
+        from engine.ir.serialize import graph_to_json
+
+        h = hashlib.sha256(json.dumps(graph_to_json(self, weights=False), sort_keys=True).encode())
+        for name in sorted(self.weights):
+            arr = np.ascontiguousarray(self.weights[name])
+            h.update(name.encode())
+            h.update(arr.tobytes())
+        return h.hexdigest()[:16]

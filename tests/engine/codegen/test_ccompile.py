@@ -1,0 +1,126 @@
+"""Tests for engine/codegen/ccompile.py: OpenMP C to a cached shared library, errors, cache."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+
+import numpy as np
+import pytest
+
+from engine.codegen import ccompile
+from engine.codegen.ccompile import DEFAULT_OPTIONS, compile_c, load_library
+from engine.errors import CompileError
+
+ADD = r"""
+#include <omp.h>
+#include <stdint.h>
+
+void k00_add(const float* a, const float* b, float* out, int64_t n) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+int k00_threads(void) { return omp_get_max_threads(); }
+"""
+
+FLOAT_P = ctypes.POINTER(ctypes.c_float)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path / "cache"))
+
+
+def _bind_add(lib: ctypes.CDLL):
+    fn = lib.k00_add
+    fn.argtypes = [FLOAT_P, FLOAT_P, FLOAT_P, ctypes.c_int64]
+    fn.restype = None
+    return fn
+
+
+def test_openmp_add_runs_on_random_arrays(monkeypatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    path = compile_c(ADD, name="k00_add")
+    assert path.suffix == ".so" and path.exists()
+    lib = load_library(path)
+    rng = np.random.default_rng(0)
+    n = 100_003  # odd size: the last chunk of the parallel loop is partial
+    a = rng.standard_normal(n, dtype=np.float32)
+    b = rng.standard_normal(n, dtype=np.float32)
+    out = np.full(n, np.nan, dtype=np.float32)  # NaN: an unwritten element cannot pass
+    _bind_add(lib)(a.ctypes.data_as(FLOAT_P), b.ctypes.data_as(FLOAT_P), out.ctypes.data_as(FLOAT_P), n)
+    np.testing.assert_array_equal(out, a + b)
+    lib.k00_threads.restype = ctypes.c_int
+    assert lib.k00_threads() >= 1  # linked against the OpenMP runtime
+
+
+def test_default_options_are_portable_and_strict() -> None:
+    assert "-fopenmp" in DEFAULT_OPTIONS and "-ffp-contract=off" in DEFAULT_OPTIONS
+    assert not any("native" in opt for opt in DEFAULT_OPTIONS)
+
+
+def test_cache_hit_runs_no_compiler(monkeypatch) -> None:
+    first = compile_c(ADD, name="k00_add")
+
+    def fail(*args, **kwargs):
+        raise AssertionError("compiler called on a cache hit")
+
+    monkeypatch.setattr(subprocess, "run", fail)
+    assert compile_c(ADD, name="k00_add") == first
+    with pytest.raises(AssertionError, match="cache hit"):
+        compile_c(ADD, name="k00_add", options=(*DEFAULT_OPTIONS, "-O2"))
+    with pytest.raises(AssertionError, match="cache hit"):
+        compile_c(ADD + "\n", name="k00_add")
+
+
+def test_native_options_are_keyed_on_the_host(monkeypatch) -> None:
+    portable = compile_c(ADD, name="k00_add", options=(*DEFAULT_OPTIONS, "-march=x86-64"))
+    native_opts = (*DEFAULT_OPTIONS, "-mtune=native")
+    native = compile_c(ADD, name="k00_add", options=native_opts)
+    assert native != portable
+    ccompile._host_fingerprint.cache_clear()
+    monkeypatch.setattr(ccompile, "_host_fingerprint", lambda: "another-cpu")
+    # The same options on another CPU must not reuse this CPU's binary.
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("compiled")))
+    with pytest.raises(AssertionError, match="compiled"):
+        compile_c(ADD, name="k00_add", options=native_opts)
+
+
+def test_compile_error_names_program_first_error_and_command() -> None:
+    source = "int k01_bad(int x) {\n    return x +;\n}\n"
+    with pytest.raises(CompileError) as info:
+        compile_c(source, name="k01_bad")
+    err = info.value
+    message = str(err)
+    assert "\n" not in message
+    assert "k01_bad" in message
+    assert ":2:" in message and "error" in message  # file:line of the bad expression
+    assert "reproduce:" in message and "-fopenmp" in message and str(err.source_path) in message
+    assert err.source_path.read_text() == source
+    assert "error" in err.log
+    # The printed command really reproduces the failure.
+    repro = message.split("reproduce: ", 1)[1]
+    assert subprocess.run(repro, shell=True, capture_output=True).returncode != 0
+
+
+def test_missing_compiler(monkeypatch) -> None:
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(ccompile.shutil, "which", lambda name: None)
+    with pytest.raises(CompileError, match=r"no C compiler found: install gcc \(apt-get install gcc\) or set CC"):
+        compile_c(ADD, name="k00_add")
+
+
+def test_cc_env_is_honoured(monkeypatch) -> None:
+    monkeypatch.setenv("CC", "definitely-not-a-compiler-xyz")
+    with pytest.raises(CompileError, match="CC="):
+        compile_c(ADD, name="k00_add")
+    monkeypatch.setenv("CC", "gcc")
+    assert compile_c(ADD, name="k00_add").exists()
+
+
+def test_load_library_error_is_compile_error(tmp_path) -> None:
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"not an ELF file")
+    with pytest.raises(CompileError, match="cannot load"):
+        load_library(junk)
