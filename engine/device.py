@@ -176,7 +176,8 @@ def _check_limits(v: Mapping[str, Any], where: str) -> None:
          f"must leave room for one warp in regs_per_sm ({v['regs_per_sm']})"),
         (v["max_smem_per_block_bytes"] + v["reserved_smem_per_block_bytes"] <= v["smem_per_sm_bytes"],
          "max_smem_per_block_bytes",
-         f"plus reserved_smem_per_block_bytes must be <= smem_per_sm_bytes ({v['smem_per_sm_bytes']})"),
+         f"must be <= smem_per_sm_bytes - reserved_smem_per_block_bytes "
+         f"({v['smem_per_sm_bytes'] - v['reserved_smem_per_block_bytes']})"),
         (v["default_smem_per_block_bytes"] <= v["max_smem_per_block_bytes"], "default_smem_per_block_bytes",
          f"must be <= max_smem_per_block_bytes ({v['max_smem_per_block_bytes']})"),
     ]

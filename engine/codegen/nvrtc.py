@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--option", action="append", default=[], help="extra NVRTC option (repeatable)")
     parser.add_argument("--out", type=Path, help="folder to write NAME.ptx and NAME.cubin into")
     args = parser.parse_args(argv)
-    name = args.file.stem
+    name = re.sub(r"-[0-9a-f]{12}$", "", args.file.stem)  # a saved failure is NAME-KEY.cu
     try:
         binary = compile_cuda(args.file.read_text(), name=name, arch=args.arch, options=tuple(args.option),
                               use_cache=False)

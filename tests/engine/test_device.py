@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from engine.device import (
     FIELDS,
-    KiB,
     PRESETS,
     REQUIRED_FIELDS,
     SOURCES,
     Device,
+    KiB,
     get_device,
     load_device_file,
     resident_blocks_per_sm,

@@ -79,7 +79,6 @@ def test_native_options_are_keyed_on_the_host(monkeypatch) -> None:
     native_opts = (*DEFAULT_OPTIONS, "-mtune=native")
     native = compile_c(ADD, name="k00_add", options=native_opts)
     assert native != portable
-    ccompile._host_fingerprint.cache_clear()
     monkeypatch.setattr(ccompile, "_host_fingerprint", lambda: "another-cpu")
     # The same options on another CPU must not reuse this CPU's binary.
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("compiled")))

@@ -1,0 +1,15 @@
+"""The Python API: the one set of functions the CLI, the app and the tests call.
+
+model file -> PrimGraph -> Plan -> Program -> outputs/Profile -> RProgram -> bundle.
+Each function is pure in its inputs (the app caches on model hash + plan hash).
+"""
+
+from __future__ import annotations
+
+from engine.frontend.importer import Graph, import_onnx, load_graph, lower, supported_ops
+from engine.ir.graph import PrimGraph
+from engine.runtime.reference import run_reference
+
+__all__ = [
+    "Graph", "PrimGraph", "import_onnx", "load_graph", "lower", "supported_ops", "run_reference",
+]

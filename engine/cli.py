@@ -1,0 +1,49 @@
+"""`tileweave` command line: each subcommand lives with the code it drives and registers itself
+here. Any TileweaveError becomes `error: <one line>` and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.errors import TileweaveError
+
+# (module, function) pairs; each function adds one subparser and sets `func` on it.
+COMMANDS = [
+    ("engine.commands", "add_info_command"),
+    ("engine.commands", "add_run_command"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="tileweave",
+        description="Fuse, tile and schedule ONNX models into GPU kernels; see, edit, compile, run.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module, fn in COMMANDS:
+        getattr(importlib.import_module(module), fn)(sub)
+    return parser
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except TileweaveError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The Plan: how a PrimGraph runs. Every stage-to-stage edge gets a connection level; kernel groups
+are the connected components of non-KERNEL edges; each group has one or more tiled segments
+(separated by grid barriers) with a block tile and a thread mapping; every automatic decision keeps
+its reason and score; the user's edits are an ordered list replayed on a base policy.
+
+Plain frozen data with a JSON round trip (schema version + model hash)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from engine.errors import PlanError
+from engine.ir.graph import PrimGraph
+
+SCHEMA_VERSION = 1
+
+
+class Conn(StrEnum):
+    REGISTER = "register"  # value stays in the consuming thread's registers (recomputed per use)
+    SHARED = "shared"  # staged in a shared-memory tile of the block, block barrier
+    GLOBAL_SYNC = "global_sync"  # device memory + grid barrier inside the same kernel
+    KERNEL = "kernel"  # device memory, next kernel launch
+
+    @property
+    def fused(self) -> bool:
+        return self != Conn.KERNEL
+
+
+LEVEL_ORDER = (Conn.REGISTER, Conn.SHARED, Conn.GLOBAL_SYNC, Conn.KERNEL)
+
+
+@dataclass(frozen=True)
+class EdgePlan:
+    producer: str
+    consumer: str
+    conn: Conn
+    reason: str
+    score: float | None = None
+    source: str = "policy"  # "policy" or "user"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.producer, self.consumer)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Block tile of one anchor stage's output and how threads cover it.
+
+    A row is the innermost output axis (for reductions: the reduced row); `rows_per_block` rows are
+    packed into one block with `threads_per_row` threads each; a long row may be split across
+    `row_split` blocks. `reduce_step` is the k-tile of a contraction."""
+
+    stage: str
+    shape: tuple[int, ...]
+    threads: int
+    blocks: int
+    reduce_step: tuple[int, ...] = ()
+    rows_per_block: int = 1
+    threads_per_row: int = 1
+    row_split: int = 1
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tile: Tile
+    score: float
+    traffic_bytes: int
+    waves: int
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    """Every term of the modeled time of one kernel (shown next to the decision it drove)."""
+
+    footprint: dict  # level -> bytes: "register" (per thread), "shared" (per block)
+    traffic_bytes: dict  # level -> bytes moved from the level below: "dram", "l2", "shared"
+    transactions: dict  # level -> count (reads in 128 B lines, writes in 32 B sectors)
+    flops: int
+    recompute_factor: float  # flops incl. REGISTER recompute / flops of the stages once
+    resident_blocks_per_sm: int
+    occupancy_limiter: str
+    waves: int
+    wave_efficiency: float
+    terms_us: dict  # "dram", "l2", "shared", "compute", "launch", "grid_barrier"
+    modeled_us: float
+
+
+@dataclass(frozen=True)
+class Group:
+    id: int
+    name: str  # kernel name, deterministic: k03_matmul_add_gelu
+    stages: tuple[str, ...]  # topological order
+    segments: tuple[Tile, ...]  # one tile per segment; segments separated by grid barriers
+    reason: str
+    score: float | None = None
+    candidates: tuple[Candidate, ...] = ()
+    cost: GroupCost | None = None
+
+    @property
+    def threads(self) -> int:
+        return max(t.threads for t in self.segments)
+
+    @property
+    def blocks(self) -> int:
+        return max(t.blocks for t in self.segments)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One user edit. kinds: set_edge(producer, consumer, conn), split(producer, consumer),
+    merge(producer, consumer, conn?), set_tile(group_stage, shape, threads, reduce_step?)."""
+
+    kind: str
+    args: tuple[tuple[str, object], ...]
+
+    @staticmethod
+    def make(kind: str, **args) -> Edit:
+        return Edit(kind, tuple(sorted((k, _freeze(v)) for k, v in args.items())))
+
+    @property
+    def arg(self) -> dict:
+        return dict(self.args)
+
+
+def _freeze(v):
+    return tuple(_freeze(x) for x in v) if isinstance(v, list | tuple) else v
+
+
+@dataclass(frozen=True)
+class Plan:
+    model_hash: str
+    model_name: str
+    policy: str  # unfused | elementwise | stitch | welder | user
+    device: str
+    edges: tuple[EdgePlan, ...]
+    groups: tuple[Group, ...]
+    base_policy: str = ""
+    edits: tuple[Edit, ...] = ()
+    decisions: tuple[str, ...] = ()  # log of every automatic decision with its reason
+    schedule_seconds: float = 0.0
+    schema: int = SCHEMA_VERSION
+    options: tuple[tuple[str, object], ...] = ()
+
+    # ---- lookups ------------------------------------------------------------------------
+    def edge(self, producer: str, consumer: str) -> EdgePlan:
+        for e in self.edges:
+            if e.producer == producer and e.consumer == consumer:
+                return e
+        raise PlanError(f"no edge {producer} -> {consumer} in this plan")
+
+    def group_of(self, stage: str) -> Group:
+        for g in self.groups:
+            if stage in g.stages:
+                return g
+        raise PlanError(f"stage '{stage}' is in no group")
+
+    @property
+    def kernels(self) -> int:
+        return len(self.groups)
+
+    @property
+    def modeled_us(self) -> float:
+        return sum(g.cost.modeled_us for g in self.groups if g.cost)
+
+    @property
+    def dram_bytes(self) -> int:
+        return sum(int(g.cost.traffic_bytes.get("dram", 0)) for g in self.groups if g.cost)
+
+    @property
+    def plan_hash(self) -> str:
+        return hashlib.sha256(json.dumps(plan_to_json(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def components(graph: PrimGraph, conns: dict[tuple[str, str], Conn]) -> list[list[str]]:
+    """Kernel groups: connected components of the non-KERNEL edges, each in stage order, the
+    list ordered by each group's first stage."""
+    parent = {s.name: s.name for s in graph.stages}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for (p, c), conn in conns.items():
+        if conn.fused:
+            parent[find(p)] = find(c)
+    groups: dict[str, list[str]] = {}
+    for s in graph.stages:
+        groups.setdefault(find(s.name), []).append(s.name)
+    return sorted(groups.values(), key=lambda names: graph.stages.index(graph.stage(names[0])))
+
+
+def kernel_name(index: int, graph: PrimGraph, stages: list[str] | tuple[str, ...], limit: int = 4) -> str:
+    """k03_matmul_add_gelu: group index and the distinct op labels of its stages in order."""
+    ops: list[str] = []
+    for s in stages:
+        label = (graph.stage(s).op or graph.stage(s).kind.value).split(".")[0]
+        label = "".join(ch if ch.isalnum() else "_" for ch in label.lower())
+        if label not in ops:
+            ops.append(label)
+    more = "_etc" if len(ops) > limit else ""
+    return f"k{index:02d}_" + "_".join(ops[:limit]) + more
+
+
+# ---- JSON -----------------------------------------------------------------------------------
+
+
+def _obj(x):
+    if dataclasses.is_dataclass(x):
+        return {f.name: _obj(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, StrEnum):
+        return x.value
+    if isinstance(x, tuple | list):
+        return [_obj(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _obj(v) for k, v in x.items()}
+    return x
+
+
+def plan_to_json(plan: Plan) -> dict:
+    out = _obj(plan)
+    out["edits"] = [{"kind": e.kind, "args": {k: _obj(v) for k, v in e.args}} for e in plan.edits]
+    out["options"] = {k: _obj(v) for k, v in plan.options}
+    return out
+
+
+def _tile(d: dict) -> Tile:
+    return Tile(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def plan_from_json(d: dict, graph: PrimGraph | None = None) -> Plan:
+    """Rebuild a Plan; with `graph`, refuse a plan made for another model."""
+    if not isinstance(d, dict) or "schema" not in d:
+        raise PlanError("not a tileweave plan (no 'schema' field)", hint="save one with --plan-out")
+    if d["schema"] != SCHEMA_VERSION:
+        raise PlanError(f"plan schema version {d['schema']} is not supported (this tileweave reads "
+                        f"version {SCHEMA_VERSION})", hint="re-create the plan with this version")
+    if graph is not None and d["model_hash"] != graph.structural_hash:
+        raise PlanError(f"plan was made for model '{d.get('model_name')}' (hash {d['model_hash']}), not "
+                        f"this one (hash {graph.structural_hash})", hint="plan this model instead")
+    try:
+        edges = tuple(EdgePlan(e["producer"], e["consumer"], Conn(e["conn"]), e["reason"], e.get("score"),
+                               e.get("source", "policy")) for e in d["edges"])
+        groups = tuple(_group(g) for g in d["groups"])
+        edits = tuple(Edit.make(e["kind"], **e["args"]) for e in d.get("edits", []))
+        return Plan(
+            model_hash=d["model_hash"], model_name=d["model_name"], policy=d["policy"], device=d["device"],
+            edges=edges, groups=groups, base_policy=d.get("base_policy", ""), edits=edits,
+            decisions=tuple(d.get("decisions", ())), schedule_seconds=d.get("schedule_seconds", 0.0),
+            options=tuple(sorted((k, _freeze(v)) for k, v in d.get("options", {}).items())),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise PlanError(f"malformed plan JSON ({type(err).__name__}: {err})",
+                        hint="re-create the plan with --plan-out") from None
+
+
+def _group(g: dict) -> Group:
+    cost = g.get("cost")
+    return Group(
+        id=g["id"], name=g["name"], stages=tuple(g["stages"]),
+        segments=tuple(_tile(t) for t in g["segments"]), reason=g["reason"], score=g.get("score"),
+        candidates=tuple(Candidate(_tile(c["tile"]), c["score"], c["traffic_bytes"], c["waves"])
+                         for c in g.get("candidates", ())),
+        cost=GroupCost(**cost) if cost else None,
+    )
+
+
+@dataclass
+class PlanBuilder:
+    """Mutable helper policies use: set edge connections with reasons, then freeze."""
+
+    graph: PrimGraph
+    conns: dict = field(default_factory=dict)
+    reasons: dict = field(default_factory=dict)
+    scores: dict = field(default_factory=dict)
+    decisions: list = field(default_factory=list)
+
+    def set(self, producer: str, consumer: str, conn: Conn, reason: str, score: float | None = None) -> None:
+        self.conns[(producer, consumer)] = conn
+        self.reasons[(producer, consumer)] = reason
+        self.scores[(producer, consumer)] = score
+        self.decisions.append(f"{producer} -> {consumer}: {conn.value} ({reason})")
+
+    def edges(self) -> tuple[EdgePlan, ...]:
+        out = []
+        for p, c in self.graph.edges:
+            conn = self.conns.get((p, c), Conn.KERNEL)
+            out.append(EdgePlan(p, c, conn, self.reasons.get((p, c), "default: separate kernels"),
+                                self.scores.get((p, c))))
+        return tuple(out)
