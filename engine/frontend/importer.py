@@ -241,7 +241,10 @@ def _run_node(ctx: LowerCtx, node: OnnxNode, *, fold: bool) -> bool:
         if ctx.resolve(o) not in ctx.specs:
             raise ModelError(f"converter for {node.op_type} did not produce '{o}'")
     all_const_in = all(ctx.const(i) is not None for i in node.inputs if i)
-    small = all(ctx.spec(o).size <= FOLD_MAX_ELEMENTS for o in outs)
+    # Fold unless it would blow a small constant up into a large one (ConstantOfShape, Expand):
+    # casts and transposes of weights always fold.
+    in_elems = sum(ctx.spec(i).size for i in node.inputs if i)
+    small = all(ctx.spec(o).size <= max(FOLD_MAX_ELEMENTS, in_elems) for o in outs)
     if fold and new and all_const_in and small:
         _fold(ctx, new, outs)
     elif not fold:

@@ -48,7 +48,9 @@ def fold_constants(g: PrimGraph) -> PrimGraph:
     stages: list[Stage] = []
     outputs = set(g.outputs)
     for s in g.stages:
-        if s.name not in outputs and s.size <= FOLD_MAX_ELEMENTS and all(t in weights for t in s.inputs):
+        in_elems = sum(weights[t].size for t in s.inputs if t in weights)
+        foldable = s.inputs and all(t in weights for t in s.inputs)
+        if s.name not in outputs and foldable and s.size <= max(FOLD_MAX_ELEMENTS, in_elems):
             weights[s.name] = np.ascontiguousarray(eval_stage(s, weights))
             consts.append(TensorSpec(s.name, s.shape, s.dtype))
         else:
