@@ -136,6 +136,11 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None) -> Gra
     for t in g.initializer:
         ctx.set_const(t.name, _tensor_value(t, numpy_helper))
         init_names.add(t.name)
+    input_names = [vi.name for vi in g.input if vi.name not in init_names]
+    if set(shapes) - set(input_names):
+        # Checked first: a mistyped name would otherwise surface as "dynamic dimension with no binding".
+        raise ShapeError(f"--shape names unknown input(s) {', '.join(sorted(set(shapes) - set(input_names)))}",
+                         hint=f"the model's inputs are: {', '.join(input_names)}")
     inputs = []
     for vi in g.input:
         if vi.name in init_names:
@@ -143,10 +148,6 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None) -> Gra
         spec = _input_spec(vi, shapes.pop(vi.name, None))
         ctx.specs[spec.name] = spec
         inputs.append(spec)
-    if shapes:
-        names = ", ".join(i.name for i in inputs)
-        raise ShapeError(f"--shape names unknown input(s) {', '.join(sorted(shapes))}",
-                         hint=f"the model's inputs are: {names}")
 
     kept: list[OnnxNode] = []
     histogram: Counter = Counter()

@@ -1,0 +1,261 @@
+"""`tileweave info` and `tileweave run`: model summary (text or JSON) and execution of a model on a
+backend with inputs from an .npz file or the fixed-seed generator, outputs written to an .npz file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import BackendError, ShapeError, TileweaveError
+from engine.ir.graph import PrimGraph, StageKind, TensorSpec
+
+BACKENDS = ("reference", "cpu", "cuda")
+DEFAULT_POLICY = "welder"
+DEFAULT_DEVICE = "a100"
+
+
+# ---- shared argument handling ---------------------------------------------------------------
+
+
+def parse_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """`["x=1,128", "mask=1,1,1,128"]` -> {"x": (1, 128), ...}; `NAME=` binds a scalar."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items or ():
+        name, eq, dims = item.rpartition("=")
+        if not eq or not name:
+            raise ShapeError(f"--shape '{item}' is malformed", hint="write --shape NAME=d0,d1,... e.g. x=1,128")
+        try:
+            shape = tuple(int(d) for d in dims.split(",")) if dims.strip() else ()
+        except ValueError:
+            raise ShapeError(f"--shape '{item}': dimensions must be integers",
+                             hint="write --shape NAME=d0,d1,... e.g. x=1,128") from None
+        if any(d <= 0 for d in shape):
+            raise ShapeError(f"--shape '{item}': dimensions must be positive")
+        if name in shapes:
+            raise ShapeError(f"--shape binds '{name}' twice")
+        shapes[name] = shape
+    return shapes
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="path to an .onnx file")
+    p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...",
+                   help="bind the shape of an input with dynamic dimensions (repeatable)")
+
+
+# ---- info -----------------------------------------------------------------------------------
+
+
+def add_info_command(sub) -> None:
+    p = sub.add_parser("info", help="summarize a model: ops, stages, tensors, bytes, flops",
+                       description="Import and lower MODEL; print its ONNX ops, primitive stages, tensors, "
+                                   "parameter bytes, FLOPs and the minimum DRAM traffic.")
+    _add_model_args(p)
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=cmd_info)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from engine.frontend.importer import import_onnx, lower
+
+    graph = import_onnx(args.model, parse_shapes(args.shape))
+    info = model_info(graph.onnx_ops, lower(graph), opset=graph.opset)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(format_info(info))
+    return 0
+
+
+def _tensor(t: TensorSpec, name: str | None = None) -> dict:
+    return {"name": name or t.name, "shape": list(t.shape), "dtype": t.dtype.value, "bytes": t.nbytes}
+
+
+def model_info(onnx_ops: dict[str, int], pg: PrimGraph, *, opset: int | None = None) -> dict:
+    """The summary `tileweave info` prints, as a JSON-ready dict."""
+    kinds = Counter(s.kind.value for s in pg.stages)
+    outputs = set(pg.outputs)
+    return {
+        "name": pg.name,
+        "opset": opset,
+        "model_hash": pg.structural_hash,
+        "onnx_ops": dict(sorted(onnx_ops.items())),
+        "stages": {k.value: kinds.get(k.value, 0) for k in StageKind},
+        "stage_count": len(pg.stages),
+        "inputs": [_tensor(t) for t in pg.inputs],
+        "outputs": [_tensor(pg.specs[t], name) for name, t in zip(pg.output_names, pg.outputs)],
+        "constants": [_tensor(t) for t in pg.constants],
+        "intermediates": [_tensor(s.spec) for s in pg.stages if s.name not in outputs],
+        "param_bytes": pg.param_bytes,
+        "flops": pg.flops,
+        "min_dram_bytes": pg.min_dram_bytes,
+    }
+
+
+def format_info(info: dict) -> str:
+    """Compact human-readable table of `model_info`."""
+    lines = [f"model   {info['name']}  (opset {info['opset']}, hash {info['model_hash']})"]
+    ops = ", ".join(f"{op} {n}" for op, n in sorted(info["onnx_ops"].items(), key=lambda kv: (-kv[1], kv[0])))
+    lines.append(f"onnx    {sum(info['onnx_ops'].values())} nodes: {ops}")
+    kinds = ", ".join(f"{k} {n}" for k, n in info["stages"].items() if n)
+    lines.append(f"stages  {info['stage_count']}: {kinds}")
+    lines.append("")
+    rows = [("role", "name", "shape", "dtype", "bytes")]
+    for role in ("inputs", "outputs"):
+        rows += [(role[:-1], t["name"], _shape(t["shape"]), t["dtype"], _bytes(t["bytes"])) for t in info[role]]
+    for role in ("constants", "intermediates"):
+        items = info[role]
+        total = sum(t["bytes"] for t in items)
+        rows.append((role[:-1] + "s", f"({len(items)} tensors)", "", "", _bytes(total)))
+    widths = [max(len(r[k]) for r in rows) for k in range(5)]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) if k < 4 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths))))
+    lines.append("")
+    lines.append(f"params          {_bytes(info['param_bytes'])}")
+    lines.append(f"flops           {info['flops']:,}")
+    lines.append(f"min DRAM bytes  {_bytes(info['min_dram_bytes'])}  (inputs + weights + outputs once)")
+    return "\n".join(lines)
+
+
+def _shape(shape: list[int]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+# ---- run ------------------------------------------------------------------------------------
+
+
+def add_run_command(sub) -> None:
+    p = sub.add_parser("run", help="run a model on a backend and write its outputs to .npz",
+                       description="Run MODEL. Inputs missing from --inputs are generated with a fixed "
+                                   "seed (engine/runtime/inputs.py). The .npz keys are the model's "
+                                   "graph input/output names.")
+    _add_model_args(p)
+    p.add_argument("--backend", default="reference", metavar="{" + ",".join(BACKENDS) + "}",
+                   help="reference: NumPy over primitive stages; cpu: generated C; cuda: generated CUDA")
+    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"fusion policy for cpu/cuda (default {DEFAULT_POLICY})")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help=f"device preset or device file for planning (default {DEFAULT_DEVICE})")
+    p.add_argument("--plan-in", metavar="PLAN.json", help="run this plan instead of planning with --policy")
+    p.add_argument("--inputs", metavar="IN.npz",
+                   help="input arrays keyed by graph input name (arrays named like outputs are ignored)")
+    p.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default 0)")
+    p.add_argument("--outputs", required=True, metavar="OUT.npz", help="where to write the outputs")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from engine.frontend.importer import load_graph
+    from engine.runtime.inputs import complete_inputs
+
+    if args.backend not in BACKENDS:
+        raise BackendError(f"unknown backend '{args.backend}'", hint=f"use one of {', '.join(BACKENDS)}")
+    out_path = check_writable(args.outputs)
+    graph = load_graph(args.model, parse_shapes(args.shape))
+    given = read_npz(args.inputs) if args.inputs else {}
+    # Arrays named like graph outputs are ignored, so a samples/*.io.npz file works as --inputs.
+    given = {k: v for k, v in given.items() if k not in graph.output_names or k in {s.name for s in graph.inputs}}
+    inputs = complete_inputs(graph, given, seed=args.seed)
+    generated = [n for n in inputs if n not in given]
+    outputs = run_backend(graph, inputs, args)
+    write_npz(out_path, outputs)
+    if generated:
+        print(f"generated inputs (seed {args.seed}): {', '.join(generated)}")
+    for name, arr in outputs.items():
+        print(summarize_array(name, arr))
+    print(f"wrote {len(outputs)} output(s) to {out_path}")
+    return 0
+
+
+def run_backend(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.Namespace) -> dict:
+    """Outputs keyed by ONNX output name, from the backend `args.backend`."""
+    if args.backend == "reference":
+        from engine.runtime.reference import run_reference
+
+        return run_reference(graph, inputs)
+    import engine.api as api
+    from engine.device import get_device
+
+    get_device(args.device)  # refuse an unknown device before any work
+    run_model = getattr(api, "run_model", None)
+    if run_model is None:
+        raise BackendError(f"backend '{args.backend}' is not available in this build",
+                           hint="engine.api.run_model is missing; use --backend reference")
+    plan = None
+    if args.plan_in:
+        from engine.schedule.plan import plan_from_json
+
+        plan = plan_from_json(_read_json(args.plan_in, "plan"), graph)
+    return dict(run_model(graph, inputs, backend=args.backend, policy=args.policy, device=args.device, plan=plan))
+
+
+def check_writable(path: str) -> Path:
+    """Fail before running when OUT.npz cannot be written."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise TileweaveError(f"output path '{path}' is a folder", hint="give a file name such as out.npz")
+    if not parent.is_dir():
+        raise TileweaveError(f"cannot write '{path}': folder '{parent}' does not exist", hint="create it first")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise TileweaveError(f"cannot write '{path}': permission denied", hint="choose another --outputs path")
+    return p
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if not isinstance(data, np.lib.npyio.NpzFile):
+                raise ValueError("a single .npy array, not an .npz archive")
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise TileweaveError(f"inputs file '{path}' does not exist", hint="check the path") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, AttributeError) as err:
+        first = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        raise TileweaveError(f"cannot read inputs file '{path}' ({first})",
+                             hint="write it with numpy.savez(path, name=array, ...)") from None
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    try:
+        with open(path, "wb") as f:  # a file object keeps numpy from appending '.npz' to the name
+            np.savez(f, **arrays)
+    except OSError as err:
+        raise TileweaveError(f"cannot write '{path}' ({err.strerror})", hint="choose another --outputs path") from None
+
+
+def _read_json(path: str, what: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as err:
+        raise TileweaveError(f"cannot read {what} file '{path}' ({err.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise TileweaveError(f"{what} file '{path}' is not valid JSON ({err})") from None
+
+
+def summarize_array(name: str, arr: np.ndarray) -> str:
+    """`name  [1,128,768] float32  min -3.1 max 2.9 mean 0.0012`."""
+    head = f"{name}  {_shape(list(arr.shape))} {arr.dtype}"
+    if arr.size == 0:
+        return f"{head}  (empty)"
+    vals = arr.astype(np.float64)
+    return f"{head}  min {vals.min():.6g} max {vals.max():.6g} mean {vals.mean():.6g}"
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience: python -m engine.commands info MODEL
+    from engine.cli import main
+
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""Tests for the `tileweave info` / `tileweave run` contract (engine/commands.py) and its bad-input
+handling: every error is one `error: ...` line on stderr with exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from conftest import max_rel_error, run_ort, sample_path, tiny_model
+from onnx import TensorProto, helper, numpy_helper
+
+import engine.api
+from engine.cli import main
+from engine.commands import parse_shapes
+from engine.errors import ShapeError
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+# ---- info -----------------------------------------------------------------------------------
+
+
+def test_info_json_keys_and_totals(capsys):
+    code, out, _ = run_cli(capsys, "info", sample_path("bert_layer"), "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert {"onnx_ops", "stages", "param_bytes", "flops", "min_dram_bytes", "inputs", "outputs",
+            "model_hash"} <= info.keys()
+    model = onnx.load(str(sample_path("bert_layer")))
+    want_ops: dict[str, int] = {}
+    for n in model.graph.node:
+        want_ops[n.op_type] = want_ops.get(n.op_type, 0) + 1
+    assert info["onnx_ops"] == want_ops
+    assert sum(info["stages"].values()) == info["stage_count"] > 0
+    assert info["stages"]["contraction"] == 8  # Q, K, V, scores, context, output, FFN x2
+    assert [t["name"] for t in info["inputs"]] == ["hidden", "attention_mask"]
+    assert info["outputs"][0]["shape"] == [1, 128, 768]
+    io_bytes = sum(t["bytes"] for t in info["inputs"] + info["outputs"])
+    assert info["min_dram_bytes"] == io_bytes + info["param_bytes"]
+    # 8 matmuls dominate: 2*128*768*768*4 (QKV+out) + 2*128*768*3072*2 (FFN) + 2*2*12*128*128*64.
+    matmul_flops = 2 * 128 * 768 * 768 * 4 + 2 * 128 * 768 * 3072 * 2 + 2 * 2 * 12 * 128 * 128 * 64
+    assert matmul_flops <= info["flops"] < 1.2 * matmul_flops
+
+
+def test_info_text_table(capsys):
+    code, out, _ = run_cli(capsys, "info", sample_path("gelu_chain"))
+    assert code == 0
+    assert "onnx" in out and "Tanh 1" in out and "elementwise" in out
+    assert "min DRAM bytes" in out and "[128,3072]" in out
+
+
+def test_info_binds_symbolic_dims(capsys, save_model):
+    path = save_model(tiny_model("Relu", ("batch", 5)))
+    code, out, _ = run_cli(capsys, "info", path, "--json", "--shape", "x=3,5")
+    assert code == 0
+    assert json.loads(out)["inputs"][0]["shape"] == [3, 5]
+
+
+# ---- run ------------------------------------------------------------------------------------
+
+
+def test_run_reference_with_io_matches_stored_outputs(capsys, tmp_path):
+    out_path = tmp_path / "out.npz"
+    io = sample_path("masked_softmax").with_suffix(".io.npz")
+    code, out, _ = run_cli(capsys, "run", sample_path("masked_softmax"), "--backend", "reference",
+                           "--inputs", io, "--outputs", out_path)
+    assert code == 0
+    assert f"wrote 1 output(s) to {out_path}" in out and "probs  [1,12,128,128] float32  min" in out
+    got = np.load(out_path)
+    assert got.files == ["probs"]
+    assert max_rel_error(got["probs"], np.load(io)["probs"]) <= 1e-4
+
+
+def test_run_generates_missing_inputs_and_matches_ort(capsys, tmp_path):
+    model = sample_path("layernorm_residual")
+    given = np.load(model.with_suffix(".io.npz"))
+    inputs_path = tmp_path / "in.npz"
+    first = [n for n in given.files if n != "y"][0]
+    np.savez(inputs_path, **{first: given[first]})  # the other input is generated
+    code, out, _ = run_cli(capsys, "run", model, "--inputs", inputs_path, "--outputs", tmp_path / "o.npz")
+    assert code == 0 and "generated inputs (seed 0)" in out
+    from engine.api import load_graph
+    from engine.runtime.inputs import make_inputs
+
+    feeds = make_inputs(load_graph(model))
+    feeds[first] = given[first]
+    want = run_ort(model, feeds)["y"]
+    assert max_rel_error(np.load(tmp_path / "o.npz")["y"], want) <= 1e-4
+
+
+def test_run_cpu_without_run_model_says_unavailable(capsys, tmp_path, monkeypatch):
+    monkeypatch.delattr(engine.api, "run_model", raising=False)
+    code, _, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--outputs", tmp_path / "o.npz")
+    assert_one_line_error(code, err, "backend 'cpu' is not available in this build")
+
+
+def test_run_cpu_calls_run_model(capsys, tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run_model(graph, inputs, *, backend, policy, device, plan):
+        seen.update(backend=backend, policy=policy, device=device, plan=plan, inputs=sorted(inputs))
+        return {"y": np.ones((2, 2), np.float32)}
+
+    monkeypatch.setattr(engine.api, "run_model", fake_run_model, raising=False)
+    code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--policy", "stitch",
+                           "--device", "h100", "--outputs", tmp_path / "o.npz")
+    assert code == 0, out
+    assert seen == {"backend": "cpu", "policy": "stitch", "device": "h100", "plan": None, "inputs": ["x"]}
+    assert np.load(tmp_path / "o.npz")["y"].shape == (2, 2)
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+
+def test_not_an_onnx_file(capsys, tmp_path):
+    path = tmp_path / "notes.onnx"
+    path.write_text("this is a text file, not a model\n" * 4)
+    code, _, err = run_cli(capsys, "info", path)
+    assert_one_line_error(code, err, "notes.onnx", "not an ONNX")
+
+
+def test_truncated_protobuf(capsys, tmp_path):
+    data = sample_path("gelu_chain").read_bytes()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    code, _, err = run_cli(capsys, "info", path)
+    assert_one_line_error(code, err, "cut.onnx", "truncated or corrupt")
+
+
+def test_missing_model_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "info", tmp_path / "nope.onnx")
+    assert_one_line_error(code, err, "does not exist")
+
+
+def test_unsupported_op_names_op_node_and_docs(capsys, save_model):
+    path = save_model(tiny_model("Det", (3, 3)))
+    code, _, err = run_cli(capsys, "info", path)
+    assert_one_line_error(code, err, "Det", "det_0", "docs/onnx-conformance.md")
+
+
+def test_dynamic_dim_without_binding(capsys, save_model):
+    path = save_model(tiny_model("Relu", ("batch", 5)))
+    code, _, err = run_cli(capsys, "info", path)
+    assert_one_line_error(code, err, "'x'", "batch", "--shape x=N,5")
+
+
+def _external_model(tmp_path, location: str) -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3) + 1, "w")
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "24")):
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    node = helper.make_node("Add", ["x", "w"], ["y"], name="add_0")
+    graph = helper.make_graph([node], "ext", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_external_data_outside_folder_refused(capsys, tmp_path, save_model):
+    (tmp_path / "secret.bin").write_bytes(np.ones(6, np.float32).tobytes())
+    path = save_model(_external_model(tmp_path, "../secret.bin"), "model/m.onnx")
+    code, _, err = run_cli(capsys, "info", path)
+    assert_one_line_error(code, err, "'w'", "outside the model's folder", "refused")
+
+
+def test_external_data_inside_folder_runs(capsys, tmp_path, save_model):
+    path = save_model(_external_model(tmp_path, "w.bin"), "model/m.onnx")
+    (path.parent / "w.bin").write_bytes((np.arange(6, dtype=np.float32) + 1).tobytes())
+    code, _, _ = run_cli(capsys, "run", path, "--outputs", tmp_path / "o.npz")
+    assert code == 0
+    from engine.ir.dtypes import DType
+    from engine.ir.graph import TensorSpec
+    from engine.runtime.inputs import make_inputs
+
+    x = make_inputs([TensorSpec("x", (2, 3), DType.F32)])["x"]
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], x + np.arange(1, 7).reshape(2, 3), rtol=1e-6)
+
+
+@pytest.mark.parametrize(("array", "needles"), [
+    (np.ones((128, 7), np.float32), ("'x'", "[128,7]", "expected [128,3072]")),
+    (np.ones((128, 3072), np.float64), ("'x'", "float64", "expected float32")),
+])
+def test_npz_wrong_shape_or_dtype(capsys, tmp_path, array, needles):
+    np.savez(tmp_path / "in.npz", x=array)
+    code, _, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--inputs", tmp_path / "in.npz",
+                           "--outputs", tmp_path / "o.npz")
+    assert_one_line_error(code, err, *needles)
+
+
+def test_npz_unknown_array_name(capsys, tmp_path):
+    np.savez(tmp_path / "in.npz", xx=np.ones(3, np.float32))
+    code, _, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--inputs", tmp_path / "in.npz",
+                           "--outputs", tmp_path / "o.npz")
+    assert_one_line_error(code, err, "xx", "not model inputs")
+
+
+def test_npz_not_readable(capsys, tmp_path):
+    (tmp_path / "in.npz").write_text("garbage")
+    code, _, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--inputs", tmp_path / "in.npz",
+                           "--outputs", tmp_path / "o.npz")
+    assert_one_line_error(code, err, "cannot read inputs file")
+
+
+@pytest.mark.parametrize("spec", ["x", "x=1,a", "=1,2", "x=0,3", "x=1,,2"])
+def test_malformed_shape(capsys, save_model, spec):
+    path = save_model(tiny_model("Relu", ("batch", 5)))
+    code, _, err = run_cli(capsys, "info", path, "--shape", spec)
+    assert_one_line_error(code, err, "--shape")
+
+
+def test_shape_for_unknown_input(capsys, save_model):
+    path = save_model(tiny_model("Relu", ("batch", 5)))
+    code, _, err = run_cli(capsys, "info", path, "--shape", "y=1,5")
+    assert_one_line_error(code, err, "unknown input", "y", "inputs are: x")
+
+
+def test_parse_shapes():
+    assert parse_shapes(["x=1,128", "s=", "a=b=4"]) == {"x": (1, 128), "s": (), "a=b": (4,)}
+    with pytest.raises(ShapeError, match="twice"):
+        parse_shapes(["x=1", "x=2"])
+
+
+def test_unknown_backend(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "tpu", "--outputs", tmp_path / "o.npz")
+    assert_one_line_error(code, err, "unknown backend 'tpu'", "reference, cpu, cuda")
+
+
+def test_unknown_device(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(engine.api, "run_model", lambda *a, **k: {}, raising=False)
+    code, _, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--device", "tpu9",
+                           "--outputs", tmp_path / "o.npz")
+    assert_one_line_error(code, err, "unknown device 'tpu9'")
+
+
+@pytest.mark.parametrize("where", ["missing_dir", "is_dir"])
+def test_output_not_writable(capsys, tmp_path, where):
+    target = tmp_path / "no" / "such" / "o.npz" if where == "missing_dir" else tmp_path
+    code, out, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--outputs", target)
+    assert_one_line_error(code, err, str(target))
+    assert out == ""  # refused before running
+
+
+def test_console_script_prints_no_traceback(tmp_path):
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(b"\x08\x07\x12")  # starts like a ModelProto, then stops
+    proc = subprocess.run([sys.executable, "-m", "engine", "info", str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
