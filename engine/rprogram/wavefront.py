@@ -1,0 +1,283 @@
+"""Rammer's wavefront policy: a Plan (kernel groups with costs) and a Device in, an RProgram out.
+
+Kernels become rOperators; BFS levels of the kernel DAG are waves; each wave picks kernel variants by
+whether it fills the vDevice and places its rTasks on the earliest-free vEUs; adjacent waves merge
+(dependency counters instead of a grid barrier) when the model says that is faster."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.device import Device
+from engine.rprogram.model import (
+    MEASURED,
+    MODELED,
+    ROperator,
+    RProgram,
+    RProgramError,
+    RTask,
+    Step,
+    Variant,
+    VDevice,
+    make_vdevice,
+)
+from engine.schedule.plan import Group, Plan
+
+# A block waiting on a dependency counter polls one L2 atomic: a few hundred ns on sm_70+ (estimate).
+DEFAULT_SYNC_US = 0.5
+
+
+def build_rprogram(plan: Plan, device: Device, *, profile: Mapping[str, float] | object | None = None,
+                   merge: bool = True, sync_us: float = DEFAULT_SYNC_US) -> RProgram:
+    """Schedule the plan's kernels on a vDevice of `device` with the wavefront policy.
+
+    `profile` gives measured kernel times in µs by kernel name (a mapping, or an object with a
+    `kernel_us` mapping); kernels it names use them (labelled "measured"), the others the cost model."""
+    if not plan.groups:
+        raise RProgramError(f"plan for {plan.model_name!r} has no kernels to schedule")
+    measured = _measured_times(profile)
+    envelope = [_resources(g, device) for g in plan.groups]
+    vdev = make_vdevice(device, max(r[0] for r in envelope), max(r[1] for r in envelope),
+                        max(r[2] for r in envelope))
+    ops = operators_from_plan(plan, device, vdev, measured)
+    launch_us = device.launch_overhead_s * 1e6
+    veus, steps = schedule_wavefront(ops, vdev, barrier_us=device.grid_barrier_s * 1e6, sync_us=sync_us,
+                                     merge=merge)
+    return RProgram(
+        model_name=plan.model_name, policy=plan.policy, vdevice=vdev, operators=ops, veus=veus,
+        steps=steps, launch_us=launch_us, barrier_us=device.grid_barrier_s * 1e6, sync_us=sync_us,
+        sequential_us=sum(op.kernel_us + launch_us for op in ops),
+    )
+
+
+def _measured_times(profile) -> dict[str, float]:
+    if profile is None:
+        return {}
+    times = profile if isinstance(profile, Mapping) else getattr(profile, "kernel_us", None)
+    if not isinstance(times, Mapping):
+        raise RProgramError(f"profile of type {type(profile).__name__} has no per-kernel times",
+                            hint="pass a mapping of kernel name to measured µs")
+    return {str(k): float(v) for k, v in times.items()}
+
+
+def _resources(g: Group, device: Device) -> tuple[int, int, int]:
+    """threads, shared bytes per block, registers per thread (0 = unknown) of a group's kernel."""
+    if g.cost is None:
+        raise RProgramError(f"kernel {g.name} has no cost in the plan", hint="schedule it with a policy that "
+                            "models costs (make_plan) before building an rProgram")
+    shared = int(g.cost.footprint.get("shared", 0))
+    reg_bytes = int(g.cost.footprint.get("register", 0))
+    # Registers beyond the ISA limit spill to local memory instead of failing the launch.
+    regs = min(device.max_regs_per_thread, -(-reg_bytes // 4))
+    return g.threads, shared, regs
+
+
+def kernel_time_us(g: Group) -> float:
+    """The modeled kernel on its own, without its launch overhead (the rProgram launches once)."""
+    assert g.cost is not None
+    return max(0.0, g.cost.modeled_us - float(g.cost.terms_us.get("launch", 0.0)))
+
+
+def operators_from_plan(plan: Plan, device: Device, vdev: VDevice,
+                        measured: Mapping[str, float] | None = None) -> tuple[ROperator, ...]:
+    """One rOperator per group, its dependencies from the stage edges that cross groups."""
+    measured = measured or {}
+    owner = {s: g.name for g in plan.groups for s in g.stages}
+    deps: dict[str, list[str]] = {g.name: [] for g in plan.groups}
+    for e in plan.edges:
+        a, b = owner.get(e.producer), owner.get(e.consumer)
+        if a is None or b is None:
+            raise RProgramError(f"edge {e.producer} -> {e.consumer} names a stage in no kernel group")
+        if a != b and a not in deps[b]:
+            deps[b].append(a)
+    ops = []
+    for g in plan.groups:
+        threads, shared, regs = _resources(g, device)
+        assert g.cost is not None
+        kernel_us, source = (measured[g.name], MEASURED) if g.name in measured else (kernel_time_us(g), MODELED)
+        # Fewer co-resident blocks than the kernel would have on its own share the SM among fewer
+        # blocks, so each runs proportionally faster: the kernel alone keeps its modeled time.
+        own = max(1, g.cost.resident_blocks_per_sm)
+        task_us = kernel_us / max(1, g.cost.waves) * min(1.0, vdev.slots / own)
+        chosen = Variant(g.blocks, threads, shared, regs, task_us, source, g.segments[0].shape)
+        ops.append(ROperator(g.name, g.id, g.stages, (chosen, *_candidate_variants(g, chosen, vdev)),
+                             tuple(deps[g.name]), kernel_us))
+    return tuple(ops)
+
+
+def _candidate_variants(g: Group, chosen: Variant, vdev: VDevice) -> list[Variant]:
+    """Top-k tiles as variants. Only single-segment kernels (one tile decides the grid) and tiles that
+    fit the vDevice's block envelope; a candidate's per-block time is the chosen one's scaled by its
+    traffic per wave (the cost model is bandwidth-bound for these)."""
+    if len(g.segments) != 1 or not g.candidates:
+        return []
+    base = next((c for c in g.candidates if c.tile == g.segments[0]), None)
+    per_wave0 = base.traffic_bytes / max(1, base.waves) if base else 0.0
+    out, seen = [], {(g.segments[0].shape, g.segments[0].threads, g.segments[0].blocks)}
+    for c in g.candidates:
+        key = (c.tile.shape, c.tile.threads, c.tile.blocks)
+        if key in seen or per_wave0 <= 0:
+            continue
+        seen.add(key)
+        scale = (c.traffic_bytes / max(1, c.waves)) / per_wave0
+        shared = int(chosen.shared_bytes * math.prod(c.tile.shape) / max(1, math.prod(chosen.tile)))
+        if c.tile.threads > vdev.threads or shared > vdev.shared_bytes:
+            continue
+        out.append(Variant(c.tile.blocks, c.tile.threads, shared, chosen.regs_per_thread,
+                           chosen.task_us * scale, f"{chosen.source} (scaled from the chosen tile by "
+                           f"traffic per wave)", c.tile.shape))
+    return out
+
+
+# ---- the policy -----------------------------------------------------------------------------
+
+
+def bfs_waves(ops: tuple[ROperator, ...]) -> list[list[str]]:
+    """Operators by BFS level of the dependency DAG (level = 1 + deepest dependency), plan order kept."""
+    level: dict[str, int] = {}
+    names = {op.name for op in ops}
+    for op in ops:
+        missing = [d for d in op.deps if d not in level]
+        if missing:
+            what = "is not a kernel" if missing[0] not in names else "comes later (not topological)"
+            raise RProgramError(f"rOperator {op.name} depends on {missing[0]}, which {what}")
+        level[op.name] = 1 + max((level[d] for d in op.deps), default=-1)
+    waves: list[list[str]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
+    for op in ops:
+        waves[level[op.name]].append(op.name)
+    return waves
+
+
+def choose_variants(ops: list[ROperator], veus: int) -> tuple[list[int], str]:
+    """Per op the variant to run: the fastest when the wave's chosen tiles leave vEUs idle, the one
+    using the least vEU-time when they over-fill the device."""
+    blocks = sum(op.variants[0].blocks for op in ops)
+    if blocks <= veus:
+        picks = [min(range(len(op.variants)),
+                     key=lambda k, op=op: (math.ceil(op.variants[k].blocks / veus) * op.variants[k].task_us, k))
+                 for op in ops]
+        return picks, f"{blocks} blocks fill {blocks}/{veus} vEUs: fastest variants"
+    picks = [min(range(len(op.variants)), key=lambda k, op=op: (op.variants[k].busy_us, k)) for op in ops]
+    return picks, f"{blocks} blocks over-fill {veus} vEUs: most resource-efficient variants"
+
+
+@dataclass
+class _Placer:
+    """Earliest-free-vEU list scheduling of one step; copyable to try a merge."""
+
+    free: list  # heap of (free time, vEU)
+    tasks: list  # (vEU, RTask)
+    ends: dict  # op -> end of its last rTask
+
+    @staticmethod
+    def start(veus: int, at: float) -> _Placer:
+        return _Placer([(at, v) for v in range(veus)], [], {})
+
+    def copy(self) -> _Placer:
+        return _Placer(list(self.free), list(self.tasks), dict(self.ends))
+
+    def place(self, op: ROperator, variant: Variant, step_start: float, sync_us: float) -> None:
+        in_step = [self.ends[d] for d in op.deps if d in self.ends]
+        # Dependencies from earlier steps ended before the barrier; in-step ones are waited on through
+        # a counter, which every dependent rTask polls once.
+        ready = max(in_step, default=step_start)
+        wait = sync_us if in_step else 0.0
+        end_max = ready
+        for b in range(variant.blocks):
+            free, v = heapq.heappop(self.free)
+            s = max(free, ready) + wait
+            e = s + variant.task_us
+            heapq.heappush(self.free, (e, v))
+            self.tasks.append((v, RTask(op.name, b, s, e)))
+            end_max = max(end_max, e)
+        self.ends[op.name] = end_max
+
+    @property
+    def end(self) -> float:
+        return max(t for t, _ in self.free)
+
+
+def schedule_wavefront(ops: tuple[ROperator, ...], vdev: VDevice, *, barrier_us: float, sync_us: float,
+                       merge: bool = True) -> tuple[tuple[tuple[RTask, ...], ...], tuple[Step, ...]]:
+    """Place every rTask; returns per-vEU task lists (start order) and the steps between barriers."""
+    by_name = {op.name: op for op in ops}
+    waves = bfs_waves(ops)
+    steps: list[Step] = []
+    done: list[tuple[int, RTask]] = []
+    t0 = 0.0
+    cur: _Placer | None = None
+    cur_waves: list[int] = []
+    cur_ops: list[str] = []
+    cur_picks: list[int] = []
+    cur_reason = ""
+    for w, names in enumerate(waves):
+        wave_ops = [by_name[n] for n in names]
+        picks, why = choose_variants(wave_ops, vdev.veus)
+        if cur is not None:
+            merged = cur.copy()
+            for op, k in zip(wave_ops, picks):
+                merged.place(op, op.variants[k], t0, sync_us)
+            apart = _Placer.start(vdev.veus, cur.end + barrier_us)
+            for op, k in zip(wave_ops, picks):
+                apart.place(op, op.variants[k], cur.end + barrier_us, sync_us)
+            if merge and merged.end < apart.end:
+                cur, cur_waves, cur_ops, cur_picks = merged, cur_waves + [w], cur_ops + names, cur_picks + picks
+                cur_reason += (f"; wave {w} merged ({why}): ends at {merged.end:.2f} µs, "
+                               f"{apart.end:.2f} µs after a barrier")
+                continue
+            steps.append(Step(len(steps), tuple(cur_waves), tuple(cur_ops), tuple(cur_picks), t0, cur.end,
+                              cur_reason))
+            done.extend(cur.tasks)
+            cur_reason = (f"barrier before wave {w} ({why}): merged it would end at {merged.end:.2f} µs, "
+                          f"not before {apart.end:.2f} µs" if merge else f"barrier before wave {w} ({why}): "
+                          f"merging disabled")
+            t0 = cur.end + barrier_us
+            cur = apart
+        else:
+            cur = _Placer.start(vdev.veus, t0)
+            for op, k in zip(wave_ops, picks):
+                cur.place(op, op.variants[k], t0, sync_us)
+            cur_reason = f"wave {w} starts the program ({why})"
+        cur_waves, cur_ops, cur_picks = [w], list(names), list(picks)
+    if cur is not None:
+        steps.append(Step(len(steps), tuple(cur_waves), tuple(cur_ops), tuple(cur_picks), t0, cur.end,
+                          cur_reason))
+        done.extend(cur.tasks)
+    per_veu: list[list[RTask]] = [[] for _ in range(vdev.veus)]
+    for v, task in done:
+        per_veu[v].append(task)
+    return tuple(tuple(sorted(ts, key=lambda t: (t.start_us, t.end_us))) for ts in per_veu), tuple(steps)
+
+
+def check_rprogram(rp: RProgram) -> list[str]:
+    """Every broken rule, one line each: a vEU running two rTasks at once, an rTask starting before an
+    rTask it reads from has ended, a block missing or placed twice."""
+    problems: list[str] = []
+    eps = 1e-9
+    for v, tasks in enumerate(rp.veus):
+        for a, b in zip(tasks, tasks[1:]):
+            if b.start_us < a.end_us - eps:
+                problems.append(f"vEU {v}: {b.op}#{b.block} starts at {b.start_us} before "
+                                f"{a.op}#{a.block} ends at {a.end_us}")
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    seen: dict[str, set[int]] = {}
+    for tasks in rp.veus:
+        for t in tasks:
+            first[t.op] = min(first.get(t.op, math.inf), t.start_us)
+            last[t.op] = max(last.get(t.op, -math.inf), t.end_us)
+            blocks = seen.setdefault(t.op, set())
+            if t.block in blocks:
+                problems.append(f"{t.op}: block {t.block} placed twice")
+            blocks.add(t.block)
+    for op in rp.operators:
+        want = rp.chosen(op.name).blocks
+        if len(seen.get(op.name, ())) != want:
+            problems.append(f"{op.name}: {len(seen.get(op.name, ()))} of {want} blocks placed")
+        for d in op.deps:
+            if op.name in first and d in last and first[op.name] < last[d] - eps:
+                problems.append(f"{op.name} starts at {first[op.name]} before its input {d} ends at {last[d]}")
+    return problems
