@@ -73,7 +73,8 @@ def convert_reshape(ctx: LowerCtx, node: OnnxNode) -> None:
 def convert_flatten(ctx: LowerCtx, node: OnnxNode) -> None:
     x = node.inputs[0]
     shape = ctx.shape(x)
-    axis = int(ctx.attr(node, "axis", 1)) % (len(shape) + 1) if shape else 0
+    axis = int(ctx.attr(node, "axis", 1))
+    axis = axis + len(shape) if axis < 0 else axis  # -1 is the last axis, not the rank
     reshape_to(ctx, node.outputs[0], x, (int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))))
 
 

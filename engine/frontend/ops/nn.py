@@ -99,25 +99,40 @@ def convert_softmax(ctx: LowerCtx, node: OnnxNode) -> None:
 
 
 def normalize_into(ctx: LowerCtx, out: str, x: str, axes: tuple[int, ...], eps: float,
-                   scale: str | None, bias: str | None, scale_shape_like_axes: bool = True) -> str:
-    """mean -> variance (mean of squared deviation) -> (x - mean) * rsqrt(var + eps) * scale + bias."""
+                   scale: str | None, bias: str | None, *, param_axis: int | None = None,
+                   mean_out: str | None = None, invstd_out: str | None = None) -> str:
+    """mean -> variance (mean of squared deviation) -> (x - mean) * rsqrt(var + eps) * scale + bias.
+    Scale/bias broadcast NumPy-style, or along `param_axis` when they are 1-D per-channel vectors.
+    `mean_out`/`invstd_out` name the statistics when the node exports them (LayerNormalization)."""
     shape = ctx.shape(x)
     dt = ctx.dtype(x)
     count = 1
     for a in axes:
         count *= shape[a]
     inv = E.imm(1.0 / count, dt)
-    mean = reduce_into(ctx, ctx.tmp(out, "mean"), x, axes, True, Combine.SUM,
+    mean = reduce_into(ctx, mean_out or ctx.tmp(out, "mean"), x, axes, True, Combine.SUM,
                        body_fn=lambda v: E.mul(v, inv), op="norm.mean")
     xs, ms = ctx.bload(x, shape), ctx.bload(mean, shape)
     d = ctx.elementwise(ctx.tmp(out, "dev"), shape, dt, E.sub(xs, ms), op="sub")
     var = reduce_into(ctx, ctx.tmp(out, "var"), d, axes, True, Combine.SUM,
                       body_fn=lambda v: E.mul(E.mul(v, v), inv), op="norm.var")
-    y = E.mul(ctx.bload(d, shape), E.unary("rsqrt", E.add(ctx.bload(var, shape), E.imm(eps, dt))))
+    if invstd_out:
+        vshape = ctx.shape(var)
+        rs = E.unary("rsqrt", E.add(ctx.load(var, I.out_vars(len(vshape))), E.imm(eps, dt)))
+        istd = ctx.bload(ctx.elementwise(invstd_out, vshape, dt, rs, op="norm.invstd"), shape)
+    else:
+        istd = E.unary("rsqrt", E.add(ctx.bload(var, shape), E.imm(eps, dt)))
+    y = E.mul(ctx.bload(d, shape), istd)
+
+    def param(name: str) -> E.Expr:
+        if param_axis is None:
+            return ctx.bload(name, shape)
+        return ctx.load(name, (I.out_vars(len(shape))[param_axis],))
+
     if scale:
-        y = E.mul(y, ctx.bload(scale, shape))
+        y = E.mul(y, param(scale))
     if bias:
-        y = E.add(y, ctx.bload(bias, shape))
+        y = E.add(y, param(bias))
     return ctx.elementwise(out, shape, dt, y, op="normalize")
 
 
@@ -128,7 +143,40 @@ def convert_layer_norm(ctx: LowerCtx, node: OnnxNode) -> None:
     axis = int(ctx.attr(node, "axis", -1)) % rank
     if int(ctx.attr(node, "stash_type", 1)) != 1:
         raise ctx.unsupported("stash_type other than float32")
-    if len([o for o in node.outputs if o]) > 1:
-        raise ctx.unsupported("the Mean/InvStdDev training outputs")
+    outs = list(node.outputs) + ["", ""]
     normalize_into(ctx, node.outputs[0], x, tuple(range(axis, rank)), float(ctx.attr(node, "epsilon", 1e-5)),
-                   node.inputs[1] if ctx.has(node, 1) else None, node.inputs[2] if ctx.has(node, 2) else None)
+                   node.inputs[1] if ctx.has(node, 1) else None, node.inputs[2] if ctx.has(node, 2) else None,
+                   mean_out=outs[1] or None, invstd_out=outs[2] or None)
+
+
+@register("Gemm")
+def convert_gemm(ctx: LowerCtx, node: OnnxNode) -> None:
+    """Y = alpha * A' @ B' + beta * C: one contraction, then an elementwise epilogue when needed."""
+    a, b = node.inputs[0], node.inputs[1]
+    sa, sb = ctx.shape(a), ctx.shape(b)
+    if len(sa) != 2 or len(sb) != 2:
+        raise ctx.unsupported(f"Gemm of shapes {sa} and {sb} (both must be 2-D)")
+    ta, tb = int(ctx.attr(node, "transA", 0)), int(ctx.attr(node, "transB", 0))
+    m, k = (sa[1], sa[0]) if ta else sa
+    k2, n = (sb[1], sb[0]) if tb else sb
+    if k != k2:
+        raise ctx.unsupported(f"Gemm of shapes {sa} and {sb} with transA={ta} transB={tb} (inner dims differ)")
+    i, j = I.out_vars(2)
+    r = I.var("r0")
+    body = E.mul(ctx.load(a, (r, i) if ta else (i, r)), ctx.load(b, (j, r) if tb else (r, j)))
+    alpha, beta = float(ctx.attr(node, "alpha", 1.0)), float(ctx.attr(node, "beta", 1.0))
+    has_c = ctx.has(node, 2) and beta != 0.0
+    out = node.outputs[0]
+    dt = ctx.dtype(a)
+    plain = alpha == 1.0 and not has_c
+    mm = ctx.emit(out if plain else ctx.tmp(out, "mm"), (m, n), dt, body, kind=StageKind.CONTRACTION,
+                  op="matmul", reduce=(k,), combine=Combine.SUM)
+    if plain:
+        return
+    y = ctx.load(mm, (i, j))
+    if alpha != 1.0:
+        y = E.mul(y, E.imm(alpha, dt))
+    if has_c:
+        c = ctx.bload(node.inputs[2], (m, n))
+        y = E.add(y, c if beta == 1.0 else E.mul(c, E.imm(beta, dt)))
+    ctx.elementwise(out, (m, n), dt, y, op="gemm.epilogue")
