@@ -1,0 +1,1 @@
+"""tileweave Streamlit workbench: pages (thin), views (pure), state (session), services (engine calls)."""

@@ -1,0 +1,128 @@
+"""Plan page: base policy; edit an edge's connection, split or merge groups, set tiles/threads;
+each edit validated (a refused one shows the rule it breaks); ordered edit list with undo/redo;
+load and save plan JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import streamlit as st
+
+from app import services
+from app.state import clear_edits, push_edits, redo, undo
+from app.ui import commit_state, current_model, current_plan, guarded
+from app.views.layers import matching_edges
+from app.views.tables import describe_edit, edge_label
+from engine.errors import TileweaveError
+from engine.schedule.plan import Edit
+
+st.title("Plan")
+
+with guarded("Loading the plan"):
+    state, loaded = current_model()
+    graph = loaded.graph
+    policies = services.policies()
+    policy = st.selectbox("Base policy", policies, key="plan_policy",
+                          index=policies.index(state.base_policy) if state.base_policy in policies else 0)
+    if policy != state.base_policy:
+        state = commit_state(dataclasses.replace(state, base_policy=policy))
+    result = current_plan(state, loaded)
+    plan = result.plan
+    st.caption(f"{plan.kernels} kernels · {len(state.edits)} edit(s) on {state.base_policy} · device {state.device}")
+    for index, reason in result.refused:
+        st.warning(f"Edit {index + 1} ({describe_edit(state.edits[index])}) no longer applies: {reason}")
+    editable = services.has("apply_edit")
+    if not editable:
+        st.info(f"Plan editing is {services.NOT_AVAILABLE}.")
+
+
+def submit(edits: list[Edit]) -> None:
+    """Validate the edits on the current plan; keep them only if every one is accepted."""
+    try:
+        trial = plan
+        for edit in edits:
+            trial = services.apply_one(graph, trial, edit, state.device)
+    except TileweaveError as err:
+        st.error(f"Refused: {err}")
+        return
+    commit_state(push_edits(state, edits))
+    st.rerun()
+
+
+with guarded("Editing the plan"):
+    edge_tab, group_tab, tile_tab = st.tabs(["Edge connection", "Split / merge", "Tiles and threads"])
+    with edge_tab, st.form("edge_form"):
+        labels = {edge_label(e.producer, e.consumer): e for e in plan.edges}
+        pick = st.selectbox("Edge", list(labels), key="plan_edge",
+                            format_func=lambda k: f"{k}  [{labels[k].conn.value}]")
+        conn = st.selectbox("Connection", services.conn_choices(), key="plan_conn")
+        all_layers = st.checkbox("Apply to all identical layers", key="plan_all_layers")
+        if st.form_submit_button("Apply edge edit", disabled=not editable):
+            e = labels[pick]
+            pairs = matching_edges(graph, e.producer, e.consumer) if all_layers else [e.key]
+            submit([Edit.make("set_edge", producer=p, consumer=c, conn=conn) for p, c in pairs])
+    with group_tab:
+        fused = [edge_label(e.producer, e.consumer) for e in plan.edges if e.conn.fused]
+        kernel = [edge_label(e.producer, e.consumer) for e in plan.edges if not e.conn.fused]
+        left, right = st.columns(2)
+        with left.form("split_form"):
+            split = st.selectbox("Split the group at a fused edge", fused or ["—"], key="plan_split")
+            if st.form_submit_button("Split", disabled=not (editable and fused)):
+                p, c = split.split(" → ")
+                submit([Edit.make("split", producer=p, consumer=c)])
+        with right.form("merge_form"):
+            merge = st.selectbox("Merge the groups joined by a kernel edge", kernel or ["—"], key="plan_merge")
+            if st.form_submit_button("Merge", disabled=not (editable and kernel)):
+                p, c = merge.split(" → ")
+                submit([Edit.make("merge", producer=p, consumer=c)])
+    with tile_tab:
+        rows = pd.DataFrame([{"group": g.id, "kernel": g.name, "anchor stage": g.segments[0].stage,
+                              "tile": "x".join(map(str, g.segments[0].shape)), "threads": g.segments[0].threads}
+                             for g in plan.groups])
+        edited = st.data_editor(rows, key="plan_tiles", hide_index=True, width="stretch",
+                                disabled=["group", "kernel", "anchor stage"])
+        if st.button("Apply tile changes", disabled=not editable, key="plan_apply_tiles"):
+            edits = []
+            for before, after in zip(rows.to_dict("records"), edited.to_dict("records")):
+                if (before["tile"], before["threads"]) != (after["tile"], after["threads"]):
+                    try:
+                        shape = [int(x) for x in str(after["tile"]).lower().replace("×", "x").split("x")]
+                    except ValueError:
+                        st.error(f"Refused: tile '{after['tile']}' of {after['kernel']} is not like 32x64")
+                        break
+                    edits.append(Edit.make("set_tile", group_stage=before["anchor stage"], shape=shape,
+                                           threads=int(after["threads"])))
+            else:
+                if edits:
+                    submit(edits)
+                else:
+                    st.info("No tile or thread count changed.")
+
+with guarded("Showing the edits"):
+    st.subheader("Edits (replayed in order on the base policy)")
+    st.dataframe(pd.DataFrame([{"#": k + 1, "edit": describe_edit(e)} for k, e in enumerate(state.edits)],
+                              columns=["#", "edit"]), hide_index=True, width="stretch")
+    b1, b2, b3 = st.columns(3)
+    if b1.button("Undo", disabled=not state.edits, key="plan_undo"):
+        commit_state(undo(state))
+        st.rerun()
+    if b2.button("Redo", disabled=not state.redo, key="plan_redo"):
+        commit_state(redo(state))
+        st.rerun()
+    if b3.button("Clear all edits", disabled=not state.edits, key="plan_clear"):
+        commit_state(clear_edits(state))
+        st.rerun()
+
+with guarded("Saving or loading a plan"):
+    st.subheader("Plan JSON")
+    st.download_button("Save plan JSON", services.plan_json_text(plan), key="plan_save",
+                       file_name=f"{state.model_name}_{plan.policy}_plan.json", mime="application/json")
+    upload = st.file_uploader("Load plan JSON (base policy + edits are replayed)", type=["json"], key="plan_load")
+    if upload is not None and st.button("Load this plan", key="plan_load_apply"):
+        loaded_plan = services.read_plan_json(upload.getvalue(), graph)
+        base = loaded_plan.base_policy or loaded_plan.policy
+        if base not in policies:
+            raise services.AppError(f"the plan's base policy '{base}' is {services.NOT_AVAILABLE}")
+        commit_state(dataclasses.replace(state, base_policy=base, edits=loaded_plan.edits, redo=()))
+        st.rerun()

@@ -1,0 +1,33 @@
+"""Timeline page: the rProgram as vEU × time, sequential vs rProgram makespan, Chrome trace download."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from app import services
+from app.run_panel import run_panel
+from app.ui import current_model, current_plan, guarded
+from app.views.timeline import makespan_rows, timeline_figure
+
+st.title("Timeline")
+
+with guarded("Scheduling the rProgram"):
+    state, loaded = current_model()
+    plan = current_plan(state, loaded).plan
+    run = run_panel(state, loaded, plan, key="timeline_run")
+    measured = run.kernel_us if run else None
+    key = json.dumps(measured, sort_keys=True) if measured else ""
+    rp = services.rprogram_for(plan, state.model_hash, plan.plan_hash, state.device, measured, key)
+    left, mid, right = st.columns(3)
+    left.metric("Sequential kernels", f"{rp.sequential_us:.1f} µs")
+    mid.metric("rProgram makespan", f"{rp.makespan_us:.1f} µs", f"{rp.speedup:.2f}× faster")
+    right.metric("vEU utilisation", f"{rp.utilization:.0%}")
+    st.caption("Durations are " + ("measured on " + state.backend if measured else f"modeled for {state.device}"))
+    st.plotly_chart(timeline_figure(rp), key="timeline_chart")
+    st.dataframe(pd.DataFrame(makespan_rows(rp)), hide_index=True)
+    st.download_button("Download Chrome trace (open in Perfetto)", services.trace_json_text(rp),
+                       file_name=f"{state.model_name}_{plan.policy}_trace.json", mime="application/json",
+                       key="timeline_trace")

@@ -1,0 +1,31 @@
+"""Entry point: `streamlit run app/streamlit_app.py`. Registers the pages with st.navigation and
+runs the selected one inside the error guard."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+# `streamlit run app/streamlit_app.py` puts app/ (not the repo root) on sys.path.
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from app.ui import guarded  # noqa: E402
+
+PAGES = Path(__file__).parent / "pages"
+
+st.set_page_config(page_title="tileweave", page_icon="🧵", layout="wide")
+nav = st.navigation([
+    st.Page(PAGES / "model.py", title="Model", icon="📦", default=True),
+    st.Page(PAGES / "tilegraph.py", title="Tile-graph", icon="🕸️"),
+    st.Page(PAGES / "plan.py", title="Plan", icon="✏️"),
+    st.Page(PAGES / "kernels.py", title="Kernels", icon="⚙️"),
+    st.Page(PAGES / "timeline.py", title="Timeline", icon="⏱️"),
+    st.Page(PAGES / "compare.py", title="Compare", icon="⚖️"),
+    st.Page(PAGES / "export.py", title="Export", icon="📤"),
+])
+with guarded(f"The {nav.title} page"):
+    nav.run()

@@ -1,0 +1,1 @@
+"""Pure view functions: engine values in, DOT text / plotly figures / table rows / Markdown out."""

@@ -1,0 +1,30 @@
+"""Per-kernel rows for the Kernels page: what each kernel computes, its launch shape and the terms of
+its modeled time next to the measured one."""
+
+from __future__ import annotations
+
+from app.views.fmt import fmt_bytes
+from engine.ir.graph import PrimGraph
+from engine.schedule.plan import Plan
+
+
+def kernel_rows(graph: PrimGraph, plan: Plan, measured_us: dict[str, float] | None = None) -> list[dict]:
+    rows = []
+    for g in plan.groups:
+        cost = g.cost
+        dram = int(cost.traffic_bytes.get("dram", 0)) if cost else None
+        got = (measured_us or {}).get(g.name)
+        origins = sorted({o for s in g.stages for o in graph.stage(s).origin})
+        rows.append({
+            "kernel": g.name,
+            "stages": ", ".join(graph.stage(s).op or graph.stage(s).kind.value for s in g.stages),
+            "ONNX nodes": ", ".join(origins),
+            "grid": g.blocks, "block": g.threads,
+            "shared": fmt_bytes(cost.footprint.get("shared", 0)) if cost else "—",
+            "DRAM traffic": fmt_bytes(dram) if cost else "—",
+            "modeled µs": round(cost.modeled_us, 2) if cost else None,
+            "measured µs": round(got, 2) if got is not None else None,
+            # Achieved bandwidth only means something against a measured time.
+            "achieved GB/s": round(dram / (got * 1e-6) / 1e9, 1) if got and dram else None,
+        })
+    return rows
