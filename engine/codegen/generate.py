@@ -1,0 +1,298 @@
+"""Plan + PrimGraph in, Program (kernel IR, launch list, memory plan) out.
+
+Each group becomes one kernel; GLOBAL_SYNC edges split it into segments (grid barriers); inside a
+segment, regions propagate back from the anchor's tile, REGISTER producers (elementwise/layout) are
+inlined into their consumers, everything else becomes a phase writing a BLOCK and/or GLOBAL buffer.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from engine.codegen.kexpr import Guard, InBounds, kmap, map_indices, substitute_body
+from engine.codegen.kir import Buffer, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
+from engine.device import Device, get_device, resident_blocks_per_sm
+from engine.errors import PlanError
+from engine.ir import expr as E
+from engine.ir import index as I
+from engine.ir.graph import PrimGraph, Stage, StageKind
+from engine.runtime.memory import plan_memory
+from engine.schedule.plan import Conn, Group, Plan, Tile, plan_to_json
+from engine.tilegraph.propagate import Box, propagate
+
+SHARED_LIMIT = 48 * 1024  # static __shared__ per block without opting in to more
+_INLINE_KINDS = (StageKind.ELEMENTWISE, StageKind.LAYOUT)
+
+
+def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100") -> Program:
+    """Realise every group of `plan` as a kernel; refuses a plan for another model or one whose
+    groups do not match its edges."""
+    device = get_device(device) if isinstance(device, str) else device
+    if plan.model_hash != graph.structural_hash:
+        raise PlanError(f"plan is for model hash {plan.model_hash}, not {graph.structural_hash}",
+                        hint="re-plan this model")
+    conns = {e.key: e.conn for e in plan.edges}
+    missing = [e for e in graph.edges if e not in conns]
+    if missing:
+        raise PlanError(f"plan has no connection for edge {missing[0][0]} -> {missing[0][1]}")
+    kernels, launches = [], []
+    for group in plan.groups:
+        kernel = _build_kernel(group, graph, conns)
+        kernels.append(kernel)
+        launches.append(_launch(kernel, device))
+    memory = _memory(graph, kernels)
+    return Program(
+        name=graph.name, model_hash=graph.structural_hash,
+        plan_hash=_plan_hash(plan), policy=plan.policy, device=device.name,
+        kernels=tuple(kernels), launches=tuple(launches), memory=memory,
+        inputs=tuple(t.name for t in graph.inputs), constants=tuple(t.name for t in graph.constants),
+        outputs=graph.outputs, output_names=graph.output_names,
+    )
+
+
+def _plan_hash(plan: Plan) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(plan_to_json(plan), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _launch(kernel: Kernel, device: Device) -> Launch:
+    grid = kernel.ntiles
+    if kernel.cooperative:
+        # A grid barrier needs every block resident at once: cap the grid to one wave.
+        per_sm, why = resident_blocks_per_sm(device, kernel.threads, 0, kernel.shared_bytes)
+        if per_sm == 0:
+            raise PlanError(f"kernel {kernel.name} cannot run on {device.name}: {why}")
+        grid = min(grid, per_sm * device.sm_count)
+    args = tuple(b.tensor for b in kernel.params)
+    return Launch(kernel.name, grid, kernel.threads, kernel.shared_bytes, kernel.cooperative, args)
+
+
+def _memory(graph: PrimGraph, kernels: list[Kernel]):
+    external = {t.name for t in graph.inputs} | {t.name for t in graph.constants} | set(graph.outputs)
+    live: dict[str, list[int]] = {}
+    for k, kernel in enumerate(kernels):
+        for b in kernel.params:
+            if b.tensor not in external:
+                span = live.setdefault(b.tensor, [k, k])
+                span[1] = k
+    return plan_memory([(t, graph.specs[t].nbytes, a, b) for t, (a, b) in live.items()])
+
+
+# ---- one group ---------------------------------------------------------------------------------
+
+
+def _ident(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def _segments(group: Group, graph: PrimGraph, conns) -> list[tuple[Tile, list[str]]]:
+    """Split the group by its GLOBAL_SYNC edges; pair each part with its tile; order producers first."""
+    members = set(group.stages)
+    parent = {s: s for s in group.stages}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for (p, c), conn in conns.items():
+        if p in members and c in members and conn in (Conn.REGISTER, Conn.SHARED):
+            parent[find(p)] = find(c)
+    parts: dict[str, list[str]] = {}
+    for s in group.stages:
+        parts.setdefault(find(s), []).append(s)
+    by_stage = {t.stage: t for t in group.segments}
+    out = []
+    for names in parts.values():
+        tiles = [by_stage[s] for s in names if s in by_stage]
+        if len(tiles) != 1:
+            raise PlanError(f"group {group.name}: segment {{{', '.join(names)}}} has {len(tiles)} tiles, "
+                            "needs exactly one (its anchor)", hint="give each GLOBAL_SYNC-separated part one Tile")
+        out.append((tiles[0], names))
+    # Topological order of segments: a segment runs after every segment feeding it.
+    order, done = [], set()
+    while len(order) < len(out):
+        progressed = False
+        for tile, names in out:
+            if tile.stage in done:
+                continue
+            deps = {p for (p, c) in conns if c in names and p in members and p not in names}
+            if all(any(d in n for t2, n in out if t2.stage in done) for d in deps):
+                order.append((tile, names))
+                done.add(tile.stage)
+                progressed = True
+        if not progressed:
+            raise PlanError(f"group {group.name}: its segments depend on each other in a cycle")
+    return order
+
+
+def _build_kernel(group: Group, graph: PrimGraph, conns) -> Kernel:
+    members = set(group.stages)
+    params: dict[str, Buffer] = {}
+    locals_: list[Buffer] = []
+    segments = []
+    for tile, names in _segments(group, graph, conns):
+        segments.append(_build_segment(tile, names, graph, conns, members, params, locals_, group.name))
+    threads = max(t.threads for t in group.segments)
+    shared = sum(b.nbytes for b in locals_)
+    if shared > SHARED_LIMIT:
+        raise PlanError(f"group {group.name}: block buffers need {shared} B of shared memory, over "
+                        f"{SHARED_LIMIT} B", hint="use a smaller tile or connect an edge at KERNEL")
+    origin = tuple(dict.fromkeys(o for s in group.stages for o in graph.stage(s).origin))
+    return Kernel(group.name, tuple(params.values()), tuple(locals_), tuple(segments), threads,
+                  tuple(group.stages), origin)
+
+
+def _global(params: dict[str, Buffer], graph: PrimGraph, tensor: str) -> str:
+    if tensor not in params:
+        spec = graph.specs[tensor]
+        params[tensor] = Buffer(f"g_{_ident(tensor)}", tensor, spec.dtype, spec.shape, Scope.GLOBAL)
+    return params[tensor].name
+
+
+def _tile_boxes(stage: Stage, tile: Tile) -> list[Box]:
+    if len(tile.shape) != len(stage.shape) or any(t <= 0 for t in tile.shape):
+        raise PlanError(f"tile {list(tile.shape)} does not fit stage {stage.name} of shape {list(stage.shape)}")
+    tiles = tuple(-(-n // t) for n, t in zip(stage.shape, tile.shape))
+    boxes = []
+    for idx in np.ndindex(*tiles):
+        boxes.append(tuple((i * t, min((i + 1) * t, s)) for i, t, s in zip(idx, tile.shape, stage.shape)))
+    return boxes
+
+
+def _hull(a: Box | None, b: Box | None) -> Box | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return tuple((min(x[0], y[0]), max(x[1], y[1])) for x, y in zip(a, b))
+
+
+def _build_segment(tile, names, graph, conns, members, params, locals_, gname) -> Segment:
+    anchor = graph.stage(tile.stage)
+    seg = set(names)
+    local_cons = {s: [c for c in graph.consumers.get(s, ()) if c in seg] for s in names}
+    needs_global = {s: s in graph.outputs or any(c not in seg for c in graph.consumers.get(s, ())) for s in names}
+    inline = {s for s in names if s != anchor.name and not needs_global[s]
+              and graph.stage(s).kind in _INLINE_KINDS
+              and all(conns[(s, c)] == Conn.REGISTER for c in local_cons[s])}
+    for s in names:
+        if s != anchor.name and not local_cons[s] and not needs_global[s]:
+            raise PlanError(f"group {gname}: stage {s} feeds nothing in its segment or outside it")
+
+    # Regions per tile, propagated back from the anchor (union over in-segment consumers).
+    shapes = dict((k, v.shape) for k, v in graph.specs.items())
+    boxes = _tile_boxes(anchor, tile)
+    tables: dict[str, list[Box]] = {s: [] for s in names}
+    for box in boxes:
+        region = {anchor.name: box}
+        for s in reversed(names):
+            if s == anchor.name:
+                continue
+            acc = None
+            for c in local_cons[s]:
+                if region.get(c) is not None:
+                    acc = _hull(acc, propagate(graph.stage(c), region[c], shapes).box(s))
+            region[s] = acc
+        for s in names:
+            tables[s].append(region[s] if region[s] is not None else tuple((0, 0) for _ in graph.stage(s).shape))
+
+    tiles = tuple(-(-n // t) for n, t in zip(anchor.shape, tile.shape))
+    regions = {s: fit_region(graph.stage(s).shape, tiles, tables[s]) for s in names if s not in inline}
+    for s in names:
+        if s != anchor.name and needs_global[s] and s not in inline:
+            _check_cover(graph.stage(s), tables[s], gname)
+
+    block_buf: dict[str, str] = {}
+    phases = []
+    for s in names:
+        if s in inline:
+            continue
+        stage = graph.stage(s)
+        stores = []
+        if local_cons[s]:
+            buf = Buffer(f"s_{_ident(s)}", s, stage.dtype, stage.shape, Scope.BLOCK, regions[s])
+            locals_.append(buf)
+            block_buf[s] = buf.name
+            stores.append(buf.name)
+        if needs_global[s]:
+            stores.append(_global(params, graph, s))
+        body = _resolve(stage, graph, inline, block_buf, params)
+        phases.append(Phase(s, stage.dtype, body, regions[s], tuple(stores), stage.reduce, stage.combine))
+    return Segment(anchor.name, len(boxes), tuple(phases))
+
+
+def fit_region(shape: tuple[int, ...], tiles: tuple[int, ...], boxes: list[Box]) -> Region:
+    """Express per-tile boxes as affine spans of the tile coordinates (clamped to the tensor) when
+    they are; else keep the explicit table."""
+    coords = list(np.ndindex(*tiles)) if tiles else [()]
+    strides = [int(np.prod(tiles[k + 1:], dtype=np.int64)) for k in range(len(tiles))]
+    spans = []
+    for d, n in enumerate(shape):
+        lo = [b[d][0] for b in boxes]
+        hi = [b[d][1] for b in boxes]
+        span = None
+        for side in (lo, hi):
+            coeffs = tuple(side[strides[k]] - side[0] if tiles[k] > 1 else 0 for k in range(len(tiles)))
+            shift = [sum(c * x for c, x in zip(coeffs, tc)) for tc in coords]
+            base = min(a - s for a, s in zip(lo, shift))
+            top = max(b - s for b, s in zip(hi, shift))
+            raw = [(base + s, top + s) for s in shift]
+            if all(max(a, 0) == x and min(b, n) == y for (a, b), x, y in zip(raw, lo, hi)):
+                clamp = any(a < 0 or b > n for a, b in raw)
+                span = Span(base, top - base, coeffs, clamp)
+                break
+        if span is None:
+            rows = tuple(tuple(lo for lo, _ in b) + tuple(hi for _, hi in b) for b in boxes)
+            return Region(tuple(shape), tuple(tiles), (), rows)
+        spans.append(span)
+    return Region(tuple(shape), tuple(tiles), tuple(spans))
+
+
+def _check_cover(stage: Stage, boxes: list[Box], gname: str) -> None:
+    """A stage needed outside its segment must be written everywhere by the union of its tiles."""
+    mask = np.zeros(stage.shape, dtype=bool)
+    for b in boxes:
+        mask[tuple(slice(lo, hi) for lo, hi in b)] = True
+    if not mask.all():
+        raise PlanError(f"group {gname}: stage {stage.name} is read outside its segment but its tiles cover "
+                        f"only {int(mask.sum())} of {mask.size} elements", hint="connect its consumers at KERNEL")
+
+
+def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[str, str], params) -> E.Expr:
+    """Inline REGISTER producers into the body and point every load at a buffer name."""
+    ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(stage.shape)}
+    ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(stage.reduce)})
+
+    def expand(e: E.Expr) -> E.Expr:
+        if isinstance(e, E.Load) and e.tensor in inline:
+            producer = graph.stage(e.tensor)
+            mapping = {f"i{k}": ix for k, ix in enumerate(e.index)}
+            value = kmap(substitute_body(producer.body, mapping), expand)
+            if e.pad is not None:
+                return Guard(InBounds(e.index, producer.shape), value, E.imm(e.pad, e.dtype))
+            return value
+        return e
+
+    body = kmap(stage.body, expand)
+
+    def rename(e: E.Expr) -> E.Expr:
+        if isinstance(e, E.Load):
+            name = block_buf.get(e.tensor) or _global(params, graph, e.tensor)
+            return E.Load(name, e.index, e.dtype, e.pad)
+        return e
+
+    def fix_index(ix: I.Lin) -> I.Lin:
+        ix = I.simplify(ix, ranges)
+        for t in ix.indirect_tensors():
+            if t in block_buf or t in inline:
+                raise PlanError(f"stage {stage.name} gathers with indices from {t} computed in the same segment",
+                                hint=f"connect {t} -> {stage.name} at KERNEL")
+            ix = I.rename_tensor(ix, t, _global(params, graph, t))
+        return ix
+
+    return map_indices(kmap(body, rename), fix_index)

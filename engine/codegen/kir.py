@@ -1,0 +1,225 @@
+"""Kernel IR: what `generate` produces from a Plan and what the CUDA and C printers render.
+
+A Kernel is segments (separated by grid barriers), each a loop of blocks over tiles whose body is
+phases (separated by block barriers); a phase computes one stage over its per-tile region. Values
+that cross a barrier live in explicit buffers: BLOCK scope (shared memory / per-block array) or GLOBAL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from engine.ir.dtypes import DType
+from engine.ir.expr import Expr, format_expr
+from engine.ir.graph import Combine
+
+
+class Scope(StrEnum):
+    GLOBAL = "global"  # device memory: a kernel parameter
+    BLOCK = "block"  # one copy per block: __shared__ on CUDA, a per-block array on C
+
+
+@dataclass(frozen=True)
+class Span:
+    """One dimension of a region as a function of the tile coordinates tc (the anchor's tiling):
+    lo = base + sum(coeff * tc), hi = lo + ext, both clamped to [0, size] where `clamp` says so."""
+
+    base: int
+    ext: int
+    coeffs: tuple[int, ...]
+    clamp: bool = False
+
+
+@dataclass(frozen=True)
+class Region:
+    """The box of a stage a block covers for tile t (tiles numbered row-major over `tiles`, the anchor's
+    tile grid). Per dimension an affine `Span` of the tile coordinates, or, where the propagated boxes
+    are not affine (clipped halos, wrapping reshapes), an explicit per-tile `table` of lo..., hi...."""
+
+    shape: tuple[int, ...]  # the stage's full shape
+    tiles: tuple[int, ...]  # tiles per anchor dimension
+    spans: tuple[Span, ...] = ()
+    table: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def ntiles(self) -> int:
+        n = 1
+        for k in self.tiles:
+            n *= k
+        return n
+
+    @property
+    def extent(self) -> tuple[int, ...]:
+        """Largest box over all tiles: the capacity of a BLOCK buffer holding this region."""
+        if self.spans:
+            return tuple(min(s.ext, n) for s, n in zip(self.spans, self.shape))
+        r = self.rank
+        return tuple(max(row[r + d] - row[d] for row in self.table) for d in range(r))
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A tensor as one kernel sees it. GLOBAL buffers are parameters; BLOCK buffers hold `region`."""
+
+    name: str  # C identifier
+    tensor: str  # graph tensor name
+    dtype: DType
+    shape: tuple[int, ...]  # the tensor's full shape (index space of loads)
+    scope: Scope
+    region: Region | None = None  # BLOCK only
+
+    @property
+    def capacity(self) -> int:
+        n = 1
+        for d in (self.region.extent if self.region else self.shape):
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.capacity * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Every thread of the block computes elements of `stage` over its region for the current tile:
+    `value = combine over reduce of body` with loads resolved against the kernel's buffers (producers
+    connected at REGISTER are already inlined into `body`). The value goes to each buffer in `stores`."""
+
+    stage: str
+    dtype: DType
+    body: Expr
+    region: Region
+    stores: tuple[str, ...]  # buffer names
+    reduce: tuple[int, ...] = ()
+    combine: Combine | None = None
+    threads_per_row: int = 1  # >1: threads of a row split the reduction and combine in a tree
+
+    def describe(self) -> str:
+        red = f" {self.combine.value} over {list(self.reduce)}" if self.combine else ""
+        return f"{self.stage}{red} = {format_expr(self.body)} -> {', '.join(self.stores)}"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Blocks loop over the anchor's tiles; phases are separated by block barriers."""
+
+    anchor: str
+    ntiles: int
+    phases: tuple[Phase, ...]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    params: tuple[Buffer, ...]  # GLOBAL buffers in argument order
+    locals: tuple[Buffer, ...]  # BLOCK buffers
+    segments: tuple[Segment, ...]  # separated by grid barriers
+    threads: int
+    stages: tuple[str, ...]
+    origin: tuple[str, ...]  # ONNX nodes
+
+    @property
+    def cooperative(self) -> bool:
+        return len(self.segments) > 1
+
+    @property
+    def shared_bytes(self) -> int:
+        return sum(b.nbytes for b in self.locals)
+
+    @property
+    def ntiles(self) -> int:
+        return max(s.ntiles for s in self.segments)
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.params + self.locals:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    grid: int
+    block: int
+    shared_bytes: int
+    cooperative: bool
+    args: tuple[str, ...]  # tensor names, in parameter order
+
+
+@dataclass(frozen=True)
+class Allocation:
+    tensor: str
+    offset: int
+    nbytes: int
+    first: int  # index of the first launch touching it
+    last: int  # index of the last launch touching it
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Intermediate tensors placed in one arena by liveness over the launch order."""
+
+    allocations: tuple[Allocation, ...]
+    arena_bytes: int  # peak
+    naive_bytes: int  # one buffer per tensor
+
+    def offset(self, tensor: str) -> int:
+        for a in self.allocations:
+            if a.tensor == tensor:
+                return a.offset
+        raise KeyError(tensor)
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    model_hash: str
+    plan_hash: str
+    policy: str
+    device: str
+    kernels: tuple[Kernel, ...]
+    launches: tuple[Launch, ...]
+    memory: MemoryPlan
+    inputs: tuple[str, ...]
+    constants: tuple[str, ...]
+    outputs: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+    def kernel(self, name: str) -> Kernel:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+
+def program_to_json(program: Program) -> dict:
+    """program.json: launch list, grids, blocks, shared bytes, buffers, and each kernel's phases."""
+    kernels = []
+    for k in program.kernels:
+        kernels.append({
+            "name": k.name, "threads": k.threads, "cooperative": k.cooperative, "shared_bytes": k.shared_bytes,
+            "stages": list(k.stages), "origin": list(k.origin),
+            "params": [{"name": b.name, "tensor": b.tensor, "dtype": b.dtype.value, "shape": list(b.shape)}
+                       for b in k.params],
+            "locals": [{"name": b.name, "tensor": b.tensor, "dtype": b.dtype.value,
+                        "extent": list(b.region.extent) if b.region else []} for b in k.locals],
+            "segments": [{"anchor": s.anchor, "ntiles": s.ntiles, "phases": [p.describe() for p in s.phases]}
+                         for s in k.segments],
+        })
+    return {
+        "name": program.name, "model_hash": program.model_hash, "plan_hash": program.plan_hash,
+        "policy": program.policy, "device": program.device, "kernels": kernels,
+        "launches": [{"kernel": ln.kernel, "grid": ln.grid, "block": ln.block, "shared_bytes": ln.shared_bytes,
+                      "cooperative": ln.cooperative, "args": list(ln.args)} for ln in program.launches],
+        "memory": {"arena_bytes": program.memory.arena_bytes, "naive_bytes": program.memory.naive_bytes,
+                   "allocations": [vars(a) for a in program.memory.allocations]},
+        "inputs": list(program.inputs), "constants": list(program.constants), "outputs": list(program.outputs),
+        "output_names": list(program.output_names),
+    }

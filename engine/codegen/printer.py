@@ -1,0 +1,386 @@
+"""Kernel IR in, C-family source text out. One base printer walks the IR; CudaPrinter and CPrinter
+(engine/codegen/targets.py) set spellings and override a few hooks.
+
+Bodies are emitted in SSA form (one local per distinct subexpression), which is also common-subexpression
+elimination for producers inlined at REGISTER; values under a pad guard are evaluated inside the guard.
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine.codegen.kexpr import Guard, InBounds
+from engine.codegen.kir import Buffer, Kernel, Phase, Program, Region, Scope, Segment
+from engine.ir import expr as E
+from engine.ir import index as I
+from engine.ir.dtypes import DType
+from engine.ir.graph import Combine
+
+HELPERS = {
+    "fdiv": "int fdiv(int a, int b) { int q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }",
+    "fmodi": "int fmodi(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }",
+    "imin": "int imin(int a, int b) { return a < b ? a : b; }",
+    "imax": "int imax(int a, int b) { return a > b ? a : b; }",
+    "iabs": "int iabs(int a) { return a < 0 ? -a : a; }",
+    "widx": "int widx(long long v, int n) { return (int)(v < 0 ? v + n : v); }",
+    "lmod": "long long lmod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }",
+    "lpow": "long long lpow(long long a, long long b) { long long r = 1; for (; b > 0; --b) r *= a; return r; }",
+    "fpymod": "float fpymod(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }",
+}
+
+
+class Printer:
+    """Spellings a target sets; hooks it may override."""
+
+    kernel_prefix = ""
+    helper_prefix = "static inline"
+    table_qualifier = "static const"
+    restrict = "restrict"
+    block_barrier = "/* block barrier */"
+    grid_barrier = "/* grid barrier */"
+    locals_in_kernel_scope = False
+    header = ""
+    f16_type = "_Float16"
+
+    def __init__(self) -> None:
+        self.helpers: set[str] = set()
+
+    # ---- types -------------------------------------------------------------------------------
+    def storage_type(self, dtype: DType) -> str:
+        return {DType.F32: "float", DType.F16: self.f16_type, DType.I64: "long long", DType.I32: "int",
+                DType.BOOL: "bool"}[dtype]
+
+    def compute_type(self, dtype: DType) -> str:
+        return "float" if dtype.is_float else self.storage_type(dtype)
+
+    def load_value(self, text: str, dtype: DType) -> str:
+        return f"(float){text}" if dtype == DType.F16 else text
+
+    def store_value(self, text: str, dtype: DType) -> str:
+        return f"({self.f16_type})({text})" if dtype == DType.F16 else text
+
+    # ---- hooks -------------------------------------------------------------------------------
+    def thread_loop(self, var: str, count: str) -> str:
+        raise NotImplementedError
+
+    def tile_loop(self, seg: Segment) -> list[str]:
+        raise NotImplementedError
+
+    def tile_loop_end(self, seg: Segment, last: bool) -> list[str]:
+        raise NotImplementedError
+
+    def signature(self, kernel: Kernel) -> str:
+        written = {n for s in kernel.segments for p in s.phases for n in p.stores}
+        args = []
+        for b in kernel.params:
+            const = "" if b.name in written else "const "
+            args.append(f"{const}{self.storage_type(b.dtype)}* {self.restrict} {b.name}")
+        return f"{self.kernel_prefix}void {kernel.name}({', '.join(args)})"
+
+    def local_decl(self, buf: Buffer) -> str:
+        return f"{self.storage_type(buf.dtype)} {buf.name}[{buf.capacity}];"
+
+    # ---- program -----------------------------------------------------------------------------
+    def render_program(self, program: Program) -> str:
+        bodies = [self.render_kernel(k) for k in program.kernels]
+        helpers = [f"{self.helper_prefix} {HELPERS[h]}" for h in sorted(self.helpers)]
+        return "\n".join([self.header, *helpers, "", *bodies])
+
+    def render_kernel(self, kernel: Kernel) -> str:
+        lines = [f"// {kernel.name}: stages {', '.join(kernel.stages)}",
+                 f"// onnx nodes: {', '.join(kernel.origin) or '-'}"]
+        for b in kernel.locals:
+            if b.region and b.region.table:
+                rows = ", ".join("{" + ", ".join(map(str, r)) + "}" for r in b.region.table)
+                lines.append(f"{self.table_qualifier} int tab_{kernel.name}_{b.name}[{len(b.region.table)}]"
+                             f"[{2 * b.region.rank}] = {{{rows}}};")
+        lines.append(self.signature(kernel) + " {")
+        if self.locals_in_kernel_scope:
+            lines += ["    " + self.local_decl(b) for b in kernel.locals]
+        for k, seg in enumerate(kernel.segments):
+            lines.append(f"    // segment {k}: anchor {seg.anchor}, {seg.ntiles} tiles")
+            lines += ["    " + x for x in self.render_segment(kernel, seg, k == len(kernel.segments) - 1)]
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def render_segment(self, kernel: Kernel, seg: Segment, last: bool) -> list[str]:
+        lines = self.tile_loop(seg)
+        lines += ["    " + x for x in self.tile_coords(seg, seg.phases[-1].region)]
+        mine = {n for p in seg.phases for n in p.stores}
+        if not self.locals_in_kernel_scope:
+            lines += ["    " + self.local_decl(b) for b in kernel.locals if b.name in mine]
+        for b in kernel.locals:
+            if b.name in mine:
+                lines += ["    " + x for x in self.region_bounds(kernel, b.name, b.region)]
+        for k, phase in enumerate(seg.phases):
+            lines += ["    " + x for x in self.render_phase(kernel, phase)]
+            if k < len(seg.phases) - 1:
+                lines.append("    " + self.block_barrier)
+        return lines + self.tile_loop_end(seg, last)
+
+    def tile_coords(self, seg: Segment, region: Region) -> list[str]:
+        """Tile coordinates tc0.. of tile t over the anchor's tile grid (row-major)."""
+        out, rest = [], "t"
+        for d in reversed(range(len(region.tiles))):
+            out.append(f"const int tc{d} = {rest} % {region.tiles[d]};" if d else f"const int tc{d} = {rest};")
+            rest = f"({rest} / {region.tiles[d]})"
+        return out
+
+    def region_bounds(self, kernel: Kernel, tag: str, region: Region) -> list[str]:
+        """lo/hi of `region` for tile t as ints named {tag}_lo{d}, {tag}_hi{d}."""
+        r = region.rank
+        if region.table:
+            return [f"const int {tag}_lo{d} = tab_{kernel.name}_{tag}[t][{d}], "
+                    f"{tag}_hi{d} = tab_{kernel.name}_{tag}[t][{r + d}];" for d in range(r)]
+        out = []
+        for d, span in enumerate(region.spans):
+            terms = [f"{c} * tc{k}" for k, c in enumerate(span.coeffs) if c] + ([str(span.base)] if span.base else [])
+            raw = " + ".join(terms) or "0"
+            if span.clamp:
+                self.helpers.update(("imin", "imax"))
+                out.append(f"const int {tag}_lo{d} = imax({raw}, 0), "
+                           f"{tag}_hi{d} = imin({raw} + {span.ext}, {region.shape[d]});")
+            else:
+                out.append(f"const int {tag}_lo{d} = {raw}, {tag}_hi{d} = {tag}_lo{d} + {span.ext};")
+        return out
+
+    # ---- phases ------------------------------------------------------------------------------
+    def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
+        tag = "p"
+        lines = [f"{{  // {phase.stage}"]
+        owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
+        if owner is not None:
+            tag = owner.name  # bounds already declared for the tile
+        else:
+            lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
+        r = phase.region.rank
+        sizes = [f"({tag}_hi{d} - {tag}_lo{d})" for d in range(r)]
+        lines.append(f"    const int n_e = {' * '.join(sizes) or '1'};")
+        lines.append("    " + self.thread_loop("e", "n_e") + " {")
+        body = ["int rem = e;"]
+        for d in reversed(range(r)):
+            if d:
+                body.append(f"const int i{d} = {tag}_lo{d} + rem % {sizes[d]}; rem /= {sizes[d]};")
+            else:
+                body.append(f"const int i{d} = {tag}_lo{d} + rem;")
+        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
+        ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
+        ssa = _Body(self, kernel, ranges)
+        value = self.render_value(phase, ssa)
+        body += ssa.lines
+        for name in phase.stores:
+            buf = kernel.buffer(name)
+            idx = tuple(I.var(f"i{d}") for d in range(r))
+            body.append(f"{name}[{ssa.offset(buf, idx)}] = {self.store_value(value, buf.dtype)};")
+        lines += ["        " + x for x in body]
+        lines += ["    }", "}"]
+        return lines
+
+    def render_value(self, phase: Phase, ssa: _Body) -> str:
+        if phase.combine is None:
+            return ssa.value(phase.body)
+        ct = self.compute_type(phase.body.dtype)
+        arg = phase.combine in (Combine.ARGMAX, Combine.ARGMIN)
+        init = {Combine.SUM: "0", Combine.PROD: "1", Combine.MAX: _lowest(ct), Combine.MIN: _highest(ct),
+                Combine.ARGMAX: _lowest(ct), Combine.ARGMIN: _highest(ct)}[phase.combine]
+        ssa.lines.append(f"{ct} acc = {init};")
+        if arg:
+            ssa.lines.append("long long arg = 0;")
+        for k, n in enumerate(phase.reduce):
+            ssa.lines.append(f"for (int r{k} = 0; r{k} < {n}; ++r{k}) {{")
+        inner = _Body(self, ssa.kernel, ssa.ranges, ssa.counter)
+        v = inner.value(phase.body)
+        step = {Combine.SUM: f"acc += {v};", Combine.PROD: f"acc *= {v};",
+                Combine.MAX: f"acc = {v} > acc ? {v} : acc;", Combine.MIN: f"acc = {v} < acc ? {v} : acc;",
+                Combine.ARGMAX: f"if ({v} > acc) {{ acc = {v}; arg = r0; }}",
+                Combine.ARGMIN: f"if ({v} < acc) {{ acc = {v}; arg = r0; }}"}[phase.combine]
+        ssa.lines += ["    " + x for x in inner.lines + [step]]
+        ssa.lines += ["}"] * len(phase.reduce)
+        return "arg" if arg else "acc"
+
+    # ---- math spellings ----------------------------------------------------------------------
+    def unary(self, op: str, x: str, dtype: DType) -> str:
+        if not dtype.is_float:
+            return {"neg": f"(-{x})", "abs": f"({x} < 0 ? -{x} : {x})", "not": f"(!{x})",
+                    "sign": f"(({x} > 0) - ({x} < 0))"}.get(op, f"({x})")
+        return {
+            "neg": f"(-{x})", "abs": f"fabsf({x})", "exp": f"expf({x})", "log": f"logf({x})",
+            "sqrt": f"sqrtf({x})", "rsqrt": f"(1.0f / sqrtf({x}))", "recip": f"(1.0f / {x})",
+            "tanh": f"tanhf({x})", "erf": f"erff({x})", "sigmoid": f"(1.0f / (1.0f + expf(-{x})))",
+            "ceil": f"ceilf({x})", "floor": f"floorf({x})", "round": f"rintf({x})", "sin": f"sinf({x})",
+            "cos": f"cosf({x})", "isnan": f"isnan({x})",
+            "sign": f"(float)(({x} > 0.0f) - ({x} < 0.0f))",
+        }[op]
+
+    def binary(self, op: str, a: str, b: str, dtype: DType) -> str:
+        infix = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<",
+                 "le": "<=", "gt": ">", "ge": ">=", "and": "&&", "or": "||", "xor": "!="}
+        if op in infix:
+            return f"({a} {infix[op]} {b})"
+        if op in ("min", "max"):
+            cmp = "<" if op == "min" else ">"
+            return f"({a} {cmp} {b} ? {a} : {b})"
+        if dtype.is_float:
+            if op == "pow":
+                return f"powf({a}, {b})"
+            if op == "fmod":
+                return f"fmodf({a}, {b})"
+            self.helpers.add("fpymod")
+            return f"fpymod({a}, {b})"
+        if op == "pow":
+            self.helpers.add("lpow")
+            return f"lpow({a}, {b})"
+        if op == "fmod":
+            return f"({a} % {b})"
+        self.helpers.add("lmod")
+        return f"lmod({a}, {b})"
+
+    def literal(self, value, dtype: DType) -> str:
+        if dtype == DType.BOOL:
+            return "true" if value else "false"
+        if dtype.is_int:
+            return f"{int(value)}LL" if dtype == DType.I64 else str(int(value))
+        v = float(value)
+        if math.isnan(v):
+            return "NAN"
+        if math.isinf(v):
+            return "INFINITY" if v > 0 else "(-INFINITY)"
+        text = f"{v:.9g}"
+        if "e" not in text and "." not in text:
+            text += ".0"
+        return f"{text}f" if v >= 0 else f"({text}f)"
+
+
+def _lowest(ct: str) -> str:
+    return "(-INFINITY)" if ct == "float" else "(-9223372036854775807LL - 1)" if ct == "long long" else "(-2147483647 - 1)"
+
+
+def _highest(ct: str) -> str:
+    return "INFINITY" if ct == "float" else "9223372036854775807LL" if ct == "long long" else "2147483647"
+
+
+class _Body:
+    """SSA emission of one scalar expression tree into `lines`."""
+
+    def __init__(self, printer: Printer, kernel: Kernel, ranges: dict, counter: list | None = None):
+        self.p = printer
+        self.kernel = kernel
+        self.ranges = ranges
+        self.lines: list[str] = []
+        self.memo: dict = {}
+        self.counter = counter if counter is not None else [0]
+
+    def fresh(self) -> str:
+        self.counter[0] += 1
+        return f"v{self.counter[0]}"
+
+    # ---- index arithmetic -------------------------------------------------------------------
+    def lin(self, e: I.Lin) -> str:
+        parts = []
+        for atom, k in e.terms:
+            a = self.atom(atom)
+            parts.append(a if k == 1 else f"{k} * {a}")
+        if e.const or not parts:
+            parts.append(str(e.const))
+        return "(" + " + ".join(parts) + ")" if len(parts) > 1 else parts[0]
+
+    def atom(self, atom) -> str:
+        if isinstance(atom, I.Var):
+            return atom.name
+        if isinstance(atom, (I.FloorDiv, I.Mod)):
+            (lo, _), _ = I.bounds(atom.x, self.ranges)
+            x = self.lin(atom.x)
+            if lo >= 0:  # C truncation equals floor semantics for non-negative operands
+                return f"({x} / {atom.k})" if isinstance(atom, I.FloorDiv) else f"({x} % {atom.k})"
+            name = "fdiv" if isinstance(atom, I.FloorDiv) else "fmodi"
+            self.p.helpers.add(name)
+            return f"{name}({x}, {atom.k})"
+        if isinstance(atom, (I.Min, I.Max)):
+            name = "imin" if isinstance(atom, I.Min) else "imax"
+            self.p.helpers.add(name)
+            return f"{name}({self.lin(atom.a)}, {self.lin(atom.b)})"
+        if isinstance(atom, I.Abs):
+            self.p.helpers.add("iabs")
+            return f"iabs({self.lin(atom.x)})"
+        if isinstance(atom, I.Indirect):
+            self.p.helpers.add("widx")
+            buf = self.kernel.buffer(atom.tensor)
+            return f"widx({atom.tensor}[{self.offset(buf, atom.index)}], {atom.size})"
+        raise TypeError(atom)
+
+    def offset(self, buf: Buffer, index: tuple[I.Lin, ...]) -> str:
+        """Row-major offset of `index` in `buf` (relative to the tile's region for BLOCK buffers)."""
+        if not index:
+            return "0"
+        dims = buf.region.extent if buf.scope == Scope.BLOCK else buf.shape
+        text = ""
+        for d, ix in enumerate(index):
+            term = self.lin(ix)
+            if buf.scope == Scope.BLOCK:
+                term = f"({term} - {buf.name}_lo{d})"
+            text = term if not text else f"({text}) * {dims[d]} + {term}"
+        return text
+
+    def inbounds(self, index: tuple[I.Lin, ...], shape: tuple[int, ...]) -> str:
+        conds = []
+        for ix, n in zip(index, shape):
+            (lo, hi), _ = I.bounds(ix, self.ranges)
+            s = self.lin(ix)
+            if lo < 0:
+                conds.append(f"{s} >= 0")
+            if hi >= n:
+                conds.append(f"{s} < {n}")
+        return " && ".join(conds) or "true"
+
+    # ---- values -----------------------------------------------------------------------------
+    def bind(self, dtype: DType, text: str) -> str:
+        name = self.fresh()
+        self.lines.append(f"const {self.p.compute_type(dtype)} {name} = {text};")
+        return name
+
+    def value(self, e) -> str:
+        if isinstance(e, E.Imm):
+            return self.p.literal(e.value, e.dtype)
+        hit = self.memo.get(e)
+        if hit is not None:
+            return hit
+        out = self.bind(e.dtype, self._text(e)) if not isinstance(e, Guard) else self._guard(e)
+        self.memo[e] = out
+        return out
+
+    def _guard(self, g: Guard) -> str:
+        name = self.fresh()
+        inner = _Body(self.p, self.kernel, self.ranges, self.counter)
+        inner.memo = dict(self.memo)  # values outside the guard are safe to reuse inside it
+        v = inner.value(g.x)
+        self.lines.append(f"{self.p.compute_type(g.dtype)} {name} = {self.value(g.pad)};")
+        self.lines.append(f"if ({self.inbounds(g.cond.index, g.cond.shape)}) {{")
+        self.lines += ["    " + x for x in inner.lines + [f"{name} = {v};"]]
+        self.lines.append("}")
+        return name
+
+    def _text(self, e) -> str:
+        if isinstance(e, E.Load):
+            buf = self.kernel.buffer(e.tensor)
+            text = self.p.load_value(f"{e.tensor}[{self.offset(buf, e.index)}]", buf.dtype)
+            if e.pad is not None:
+                cond = self.inbounds(e.index, buf.shape)
+                if cond != "true":
+                    text = f"({cond}) ? {text} : {self.p.literal(e.pad, e.dtype)}"
+            return text
+        if isinstance(e, E.IndexVal):
+            return f"({self.p.compute_type(e.dtype)}){self.lin(e.expr)}"
+        if isinstance(e, InBounds):
+            return self.inbounds(e.index, e.shape)
+        if isinstance(e, E.Unary):
+            return self.p.unary(e.op, self.value(e.x), e.x.dtype)
+        if isinstance(e, E.Binary):
+            return self.p.binary(e.op, self.value(e.a), self.value(e.b), e.a.dtype)
+        if isinstance(e, E.Select):
+            return f"{self.value(e.cond)} ? {self.value(e.a)} : {self.value(e.b)}"
+        if isinstance(e, E.Cast):
+            x = self.value(e.x)
+            if e.dtype == DType.BOOL:
+                return f"({x} != 0)"
+            return f"({self.p.compute_type(e.dtype)})({x})"
+        raise TypeError(e)

@@ -1,0 +1,60 @@
+"""Executors: a PrimGraph (+ Plan) and inputs in, outputs and a Profile out, on one backend:
+`reference` (NumPy over stages), `cpu` (generated C) or `cuda` (generated CUDA through pycuda)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.codegen.generate import generate
+from engine.codegen.kir import Program
+from engine.errors import BackendError, PlanError
+from engine.ir.graph import PrimGraph
+from engine.profile.profile import Profile
+from engine.runtime.reference import run_reference
+from engine.schedule.plan import Plan
+
+BACKENDS = ("cpu", "cuda", "reference")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outputs: dict[str, np.ndarray]
+    profile: Profile | None
+    program: Program | None = None
+
+
+def _make_plan(graph: PrimGraph, policy: str, device: str) -> Plan:
+    try:
+        from engine.schedule.policies import make_plan
+    except ImportError:
+        raise PlanError(f"policy '{policy}' is not available yet (engine.schedule.policies is missing)",
+                        hint="pass plan= explicitly") from None
+    return make_plan(graph, policy, device)
+
+
+def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: str = "cpu",
+              policy: str = "welder", device: str = "a100", plan: Plan | None = None,
+              repeat: int = 1) -> RunResult:
+    """Plan (unless `plan` is given), generate and run `graph` on `backend`; outputs by ONNX name."""
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend '{backend}' (choose one of {', '.join(BACKENDS)})")
+    if backend == "reference":
+        return RunResult(run_reference(graph, inputs), None)
+    if backend == "cuda":
+        from engine.runtime.cuda_driver import require_cuda
+
+        require_cuda()  # before planning: no GPU means a one-line BackendError, fast
+    plan = plan if plan is not None else _make_plan(graph, policy, device)
+    program = generate(plan, graph, device)
+    if backend == "cpu":
+        from engine.runtime.cpu import compile_program_c, run_cpu
+
+        outs, profile = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights, repeat=repeat)
+    else:
+        from engine.runtime.cuda import run_cuda
+
+        outs, profile = run_cuda(program, graph.specs, inputs, graph.weights, device=device, repeat=repeat)
+    return RunResult(outs, profile, program)
