@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from engine.frontend.importer import Graph, import_onnx, load_graph, lower, supported_ops
 from engine.ir.graph import PrimGraph
+from engine.rprogram.trace import export_trace
+from engine.rprogram.wavefront import build_rprogram
 from engine.runtime.reference import run_reference
 
 __all__ = [
     "Graph", "PrimGraph", "import_onnx", "load_graph", "lower", "supported_ops", "run_reference",
+    "build_rprogram", "export_trace",
 ]

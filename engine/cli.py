@@ -12,6 +12,7 @@ from engine.errors import TileweaveError
 COMMANDS = [
     ("engine.commands", "add_info_command"),
     ("engine.commands", "add_run_command"),
+    ("engine.rprogram.cli", "add_rprogram_command"),
 ]
 
 
