@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 import sys
 import warnings
 from collections import Counter
@@ -92,8 +93,8 @@ def run_case(case) -> CaseResult:
         model = _with_ir_version(model, MAX_IR_VERSION)
     results = []
     for inputs, expected in case.data_sets:
-        inputs = [numpy_helper.to_array(x) if hasattr(x, "data_type") else x for x in inputs]
-        expected = [numpy_helper.to_array(x) if hasattr(x, "data_type") else x for x in expected]
+        inputs = [_as_array(x, numpy_helper) for x in inputs]
+        expected = [_as_array(x, numpy_helper) for x in expected]
         bad = _unsupported_dtype(list(inputs) + list(expected))
         if bad:
             return CaseResult(case.name, op, False, "dtype", f"dtype {bad}")
@@ -128,8 +129,8 @@ def run_conformance(ops: list[str] | None = None) -> Report:
 def _import_case(model, inputs, import_onnx):
     """Import with input shapes bound from the data. Node tests pass shape parameters (axes, pads,
     target shapes) as graph inputs; a static-shape compiler needs them constant, so when the
-    frontend asks for a constant, integer inputs at parameter positions (>= 1) are frozen into
-    initializers, as TVM's `freeze_params` does."""
+    frontend asks for a constant, that input is frozen into
+    initializers, as TVM's `freeze_params` does: only the inputs the frontend asks for, one by one."""
     import onnx
 
     names = [vi.name for vi in model.graph.input]
@@ -137,22 +138,35 @@ def _import_case(model, inputs, import_onnx):
     if _default_opset(model) < 7:
         # The importer's own hint for opset < 7: upgrade with the ONNX version converter.
         model = onnx.version_converter.convert_version(model, 7)
-    try:
-        graph = import_onnx(model, {n: tuple(v.shape) for n, v in values.items()})
-        return graph, values
-    except UnsupportedOpError as err:
-        if "must be a constant" not in str(err):
-            raise
-    node = model.graph.node[0]
-    frozen = {n for n in node.input[1:] if n in values and values[n].dtype.kind in "iu"}
+    frozen: set[str] = set()
+    for _ in range(len(values) + 1):
+        feed = {n: v for n, v in values.items() if n not in frozen}
+        try:
+            return import_onnx(_freeze(model, values, frozen), {n: tuple(v.shape) for n, v in feed.items()}), feed
+        except UnsupportedOpError as err:
+            # Freeze exactly the input the frontend asked to be constant, then retry.
+            name = _REQUIRED_CONST.search(str(err))
+            if not name or name.group(1) not in values or name.group(1) in frozen:
+                raise
+            frozen.add(name.group(1))
+    raise AssertionError("unreachable")
+
+
+_REQUIRED_CONST = re.compile(r"\('([^']*)'\) must be a constant")
+
+
+def _freeze(model, values: dict, frozen: set[str]):
+    import onnx
+
+    if not frozen:
+        return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     kept = [vi for vi in copy.graph.input if vi.name not in frozen]
     del copy.graph.input[:]
     copy.graph.input.extend(kept)
     copy.graph.initializer.extend(onnx.numpy_helper.from_array(values[n], n) for n in sorted(frozen))
-    feed = {n: v for n, v in values.items() if n not in frozen}
-    return import_onnx(copy, {n: tuple(v.shape) for n, v in feed.items()}), feed
+    return copy
 
 
 def _default_opset(model) -> int:
@@ -166,6 +180,12 @@ def _with_ir_version(model, version: int):
     copy.CopyFrom(model)
     copy.ir_version = version
     return copy
+
+
+def _as_array(x, numpy_helper):
+    if hasattr(x, "data_type"):  # a TensorProto (types NumPy lacks, e.g. bfloat16)
+        return numpy_helper.to_array(x)
+    return np.asarray(x) if isinstance(x, np.generic) else x  # NumPy scalars are 0-d tensors
 
 
 def _unsupported_dtype(arrays) -> str | None:

@@ -178,6 +178,8 @@ def convert_identity(ctx, node):
 def convert_dropout(ctx, node):
     import numpy as np
 
+    if ctx.has(node, 2) and bool(ctx.require_const(node.inputs[2], "training_mode").ravel()[0]):
+        raise ctx.unsupported("training-mode Dropout (random masks)")
     ctx.set_alias(node.outputs[0], node.inputs[0])
     if len(node.outputs) > 1 and node.outputs[1]:
         ctx.set_const(node.outputs[1], np.ones(ctx.shape(node.inputs[0]), dtype=bool))
