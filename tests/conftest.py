@@ -46,6 +46,25 @@ def tiny_model(op: str = "Relu", dims=(2, 3), *, opset: int = 17, elem=TensorPro
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
 
 
+def external_data_model(location: str) -> onnx.ModelProto:
+    """y = x + w, x [2,3], with initializer w (values 1..6) stored in the external file `location`."""
+    from onnx import numpy_helper
+
+    w = numpy_helper.from_array(np.zeros((2, 3), np.float32), "w")
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "24")):
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    node = helper.make_node("Add", ["x", "w"], ["y"], name="add_0")
+    graph = helper.make_graph([node], "ext", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+EXTERNAL_W = (np.arange(6, dtype=np.float32) + 1).reshape(2, 3)
+
+
 @pytest.fixture
 def save_model(tmp_path):
     """save_model(model, name="m.onnx") -> path of the saved file under tmp_path."""

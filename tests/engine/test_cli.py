@@ -10,8 +10,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from conftest import max_rel_error, run_ort, sample_path, tiny_model
-from onnx import TensorProto, helper, numpy_helper
+from conftest import EXTERNAL_W, external_data_model, max_rel_error, run_ort, sample_path, tiny_model
 
 import engine.api
 from engine.cli import main
@@ -161,29 +160,16 @@ def test_dynamic_dim_without_binding(capsys, save_model):
     assert_one_line_error(code, err, "'x'", "batch", "--shape x=N,5")
 
 
-def _external_model(tmp_path, location: str) -> onnx.ModelProto:
-    w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3) + 1, "w")
-    w.ClearField("raw_data")
-    w.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", "0"), ("length", "24")):
-        entry = w.external_data.add()
-        entry.key, entry.value = key, value
-    node = helper.make_node("Add", ["x", "w"], ["y"], name="add_0")
-    graph = helper.make_graph([node], "ext", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-
-
 def test_external_data_outside_folder_refused(capsys, tmp_path, save_model):
     (tmp_path / "secret.bin").write_bytes(np.ones(6, np.float32).tobytes())
-    path = save_model(_external_model(tmp_path, "../secret.bin"), "model/m.onnx")
+    path = save_model(external_data_model("../secret.bin"), "model/m.onnx")
     code, _, err = run_cli(capsys, "info", path)
     assert_one_line_error(code, err, "'w'", "outside the model's folder", "refused")
 
 
 def test_external_data_inside_folder_runs(capsys, tmp_path, save_model):
-    path = save_model(_external_model(tmp_path, "w.bin"), "model/m.onnx")
-    (path.parent / "w.bin").write_bytes((np.arange(6, dtype=np.float32) + 1).tobytes())
+    path = save_model(external_data_model("w.bin"), "model/m.onnx")
+    (path.parent / "w.bin").write_bytes(EXTERNAL_W.tobytes())
     code, _, _ = run_cli(capsys, "run", path, "--outputs", tmp_path / "o.npz")
     assert code == 0
     from engine.ir.dtypes import DType
@@ -191,7 +177,7 @@ def test_external_data_inside_folder_runs(capsys, tmp_path, save_model):
     from engine.runtime.inputs import make_inputs
 
     x = make_inputs([TensorSpec("x", (2, 3), DType.F32)])["x"]
-    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], x + np.arange(1, 7).reshape(2, 3), rtol=1e-6)
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], x + EXTERNAL_W, rtol=1e-6)
 
 
 @pytest.mark.parametrize(("array", "needles"), [
