@@ -1,0 +1,247 @@
+"""Traffic cost model: a kernel group (stages, edge connections, one Tile per segment) and a Device
+in, a GroupCost out — footprints, traffic in transactions per level, flops with REGISTER recompute,
+occupancy, waves and every term of the modeled time."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from engine.device import Device, resident_blocks_per_sm
+from engine.ir import expr as E
+from engine.ir.dtypes import DType
+from engine.ir.graph import PrimGraph, Stage, StageKind
+from engine.schedule.plan import Conn, GroupCost, Tile
+from engine.tilegraph.propagate import Box, box_size, propagate
+from engine.tilegraph.tilegraph import GroupRegions, anchor_box, propagate_group, segments_of
+
+LINE = 128  # bytes per read transaction (L1/L2 line)
+SECTOR = 32  # bytes per write transaction
+BASE_REGS = 24  # indices, pointers, loop counters of any generated kernel
+
+
+@dataclass(frozen=True)
+class SegmentUse:
+    """One segment's per-block view: its regions and resource use (also used by validate)."""
+
+    stages: tuple[str, ...]
+    tile: Tile
+    regions: GroupRegions
+    shared_bytes: int
+    regs_per_thread: int
+    evaluations: dict  # stage -> element evaluations per block (REGISTER recompute included)
+
+
+def lines_of(box: Box, itemsize: int) -> int:
+    """128-byte lines to read a box of a row-major tensor: each innermost run costs at least one."""
+    if not box:
+        return 1
+    rows = box_size(box[:-1]) if len(box) > 1 else 1
+    run = (box[-1][1] - box[-1][0]) * itemsize
+    return rows * max(1, -(-run // LINE))
+
+
+def load_axes(consumer: Stage, producer: str) -> tuple[frozenset[str], int]:
+    """Variables the consumer's loads of `producer` depend on, and how many distinct loads there are."""
+    used: set[str] = set()
+    found = {n for n in E.walk(consumer.body) if isinstance(n, E.Load) and n.tensor == producer}
+    for node in found:
+        for ix in node.index:
+            used |= ix.vars()
+    return frozenset(used), max(1, len(found))
+
+
+def thread_split_axes(stage: Stage, box: Box, tile: Tile) -> frozenset[str]:
+    """Output axes of `stage` whose elements in `box` belong to different threads of a block.
+
+    The innermost axis is a row: split when several threads share a row; the outer axes hold the
+    block's rows, split when the block runs more than one row's worth of threads."""
+    rank = len(stage.shape)
+    out: set[str] = set()
+    for k, (lo, hi) in enumerate(box):
+        if hi - lo <= 1:
+            continue
+        inner = k == rank - 1
+        if (inner and tile.threads_per_row > 1) or (not inner and tile.threads > tile.threads_per_row):
+            out.add(f"i{k}")
+    return frozenset(out)
+
+
+def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile) -> SegmentUse:
+    anchor = graph.stage(tile.stage)
+    regions = _regions(graph, segment, conns, tile.stage, anchor_box(anchor.shape, tile.shape))
+    evals = _evaluations(graph, segment, conns, regions, tile)
+    shared = 0
+    for name in segment:
+        box = regions.stages.get(name)
+        if box is None:
+            continue
+        stage = graph.stage(name)
+        if any(conns.get((name, c)) == Conn.SHARED for c in graph.consumers.get(name, ())):
+            shared += box_size(box) * stage.dtype.itemsize
+        if stage.kind == StageKind.CONTRACTION:
+            step = tile.reduce_step if name == tile.stage and tile.reduce_step else tuple(min(32, r) for r in stage.reduce)
+            rbox = tuple((0, min(s, r)) for s, r in zip(step, stage.reduce))
+            prop = propagate(stage, box, None, rbox)
+            shared += sum(box_size(r.box) * graph.specs[t].dtype.itemsize for t, r in prop.regions.items())
+        elif stage.kind == StageKind.REDUCE and tile.threads_per_row > 1:
+            shared += tile.threads * 4  # cross-thread partials of a split row
+    anchor_elems = box_size(regions.stages.get(tile.stage, ()))
+    if anchor.kind == StageKind.CONTRACTION:
+        acc = -(-anchor_elems // max(1, tile.threads))
+        regs = BASE_REGS + 2 * acc + 8
+    else:
+        regs = BASE_REGS + 2 * len(segment)
+    return SegmentUse(tuple(segment), tile, regions, shared, min(regs, 999), evals)
+
+
+_REGION_CACHE: dict[tuple, GroupRegions] = {}
+
+
+def _regions(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str, box: Box) -> GroupRegions:
+    # Tile search re-propagates the same (segment, tile shape) for every thread mapping it tries.
+    members = set(segment)
+    inner = tuple(sorted((p, c, str(v)) for (p, c), v in conns.items() if p in members and c in members))
+    key = (graph.structural_hash, tuple(segment), inner, anchor, box)
+    hit = _REGION_CACHE.get(key)
+    if hit is None:
+        if len(_REGION_CACHE) > 50000:
+            _REGION_CACHE.clear()
+        hit = _REGION_CACHE[key] = propagate_group(graph, segment, conns, anchor, box)
+    return hit
+
+
+def _evaluations(graph, segment, conns, regions: GroupRegions, tile: Tile) -> dict[str, int]:
+    """Element evaluations per block of each segment stage: once per region element when it is
+    materialised (anchor, SHARED, written out), plus once per use through each REGISTER edge —
+    divided by the reuse a thread gets when the load ignores axes that thread owns entirely."""
+    members = set(segment)
+    order = {s.name: k for k, s in enumerate(graph.stages)}
+    n: dict[str, int] = {}
+    for name in sorted(members, key=order.__getitem__, reverse=True):
+        box = regions.stages.get(name)
+        if box is None:
+            n[name] = 0
+            continue
+        total = 0
+        materialised = name == tile.stage
+        for c in graph.consumers.get(name, ()):
+            conn = conns.get((name, c), Conn.KERNEL)
+            if c not in members or conn != Conn.REGISTER:
+                materialised = True
+                continue
+            cons = graph.stage(c)
+            cbox = regions.stages.get(c)
+            if cbox is None:
+                continue
+            used, loads = load_axes(cons, name)
+            split = thread_split_axes(cons, cbox, tile)
+            reuse = 1
+            for k, (lo, hi) in enumerate(cbox):
+                if f"i{k}" not in used and f"i{k}" not in split:
+                    reuse *= hi - lo
+            red = math.prod(r for k, r in enumerate(cons.reduce) if f"r{k}" in used) if cons.reduce else 1
+            total += n.get(c, box_size(cbox)) * red * loads // max(1, reuse)
+        if materialised:
+            total += box_size(box)
+        n[name] = total
+    return n
+
+
+def estimate_group(
+    graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device
+) -> GroupCost:
+    """Every term of one kernel's modeled time. `tiles` has one Tile per segment, in segment order."""
+    members = set(stages)
+    segs = segments_of(graph, stages, conns)
+    if len(segs) != len(tiles):
+        raise ValueError(f"{len(segs)} segments but {len(tiles)} tiles")
+    uses = [segment_use(graph, seg, conns, t) for seg, t in zip(segs, tiles)]
+    seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
+    dram = l2 = shared_traffic = 0
+    reads = writes = 0
+    flops_fp32 = flops_tc = flops_once = 0.0
+    for use in uses:
+        tile = use.tile
+        per_block = tile.blocks / max(1, tile.row_split)
+        for tensor, box in use.regions.inputs.items():
+            spec = graph.specs[tensor]
+            lines = lines_of(box, spec.dtype.itemsize)
+            total = int(lines * LINE * per_block)
+            reads += int(lines * per_block)
+            if tensor in members:  # produced by an earlier segment, behind a grid barrier
+                if spec.nbytes <= device.l2_bytes:
+                    l2 += total
+                else:
+                    dram += total
+            elif spec.nbytes <= device.l2_bytes:
+                first = min(total, spec.nbytes)
+                dram += first
+                l2 += total - first
+            else:
+                dram += total
+        for name in use.stages:
+            box = use.regions.stages.get(name)
+            if box is None:
+                continue
+            stage = graph.stage(name)
+            if any(conns.get((name, c)) == Conn.SHARED for c in graph.consumers.get(name, ())):
+                shared_traffic += int(2 * box_size(box) * stage.dtype.itemsize * per_block)
+            if stage.kind == StageKind.CONTRACTION:
+                for t, r in propagate(stage, box).regions.items():
+                    shared_traffic += int(2 * box_size(r.box) * graph.specs[t].dtype.itemsize * per_block)
+            per_point = E.count_flops(stage.body) + (1 if stage.reduce else 0)
+            f = use.evaluations.get(name, 0) * stage.reduce_size * per_point * per_block
+            if stage.kind == StageKind.CONTRACTION and stage.dtype == DType.F16:
+                flops_tc += f
+            else:
+                flops_fp32 += f
+    for name in stages:
+        stage = graph.stage(name)
+        flops_once += stage.flops
+        outside = name in graph.outputs or any(c not in members for c in graph.consumers.get(name, ()))
+        synced = any(conns.get((name, c)) == Conn.GLOBAL_SYNC and seg_of.get(c) != seg_of[name]
+                     for c in graph.consumers.get(name, ()) if c in members)
+        if outside or synced:
+            sectors = -(-stage.spec.nbytes // SECTOR)
+            writes += sectors
+            if outside or stage.spec.nbytes > device.l2_bytes:
+                dram += sectors * SECTOR
+            else:
+                l2 += sectors * SECTOR
+    threads = max(t.threads for t in tiles)
+    blocks = max(t.blocks for t in tiles)
+    regs = max(u.regs_per_thread for u in uses)
+    smem = max(u.shared_bytes for u in uses)
+    resident, limiter = resident_blocks_per_sm(device, threads, min(regs, device.max_regs_per_thread), smem)
+    if regs > device.max_regs_per_thread:
+        resident, limiter = 0, f"registers: {regs} per thread exceeds {device.max_regs_per_thread}"
+    slots = max(1, resident) * device.sm_count
+    waves = max(1, -(-blocks // slots))
+    quant = max(1.0, waves * slots / max(1, blocks))
+    flops = flops_fp32 + flops_tc
+    terms = {
+        "dram": dram / device.dram_bw_bytes_per_s * 1e6,
+        "l2": l2 / device.l2_bw_bytes_per_s * 1e6,
+        "shared": shared_traffic / device.smem_bw_bytes_per_s * 1e6,
+        "compute": (flops_fp32 / device.peak_fp32_flops + flops_tc / device.peak_fp16_tensor_flops) * 1e6,
+    }
+    busiest = max(terms.values())
+    terms["wave_quantization"] = busiest * (quant - 1.0)
+    terms["launch"] = device.launch_overhead_s * 1e6
+    terms["grid_barrier"] = (len(segs) - 1) * device.grid_barrier_s * 1e6
+    modeled = busiest * quant + terms["launch"] + terms["grid_barrier"]
+    return GroupCost(
+        footprint={"register": int(regs), "shared": int(smem)},
+        traffic_bytes={"dram": int(dram), "l2": int(l2), "shared": int(shared_traffic)},
+        transactions={"read_lines": int(reads), "write_sectors": int(writes)},
+        flops=int(flops),
+        recompute_factor=round(flops / flops_once, 4) if flops_once else 1.0,
+        resident_blocks_per_sm=int(resident),
+        occupancy_limiter=limiter,
+        waves=int(waves),
+        wave_efficiency=round(1.0 / quant, 4),
+        terms_us={k: round(v, 4) for k, v in terms.items()},
+        modeled_us=round(modeled, 4),
+    )

@@ -1,0 +1,37 @@
+"""Fusion policies, each PrimGraph × Device → Plan: unfused, elementwise, stitch, welder, and user
+(an edit list replayed on one of them). `make_plan` is the entry point."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from engine.device import Device
+from engine.errors import PlanError
+from engine.ir.graph import PrimGraph
+from engine.schedule.plan import Edit, Plan
+
+POLICIES = ("unfused", "elementwise", "stitch", "welder")
+
+
+def make_plan(graph: PrimGraph, policy: str, device: Device, *, edits: Sequence[Edit] = (),
+              options: Mapping | None = None) -> Plan:
+    """Schedule `graph` with `policy`; with `edits`, replay them on top and validate (policy "user")."""
+    from engine.schedule.policies import elementwise, stitch, unfused, welder
+
+    fns = {"unfused": unfused.plan_unfused, "elementwise": elementwise.plan_elementwise,
+           "stitch": stitch.plan_stitch, "welder": welder.plan_welder}
+    if policy == "user":
+        base = (options or {}).get("base_policy", "welder")
+        from engine.schedule.edits import replay
+
+        return replay(base, edits, graph, device, options=options)
+    if policy not in fns:
+        raise PlanError(f"unknown policy '{policy}'", hint=f"use one of {', '.join(POLICIES)}, user")
+    started = time.perf_counter()
+    plan = fns[policy](graph, device, options or {}, started)
+    if edits:
+        from engine.schedule.edits import replay
+
+        return replay(policy, edits, graph, device, options=options)
+    return plan

@@ -1,0 +1,40 @@
+"""Elementwise policy (XLA/TVM-style): REGISTER chains of elementwise/layout stages only; a reduce
+or contraction on either side, or a broadcast after an expensive op, ends the chain."""
+
+from __future__ import annotations
+
+from engine.device import Device
+from engine.ir.graph import PrimGraph
+from engine.schedule.build import assemble, group_of, trial_conns
+from engine.schedule.plan import Conn, Plan, components
+from engine.schedule.stitch import CHEAP, broadcast_axes, is_expensive
+from engine.schedule.validate import find_group_cycle
+from engine.tilegraph.tilegraph import segment_sinks
+
+
+def plan_elementwise(graph: PrimGraph, device: Device, options: dict, started: float) -> Plan:
+    conns = {e: Conn.KERNEL for e in graph.edges}
+    reasons: dict = {}
+    log: list[str] = []
+    for p, c in graph.edges:
+        ps, cs = graph.stage(p), graph.stage(c)
+        if ps.kind not in CHEAP:
+            reasons[(p, c)] = f"producer is a {ps.kind.value}: chains hold elementwise/layout stages only"
+        elif cs.kind not in CHEAP:
+            reasons[(p, c)] = f"consumer is a {cs.kind.value}: ends the elementwise chain"
+        elif broadcast_axes(graph, p, c) and is_expensive(ps):
+            reasons[(p, c)] = "broadcast after an expensive op ends the chain (no recompute per use)"
+        else:
+            trial = trial_conns(graph, conns, (p, c), Conn.REGISTER)
+            comps = components(graph, trial)
+            merged = group_of(comps, p)
+            if find_group_cycle(graph, comps):
+                reasons[(p, c)] = "fusing would put a stage outside the kernel between two of its stages"
+            elif len(segment_sinks(graph, merged, trial)) != 1:
+                reasons[(p, c)] = "fusing would give the kernel two sinks"
+            else:
+                conns = trial
+                reasons[(p, c)] = "register: elementwise chain"
+        log.append(f"{p} -> {c}: {conns[(p, c)].value} ({reasons[(p, c)]})")
+    return assemble(graph, device, conns, policy="elementwise", mode="elementwise", reasons=reasons,
+                    decisions=log, options=options, started=started)

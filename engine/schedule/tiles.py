@@ -1,0 +1,214 @@
+"""Tile search: a kernel group (stages + edge connections) and a Device in, one Tile per segment out,
+with the top-k candidates, the GroupCost and the violations of the chosen tiles.
+
+Candidates are aligned to warps (32 threads) and transactions (32 floats), pruned by footprint and the
+group rules, ranked best-first by (traffic + 1) × waves; the best modeled time among the top k wins.
+A subgraph cache keyed on the group's canonical structure makes repeated layers schedule once."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from engine.device import Device
+from engine.ir import expr as E
+from engine.ir.graph import PrimGraph, Stage, StageKind
+from engine.schedule.cost import estimate_group
+from engine.schedule.plan import Candidate, GroupCost, Tile
+from engine.schedule.validate import Violation, check_group
+from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
+
+TOP_K = 6
+_POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class GroupSchedule:
+    tiles: tuple[Tile, ...]
+    candidates: tuple[Candidate, ...]
+    cost: GroupCost | None
+    violations: tuple[Violation, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _r32(n: int) -> int:
+    return max(32, -(-int(n) // 32) * 32)
+
+
+def make_tile(stage: Stage, shape: Sequence[int], threads: int, reduce_step: Sequence[int] = (),
+              threads_per_row: int | None = None, row_split: int = 1) -> Tile:
+    """A Tile for `stage` with blocks and the row mapping derived from the shape and thread count."""
+    shape = tuple(int(t) for t in shape)
+    if stage.kind == StageKind.REDUCE:
+        rows = math.prod(shape)  # each output element is one reduced row
+    elif stage.kind == StageKind.CONTRACTION:
+        rows = shape[-2] if len(shape) >= 2 else 1
+    else:
+        rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    if threads_per_row is None:
+        limit = stage.reduce_size if stage.kind == StageKind.REDUCE else (shape[-1] if shape else 1)
+        threads_per_row = max(1, min(limit, threads // max(1, rows)))
+    if stage.kind == StageKind.CONTRACTION and not reduce_step:
+        reduce_step = tuple(min(32, r) for r in stage.reduce)
+    blocks = tile_counts(stage.shape, shape) * row_split
+    return Tile(stage.name, shape, int(threads), blocks, tuple(reduce_step), max(1, rows), int(threads_per_row),
+                int(row_split))
+
+
+def _spread(shape: Sequence[int], count: int) -> tuple[int, ...]:
+    """Tile covering `count` elements of `shape`, filled from the innermost axis outwards."""
+    out, rem = [1] * len(shape), count
+    for k in range(len(shape) - 1, -1, -1):
+        if rem <= 1:
+            break
+        out[k] = min(shape[k], rem)
+        rem = -(-rem // out[k])
+    return tuple(out)
+
+
+def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, device: Device, mode: str) -> list[Tile]:
+    stage = graph.stage(anchor)
+    kinds = {graph.stage(s).kind for s in segment}
+    out: list[Tile] = []
+    if stage.kind == StageKind.REDUCE:
+        length, rows = stage.reduce_size, stage.size
+        for tpr in (1, 32, 128, 256, 512, 1024):
+            if tpr > 1 and tpr > _r32(length):
+                continue
+            for rpb in _POW2:
+                if rpb > rows or rpb * tpr > device.max_threads_per_block or (tpr > 1 and rpb * tpr < 32):
+                    continue
+                out.append(make_tile(stage, _spread(stage.shape, rpb), _r32(rpb * tpr), threads_per_row=tpr))
+        if mode == "stitch" and rows < device.sm_count and length >= 2048:
+            for split in (2, 4, 8):
+                out.append(make_tile(stage, _spread(stage.shape, 1), 1024 if length >= 8192 else 256,
+                                     threads_per_row=1024 if length >= 8192 else 256, row_split=split))
+        return out
+    rank = len(stage.shape)
+    n = stage.shape[-1] if rank else 1
+    m = stage.shape[-2] if rank >= 2 else 1
+    gemm = StageKind.CONTRACTION in kinds
+    inner = sorted({min(n, x) for x in (32, 64, 128, 256)} | ({n} if n <= (256 if gemm else 4096) else set()))
+    for bn in inner:
+        for bm in (x for x in _POW2 if x <= m):
+            elems = bm * bn
+            if elems > (16384 if gemm else 8192) or (elems < 256 and (bm < m or bn < n)):
+                continue
+            shape = (1,) * max(0, rank - 2) + ((bm, bn) if rank >= 2 else (bn,))
+            steps = [(min(16, r), ) for r in stage.reduce] if stage.kind == StageKind.CONTRACTION else [()]
+            if stage.kind == StageKind.CONTRACTION and stage.reduce[0] > 16:
+                steps.append((min(32, stage.reduce[0]),))
+            for threads in sorted({min(256, _r32(elems // per)) for per in ((4, 16) if gemm else (1, 4))}):
+                for step in steps:
+                    out.append(make_tile(stage, shape, threads, step if len(step) == len(stage.reduce) else ()))
+            if StageKind.REDUCE in kinds and bm >= 32 and bm <= 256:
+                out.append(make_tile(stage, shape, _r32(bm), threads_per_row=1))  # thread per row
+    return out
+
+
+def search_group(
+    graph: PrimGraph, stages: Sequence[str], conns: Mapping, device: Device, mode: str,
+    fixed: Mapping[str, Tile] | None = None, k: int = TOP_K,
+) -> GroupSchedule:
+    """Best valid tile per segment (fixed anchors keep their tile); violations when none is valid."""
+    fixed = fixed or {}
+    key = None
+    if not any(s in fixed for s in stages):
+        key, names = group_signature(graph, stages, conns), list(stages)
+        hit = _CACHE.get((key, mode, device))
+        if hit is not None:
+            return _rename(hit, [f"s{j}" for j in range(len(names))], names)
+    segs = segments_of(graph, stages, conns)
+    chosen: list[Tile] = []
+    pools: list[list[Tile]] = []
+    for seg in segs:
+        sinks = segment_sinks(graph, seg, conns)
+        anchor = sinks[-1]
+        if anchor in fixed:
+            pool = [fixed[anchor]]
+        else:
+            pool = candidate_tiles(graph, seg, anchor, device, mode) or [make_tile(graph.stage(anchor), (1,) * len(graph.stage(anchor).shape), 32)]
+        pools.append(pool)
+        chosen.append(pool[0])
+    best_cands: tuple[Candidate, ...] = ()
+    for j, pool in enumerate(pools):
+        scored = []
+        for t in pool:
+            trial = chosen[:j] + [t] + chosen[j + 1:]
+            bad = check_group(graph, stages, conns, trial, device)
+            if bad and len(pool) > 1:
+                continue
+            cost = estimate_group(graph, stages, conns, trial, device)
+            traffic = cost.traffic_bytes["dram"] + cost.traffic_bytes["l2"]
+            scored.append(((traffic + 1) * cost.waves, cost.modeled_us, t, cost, traffic))
+        if not scored:
+            continue  # no valid tile: keep the default and report its violations below
+        scored.sort(key=lambda x: (x[0], x[1]))
+        top = scored[:k]
+        best = min(top, key=lambda x: x[1])
+        chosen[j] = best[2]
+        if len(segs) == 1 or j == len(pools) - 1:
+            best_cands = tuple(Candidate(t, round(s, 1), int(tr), c.waves) for s, _, t, c, tr in top)
+    violations = tuple(check_group(graph, stages, conns, chosen, device))
+    cost = estimate_group(graph, stages, conns, chosen, device)
+    out = GroupSchedule(tuple(chosen), best_cands, cost, violations)
+    if key is not None:
+        _CACHE[(key, mode, device)] = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
+    return out
+
+
+# ---- subgraph cache -------------------------------------------------------------------------
+
+_CACHE: dict[tuple, GroupSchedule] = {}
+
+
+def group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) -> str:
+    """Structural hash of a group: stage kinds, shapes and bodies with tensor names canonicalised,
+    its internal connections, and which stages are also read outside (their writes cost traffic)."""
+    names: dict[str, str] = {s: f"s{j}" for j, s in enumerate(stages)}
+    members = set(stages)
+    parts: list[str] = []
+    for s in stages:
+        st = graph.stage(s)
+        for t in st.inputs:
+            if t not in names:
+                spec = graph.specs[t]
+                names[t] = f"x{len(names)}"
+                parts.append(f"{names[t]}:{spec.shape}:{spec.dtype.value}")
+        outside = s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ()))
+        parts.append(f"{names[s]}|{st.kind.value}|{st.shape}|{st.dtype.value}|{st.reduce}|{st.combine}|"
+                     f"{outside}|{_canon(st.body, names)}")
+    for (p, c), conn in sorted(conns.items()):
+        if p in members and c in members:
+            parts.append(f"{names[p]}>{names[c]}={conn}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def _canon(e: E.Expr, names: Mapping[str, str]) -> str:
+    if isinstance(e, E.Load):
+        return f"{names.get(e.tensor, e.tensor)}[{', '.join(map(str, e.index))}]{e.pad}"
+    if isinstance(e, (E.Unary, E.Cast)):
+        return f"{getattr(e, 'op', 'cast')}:{e.dtype.value}({_canon(e.x, names)})"
+    if isinstance(e, E.Binary):
+        return f"{e.op}({_canon(e.a, names)},{_canon(e.b, names)})"
+    if isinstance(e, E.Select):
+        return f"sel({_canon(e.cond, names)},{_canon(e.a, names)},{_canon(e.b, names)})"
+    return E.format_expr(e)
+
+
+def _rename(s: GroupSchedule, old: list[str], new: list[str]) -> GroupSchedule:
+    m = dict(zip(old, new))
+    tiles = tuple(replace(t, stage=m.get(t.stage, t.stage)) for t in s.tiles)
+    cands = tuple(replace(c, tile=replace(c.tile, stage=m.get(c.tile.stage, c.tile.stage))) for c in s.candidates)
+    return GroupSchedule(tiles, cands, s.cost, s.violations if not s.violations else tuple(
+        replace(v, subject=_sub(v.subject, m), message=_sub(v.message, m)) for v in s.violations))
+
+
+def _sub(text: str, m: Mapping[str, str]) -> str:
+    return re.sub(r"[^\s',()]+", lambda t: m.get(t.group(0), t.group(0)), text)

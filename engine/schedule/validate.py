@@ -1,0 +1,209 @@
+"""Legality of a Plan: a Plan (or one group of it), the PrimGraph and a Device in, every broken rule
+out as a Violation naming the edge or group and the rule — never an exception.
+
+Rules: 1 footprint, 2 register_one_to_many, 3 shared_locality, 4 global_sync_wave, 5 group_cycle,
+6 foreign_plan, 7 segment_sink, 8 stage_coverage (numbers as in the issue)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from engine.device import Device, resident_blocks_per_sm
+from engine.ir.graph import PrimGraph, StageKind
+from engine.schedule.cost import load_axes, segment_use, thread_split_axes
+from engine.schedule.plan import SCHEMA_VERSION, Conn, Plan, Tile, components
+from engine.tilegraph.propagate import box_size
+from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
+
+RULES = {
+    "footprint": 1, "register_one_to_many": 2, "shared_locality": 3, "global_sync_wave": 4,
+    "group_cycle": 5, "foreign_plan": 6, "segment_sink": 7, "stage_coverage": 8,
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str  # a key of RULES
+    subject: str  # "edge a -> b", "group k03_...", "stage x"
+    message: str
+
+    def __str__(self) -> str:
+        return f"rule {RULES[self.rule]} ({self.rule}) broken by {self.subject}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Every no has a reason: `ok`, why, and the score (modeled µs) that drove it."""
+
+    ok: bool
+    reason: str
+    score: float | None = None
+
+
+def check_group(
+    graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
+    name: str = "",
+) -> list[Violation]:
+    """Rules 1, 2, 3, 4, 7 for one kernel group with one tile per segment."""
+    name = name or f"group of {stages[0]}"
+    out: list[Violation] = []
+    segs = segments_of(graph, stages, conns)
+    if len(tiles) != len(segs):
+        return [Violation("segment_sink", f"group {name}",
+                          f"{len(segs)} segments (split at grid barriers) but {len(tiles)} tiles")]
+    seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
+    for seg, tile in zip(segs, tiles):
+        sinks = segment_sinks(graph, seg, conns)
+        if len(sinks) != 1:
+            out.append(Violation("segment_sink", f"group {name}",
+                                 f"segment {seg[0]}.. has {len(sinks)} sinks ({', '.join(sinks)}); a segment "
+                                 "needs exactly one (cut an edge to a separate kernel)"))
+            continue
+        if tile.stage != sinks[0]:
+            out.append(Violation("segment_sink", f"group {name}",
+                                 f"tile anchors '{tile.stage}' but the segment's sink is '{sinks[0]}'"))
+            continue
+        out.extend(_check_tile(graph, seg, conns, tile, device, name))
+    for p, c in graph.edges:
+        if p in seg_of and c in seg_of and conns.get((p, c), Conn.KERNEL) == Conn.KERNEL:
+            out.append(Violation("group_cycle", f"edge {p} -> {c}",
+                                 "kernel edge inside one group: the consumer would wait for its own kernel to end "
+                                 "(fuse this edge too, or cut the other path between them)"))
+        if p in seg_of and c in seg_of and conns.get((p, c)) == Conn.GLOBAL_SYNC and seg_of[p] >= seg_of[c]:
+            out.append(Violation("shared_locality", f"edge {p} -> {c}",
+                                 "global_sync inside one segment: the consumer's block needs the whole producer, "
+                                 "which other blocks compute (make every path between them global_sync)"))
+    if any(conns.get((p, c)) == Conn.GLOBAL_SYNC for p, c in graph.edges if p in seg_of and c in seg_of):
+        out.extend(_check_wave(graph, stages, conns, tiles, device, name))
+    return out
+
+
+def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> list[Violation]:
+    out: list[Violation] = []
+    anchor = graph.stage(tile.stage)
+    subject = f"group {name}"
+    if len(tile.shape) != len(anchor.shape) or any(t < 1 for t in tile.shape):
+        return [Violation("footprint", subject, f"tile {list(tile.shape)} does not fit the rank-"
+                          f"{len(anchor.shape)} output of '{tile.stage}'")]
+    want = tile_counts(anchor.shape, tile.shape) * tile.row_split
+    if tile.blocks != want:
+        out.append(Violation("footprint", subject, f"tile says {tile.blocks} blocks but {list(tile.shape)} "
+                             f"(row_split {tile.row_split}) over {list(anchor.shape)} needs {want}"))
+    if not 1 <= tile.threads <= device.max_threads_per_block:
+        return out + [Violation("footprint", subject, f"{tile.threads} threads per block (limit "
+                                f"{device.max_threads_per_block})")]
+    use = segment_use(graph, seg, conns, tile)
+    if use.shared_bytes > device.max_smem_per_block_bytes:
+        out.append(Violation("footprint", subject, f"needs {use.shared_bytes} B of shared memory per block, "
+                             f"device has {device.max_smem_per_block_bytes} B (use a smaller tile)"))
+    if use.regs_per_thread > device.max_regs_per_thread:
+        out.append(Violation("footprint", subject, f"needs ~{use.regs_per_thread} registers per thread, limit "
+                             f"{device.max_regs_per_thread} (use more threads or a smaller tile)"))
+    members = set(seg)
+    for p in seg:
+        for c in graph.consumers.get(p, ()):
+            conn = conns.get((p, c))
+            if c not in members or conn not in (Conn.REGISTER, Conn.SHARED):
+                continue
+            pbox = use.regions.stages.get(p)
+            cbox = use.regions.stages.get(c)
+            if conn == Conn.SHARED and pbox is not None:
+                size = box_size(pbox) * graph.stage(p).dtype.itemsize
+                if size > device.max_smem_per_block_bytes:
+                    out.append(Violation("shared_locality", f"edge {p} -> {c}",
+                                         f"the block needs {size} B of '{p}', more than fits in shared memory "
+                                         f"({device.max_smem_per_block_bytes} B)"))
+            if conn == Conn.REGISTER and cbox is not None and graph.stage(p).kind in (
+                    StageKind.REDUCE, StageKind.CONTRACTION):
+                used, _ = load_axes(graph.stage(c), p)
+                spread = sorted(thread_split_axes(graph.stage(c), cbox, tile) - used)
+                if spread:
+                    out.append(Violation("register_one_to_many", f"edge {p} -> {c}",
+                                         f"'{c}' reads each element of {graph.stage(p).kind.value} '{p}' from "
+                                         f"threads spread over axes {', '.join(spread)}; each would redo the "
+                                         "reduction (use shared, or threads_per_row=1)"))
+    if tile.row_split > 1:
+        ok_split = anchor.kind == StageKind.REDUCE and tile.stage not in graph.outputs and all(
+            conns.get((tile.stage, c)) == Conn.GLOBAL_SYNC for c in graph.consumers.get(tile.stage, ()))
+        if not ok_split:
+            out.append(Violation("shared_locality", subject,
+                                 f"row_split {tile.row_split} splits rows of '{tile.stage}' across blocks; only a "
+                                 "reduction whose every consumer is behind a grid barrier may do that"))
+    return out
+
+
+def _check_wave(graph, stages, conns, tiles, device: Device, name: str) -> list[Violation]:
+    threads = max(t.threads for t in tiles)
+    segs = segments_of(graph, stages, conns)
+    uses = [segment_use(graph, s, conns, t) for s, t in zip(segs, tiles)]
+    regs = min(device.max_regs_per_thread, max(u.regs_per_thread for u in uses))
+    resident, _ = resident_blocks_per_sm(device, threads, regs, max(u.shared_bytes for u in uses))
+    wave = resident * device.sm_count
+    blocks = max(t.blocks for t in tiles)
+    if blocks > wave:
+        return [Violation("global_sync_wave", f"group {name}",
+                          f"grid barrier with {blocks} blocks but only {wave} are resident at once "
+                          f"({resident}/SM x {device.sm_count} SMs): blocks would wait forever (pack rows)")]
+    return []
+
+
+def find_group_cycle(graph: PrimGraph, groups: Sequence[Sequence[str]]) -> list[int]:
+    """Indices of groups on some cycle of the group DAG (empty when acyclic)."""
+    of = {s: k for k, g in enumerate(groups) for s in g}
+    succ: dict[int, set[int]] = {k: set() for k in range(len(groups))}
+    for p, c in graph.edges:
+        if p in of and c in of and of[p] != of[c]:
+            succ[of[p]].add(of[c])
+    indeg = {k: 0 for k in succ}
+    for k in succ:
+        for j in succ[k]:
+            indeg[j] += 1
+    ready = [k for k, d in indeg.items() if d == 0]
+    while ready:
+        k = ready.pop()
+        for j in succ[k]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    return sorted(k for k, d in indeg.items() if d > 0)
+
+
+def validate(plan: Plan, graph: PrimGraph, device: Device) -> list[Violation]:
+    """Every violation of the eight rules (empty list: the plan is legal)."""
+    out: list[Violation] = []
+    if plan.schema != SCHEMA_VERSION:
+        out.append(Violation("foreign_plan", "plan", f"schema {plan.schema}, this tileweave reads {SCHEMA_VERSION}"))
+    if plan.model_hash != graph.structural_hash:
+        out.append(Violation("foreign_plan", "plan", f"made for model '{plan.model_name}' ({plan.model_hash}), "
+                             f"not this one ({graph.structural_hash})"))
+        return out
+    conns = {e.key: e.conn for e in plan.edges}
+    missing = [e for e in graph.edges if e not in conns]
+    extra = [k for k in conns if k not in set(graph.edges)]
+    for p, c in missing + extra:
+        out.append(Violation("stage_coverage", f"edge {p} -> {c}",
+                             "missing from the plan" if (p, c) in missing else "not an edge of this model"))
+    seen: dict[str, int] = {}
+    for g in plan.groups:
+        for s in g.stages:
+            seen[s] = seen.get(s, 0) + 1
+    for s in graph.stages:
+        if seen.get(s.name, 0) != 1:
+            out.append(Violation("stage_coverage", f"stage {s.name}", f"in {seen.get(s.name, 0)} groups, must be in 1"))
+    unknown = sorted(set(seen) - set(graph.stage_map))
+    for s in unknown:
+        out.append(Violation("stage_coverage", f"stage {s}", "not a stage of this model"))
+    if out:
+        return out
+    want = [tuple(c) for c in components(graph, conns)]
+    if sorted(want) != sorted(tuple(g.stages) for g in plan.groups):
+        out.append(Violation("stage_coverage", "plan", "groups are not the connected components of the fused edges"))
+        return out
+    for k in find_group_cycle(graph, [g.stages for g in plan.groups]):
+        out.append(Violation("group_cycle", f"group {plan.groups[k].name}",
+                             "on a cycle of the kernel DAG: a stage outside the group sits between two of its "
+                             "stages (split one of the fused edges)"))
+    for g in plan.groups:
+        out.extend(check_group(graph, g.stages, conns, g.segments, device, g.name))
+    return out

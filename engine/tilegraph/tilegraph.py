@@ -1,0 +1,109 @@
+"""Group-level tile structure: segments of a kernel group (split at grid barriers), their sinks, and
+tile propagation backwards from a segment's anchor through every in-segment edge.
+
+In: a PrimGraph, a group's stages and the edge connections. Out: plain boxes per stage and input."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from engine.ir.graph import PrimGraph
+from engine.tilegraph.propagate import Box, Region, _union, box_size, full_box, propagate
+
+# Connections that keep producer and consumer in one segment (strings, so this module does not
+# depend on engine.schedule; Conn is a StrEnum and compares equal to these).
+IN_SEGMENT = ("register", "shared")
+
+
+@dataclass(frozen=True)
+class GroupRegions:
+    """What one block of a segment touches: a box per in-segment stage (its computed region) and per
+    tensor read from outside the segment (group inputs, weights, earlier segments)."""
+
+    anchor: str
+    stages: dict[str, Box]
+    inputs: dict[str, Box]
+    exact: bool
+
+
+def segments_of(graph: PrimGraph, stages: Sequence[str], conns: Mapping[tuple[str, str], str]) -> list[list[str]]:
+    """Segments of one group: components of its REGISTER/SHARED edges, each in stage order, ordered
+    by first stage (a GLOBAL_SYNC producer's segment always precedes its consumer's)."""
+    members = set(stages)
+    parent = {s: s for s in stages}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for (p, c), conn in conns.items():
+        if p in members and c in members and conn in IN_SEGMENT:
+            parent[find(p)] = find(c)
+    order = {s.name: k for k, s in enumerate(graph.stages)}
+    out: dict[str, list[str]] = {}
+    for s in sorted(stages, key=order.__getitem__):
+        out.setdefault(find(s), []).append(s)
+    return sorted(out.values(), key=lambda seg: order[seg[0]])
+
+
+def segment_sinks(graph: PrimGraph, segment: Sequence[str], conns: Mapping[tuple[str, str], str]) -> list[str]:
+    """Stages of the segment with no consumer inside it (a valid segment has exactly one)."""
+    members = set(segment)
+    fed = {p for (p, c), conn in conns.items() if p in members and c in members and conn in IN_SEGMENT}
+    return [s for s in segment if s not in fed]
+
+
+def anchor_box(shape: Sequence[int], tile: Sequence[int], index: Sequence[int] | None = None) -> Box:
+    """Box of block `index` (default: the first block) of a tile grid over `shape`, clipped."""
+    index = index or [0] * len(shape)
+    return tuple((k * t, min(d, (k + 1) * t)) for d, t, k in zip(shape, tile, index))
+
+
+def propagate_group(
+    graph: PrimGraph,
+    segment: Sequence[str],
+    conns: Mapping[tuple[str, str], str],
+    anchor: str,
+    out_box: Box,
+) -> GroupRegions:
+    """Regions one block computes and reads when it produces `out_box` of the anchor.
+
+    Walks the segment in reverse stage order; a stage's region is the union (hull) of the regions
+    all its in-segment consumers need. Reductions are propagated over their whole reduce range,
+    since a block must finish the reduction of every output element it owns."""
+    members = set(segment)
+    order = {s.name: k for k, s in enumerate(graph.stages)}
+    shapes = {name: spec.shape for name, spec in graph.specs.items()}
+    need: dict[str, Region] = {anchor: Region(out_box, True)}
+    inputs: dict[str, Region] = {}
+    exact = True
+    for name in sorted(members, key=order.__getitem__, reverse=True):
+        region = need.get(name)
+        if region is None or region.box is None:
+            continue
+        exact = exact and region.exact
+        stage = graph.stage(name)
+        prop = propagate(stage, region.box, shapes)
+        for tensor, r in prop.regions.items():
+            inside = tensor in members and conns.get((tensor, name)) in IN_SEGMENT
+            target = need if inside else inputs
+            target[tensor] = _union(target.get(tensor), Region(r.box, r.exact and region.exact))
+    stage_boxes = {n: r.box for n, r in need.items() if n in members and r.box is not None}
+    input_boxes = {n: r.box for n, r in inputs.items() if r.box is not None}
+    exact = exact and all(r.exact for r in inputs.values())
+    return GroupRegions(anchor, stage_boxes, input_boxes, exact)
+
+
+def tile_counts(shape: Sequence[int], tile: Sequence[int]) -> int:
+    """Number of blocks of a tile grid: prod(ceil(dim / tile))."""
+    n = 1
+    for d, t in zip(shape, tile):
+        n *= -(-int(d) // max(1, int(t)))
+    return n
+
+
+__all__ = ["GroupRegions", "segments_of", "segment_sinks", "anchor_box", "propagate_group", "tile_counts",
+           "box_size", "full_box"]
