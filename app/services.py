@@ -95,11 +95,6 @@ def load_model(path: str, digest: str) -> LoadedModel:
 # ---- capabilities ----------------------------------------------------------------------------
 
 
-def has(capability: str) -> bool:
-    """Does this engine build export `capability` from engine.api?"""
-    return hasattr(api, capability)
-
-
 def devices() -> list[str]:
     return list(PRESETS)
 
@@ -112,9 +107,10 @@ def cuda_status() -> tuple[bool, str]:
 
 
 def policies() -> list[str]:
-    if has("POLICIES"):
-        return [p for p in api.POLICIES if p != "user"]
-    return ["unfused", "elementwise", "stitch", "welder"] if has("make_plan") else ["unfused"]
+    names = engine_fn("POLICIES")
+    if names:
+        return [p for p in names if p != "user"]
+    return ["unfused", "elementwise", "stitch", "welder"] if available("make_plan") else ["unfused"]
 
 
 def default_policy() -> str:
@@ -142,8 +138,9 @@ def unfused_plan(graph: PrimGraph, device: str) -> Plan:
 
 
 def base_plan(graph: PrimGraph, policy: str, device: str) -> Plan:
-    if has("make_plan"):
-        return api.make_plan(graph, policy, get_device(device))
+    make_plan = engine_fn("make_plan")
+    if make_plan is not None:
+        return make_plan(graph, policy, device)
     if policy != "unfused":
         raise PlanError(f"policy '{policy}' is {NOT_AVAILABLE}", hint="use the unfused policy")
     return unfused_plan(graph, device)
@@ -151,9 +148,10 @@ def base_plan(graph: PrimGraph, policy: str, device: str) -> Plan:
 
 def apply_one(graph: PrimGraph, plan: Plan, edit: Edit, device: str) -> Plan:
     """The plan after `edit`, or PlanError naming the rule the edit breaks."""
-    if not has("apply_edit"):
+    apply_edit = engine_fn("apply_edit")
+    if apply_edit is None:
         raise PlanError(f"plan editing is {NOT_AVAILABLE}")
-    return api.apply_edit(graph, plan, edit, get_device(device))
+    return apply_edit(graph, plan, edit, device)
 
 
 @dataclass(frozen=True)
@@ -254,6 +252,9 @@ _MODULES = {
     "build_rprogram": "engine.rprogram.wavefront", "export_trace": "engine.rprogram.trace",
     "generate": "engine.codegen.generate", "run_model": "engine.runtime.execute",
     "make_inputs": "engine.runtime.inputs", "export_bundle": "engine.bundle",
+    "make_plan": "engine.schedule.policies", "POLICIES": "engine.schedule.policies",
+    "apply_edit": "engine.schedule.edits", "validate": "engine.schedule.validate",
+    "render_c": "engine.codegen.targets", "render_cuda": "engine.codegen.targets",
 }
 
 
@@ -323,7 +324,7 @@ def program_for(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str,
     generate = engine_fn("generate")
     if generate is None:
         raise AppError(f"code generation is {NOT_AVAILABLE}")
-    return generate(_plan, _graph, get_device(device))
+    return generate(_plan, _graph, device)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
@@ -335,13 +336,18 @@ def run_plan(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, de
         raise AppError(f"compiling and running plans is {NOT_AVAILABLE}")
     inputs = model_inputs(_graph, model_hash, path)
     start = time.perf_counter()
-    outputs, profile = run_model(_graph, inputs, plan=_plan, backend=backend, device=get_device(device))
+    ran = run_model(_graph, inputs, plan=_plan, backend=backend, device=device)
     seconds = time.perf_counter() - start
     want = reference_outputs(_graph, model_hash, path)
-    err = max((max_rel_error(outputs[k], want[k]) for k in want), default=0.0)
-    kernel_us = dict(getattr(profile, "kernel_us", {}) or {})
+    outputs = ran.outputs
+    err = 0.0
+    for tensor, onnx_name in zip(_graph.outputs, _graph.output_names):
+        got = outputs[onnx_name] if onnx_name in outputs else outputs[tensor]
+        ref = want[onnx_name] if onnx_name in want else want[tensor]
+        err = max(err, max_rel_error(got, ref))
+    kernel_us = {k.kernel: k.us for k in ran.profile.kernels} if ran.profile else {}
     result = RunResult(backend, kernel_us, float(sum(kernel_us.values())), err, err <= MATCH_TOLERANCE,
-                       float(getattr(profile, "compile_seconds", 0.0) or 0.0), seconds)
+                       0.0, seconds)
     _RUNS[(model_hash, plan_hash, device, backend)] = result
     return result
 
@@ -372,16 +378,12 @@ def cached_run(_graph, _plan, model_hash: str, plan_hash: str, device: str, back
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def kernel_sources(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str) -> dict:
-    """{("cuda"|"c", kernel name): source} from the engine's printers; {} until they exist."""
+    """{"cuda": source, "c": source} of the whole program from the engine's printers; {} until they exist."""
     render_cuda, render_c = engine_fn("render_cuda"), engine_fn("render_c")
     if render_cuda is None or render_c is None or not available("generate"):
         return {}
     program = program_for(_graph, _plan, model_hash, plan_hash, device)
-    out = {}
-    for kernel in program.kernels:
-        out[("cuda", kernel.name)] = render_cuda(kernel)
-        out[("c", kernel.name)] = render_c(kernel)
-    return out
+    return {"cuda": render_cuda(program), "c": render_c(program)}
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)

@@ -24,12 +24,12 @@ with guarded("Building the kernel table"):
 
 with guarded("Showing generated source"):
     st.subheader("Generated source")
-    names = [g.name for g in plan.groups]
-    pick = st.selectbox("Kernel", names, key="kernels_pick")
     sources = services.kernel_sources(loaded.graph, plan, state.model_hash, plan.plan_hash, state.device)
+    if not sources:
+        st.info(f"Kernel source printing is {services.NOT_AVAILABLE}.")
     cuda_tab, c_tab = st.tabs(["CUDA C", "C (CPU backend)"])
-    cuda_tab.code(sources.get(("cuda", pick), "// not generated"), language="cuda")
-    c_tab.code(sources.get(("c", pick), "/* not generated */"), language="c")
+    cuda_tab.code(sources.get("cuda", "// not generated"), language="cuda")
+    c_tab.code(sources.get("c", "/* not generated */"), language="c")
 
 with guarded("Drawing the rooflines"):
     st.subheader("Roofline per memory level")

@@ -32,7 +32,7 @@ with guarded("Loading the plan"):
     st.caption(f"{plan.kernels} kernels · {len(state.edits)} edit(s) on {state.base_policy} · device {state.device}")
     for index, reason in result.refused:
         st.warning(f"Edit {index + 1} ({describe_edit(state.edits[index])}) no longer applies: {reason}")
-    editable = services.has("apply_edit")
+    editable = services.available("apply_edit")
     if not editable:
         st.info(f"Plan editing is {services.NOT_AVAILABLE}.")
 

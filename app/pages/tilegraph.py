@@ -23,7 +23,7 @@ with guarded("Drawing the tile-graph"):
     st.caption(f"{state.model_name} · policy {plan.policy} (base {state.base_policy}) · {len(state.edits)} edit(s) · "
                f"{plan.kernels} kernels · modeled {fmt_us(plan.modeled_us) if plan.modeled_us else '—'} · "
                f"DRAM {fmt_bytes(plan.dram_bytes) if plan.dram_bytes else '—'} on {state.device}")
-    if not services.has("make_plan"):
+    if not services.available("make_plan"):
         st.info(f"Fusion policies are {services.NOT_AVAILABLE}: showing the unfused plan (every edge KERNEL).")
 
     groups = {f"{g.id}: {g.name}": g for g in plan.groups}
@@ -45,10 +45,12 @@ with guarded("Drawing the tile-graph"):
         st.graphviz_chart(dot, width="stretch")
         st.caption("Legend")
         st.graphviz_chart(legend_dot())
-        with guarded("Rendering SVG"):
-            svg = services.dot_to_svg(dot)
-            st.download_button("Download SVG", svg, file_name=f"{state.model_name}_{plan.policy}.svg",
-                               mime="image/svg+xml", key="tg_svg")
+        # Rendering a large uncollapsed graph takes Graphviz many seconds: only on request.
+        if st.button("Render SVG for download", key="tg_render_svg"):
+            with guarded("Rendering SVG"):
+                svg = services.dot_to_svg(dot)
+                st.download_button("Download SVG", svg, file_name=f"{state.model_name}_{plan.policy}.svg",
+                                   mime="image/svg+xml", key="tg_svg")
     with detail_col:
         if group:
             st.subheader(group.name)

@@ -1,0 +1,86 @@
+"""app/state.py edit-list operations and app/services.py autosave / plan JSON, without a browser."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from app import services
+from app.state import AppState, clear_edits, push_edits, redo, switch_model, undo
+from engine.errors import TileweaveError
+from engine.schedule.plan import Edit
+
+
+def random_edits(rng: random.Random, n: int) -> list[Edit]:
+    conns = services.conn_choices()
+    return [Edit.make("set_edge", producer=f"s{rng.randrange(50)}", consumer=f"s{rng.randrange(50)}",
+                      conn=rng.choice(conns)) for _ in range(n)]
+
+
+def test_undo_redo_walks_the_ordered_edit_list():
+    rng = random.Random(5)
+    edits = random_edits(rng, 6)
+    state = AppState()
+    for e in edits:
+        state = push_edits(state, [e])
+    assert state.edits == tuple(edits) and state.redo == ()
+    back = undo(undo(state))
+    assert back.edits == tuple(edits[:4]) and back.redo == tuple(edits[4:])
+    assert redo(back).edits == tuple(edits[:5])
+    # A new edit after undo drops what could have been redone.
+    new = random_edits(rng, 1)
+    branched = push_edits(back, new)
+    assert branched.edits == tuple(edits[:4] + new) and branched.redo == ()
+    assert undo(AppState()) == AppState() and redo(state) == state
+    assert clear_edits(state).edits == ()
+
+
+def test_switching_model_forgets_edits_but_same_model_keeps_them():
+    state = push_edits(AppState(model_name="a", model_path="/a.onnx", model_hash="h1"), random_edits(random.Random(1), 2))
+    assert switch_model(state, "a", "/a.onnx", "h1") is state
+    moved = switch_model(state, "b", "/b.onnx", "h2")
+    assert moved.edits == () and moved.model_hash == "h2" and moved.restored_for == ""
+
+
+def test_edits_autosave_roundtrip(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
+    edits = tuple(random_edits(random.Random(9), 4)) + (
+        Edit.make("set_tile", group_stage="s3", shape=[32, 64], threads=128),)
+    path = services.save_edits("abc123", "stitch", edits)
+    assert path == tmp_path / "edits" / "abc123.json"
+    assert services.load_edits("abc123") == ("stitch", edits)
+    assert services.load_edits("other") is None
+    path.write_text("{not json")
+    assert services.load_edits("abc123") is None  # corrupt autosave is ignored, not fatal
+
+
+def test_upload_limits_and_plan_json_errors_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
+    with pytest.raises(TileweaveError, match="upload limit"):
+        services.save_upload("big.onnx", b"x" * (services.UPLOAD_LIMIT_MB * 1024 * 1024 + 1))
+    with pytest.raises(TileweaveError, match="not an .onnx"):
+        services.save_upload("model.txt", b"abc")
+    graph = services.load_model(str(services.sample_path("gelu_chain")), "gelu").graph
+    with pytest.raises(TileweaveError, match="not JSON"):
+        services.read_plan_json(b"{oops", graph)
+    plan = services.unfused_plan(graph, "a100")
+    text = services.plan_json_text(plan)
+    assert services.read_plan_json(text.encode(), graph) == plan
+    other = json.loads(text) | {"model_hash": "0" * 16}
+    with pytest.raises(TileweaveError, match="not this one") as err:
+        services.read_plan_json(json.dumps(other).encode(), graph)
+    assert "\n" not in str(err.value)
+
+
+def test_max_rel_error_scales_by_the_reference():
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    want = rng.standard_normal((8, 16)).astype(np.float32) + 0.5
+    got = want.copy()
+    got[3, 4] += 0.25
+    assert services.max_rel_error(got, want) == pytest.approx(0.25 / np.abs(want).max(), rel=1e-5)
+    assert services.max_rel_error(want, want) == 0.0
+    assert services.max_rel_error(got[:4], want) == float("inf")
