@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
-from conftest import CATALOG, sample_path
 from onnx import TensorProto, helper, numpy_helper
 
 from engine.frontend.importer import load_graph
 from engine.ir.batching import batch_contractions
 from engine.ir.graph import StageKind
 from engine.runtime.reference import run_reference
+
+SAMPLES = Path(__file__).resolve().parents[3] / "samples"
+CATALOG = {e["name"]: e for e in json.loads((SAMPLES / "catalog.json").read_text())}
+
+
+def sample_path(name: str) -> Path:
+    return SAMPLES / CATALOG[name]["file"]
 
 
 def _inputs(graph, seed: int = 0) -> dict[str, np.ndarray]:

@@ -1,11 +1,9 @@
-"""Hand-built Plans for the rProgram tests: kernels with blocks, threads, costs and dependencies,
+"""Hand-built Plans for the rProgram tests (a helper module, not a conftest: tests/conftest.py owns that name): kernels with blocks, threads, costs and dependencies,
 without needing the scheduler."""
 
 from __future__ import annotations
 
 import random
-
-import pytest
 
 from engine.schedule.plan import Candidate, Conn, EdgePlan, Group, GroupCost, Plan, Tile
 
@@ -45,7 +43,6 @@ def random_plan(seed: int, n: int = 12) -> Plan:
     return make_plan(ks, name=f"random{seed}")
 
 
-@pytest.fixture
 def lstm_like_plan() -> Plan:
     """32 steps: an input projection per step (independent) feeding a tiny recurrent cell chain."""
     ks = [kernel(f"proj{t}", 8, us=3.0) for t in range(32)]
@@ -54,3 +51,25 @@ def lstm_like_plan() -> Plan:
         ks.append(kernel(f"cell{t}", 4, deps=(f"proj{t}", *prev), us=2.0))
         prev = (f"cell{t}",)
     return make_plan(ks, name="lstm_like")
+
+
+def unfused_plan(graph, device_name: str = "a100") -> Plan:
+    """Every stage its own kernel with a 256-element row tile and a bandwidth-bound cost: a real
+    model's kernel DAG without needing the scheduler."""
+    from engine.device import get_device
+
+    dev = get_device(device_name)
+    groups = []
+    for k, s in enumerate(graph.stages):
+        blocks = max(1, -(-s.size // 256))
+        waves = -(-blocks // (dev.sm_count * 8))
+        nbytes = s.size * s.dtype.itemsize + sum(graph.specs[t].nbytes for t in s.inputs)
+        us = nbytes / dev.dram_bw_bytes_per_s * 1e6 + s.flops / dev.peak_fp32_flops * 1e6
+        cost = GroupCost(
+            footprint={"shared": 0, "register": 32}, traffic_bytes={"dram": nbytes}, transactions={},
+            flops=s.flops, recompute_factor=1.0, resident_blocks_per_sm=8, occupancy_limiter="threads",
+            waves=waves, wave_efficiency=1.0, terms_us={"dram": us, "launch": 5.0}, modeled_us=us + 5.0)
+        groups.append(Group(k, f"k{k:02d}_{s.op or s.kind.value}".replace(".", "_"), (s.name,),
+                            (Tile(s.name, (256,), 256, blocks),), "test", cost=cost))
+    edges = tuple(EdgePlan(p, c, Conn.KERNEL, "test") for p, c in graph.edges)
+    return Plan(graph.structural_hash, graph.name, "unfused", device_name, edges, tuple(groups))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import kernel, make_plan, random_plan
+from rprogram_plans import kernel, make_plan, random_plan
 
 from engine.device import get_device
 from engine.rprogram.model import RProgramError, rprogram_from_json, rprogram_to_json

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import kernel, make_plan, random_plan
+from rprogram_plans import kernel, lstm_like_plan, make_plan, random_plan
 
 from engine.device import get_device
 from engine.rprogram.model import RProgramError
@@ -71,8 +71,8 @@ def test_task_duration_is_kernel_time_per_wave_scaled_to_shared_slots() -> None:
     assert max(t.end_us for ts in rp.veus for t in ts if t.op == "a") == pytest.approx(20.0)
 
 
-def test_lstm_like_program_beats_sequential_by_half(lstm_like_plan) -> None:
-    rp = build_rprogram(lstm_like_plan, A100)
+def test_lstm_like_program_beats_sequential_by_half() -> None:
+    rp = build_rprogram(lstm_like_plan(), A100)
     assert check_rprogram(rp) == []
     assert rp.makespan_us <= 0.5 * rp.sequential_us
     # The 32 projections are one wave and run together.
