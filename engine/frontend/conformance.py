@@ -231,6 +231,9 @@ def render_markdown(report: Report) -> str:
         "through `import_onnx` + `lower` + `run_reference` and compared with the expected outputs (the",
         "cases' rtol/atol). Only single-node cases of ops the frontend claims are counted; `_expanded`",
         "cases (function bodies) are not. Cases needing dtypes tileweave lacks count as failures.",
+        "Input shapes are bound from the test data; a shape parameter passed as a graph input (axes,",
+        "pads, repeats) is frozen into an initializer only when the frontend asks for it to be constant;",
+        "opset < 7 models are upgraded with the ONNX version converter first.",
         "",
         f"**Passed {report.passed}/{report.total} ({100 * report.rate:.1f}%)**; "
         f"excluding unsupported-dtype cases: {100 * report.rate_without_dtype:.1f}%.",
