@@ -140,18 +140,23 @@ def unfused_plan(graph: PrimGraph, device: str) -> Plan:
 def base_plan(graph: PrimGraph, policy: str, device: str) -> Plan:
     make_plan = engine_fn("make_plan")
     if make_plan is not None:
-        return make_plan(graph, policy, device)
+        return make_plan(graph, policy, get_device(device))
     if policy != "unfused":
         raise PlanError(f"policy '{policy}' is {NOT_AVAILABLE}", hint="use the unfused policy")
     return unfused_plan(graph, device)
 
 
-def apply_one(graph: PrimGraph, plan: Plan, edit: Edit, device: str) -> Plan:
-    """The plan after `edit`, or PlanError naming the rule the edit breaks."""
-    apply_edit = engine_fn("apply_edit")
-    if apply_edit is None:
+def editing_available() -> bool:
+    return available("make_plan") and available("replay")
+
+
+def plan_with_edits(graph: PrimGraph, policy: str, device: str, edits: tuple[Edit, ...]) -> Plan:
+    """The policy's plan with `edits` replayed and validated, or PlanError naming the rule broken."""
+    if not edits:
+        return base_plan(graph, policy, device)
+    if not editing_available():
         raise PlanError(f"plan editing is {NOT_AVAILABLE}")
-    return apply_edit(graph, plan, edit, device)
+    return engine_fn("make_plan")(graph, policy, get_device(device), edits=tuple(edits))
 
 
 @dataclass(frozen=True)
@@ -167,16 +172,24 @@ def edits_key(edits: tuple[Edit, ...]) -> str:
 
 @st.cache_resource(show_spinner=False, max_entries=64)
 def build_plan(_graph: PrimGraph, model_hash: str, policy: str, device: str, key: str) -> PlanResult:
-    """Base policy plan with the edits of `key` replayed in order; an edit that is refused is
-    reported and skipped so later ones still apply."""
+    """Base policy plan with the edits of `key` replayed in order. When the whole list is refused
+    (e.g. the base policy changed under it), edits are re-tried one by one: refused ones are
+    reported and skipped so the others still apply."""
     start = time.perf_counter()
-    plan = base_plan(_graph, policy, device)
+    edits = edits_from_json(json.loads(key))
+    try:
+        return PlanResult(plan_with_edits(_graph, policy, device, edits), (), time.perf_counter() - start)
+    except TileweaveError:
+        pass
+    kept: list[Edit] = []
     refused = []
-    for k, edit in enumerate(edits_from_json(json.loads(key))):
+    for k, edit in enumerate(edits):
         try:
-            plan = apply_one(_graph, plan, edit, device)
+            plan_with_edits(_graph, policy, device, tuple(kept + [edit]))
+            kept.append(edit)
         except TileweaveError as err:
             refused.append((k, str(err)))
+    plan = plan_with_edits(_graph, policy, device, tuple(kept))
     return PlanResult(plan, tuple(refused), time.perf_counter() - start)
 
 
@@ -253,7 +266,7 @@ _MODULES = {
     "generate": "engine.codegen.generate", "run_model": "engine.runtime.execute",
     "make_inputs": "engine.runtime.inputs", "export_bundle": "engine.bundle",
     "make_plan": "engine.schedule.policies", "POLICIES": "engine.schedule.policies",
-    "apply_edit": "engine.schedule.edits", "validate": "engine.schedule.validate",
+    "replay": "engine.schedule.edits", "validate": "engine.schedule.validate",
     "render_c": "engine.codegen.targets", "render_cuda": "engine.codegen.targets",
 }
 

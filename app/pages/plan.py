@@ -32,17 +32,15 @@ with guarded("Loading the plan"):
     st.caption(f"{plan.kernels} kernels · {len(state.edits)} edit(s) on {state.base_policy} · device {state.device}")
     for index, reason in result.refused:
         st.warning(f"Edit {index + 1} ({describe_edit(state.edits[index])}) no longer applies: {reason}")
-    editable = services.available("apply_edit")
+    editable = services.editing_available()
     if not editable:
         st.info(f"Plan editing is {services.NOT_AVAILABLE}.")
 
 
 def submit(edits: list[Edit]) -> None:
-    """Validate the edits on the current plan; keep them only if every one is accepted."""
+    """Validate the edit list with the new edits; keep them only if the engine accepts them all."""
     try:
-        trial = plan
-        for edit in edits:
-            trial = services.apply_one(graph, trial, edit, state.device)
+        services.plan_with_edits(graph, state.base_policy, state.device, state.edits + tuple(edits))
     except TileweaveError as err:
         st.error(f"Refused: {err}")
         return

@@ -1,0 +1,101 @@
+"""Every page under streamlit.testing AppTest: no exception, key widgets present, and plan edits
+(accepted ones change the plan, refused ones show their reason)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app import services
+
+APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
+PAGES = ["model", "tilegraph", "plan", "kernels", "timeline", "compare", "export"]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
+
+
+def open_page(page: str, sample: str = "gelu_chain") -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.selectbox(key="sample").set_value(sample).run()
+    if page != "model":
+        at.switch_page(f"pages/{page}.py").run()
+    return at
+
+
+def no_traceback(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    unexpected = [e.value for e in at.error if "failed unexpectedly" in e.value]
+    assert not unexpected, unexpected
+
+
+def test_model_page_shows_default_sample_summary_and_cpu_note():
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    no_traceback(at)
+    assert at.selectbox(key="sample").value == services.default_sample()["name"]
+    labels = [m.label for m in at.metric]
+    assert {"ONNX ops", "Primitive stages", "FLOPs", "Min DRAM traffic"} <= set(labels)
+    assert at.selectbox(key="device").value == "a100"
+    assert any("CPU backend" in i.value for i in at.info)  # no GPU in the test environment
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_without_exception(page):
+    at = open_page(page)
+    no_traceback(at)
+    assert at.title[0].value.lower().replace("-", "") == page.replace("tilegraph", "tilegraph")
+
+
+def test_tilegraph_selection_shows_group_details():
+    at = open_page("tilegraph")
+    group = at.selectbox(key="tg_group")
+    group.set_value(group.options[-1]).run()
+    no_traceback(at)
+    assert at.json, "group details not shown"
+    at.button(key="tg_render_svg").click().run()
+    no_traceback(at)
+
+
+def test_switching_sample_changes_the_summary():
+    at = open_page("model", "masked_softmax")
+    stages = next(m.value for m in at.metric if m.label == "Primitive stages")
+    at.selectbox(key="sample").set_value("layernorm_residual").run()
+    assert next(m.value for m in at.metric if m.label == "Primitive stages") != stages
+
+
+@pytest.mark.skipif(not services.editing_available(), reason="engine plan editing not built yet")
+def test_an_edge_edit_changes_the_plan_and_undo_restores_it():
+    at = open_page("plan")
+    at.selectbox(key="plan_policy").set_value("unfused").run()
+    before = at.caption[0].value
+    edge = at.selectbox(key="plan_edge")
+    edge.set_value(edge.options[0]).run()
+    at.selectbox(key="plan_conn").set_value("register").run()
+    at.button[0].click().run()  # the form's submit button
+    no_traceback(at)
+    assert not [e.value for e in at.error if e.value.startswith("Refused")]
+    assert "1 edit(s)" in at.caption[0].value and at.caption[0].value != before
+    at.button(key="plan_undo").click().run()
+    assert at.caption[0].value == before
+
+
+@pytest.mark.skipif(not services.editing_available(), reason="engine plan editing not built yet")
+def test_an_illegal_edit_shows_the_rule_it_breaks():
+    at = open_page("plan", "masked_softmax")
+    at.selectbox(key="plan_policy").set_value("unfused").run()
+    edge = at.selectbox(key="plan_edge")
+    # A reduction's result spread over threads cannot stay in registers (DESIGN.md).
+    target = next(o for o in edge.options if "::max →" in o or "max →" in o)
+    edge.set_value(target).run()
+    at.selectbox(key="plan_conn").set_value("register").run()
+    at.button[0].click().run()
+    no_traceback(at)
+    refused = [e.value for e in at.error if e.value.startswith("Refused")]
+    assert refused and len(refused[0]) > len("Refused: ") + 10
+    assert "0 edit(s)" in at.caption[0].value
