@@ -26,13 +26,16 @@ sys-deps:
 	  else echo "need Debian packages graphviz and chromium: sudo apt-get install graphviz chromium"; fi; \
 	fi
 
+# Starts the workbench on the default bundled sample (no GPU needed) and prints its local URL.
 run: install
-	$(BIN)/tileweave info $(SAMPLE)
+	@echo "tileweave workbench: http://127.0.0.1:8501  (default sample $(SAMPLE); Ctrl-C stops it)"
+	$(BIN)/streamlit run app/streamlit_app.py --server.headless true --server.address 127.0.0.1 --server.port 8501
 
 test: install-dev sys-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n $(JOBS) -m 'not slow and not gpu and not browser'
-	$(BIN)/python -m pytest -q -m browser -p no:xdist
+	@command -v chromium >/dev/null 2>&1 || { echo "chromium missing: run make sys-deps as root"; exit 1; }
+	$(BIN)/python -m pytest -q -m browser -p no:xdist tests/e2e
 
 test-slow: install-dev
 	$(BIN)/python -m pytest -q -n $(JOBS) -m slow

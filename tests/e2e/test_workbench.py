@@ -1,0 +1,112 @@
+"""End to end in a real browser (Debian's Chromium via Playwright): start the workbench, pick a
+sample, change one edge's connection, compile and run on the CPU backend, see the verdict and the
+timeline. Screenshots land in tests/e2e/artifacts/ (git-ignored)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(__file__).parent / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (make sys-deps)")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    env = os.environ | {"TILEWEAVE_CACHE": str(tmp_path_factory.mktemp("cache"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "streamlit_app.py"), "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/_stcore/health", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("streamlit did not start: " + proc.stdout.read().decode(errors="replace")[-2000:])
+    yield url
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def choose(page, label: str, option: str) -> None:
+    """Pick `option` in the Streamlit selectbox labelled `label`."""
+    box = page.locator('[data-testid="stSelectbox"]').filter(has_text=label).first
+    box.click()
+    page.keyboard.type(option)
+    page.get_by_role("option", name=option, exact=False).first.click()
+    page.wait_for_timeout(300)
+    wait_idle(page)
+
+
+def wait_idle(page, timeout_ms: int = 120_000) -> None:
+    # The status widget shows "Running..." while the script runs.
+    page.wait_for_timeout(300)
+    page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden", timeout=timeout_ms)
+
+
+def test_pick_sample_edit_edge_run_and_see_timeline(server):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        page.goto(server, wait_until="networkidle")
+        page.get_by_text("Min DRAM traffic").wait_for(timeout=60_000)
+        choose(page, "Sample", "gelu_chain")
+        page.get_by_text("gelu_chain  ·  hash").wait_for(timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "1_model.png"), full_page=True)
+
+        page.get_by_role("link", name="Tile-graph").click()
+        page.locator('[data-testid="stGraphVizChart"] svg').first.wait_for(timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "2_tilegraph.png"), full_page=True)
+
+        page.get_by_role("link", name="Plan").click()
+        page.get_by_text("Base policy").wait_for(timeout=60_000)
+        if page.get_by_text("Plan editing is not available").count():
+            pytest.skip("engine plan editing is not built yet")
+        choose(page, "Base policy", "unfused")
+        choose(page, "Connection", "register")
+        page.get_by_role("button", name="Apply edge edit").click()
+        wait_idle(page)
+        assert page.get_by_text("Refused").count() == 0
+        page.get_by_text("1 edit(s) on unfused").wait_for(timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "3_plan.png"), full_page=True)
+
+        page.get_by_role("link", name="Kernels").click()
+        page.get_by_role("button", name="Compile + run on CPU").click()
+        page.get_by_text("matches reference").first.wait_for(timeout=180_000)
+        page.screenshot(path=str(ARTIFACTS / "4_kernels.png"), full_page=True)
+
+        page.get_by_role("link", name="Timeline").click()
+        page.locator('[data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)
+        page.get_by_text("matches reference").first.wait_for(timeout=60_000)
+        page.get_by_text("rProgram makespan").wait_for(timeout=10_000)
+        page.screenshot(path=str(ARTIFACTS / "5_timeline.png"), full_page=True)
+        browser.close()
