@@ -199,7 +199,8 @@ def run_backend(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.
         from engine.schedule.plan import plan_from_json
 
         plan = plan_from_json(_read_json(args.plan_in, "plan"), graph)
-    return dict(run_model(graph, inputs, backend=args.backend, policy=args.policy, device=args.device, plan=plan))
+    result = run_model(graph, inputs, backend=args.backend, policy=args.policy, device=args.device, plan=plan)
+    return dict(getattr(result, "outputs", result))  # a RunResult, or a plain mapping
 
 
 def check_writable(path: str) -> Path:

@@ -115,7 +115,9 @@ def test_run_cpu_calls_run_model(capsys, tmp_path, monkeypatch):
 
     def fake_run_model(graph, inputs, *, backend, policy, device, plan):
         seen.update(backend=backend, policy=policy, device=device, plan=plan, inputs=sorted(inputs))
-        return {"y": np.ones((2, 2), np.float32)}
+        from engine.runtime.execute import RunResult
+
+        return RunResult({"y": np.ones((2, 2), np.float32)}, None)
 
     monkeypatch.setattr(engine.api, "run_model", fake_run_model, raising=False)
     code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--policy", "stitch",
@@ -123,6 +125,16 @@ def test_run_cpu_calls_run_model(capsys, tmp_path, monkeypatch):
     assert code == 0, out
     assert seen == {"backend": "cpu", "policy": "stitch", "device": "h100", "plan": None, "inputs": ["x"]}
     assert np.load(tmp_path / "o.npz")["y"].shape == (2, 2)
+
+
+def test_run_cpu_backend_end_to_end(capsys, tmp_path):
+    if getattr(engine.api, "run_model", None) is None:
+        pytest.skip("engine.api.run_model is not in this build yet")
+    io = sample_path("gelu_chain").with_suffix(".io.npz")
+    code, out, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--inputs", io,
+                             "--outputs", tmp_path / "o.npz")
+    assert code == 0, err
+    assert max_rel_error(np.load(tmp_path / "o.npz")["y"], np.load(io)["y"]) <= 1e-4
 
 
 # ---- bad input ------------------------------------------------------------------------------
