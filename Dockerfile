@@ -1,0 +1,16 @@
+# tileweave workbench on the CPU: import, plan, generate C/CUDA (CUDA compiled with NVRTC), run with gcc+OpenMP.
+# GPU use needs the NVIDIA container runtime (docker run --gpus all ...) and the `gpu` extra:
+#   pip install -e '.[gpu]'   (pycuda; builds against the CUDA toolkit of the base image you choose)
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 TILEWEAVE_CACHE=/tmp/tileweave-cache
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev graphviz make \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /opt/tileweave
+COPY . .
+RUN pip install -e .
+
+EXPOSE 8501
+CMD ["streamlit", "run", "app/streamlit_app.py", "--server.headless", "true", "--server.address", "0.0.0.0"]
