@@ -4,6 +4,7 @@ print makespan, sequential time, speedup, utilization and waves (text or JSON), 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -26,6 +27,8 @@ def add_rprogram_command(sub) -> None:
     p.add_argument("--device", default=DEFAULT_DEVICE,
                    help=f"device preset or .toml/.json device file (default {DEFAULT_DEVICE})")
     p.add_argument("--plan", metavar="PLAN.json", help="use this saved plan instead of running the policy")
+    p.add_argument("--no-batching", action="store_true",
+                   help="welder: keep Q/K/V-style contractions separate (no operator batching)")
     p.add_argument("--no-merge", action="store_true", help="keep a grid barrier between every two waves")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace-event file (opens in Perfetto)")
     p.add_argument("--out", metavar="RPROGRAM.json", help="write the rProgram itself as JSON")
@@ -46,14 +49,19 @@ def load_plan(path: str | Path, graph):
     return plan_from_json(data, graph)
 
 
-def make_plan_for(graph, policy: str, device):
-    """The scheduler's plan for `graph` (engine.schedule.make_plan)."""
-    try:
-        from engine.schedule import make_plan  # type: ignore[attr-defined]
-    except ImportError:
-        raise TileweaveError("the scheduler (engine.schedule.make_plan) is not available in this build",
-                             hint="pass a saved plan with --plan PLAN.json") from None
-    return make_plan(graph, policy, device)
+def plan_model(graph, policy: str, device, *, batching: bool = True):
+    """(graph, plan): the scheduler's plan, on the operator-batched graph for `welder` when `batching`
+    (the batching decisions lead the plan's decision log)."""
+    from engine.schedule.policies import make_plan
+
+    decisions: tuple = ()
+    if policy == "welder" and batching:
+        from engine.ir.batching import batch_contractions
+
+        graph, found = batch_contractions(graph)
+        decisions = tuple(f"batching: {d}" for d in found)
+    plan = make_plan(graph, policy, device, options={"batching": batching})
+    return graph, dataclasses.replace(plan, decisions=decisions + plan.decisions)
 
 
 def cmd_rprogram(args: argparse.Namespace) -> int:
@@ -66,8 +74,11 @@ def cmd_rprogram(args: argparse.Namespace) -> int:
 
     device = get_device(args.device)
     graph = load_graph(args.model, parse_shapes(args.shape))
-    plan = load_plan(args.plan, graph) if args.plan else make_plan_for(graph, args.policy, device)
-    rp = build_rprogram(plan, device, merge=not args.no_merge)
+    if args.plan:
+        plan = load_plan(args.plan, graph)
+    else:
+        graph, plan = plan_model(graph, args.policy, device, batching=not args.no_batching)
+    rp = build_rprogram(plan, device, graph=graph, merge=not args.no_merge)
     if args.trace:
         write_trace(rp, args.trace)
     if args.out:

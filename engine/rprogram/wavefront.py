@@ -6,12 +6,14 @@ whether it fills the vDevice and places its rTasks on the earliest-free vEUs; ad
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from engine.device import Device
+from engine.ir.graph import PrimGraph
 from engine.rprogram.model import (
     MEASURED,
     MODELED,
@@ -30,19 +32,22 @@ from engine.schedule.plan import Group, Plan
 DEFAULT_SYNC_US = 0.5
 
 
-def build_rprogram(plan: Plan, device: Device, *, profile: Mapping[str, float] | object | None = None,
-                   merge: bool = True, sync_us: float = DEFAULT_SYNC_US) -> RProgram:
+def build_rprogram(plan: Plan, device: Device, *, graph: PrimGraph | None = None,
+                   profile: Mapping[str, float] | object | None = None, merge: bool = True,
+                   sync_us: float = DEFAULT_SYNC_US) -> RProgram:
     """Schedule the plan's kernels on a vDevice of `device` with the wavefront policy.
 
-    `profile` gives measured kernel times in µs by kernel name (a mapping, or an object with a
-    `kernel_us` mapping); kernels it names use them (labelled "measured"), the others the cost model."""
+    With `graph`, kernel variants (the groups' top-k candidate tiles) are costed by the scheduler's cost
+    model; without it, scaled from the chosen tile. `profile` gives measured kernel times in µs by kernel
+    name (a mapping, or an object with a `kernel_us` mapping); kernels it names use them (labelled
+    "measured"), the others the cost model."""
     if not plan.groups:
         raise RProgramError(f"plan for {plan.model_name!r} has no kernels to schedule")
     measured = _measured_times(profile)
     envelope = [_resources(g, device) for g in plan.groups]
     vdev = make_vdevice(device, max(r[0] for r in envelope), max(r[1] for r in envelope),
                         max(r[2] for r in envelope))
-    ops = operators_from_plan(plan, device, vdev, measured)
+    ops = operators_from_plan(plan, device, vdev, measured, graph)
     launch_us = device.launch_overhead_s * 1e6
     veus, steps = schedule_wavefront(ops, vdev, barrier_us=device.grid_barrier_s * 1e6, sync_us=sync_us,
                                      merge=merge)
@@ -81,8 +86,8 @@ def kernel_time_us(g: Group) -> float:
     return max(0.0, g.cost.modeled_us - float(g.cost.terms_us.get("launch", 0.0)))
 
 
-def operators_from_plan(plan: Plan, device: Device, vdev: VDevice,
-                        measured: Mapping[str, float] | None = None) -> tuple[ROperator, ...]:
+def operators_from_plan(plan: Plan, device: Device, vdev: VDevice, measured: Mapping[str, float] | None = None,
+                        graph: PrimGraph | None = None) -> tuple[ROperator, ...]:
     """One rOperator per group, its dependencies from the stage edges that cross groups."""
     measured = measured or {}
     owner = {s: g.name for g in plan.groups for s in g.stages}
@@ -103,8 +108,9 @@ def operators_from_plan(plan: Plan, device: Device, vdev: VDevice,
         own = max(1, g.cost.resident_blocks_per_sm)
         task_us = kernel_us / max(1, g.cost.waves) * min(1.0, vdev.slots / own)
         chosen = Variant(g.blocks, threads, shared, regs, task_us, source, g.segments[0].shape)
-        ops.append(ROperator(g.name, g.id, g.stages, (chosen, *_candidate_variants(g, chosen, vdev)),
-                             tuple(deps[g.name]), kernel_us))
+        others = (_costed_variants(g, plan, graph, device, vdev) if graph is not None and source == MODELED
+                  else _candidate_variants(g, chosen, vdev))
+        ops.append(ROperator(g.name, g.id, g.stages, (chosen, *others), tuple(deps[g.name]), kernel_us))
     return tuple(ops)
 
 
@@ -116,9 +122,9 @@ def _candidate_variants(g: Group, chosen: Variant, vdev: VDevice) -> list[Varian
         return []
     base = next((c for c in g.candidates if c.tile == g.segments[0]), None)
     per_wave0 = base.traffic_bytes / max(1, base.waves) if base else 0.0
-    out, seen = [], {(g.segments[0].shape, g.segments[0].threads, g.segments[0].blocks)}
+    out, seen = [], {dataclasses.replace(g.segments[0], stage="")}
     for c in g.candidates:
-        key = (c.tile.shape, c.tile.threads, c.tile.blocks)
+        key = dataclasses.replace(c.tile, stage="")
         if key in seen or per_wave0 <= 0:
             continue
         seen.add(key)
@@ -132,22 +138,56 @@ def _candidate_variants(g: Group, chosen: Variant, vdev: VDevice) -> list[Varian
     return out
 
 
+def _costed_variants(g: Group, plan: Plan, graph: PrimGraph, device: Device, vdev: VDevice) -> list[Variant]:
+    """Top-k tiles as variants, each costed by the scheduler's cost model (legal tiles that fit the
+    vDevice's block envelope only)."""
+    from engine.schedule.cost import estimate_group
+    from engine.schedule.validate import check_group
+
+    if len(g.segments) != 1:
+        return []
+    conns = {e.key: e.conn for e in plan.edges}
+    out, seen = [], {dataclasses.replace(g.segments[0], stage="")}
+    for c in g.candidates:
+        key = dataclasses.replace(c.tile, stage="")
+        if key in seen or check_group(graph, g.stages, conns, [c.tile], device):
+            continue
+        seen.add(key)
+        cost = estimate_group(graph, g.stages, conns, [c.tile], device)
+        variant_group = dataclasses.replace(g, segments=(c.tile,), cost=cost)
+        threads, shared, regs = _resources(variant_group, device)
+        if threads > vdev.threads or shared > vdev.shared_bytes or regs > max(vdev.regs_per_thread, 1):
+            continue
+        task = kernel_time_us(variant_group) / max(1, cost.waves) * min(
+            1.0, vdev.slots / max(1, cost.resident_blocks_per_sm))
+        out.append(Variant(c.tile.blocks, threads, shared, regs, task, MODELED, c.tile.shape))
+    return out
+
+
 # ---- the policy -----------------------------------------------------------------------------
 
 
 def bfs_waves(ops: tuple[ROperator, ...]) -> list[list[str]]:
-    """Operators by BFS level of the dependency DAG (level = 1 + deepest dependency), plan order kept."""
+    """Operators by BFS level of the dependency DAG (level = 1 + deepest dependency), plan order kept
+    within a level. Plans order groups by their first stage, which need not be topological."""
+    names = [op.name for op in ops]
+    deps = {op.name: op.deps for op in ops}
+    for op in ops:
+        unknown = [d for d in op.deps if d not in deps]
+        if unknown:
+            raise RProgramError(f"rOperator {op.name} depends on {unknown[0]}, which is not a kernel")
     level: dict[str, int] = {}
-    names = {op.name for op in ops}
-    for op in ops:
-        missing = [d for d in op.deps if d not in level]
-        if missing:
-            what = "is not a kernel" if missing[0] not in names else "comes later (not topological)"
-            raise RProgramError(f"rOperator {op.name} depends on {missing[0]}, which {what}")
-        level[op.name] = 1 + max((level[d] for d in op.deps), default=-1)
+    while len(level) < len(names):
+        ready = [n for n in names if n not in level and all(d in level for d in deps[n])]
+        if not ready:
+            stuck = [n for n in names if n not in level]
+            raise RProgramError(f"kernels {', '.join(stuck[:3])} depend on each other (a cycle)",
+                                hint="split the group that closes the cycle")
+        for n in ready:
+            level[n] = 1 + max((level[d] for d in deps[n]), default=-1)
     waves: list[list[str]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
-    for op in ops:
-        waves[level[op.name]].append(op.name)
+    for n in names:
+        waves[level[n]].append(n)
     return waves
 
 

@@ -83,9 +83,13 @@ def test_bfs_waves_and_topological_errors() -> None:
     plan = make_plan([kernel("a", 1), kernel("b", 1), kernel("c", 1, deps=("a",)), kernel("d", 1, deps=("c", "b"))])
     rp = build_rprogram(plan, A100)
     assert bfs_waves(rp.operators) == [["a", "b"], ["c"], ["d"]]
-    swapped = dataclasses.replace(plan, groups=plan.groups[::-1])
-    with pytest.raises(RProgramError, match="not topological"):
-        build_rprogram(swapped, A100)
+    # Group order need not be topological (plans order groups by their first stage).
+    swapped = build_rprogram(dataclasses.replace(plan, groups=plan.groups[::-1]), A100)
+    assert bfs_waves(swapped.operators) == [["b", "a"], ["c"], ["d"]]
+    assert check_rprogram(swapped) == []
+    cyclic = make_plan([kernel("a", 1, deps=("b",)), kernel("b", 1, deps=("a",))])
+    with pytest.raises(RProgramError, match="cycle"):
+        build_rprogram(cyclic, A100)
     nocost = dataclasses.replace(plan, groups=(dataclasses.replace(plan.groups[0], cost=None), *plan.groups[1:]))
     with pytest.raises(RProgramError, match="has no cost"):
         build_rprogram(nocost, A100)
