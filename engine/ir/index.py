@@ -270,7 +270,7 @@ def atom_bounds(atom: Atom, ranges: dict[str, Interval]) -> tuple[Interval, bool
         if lo // atom.k == hi // atom.k:
             return (lo % atom.k, hi % atom.k), ex  # no wrap: monotone on this range
         # Wraps: the full residue range is a safe hull; tight only if the inner range is dense.
-        dense = ex and _is_dense(atom.x)
+        dense = ex and is_dense(atom.x, ranges)
         if hi - lo + 1 >= atom.k:
             return (0, atom.k - 1), dense
         return (0, atom.k - 1), False
@@ -286,15 +286,34 @@ def atom_bounds(atom: Atom, ranges: dict[str, Interval]) -> tuple[Interval, bool
             return (lo, hi), ex
         if hi <= 0:
             return (-hi, -lo), ex
-        return (0, max(-lo, hi)), ex and _is_dense(atom.x)
+        return (0, max(-lo, hi)), ex and is_dense(atom.x, ranges)
     if isinstance(atom, Indirect):
         return (0, atom.size - 1), False  # data dependent: every valid index is possible
     raise TypeError(atom)
 
 
-def _is_dense(e: Lin) -> bool:
-    """True when the expression takes every integer between its bounds (unit-coefficient affine)."""
-    return e.is_affine and any(abs(k) == 1 for _, k in e.terms)
+def is_dense(e: Lin, ranges: dict[str, Interval]) -> bool:
+    """True when an affine `e` takes every integer between its bounds over `ranges`: some
+    unit-coefficient variable spans at least the largest step of the other terms, so the shifted
+    copies of its range leave no gaps."""
+    if not e.is_affine:
+        return False
+    if not e.terms:
+        return True
+    steps = [abs(k) for _, k in e.terms]
+    for n, (atom, k) in enumerate(e.terms):
+        if abs(k) != 1:
+            continue
+        lo, hi = ranges[atom.name]
+        others = [s for m, s in enumerate(steps) if m != n and _span(e.terms[m][0], ranges) > 0]
+        if not others or hi - lo + 1 >= max(others):
+            return True
+    return False
+
+
+def _span(atom: Atom, ranges: dict[str, Interval]) -> int:
+    lo, hi = ranges[atom.name]
+    return hi - lo
 
 
 # ---- simplification ---------------------------------------------------------------------

@@ -116,7 +116,10 @@ def _add_load(regions, tensor, index, guarded, ranges, shapes) -> None:
         (lo, hi), ex = I.bounds(e, ranges)
         exact = exact and ex
         if shape is not None and (guarded or lo < 0 or hi >= shape[d]):
-            lo, hi = max(lo, 0), min(hi, shape[d] - 1)
+            clipped = (max(lo, 0), min(hi, shape[d] - 1))
+            if clipped != (lo, hi) and not I.is_dense(e, ranges):
+                exact = False  # a strided read clipped to the tensor need not touch the new ends
+            lo, hi = clipped
         box.append((lo, hi + 1))
         for a, _ in e.terms:
             _add_indirect(regions, a, ranges, shapes)

@@ -85,13 +85,8 @@ def test_bounds_hull_and_simplify_against_enumeration(e, box):
     assert all(evaluate(simple, dict(zip(ranges, p))) == evaluate(e, dict(zip(ranges, p))) for p in grid)
 
 
-# `_is_dense` treats any unit-coefficient affine expression as taking every value between its bounds,
-# but a unit-coefficient variable with a one-point range does not fill the gaps of the other terms:
-# abs(-i0 + 2*i1 + 1) with i0 = 2, i1 in [0, 1] takes only 1, yet bounds says (0, 1) exact. Reported.
-DENSE_BUG = "index._is_dense ignores variable ranges: wrapped Mod/Abs bounds claimed exact but not tight"
 
 
-@pytest.mark.xfail(strict=False, reason=DENSE_BUG)
 @settings(max_examples=60, deadline=None)
 @given(e=EXPRS, box=BOXES)
 def test_exact_bounds_are_tight(e, box):
@@ -102,7 +97,6 @@ def test_exact_bounds_are_tight(e, box):
         assert (lo, hi) == (min(values), max(values))
 
 
-@pytest.mark.xfail(strict=False, reason=DENSE_BUG)
 def test_abs_with_degenerate_unit_variable_is_not_exact():
     e = I.iabs(-i0 + i1 * 2 + 1)
     ranges = {"i0": (2, 2), "i1": (0, 1)}
