@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,8 +51,14 @@ def test_bounds_exactness_rules():
 
 def _terms():
     var = st.sampled_from([i0, i1, i2])
-    affine = st.builds(lambda a, b, x, y, c: a * x + b * y + c, st.integers(-3, 3), st.integers(-3, 3), var, var,
-                       st.integers(-5, 5))
+    affine = st.builds(
+        lambda a, b, x, y, c: a * x + b * y + c,
+        st.integers(-3, 3),
+        st.integers(-3, 3),
+        var,
+        var,
+        st.integers(-5, 5),
+    )
     return st.one_of(
         affine,
         st.builds(lambda e, k: I.floordiv(e, k), affine, st.integers(1, 4)),
@@ -83,8 +88,6 @@ def test_bounds_hull_and_simplify_against_enumeration(e, box):
     simple = I.simplify(e, ranges)
     grid = list(itertools.product(*[range(a, b + 1) for a, b in ranges.values()]))
     assert all(evaluate(simple, dict(zip(ranges, p))) == evaluate(e, dict(zip(ranges, p))) for p in grid)
-
-
 
 
 @settings(max_examples=60, deadline=None)
