@@ -38,7 +38,7 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100") -> Pro
     if missing:
         raise PlanError(f"plan has no connection for edge {missing[0][0]} -> {missing[0][1]}")
     kernels, launches = [], []
-    for group in plan.groups:
+    for group in _launch_order(plan, graph):
         kernel = _build_kernel(group, graph, conns)
         kernels.append(kernel)
         launches.append(_launch(kernel, device))
@@ -50,6 +50,21 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100") -> Pro
         inputs=tuple(t.name for t in graph.inputs), constants=tuple(t.name for t in graph.constants),
         outputs=graph.outputs, output_names=graph.output_names,
     )
+
+
+def _launch_order(plan: Plan, graph: PrimGraph) -> list[Group]:
+    """Groups in a topological order of their dependencies (plan order among ready groups): a group
+    is listed by its first stage, which need not come after every group it reads from."""
+    of = {s: g.id for g in plan.groups for s in g.stages}
+    deps = {g.id: {of[p] for p, c in graph.edges if c in g.stages and of[p] != g.id} for g in plan.groups}
+    order, done = [], set()
+    while len(order) < len(plan.groups):
+        ready = [g for g in plan.groups if g.id not in done and deps[g.id] <= done]
+        if not ready:
+            raise PlanError("kernel groups depend on each other in a cycle", hint="run validate on the plan")
+        order.append(ready[0])
+        done.add(ready[0].id)
+    return order
 
 
 def _plan_hash(plan: Plan) -> str:

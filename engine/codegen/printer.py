@@ -41,6 +41,8 @@ class Printer:
     locals_in_kernel_scope = False
     header = ""
     f16_type = "_Float16"
+    inf = "INFINITY"
+    nan = "NAN"
 
     def __init__(self) -> None:
         self.helpers: set[str] = set()
@@ -181,8 +183,9 @@ class Printer:
             return ssa.value(phase.body)
         ct = self.compute_type(phase.body.dtype)
         arg = phase.combine in (Combine.ARGMAX, Combine.ARGMIN)
-        init = {Combine.SUM: "0", Combine.PROD: "1", Combine.MAX: _lowest(ct), Combine.MIN: _highest(ct),
-                Combine.ARGMAX: _lowest(ct), Combine.ARGMIN: _highest(ct)}[phase.combine]
+        lowest, highest = _limits(ct, self.inf)
+        init = {Combine.SUM: "0", Combine.PROD: "1", Combine.MAX: lowest, Combine.MIN: highest,
+                Combine.ARGMAX: lowest, Combine.ARGMIN: highest}[phase.combine]
         ssa.lines.append(f"{ct} acc = {init};")
         if arg:
             ssa.lines.append("long long arg = 0;")
@@ -242,21 +245,24 @@ class Printer:
             return f"{int(value)}LL" if dtype == DType.I64 else str(int(value))
         v = float(value)
         if math.isnan(v):
-            return "NAN"
+            return self.nan
         if math.isinf(v):
-            return "INFINITY" if v > 0 else "(-INFINITY)"
+            return self.inf if v > 0 else f"(-{self.inf})"
         text = f"{v:.9g}"
         if "e" not in text and "." not in text:
             text += ".0"
         return f"{text}f" if v >= 0 else f"({text}f)"
 
 
-def _lowest(ct: str) -> str:
-    return "(-INFINITY)" if ct == "float" else "(-9223372036854775807LL - 1)" if ct == "long long" else "(-2147483647 - 1)"
-
-
-def _highest(ct: str) -> str:
-    return "INFINITY" if ct == "float" else "9223372036854775807LL" if ct == "long long" else "2147483647"
+def _limits(ct: str, inf: str) -> tuple[str, str]:
+    """Identity elements of max and min for a compute type."""
+    if ct == "float":
+        return f"(-{inf})", inf
+    if ct == "long long":
+        return "(-9223372036854775807LL - 1)", "9223372036854775807LL"
+    if ct == "bool":
+        return "false", "true"
+    return "(-2147483647 - 1)", "2147483647"
 
 
 class _Body:

@@ -59,6 +59,8 @@ class CudaPrinter(Printer):
     locals_in_kernel_scope = True
     header = CUDA_HEADER
     f16_type = "__half"
+    inf = "__int_as_float(0x7f800000)"  # NVRTC has no math.h, so no INFINITY/NAN macros
+    nan = "__int_as_float(0x7fffffff)"
 
     def load_value(self, text: str, dtype) -> str:
         from engine.ir.dtypes import DType

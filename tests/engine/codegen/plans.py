@@ -50,3 +50,70 @@ def fuse_all(graph: PrimGraph, conn: Conn = Conn.REGISTER, reduce_conn: Conn = C
     for p, c in graph.edges:
         out[(p, c)] = reduce_conn if graph.stage(p).reduce else conn
     return out
+
+
+def acyclic(graph: PrimGraph, wanted: dict) -> dict:
+    """Add the wanted connections one at a time, dropping any that would make kernel groups depend on
+    each other in a cycle (a group both before and after another)."""
+    from engine.schedule.validate import find_group_cycle
+
+    out: dict = {}
+    by_producer: dict = {}
+    for (p, c), conn in wanted.items():
+        by_producer.setdefault(p, {})[(p, c)] = conn
+    for p, edges in by_producer.items():
+        if len(edges) != len(graph.consumers.get(p, ())):
+            continue  # all of a producer's edges or none: no stage is both in a block and needed whole
+        trial = dict(out)
+        trial.update(edges)
+        full = {e: trial.get(e, Conn.KERNEL) for e in graph.edges}
+        if not find_group_cycle(graph, components(graph, full)):
+            out = trial
+    return out
+
+
+def fuse_memory(graph: PrimGraph, reductions: bool = True) -> dict:
+    """Memory-intensive stages fused (contractions stay separate kernels), without group cycles: the
+    elementwise / stitch style hand plan that works on whole models."""
+    out = {}
+    for p, c in graph.edges:
+        if graph.stage(p).kind.value == "contraction" or graph.stage(c).kind.value == "contraction":
+            continue
+        if not reductions and (graph.stage(p).reduce or graph.stage(c).reduce):
+            continue
+        out[(p, c)] = Conn.SHARED if graph.stage(p).reduce else Conn.REGISTER
+    return acyclic(graph, out)
+
+
+HAND_FUSED = {
+    # Two segments split by a grid barrier (cooperative kernel), REGISTER chains on both sides.
+    "gelu_chain_global_sync": ("gelu_chain", {"Mul_7_out->Tanh_8_out": Conn.GLOBAL_SYNC}),
+    "masked_softmax_global_sync": ("masked_softmax", {"Add_6_out->probs::max": Conn.GLOBAL_SYNC,
+                                                      "Add_6_out->probs::exp": Conn.GLOBAL_SYNC}),
+}
+
+
+def hand_conns(graph: PrimGraph, overrides: dict[str, Conn]) -> dict:
+    """fuse_all with some edges (written "producer->consumer") set explicitly."""
+    conns = fuse_all(graph)
+    for key, conn in overrides.items():
+        p, c = key.split("->")
+        assert (p, c) in conns, key
+        conns[(p, c)] = conn
+    return conns
+
+
+def policy_plan(graph: PrimGraph, policy: str, device: str = "a100") -> Plan:
+    """The scheduler's plan when engine.schedule.make_plan exists; else a hand-built stand-in."""
+    try:
+        from engine.schedule import make_plan  # type: ignore[attr-defined]
+    except ImportError:
+        make_plan = None
+    if make_plan is not None:
+        from engine.device import get_device
+
+        return make_plan(graph, policy, get_device(device))
+    conns = {"unfused": None, "elementwise": None, "stitch": fuse_memory(graph), "welder": fuse_memory(graph)}
+    if policy == "elementwise":
+        conns["elementwise"] = fuse_memory(graph, reductions=False)
+    return make_test_plan(graph, conns[policy], policy=policy)
