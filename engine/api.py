@@ -11,8 +11,12 @@ from engine.ir.graph import PrimGraph
 from engine.rprogram.trace import export_trace
 from engine.rprogram.wavefront import build_rprogram
 from engine.runtime.reference import run_reference
+from engine.schedule.edits import apply_edit, apply_to_identical_layers, replay
+from engine.schedule.policies import make_plan
+from engine.schedule.validate import validate
 
 __all__ = [
     "Graph", "PrimGraph", "import_onnx", "load_graph", "lower", "supported_ops", "run_reference",
     "build_rprogram", "export_trace",
+    "make_plan", "validate", "replay", "apply_edit", "apply_to_identical_layers",
 ]

@@ -13,6 +13,7 @@ COMMANDS = [
     ("engine.commands", "add_info_command"),
     ("engine.commands", "add_run_command"),
     ("engine.rprogram.cli", "add_rprogram_command"),
+    ("engine.schedule.cli", "add_plan_command"),
 ]
 
 

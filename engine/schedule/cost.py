@@ -31,6 +31,26 @@ class SegmentUse:
     shared_bytes: int
     regs_per_thread: int
     evaluations: dict  # stage -> element evaluations per block (REGISTER recompute included)
+    read_lines: dict  # tensor read from outside the segment -> 128 B lines per block
+    shared_traffic: int  # bytes per block through shared memory
+    flops_fp32: float  # per block
+    flops_tc: float  # per block, on tensor cores (fp16 contractions)
+
+
+_FLOPS_CACHE: dict[int, tuple[E.Expr, int]] = {}
+
+
+def point_flops(stage: Stage) -> int:
+    """Flops of one evaluation of the body plus the combine (memoised on the body object)."""
+    hit = _FLOPS_CACHE.get(id(stage.body))
+    if hit is None or hit[0] is not stage.body:
+        hit = _FLOPS_CACHE[id(stage.body)] = (stage.body, E.count_flops(stage.body))
+    return hit[1] + (1 if stage.reduce else 0)
+
+
+def nbytes(graph: PrimGraph, tensor: str) -> int:
+    spec = graph.specs[tensor]
+    return math.prod(spec.shape) * spec.dtype.itemsize
 
 
 def lines_of(box: Box, itemsize: int) -> int:
@@ -42,8 +62,19 @@ def lines_of(box: Box, itemsize: int) -> int:
     return rows * max(1, -(-run // LINE))
 
 
+_AXES_CACHE: dict[tuple, tuple[frozenset[str], int]] = {}
+
+
 def load_axes(consumer: Stage, producer: str) -> tuple[frozenset[str], int]:
     """Variables the consumer's loads of `producer` depend on, and how many distinct loads there are."""
+    key = (id(consumer.body), consumer.name, producer)
+    hit = _AXES_CACHE.get(key)
+    if hit is None or hit[0] is not consumer.body:  # the body is kept so its id stays unique
+        hit = _AXES_CACHE[key] = (consumer.body, _load_axes(consumer, producer))
+    return hit[1]
+
+
+def _load_axes(consumer: Stage, producer: str) -> tuple[frozenset[str], int]:
     used: set[str] = set()
     found = {n for n in E.walk(consumer.body) if isinstance(n, E.Load) and n.tensor == producer}
     for node in found:
@@ -68,7 +99,25 @@ def thread_split_axes(stage: Stage, box: Box, tile: Tile) -> frozenset[str]:
     return frozenset(out)
 
 
+_USE_CACHE: dict[tuple, SegmentUse] = {}
+
+
 def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile) -> SegmentUse:
+    """Per-block regions, footprint and evaluations of one segment under `tile` (memoised: the tile
+    search and the validity checks ask for the same segment many times)."""
+    members = set(segment)
+    touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
+                            for p in segment for c in graph.consumers.get(p, ())))
+    key = (graph.structural_hash, tuple(segment), touching, tile)
+    hit = _USE_CACHE.get(key)
+    if hit is None:
+        if len(_USE_CACHE) > 50000:
+            _USE_CACHE.clear()
+        hit = _USE_CACHE[key] = _segment_use(graph, segment, conns, tile, members)
+    return hit
+
+
+def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members) -> SegmentUse:
     anchor = graph.stage(tile.stage)
     regions = _regions(graph, segment, conns, tile.stage, anchor_box(anchor.shape, tile.shape))
     evals = _evaluations(graph, segment, conns, regions, tile)
@@ -93,7 +142,26 @@ def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
         regs = BASE_REGS + 2 * acc + 8
     else:
         regs = BASE_REGS + 2 * len(segment)
-    return SegmentUse(tuple(segment), tile, regions, shared, min(regs, 999), evals)
+    lines = {t: lines_of(box, graph.specs[t].dtype.itemsize) for t, box in regions.inputs.items()}
+    traffic = 0
+    fp32 = tc = 0.0
+    for name in segment:
+        box = regions.stages.get(name)
+        if box is None:
+            continue
+        stage = graph.stage(name)
+        if any(conns.get((name, c)) == Conn.SHARED for c in graph.consumers.get(name, ())):
+            traffic += 2 * box_size(box) * stage.dtype.itemsize
+        if stage.kind == StageKind.CONTRACTION:
+            for t, r in propagate(stage, box).regions.items():
+                traffic += 2 * box_size(r.box) * graph.specs[t].dtype.itemsize
+        per_point = point_flops(stage)
+        f = evals.get(name, 0) * math.prod(stage.reduce) * per_point
+        if stage.kind == StageKind.CONTRACTION and stage.dtype == DType.F16:
+            tc += f
+        else:
+            fp32 += f
+    return SegmentUse(tuple(segment), tile, regions, shared, min(regs, 999), evals, lines, traffic, fp32, tc)
 
 
 _REGION_CACHE: dict[tuple, GroupRegions] = {}
@@ -163,50 +231,34 @@ def estimate_group(
     reads = writes = 0
     flops_fp32 = flops_tc = flops_once = 0.0
     for use in uses:
-        tile = use.tile
-        per_block = tile.blocks / max(1, tile.row_split)
-        for tensor, box in use.regions.inputs.items():
-            spec = graph.specs[tensor]
-            lines = lines_of(box, spec.dtype.itemsize)
+        per_block = use.tile.blocks / max(1, use.tile.row_split)
+        for tensor, lines in use.read_lines.items():
             total = int(lines * LINE * per_block)
             reads += int(lines * per_block)
             if tensor in members:  # produced by an earlier segment, behind a grid barrier
-                if spec.nbytes <= device.l2_bytes:
+                if nbytes(graph, tensor) <= device.l2_bytes:
                     l2 += total
                 else:
                     dram += total
-            elif spec.nbytes <= device.l2_bytes:
-                first = min(total, spec.nbytes)
+            elif nbytes(graph, tensor) <= device.l2_bytes:
+                first = min(total, nbytes(graph, tensor))
                 dram += first
                 l2 += total - first
             else:
                 dram += total
-        for name in use.stages:
-            box = use.regions.stages.get(name)
-            if box is None:
-                continue
-            stage = graph.stage(name)
-            if any(conns.get((name, c)) == Conn.SHARED for c in graph.consumers.get(name, ())):
-                shared_traffic += int(2 * box_size(box) * stage.dtype.itemsize * per_block)
-            if stage.kind == StageKind.CONTRACTION:
-                for t, r in propagate(stage, box).regions.items():
-                    shared_traffic += int(2 * box_size(r.box) * graph.specs[t].dtype.itemsize * per_block)
-            per_point = E.count_flops(stage.body) + (1 if stage.reduce else 0)
-            f = use.evaluations.get(name, 0) * stage.reduce_size * per_point * per_block
-            if stage.kind == StageKind.CONTRACTION and stage.dtype == DType.F16:
-                flops_tc += f
-            else:
-                flops_fp32 += f
+        shared_traffic += int(use.shared_traffic * per_block)
+        flops_fp32 += use.flops_fp32 * per_block
+        flops_tc += use.flops_tc * per_block
     for name in stages:
         stage = graph.stage(name)
-        flops_once += stage.flops
+        flops_once += math.prod(stage.shape) * math.prod(stage.reduce) * point_flops(stage)
         outside = name in graph.outputs or any(c not in members for c in graph.consumers.get(name, ()))
         synced = any(conns.get((name, c)) == Conn.GLOBAL_SYNC and seg_of.get(c) != seg_of[name]
                      for c in graph.consumers.get(name, ()) if c in members)
         if outside or synced:
-            sectors = -(-stage.spec.nbytes // SECTOR)
+            sectors = -(-nbytes(graph, name) // SECTOR)
             writes += sectors
-            if outside or stage.spec.nbytes > device.l2_bytes:
+            if outside or nbytes(graph, name) > device.l2_bytes:
                 dram += sectors * SECTOR
             else:
                 l2 += sectors * SECTOR

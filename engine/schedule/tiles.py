@@ -94,19 +94,18 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
     n = stage.shape[-1] if rank else 1
     m = stage.shape[-2] if rank >= 2 else 1
     gemm = StageKind.CONTRACTION in kinds
-    inner = sorted({min(n, x) for x in (32, 64, 128, 256)} | ({n} if n <= (256 if gemm else 4096) else set()))
+    full_row = n <= 4096 if not gemm else (n <= 1024 and StageKind.REDUCE in kinds) or n <= 256
+    inner = sorted({min(n, x) for x in (32, 64, 128, 256)} | ({n} if full_row else set()))
     for bn in inner:
         for bm in (x for x in _POW2 if x <= m):
             elems = bm * bn
             if elems > (16384 if gemm else 8192) or (elems < 256 and (bm < m or bn < n)):
                 continue
             shape = (1,) * max(0, rank - 2) + ((bm, bn) if rank >= 2 else (bn,))
-            steps = [(min(16, r), ) for r in stage.reduce] if stage.kind == StageKind.CONTRACTION else [()]
-            if stage.kind == StageKind.CONTRACTION and stage.reduce[0] > 16:
-                steps.append((min(32, stage.reduce[0]),))
-            for threads in sorted({min(256, _r32(elems // per)) for per in ((4, 16) if gemm else (1, 4))}):
-                for step in steps:
-                    out.append(make_tile(stage, shape, threads, step if len(step) == len(stage.reduce) else ()))
+            step = tuple(min(32, r) for r in stage.reduce) if stage.kind == StageKind.CONTRACTION else ()
+            options = (min(256, _r32(elems // 8)),) if gemm else sorted({min(256, _r32(elems)), min(1024, _r32(elems // 4))})
+            for threads in options:
+                out.append(make_tile(stage, shape, threads, step))
             if StageKind.REDUCE in kinds and bm >= 32 and bm <= 256:
                 out.append(make_tile(stage, shape, _r32(bm), threads_per_row=1))  # thread per row
     return out

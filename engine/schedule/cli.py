@@ -1,0 +1,111 @@
+"""`tileweave plan MODEL --policy P --device D`: schedule a model and print the groups (table or JSON);
+--plan-out saves the plan, --plan-in replays a saved plan's edits on its base policy and validates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.errors import PlanError
+from engine.schedule.plan import Conn, Plan, plan_from_json, plan_to_json
+
+DEFAULT_DEVICE = "a100"
+
+
+def add_plan_command(sub) -> None:
+    p = sub.add_parser("plan", help="fuse and tile a model with a policy; print kernels, traffic, modeled time")
+    p.add_argument("model", help="ONNX model file")
+    p.add_argument("--policy", default="welder", choices=["unfused", "elementwise", "stitch", "welder"])
+    p.add_argument("--device", default=DEFAULT_DEVICE, help="v100, a100, rtx3090, h100, h200 or a .toml/.json file")
+    p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
+    p.add_argument("--plan-out", metavar="FILE", help="write the plan JSON here")
+    p.add_argument("--plan-in", metavar="FILE", help="replay this saved plan's edits on its base policy")
+    p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...", help="bind a dynamic input shape")
+    p.set_defaults(func=run_plan_command)
+
+
+def run_plan_command(args) -> int:
+    from engine.commands import parse_shapes
+    from engine.device import get_device
+    from engine.frontend.importer import load_graph
+    from engine.schedule.edits import replay
+    from engine.schedule.policies import make_plan
+    from engine.schedule.validate import validate
+
+    device = get_device(args.device)
+    graph = load_graph(args.model, parse_shapes(args.shape))
+    if args.plan_in:
+        saved = _read_plan(args.plan_in, graph)
+        plan = replay(saved.base_policy or saved.policy, saved.edits, graph, device, options=dict(saved.options))
+    else:
+        plan = make_plan(graph, args.policy, device)
+    bad = validate(plan, graph, device)
+    if bad:
+        raise PlanError(f"plan is illegal: {bad[0]}")
+    if args.plan_out:
+        Path(args.plan_out).write_text(json.dumps(plan_to_json(plan), indent=1, sort_keys=True))
+    summary = plan_summary(plan, graph)
+    print(json.dumps(summary, indent=1) if args.json else format_table(summary))
+    return 0
+
+
+def _read_plan(path: str, graph) -> Plan:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise PlanError(f"{path}: cannot read plan ({err.strerror})") from None
+    except json.JSONDecodeError as err:
+        raise PlanError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    return plan_from_json(data, graph)
+
+
+def plan_summary(plan: Plan, graph) -> dict:
+    """The JSON the CLI prints: totals plus one entry per group."""
+    groups = []
+    for g in plan.groups:
+        members = set(g.stages)
+        edges = [{"producer": e.producer, "consumer": e.consumer, "connection": e.conn.value, "reason": e.reason}
+                 for e in plan.edges if e.producer in members and e.consumer in members]
+        t = g.segments[-1]
+        c = g.cost
+        groups.append({
+            "name": g.name, "stages": list(g.stages), "edges": edges,
+            "tile": list(t.shape), "threads": g.threads, "blocks": g.blocks,
+            "segments": [{"anchor": s.stage, "tile": list(s.shape), "threads": s.threads, "blocks": s.blocks,
+                          "rows_per_block": s.rows_per_block, "threads_per_row": s.threads_per_row,
+                          "row_split": s.row_split} for s in g.segments],
+            "waves": c.waves if c else None,
+            "traffic_bytes": c.traffic_bytes if c else None, "modeled_us": c.modeled_us if c else None,
+            "terms_us": c.terms_us if c else None, "reason": g.reason,
+            "memory_intensive": all(graph.stage(s).is_memory_intensive for s in g.stages),
+        })
+    return {
+        "model": plan.model_name, "policy": plan.policy, "device": plan.device, "kernels": plan.kernels,
+        "memory_intensive_kernels": sum(1 for g in groups if g["memory_intensive"]),
+        "dram_bytes": plan.dram_bytes, "modeled_us": round(plan.modeled_us, 3),
+        "schedule_seconds": plan.schedule_seconds,
+        "fused_edges": sum(1 for e in plan.edges if e.conn != Conn.KERNEL), "edges": len(plan.edges),
+        "groups": groups,
+    }
+
+
+def format_table(summary: dict) -> str:
+    rows = [("kernel", "stages", "levels", "tile", "thr", "blocks", "waves", "traffic", "us", "reason")]
+    for g in summary["groups"]:
+        levels: dict[str, int] = {}
+        for e in g["edges"]:
+            levels[e["connection"][0].upper()] = levels.get(e["connection"][0].upper(), 0) + 1
+        traffic = g["traffic_bytes"] or {}
+        rows.append((g["name"], str(len(g["stages"])), " ".join(f"{k}{v}" for k, v in sorted(levels.items())) or "-",
+                     "x".join(map(str, g["tile"])), str(g["threads"]), str(g["blocks"]), str(g["waves"]),
+                     _mb(traffic.get("dram", 0) + traffic.get("l2", 0)), f"{g['modeled_us']:.1f}", g["reason"][:60]))
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    lines.append(f"{summary['kernels']} kernels ({summary['memory_intensive_kernels']} memory-intensive), "
+                 f"DRAM {_mb(summary['dram_bytes'])}, modeled {summary['modeled_us']:.1f} us, "
+                 f"scheduled in {summary['schedule_seconds']:.2f} s  [{summary['policy']} on {summary['device']}]")
+    return "\n".join(lines)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f}MB"

@@ -1,0 +1,173 @@
+"""User edits on a Plan: one Edit (set_edge, split, merge, set_tile) in, a re-derived and validated
+Plan out — or a PlanError naming the broken rule. `replay` applies an ordered edit list on a base
+policy deterministically; `apply_to_identical_layers` repeats an edit on every identical layer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from engine.device import Device, get_device
+from engine.errors import PlanError
+from engine.ir.graph import PrimGraph
+from engine.schedule.build import assemble, trial_conns
+from engine.schedule.plan import Conn, Edit, Plan, Tile
+from engine.schedule.tiles import group_signature, make_tile
+from engine.schedule.validate import validate
+from engine.tilegraph.tilegraph import segment_sinks, segments_of
+
+EDIT_KINDS = ("set_edge", "split", "merge", "set_tile")
+_MODES = ("unfused", "elementwise", "stitch", "welder")
+
+
+def _arg(edit: Edit, name: str, required: bool = True):
+    args = edit.arg
+    if name not in args and required:
+        raise PlanError(f"edit {edit.kind} needs argument '{name}'", hint=f"given: {', '.join(args) or 'none'}")
+    return args.get(name)
+
+
+def _edge_of(plan: Plan, graph: PrimGraph, edit: Edit) -> tuple[str, str]:
+    p, c = str(_arg(edit, "producer")), str(_arg(edit, "consumer"))
+    if (p, c) not in set(graph.edges):
+        raise PlanError(f"edit {edit.kind}: '{p}' -> '{c}' is not an edge of model '{graph.name}'",
+                        hint="tileweave plan MODEL --json lists the edges")
+    return p, c
+
+
+def _fixed_tiles(plan: Plan, graph: PrimGraph) -> dict[str, Tile]:
+    out: dict[str, Tile] = {}
+    for e in plan.edits:
+        if e.kind == "set_tile":
+            out[str(e.arg["stage"])] = _tile_from(graph, e)
+    return out
+
+
+def _tile_from(graph: PrimGraph, edit: Edit) -> Tile:
+    name = str(_arg(edit, "stage"))
+    if not graph.is_stage(name):
+        raise PlanError(f"edit set_tile: '{name}' is not a stage of model '{graph.name}'")
+    shape, threads = _arg(edit, "shape"), _arg(edit, "threads")
+    stage = graph.stage(name)
+    try:
+        shape = tuple(int(x) for x in shape)
+        threads = int(threads)
+    except (TypeError, ValueError):
+        raise PlanError(f"edit set_tile: shape {shape!r} / threads {threads!r} must be integers") from None
+    if len(shape) != len(stage.shape) or any(t < 1 for t in shape):
+        raise PlanError(f"edit set_tile: tile {list(shape)} does not fit the rank-{len(stage.shape)} output "
+                        f"{list(stage.shape)} of '{name}'")
+    step = tuple(int(x) for x in (_arg(edit, "reduce_step", False) or ()))
+    tpr = _arg(edit, "threads_per_row", False)
+    return make_tile(stage, shape, threads, step, int(tpr) if tpr is not None else None)
+
+
+def apply_edit(plan: Plan, graph: PrimGraph, device: Device, edit: Edit) -> Plan:
+    """Apply one edit, re-derive groups, tiles and costs, validate; PlanError names the broken rule."""
+    started = time.perf_counter()
+    if plan.model_hash != graph.structural_hash:
+        raise PlanError(f"plan was made for model '{plan.model_name}', not '{graph.name}'")
+    if edit.kind not in EDIT_KINDS:
+        raise PlanError(f"unknown edit kind '{edit.kind}'", hint=f"use one of {', '.join(EDIT_KINDS)}")
+    base = plan.base_policy or plan.policy
+    mode = base if base in _MODES else "welder"
+    conns = {e.key: e.conn for e in plan.edges}
+    reasons = {e.key: e.reason for e in plan.edges}
+    sources = {e.key: e.source for e in plan.edges}
+    fixed = _fixed_tiles(plan, graph)
+    if edit.kind in ("set_edge", "split"):
+        edge = _edge_of(plan, graph, edit)
+        level = Conn.KERNEL if edit.kind == "split" else _conn(_arg(edit, "conn"))
+        conns[edge] = level
+        reasons[edge], sources[edge] = f"user: {edit.kind} to {level.value}", "user"
+    elif edit.kind == "merge":
+        edge = _edge_of(plan, graph, edit)
+        conns = _best_merge(plan, graph, device, edit, edge, conns, reasons, sources, fixed, mode, base)
+    else:
+        tile = _tile_from(graph, edit)
+        anchors = _anchors(plan, graph, conns)
+        if tile.stage not in anchors:
+            raise PlanError(f"edit set_tile: '{tile.stage}' anchors no segment of this plan",
+                            hint=f"set the tile of a segment's sink, e.g. '{sorted(anchors)[0]}'")
+        fixed[tile.stage] = tile
+    new = assemble(graph, device, conns, policy="user", mode=mode, reasons=reasons, sources=sources,
+                   decisions=plan.decisions, fixed=fixed, base_policy=base, edits=plan.edits + (edit,),
+                   options=dict(plan.options), started=started)
+    bad = validate(new, graph, device)
+    if bad:
+        raise PlanError(f"edit {_describe(edit)} is illegal: {bad[0]}")
+    return new
+
+
+def _conn(value) -> Conn:
+    try:
+        return Conn(str(value))
+    except ValueError:
+        raise PlanError(f"unknown connection '{value}'", hint=f"use one of {', '.join(c.value for c in Conn)}") from None
+
+
+def _anchors(plan: Plan, graph: PrimGraph, conns: Mapping) -> set[str]:
+    out: set[str] = set()
+    for g in plan.groups:
+        for seg in segments_of(graph, g.stages, conns):
+            out.update(segment_sinks(graph, seg, conns))
+    return out
+
+
+def _best_merge(plan, graph, device, edit, edge, conns, reasons, sources, fixed, mode, base) -> dict:
+    """The fused level for `edge` that validates with the lowest modeled time (register first on ties)."""
+    best, noes = None, []
+    for level in (Conn.REGISTER, Conn.SHARED, Conn.GLOBAL_SYNC):
+        trial = trial_conns(graph, conns, edge, level)
+        cand = assemble(graph, device, trial, policy="user", mode=mode, fixed=fixed, base_policy=base)
+        bad = validate(cand, graph, device)
+        if bad:
+            noes.append(f"{level.value}: {bad[0]}")
+        elif best is None or cand.modeled_us < best[1] - 1e-9:
+            best = (trial, cand.modeled_us, level)
+    if best is None:
+        raise PlanError(f"edit {_describe(edit)} is illegal at every level: " + "; ".join(noes))
+    trial, _, level = best
+    for e, conn in trial.items():
+        if conn != conns.get(e):
+            reasons[e], sources[e] = f"user: merge at {conn.value}", "user"
+    return trial
+
+
+def _describe(edit: Edit) -> str:
+    return f"{edit.kind}(" + ", ".join(f"{k}={v}" for k, v in edit.args) + ")"
+
+
+def replay(base_policy: str, edits: Sequence[Edit], graph: PrimGraph, device: Device, *,
+           options: Mapping | None = None) -> Plan:
+    """The base policy's plan with `edits` applied in order (deterministic)."""
+    from engine.schedule.policies import make_plan
+
+    started = time.perf_counter()
+    plan = make_plan(graph, base_policy, device, options=options)
+    for edit in edits:
+        plan = apply_edit(plan, graph, device, edit)
+    import dataclasses
+
+    return dataclasses.replace(plan, schedule_seconds=round(time.perf_counter() - started, 4))
+
+
+def apply_to_identical_layers(plan: Plan, graph: PrimGraph, edit: Edit, device: Device | None = None) -> Plan:
+    """Apply `edit` to its edge (or tile's stage) and to every structurally identical one — the same
+    producer/consumer expressions and shapes up to tensor names, i.e. the same place in another layer."""
+    device = device or get_device(plan.device)
+    if edit.kind == "set_tile":
+        name = str(_arg(edit, "stage"))
+        if not graph.is_stage(name):
+            raise PlanError(f"edit set_tile: '{name}' is not a stage of model '{graph.name}'")
+        key = group_signature(graph, [name], {})
+        targets = [s.name for s in graph.stages if group_signature(graph, [s.name], {}) == key]
+        edits = [Edit.make("set_tile", **(edit.arg | {"stage": s})) for s in targets]
+    else:
+        p, c = _edge_of(plan, graph, edit)
+        key = group_signature(graph, [p, c], {})
+        same = [(a, b) for a, b in graph.edges if group_signature(graph, [a, b], {}) == key]
+        edits = [Edit.make(edit.kind, **(edit.arg | {"producer": a, "consumer": b})) for a, b in same]
+    for e in edits:
+        plan = apply_edit(plan, graph, device, e)
+    return plan
