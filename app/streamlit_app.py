@@ -17,15 +17,15 @@ from app.ui import guarded  # noqa: E402
 
 PAGES = Path(__file__).parent / "pages"
 
-st.set_page_config(page_title="tileweave", page_icon="🧵", layout="wide")
+st.set_page_config(page_title="tileweave", page_icon=":material/grid_view:", layout="wide")
 nav = st.navigation([
-    st.Page(PAGES / "model.py", title="Model", icon="📦", default=True),
-    st.Page(PAGES / "tilegraph.py", title="Tile-graph", icon="🕸️"),
-    st.Page(PAGES / "plan.py", title="Plan", icon="✏️"),
-    st.Page(PAGES / "kernels.py", title="Kernels", icon="⚙️"),
-    st.Page(PAGES / "timeline.py", title="Timeline", icon="⏱️"),
-    st.Page(PAGES / "compare.py", title="Compare", icon="⚖️"),
-    st.Page(PAGES / "export.py", title="Export", icon="📤"),
+    st.Page(PAGES / "model.py", title="Model", icon=":material/inventory_2:", default=True),
+    st.Page(PAGES / "tilegraph.py", title="Tile-graph", icon=":material/hub:"),
+    st.Page(PAGES / "plan.py", title="Plan", icon=":material/edit:"),
+    st.Page(PAGES / "kernels.py", title="Kernels", icon=":material/memory:"),
+    st.Page(PAGES / "timeline.py", title="Timeline", icon=":material/timeline:"),
+    st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page(PAGES / "export.py", title="Export", icon=":material/download:"),
 ])
 with guarded(f"The {nav.title} page"):
     nav.run()

@@ -42,7 +42,7 @@ with guarded("Drawing the tile-graph"):
 
     graph_col, detail_col = st.columns([3, 2])
     with graph_col:
-        st.graphviz_chart(dot, width="stretch")
+        st.graphviz_chart(dot)  # natural size: stretching blows small graphs up
         st.caption("Legend")
         st.graphviz_chart(legend_dot())
         # Rendering a large uncollapsed graph takes Graphviz many seconds: only on request.

@@ -121,5 +121,5 @@ def describe_edit(edit: Edit) -> str:
 def verdict_text(max_rel_err: float, tolerance: float) -> tuple[bool, str]:
     ok = max_rel_err <= tolerance
     if ok:
-        return True, f"matches reference, max rel err {max_rel_err:.2e} (tolerance {tolerance:.0e})"
-    return False, f"does NOT match reference: max rel err {max_rel_err:.2e} > tolerance {tolerance:.0e}"
+        return True, f"match the reference executor: matches reference, max rel err {max_rel_err:.2e} (tolerance {tolerance:.0e})"
+    return False, f"do NOT match the reference executor: max rel err {max_rel_err:.2e} > tolerance {tolerance:.0e}"

@@ -24,12 +24,14 @@ def timeline_figure(rp: RProgram, *, max_veus: int = MAX_VEUS_SHOWN) -> go.Figur
             xs.extend([launch + t.start_us, launch + t.end_us, None])
             ys.extend([v, v, None])
             hover.extend([text, text, None])
+    # SVG traces draw everywhere (WebGL needs a GPU-backed browser); WebGL only when SVG would crawl.
+    trace = go.Scattergl if sum(len(v[0]) for v in per_op.values()) > 60_000 else go.Scatter
     fig = go.Figure()
     for k, op in enumerate(rp.operators):
         xs, ys, hover = per_op[op.name]
         if not xs:
             continue
-        fig.add_trace(go.Scattergl(x=xs, y=ys, mode="lines", name=op.name, hovertext=hover, hoverinfo="text",
+        fig.add_trace(trace(x=xs, y=ys, mode="lines", name=op.name, hovertext=hover, hoverinfo="text",
                                    line={"width": 6, "color": palette[k % len(palette)]}))
     shown = min(len(rp.veus), max_veus)
     fig.update_layout(

@@ -88,15 +88,15 @@ def test_pick_sample_edit_edge_run_and_see_timeline(server):
         page.screenshot(path=str(ARTIFACTS / "2_tilegraph.png"), full_page=True)
 
         page.get_by_role("link", name="Plan").click()
-        page.get_by_text("Base policy").wait_for(timeout=60_000)
-        if page.get_by_text("Plan editing is not available").count():
-            pytest.skip("engine plan editing is not built yet")
-        choose(page, "Base policy", "unfused")
-        choose(page, "Connection", "register")
-        page.get_by_role("button", name="Apply edge edit").click()
-        wait_idle(page)
-        assert page.get_by_text("Refused").count() == 0
-        page.get_by_text("1 edit(s) on unfused").wait_for(timeout=60_000)
+        page.get_by_text("Base policy", exact=True).wait_for(timeout=60_000)
+        editable = page.get_by_text("Plan editing is not available").count() == 0
+        if editable:
+            choose(page, "Base policy", "unfused")
+            choose(page, "Connection", "register")
+            page.get_by_role("button", name="Apply edge edit").click()
+            wait_idle(page)
+            assert page.get_by_text("Refused").count() == 0
+            page.get_by_text("1 edit(s) on unfused").wait_for(timeout=60_000)
         page.screenshot(path=str(ARTIFACTS / "3_plan.png"), full_page=True)
 
         page.get_by_role("link", name="Kernels").click()
@@ -110,3 +110,5 @@ def test_pick_sample_edit_edge_run_and_see_timeline(server):
         page.get_by_text("rProgram makespan").wait_for(timeout=10_000)
         page.screenshot(path=str(ARTIFACTS / "5_timeline.png"), full_page=True)
         browser.close()
+    if not editable:
+        pytest.skip("ran and checked the default plan; the edge-edit step needs engine plan editing (not built yet)")
