@@ -191,7 +191,7 @@ def lower(graph: Graph, *, passes: bool = True) -> PrimGraph:
 
             spec = ctx.specs[t]
             name = ctx.fresh(f"{o}::copy")
-            body = ctx.load(t, I.out_vars(len(spec.shape))) if t not in ctx.consts or ctx.consts[t].size > 1 \
+            body = ctx.load(t, I.out_vars(len(spec.shape))) if t not in ctx.consts or ctx.consts[t].size != 1 \
                 else ctx.load(t, tuple(I.const(0) for _ in spec.shape))
             ctx.node = None
             ctx.emit(name, spec.shape, spec.dtype, body, kind=StageKind.LAYOUT, op="copy")
@@ -283,7 +283,7 @@ def _tensor_value(t, numpy_helper) -> np.ndarray:
 
         name = onnx.TensorProto.DataType.Name(t.data_type)
         raise ModelError(f"tensor '{t.name}' has type {name}",
-                         hint="tileweave handles float32, float16, int64, int32 and bool")
+                         hint="tileweave handles float16/32/64, (u)int8/16/32/64 and bool")
     return numpy_helper.to_array(t)
 
 
@@ -295,7 +295,7 @@ def _input_spec(vi, bound: tuple[int, ...] | None) -> TensorSpec:
         import onnx
 
         raise ModelError(f"input '{vi.name}' has type {onnx.TensorProto.DataType.Name(tt.elem_type)}",
-                         hint="tileweave handles float32, float16, int64, int32 and bool")
+                         hint="tileweave handles float16/32/64, (u)int8/16/32/64 and bool")
     dtype = ONNX_TO_DTYPE[tt.elem_type]
     dims = []
     if tt.HasField("shape"):
@@ -343,5 +343,5 @@ def dtype_of_onnx(code: int) -> DType:
         import onnx
 
         raise ModelError(f"type {onnx.TensorProto.DataType.Name(code)} is not supported",
-                         hint="tileweave handles float32, float16, int64, int32 and bool")
+                         hint="tileweave handles float16/32/64, (u)int8/16/32/64 and bool")
     return ONNX_TO_DTYPE[code]

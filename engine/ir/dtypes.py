@@ -13,6 +13,14 @@ class DType(StrEnum):
     I64 = "int64"
     I32 = "int32"
     BOOL = "bool"
+    # Less common types ONNX models and its conformance tests use; kernels handle them too.
+    F64 = "float64"
+    I16 = "int16"
+    I8 = "int8"
+    U8 = "uint8"
+    U16 = "uint16"
+    U32 = "uint32"
+    U64 = "uint64"
 
     @property
     def np(self) -> np.dtype:
@@ -24,11 +32,16 @@ class DType(StrEnum):
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.F32, DType.F16)
+        return self in (DType.F32, DType.F16, DType.F64)
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.I64, DType.I32)
+        return self in (DType.I64, DType.I32, DType.I16, DType.I8, DType.U8, DType.U16, DType.U32, DType.U64)
+
+    @property
+    def c_type(self) -> str:
+        """C99 spelling (float16 is printer-specific and handled there)."""
+        return _C[self]
 
     @property
     def short(self) -> str:
@@ -44,12 +57,18 @@ class DType(StrEnum):
 
             raise ModelError(
                 f"dtype {name} is not supported",
-                hint="tileweave handles float32, float16, int64, int32 and bool tensors",
+                hint="tileweave handles float16/32/64, (u)int8/16/32/64 and bool tensors",
             ) from None
 
 
-_SHORT = {DType.F32: "f32", DType.F16: "f16", DType.I64: "i64", DType.I32: "i32", DType.BOOL: "bool"}
+_SHORT = {DType.F32: "f32", DType.F16: "f16", DType.I64: "i64", DType.I32: "i32", DType.BOOL: "bool",
+          DType.F64: "f64", DType.I16: "i16", DType.I8: "i8", DType.U8: "u8", DType.U16: "u16",
+          DType.U32: "u32", DType.U64: "u64"}
+_C = {DType.F32: "float", DType.F16: "half", DType.I64: "long long", DType.I32: "int", DType.BOOL: "bool",
+      DType.F64: "double", DType.I16: "short", DType.I8: "signed char", DType.U8: "unsigned char",
+      DType.U16: "unsigned short", DType.U32: "unsigned int", DType.U64: "unsigned long long"}
 
 # ONNX TensorProto data types -> DType (others are refused at import with a clear error).
-ONNX_TO_DTYPE = {1: DType.F32, 10: DType.F16, 7: DType.I64, 6: DType.I32, 9: DType.BOOL}
+ONNX_TO_DTYPE = {1: DType.F32, 10: DType.F16, 7: DType.I64, 6: DType.I32, 9: DType.BOOL, 11: DType.F64,
+                 5: DType.I16, 3: DType.I8, 2: DType.U8, 4: DType.U16, 12: DType.U32, 13: DType.U64}
 DTYPE_TO_ONNX = {v: k for k, v in ONNX_TO_DTYPE.items()}

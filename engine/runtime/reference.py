@@ -136,10 +136,13 @@ def _reduce(arr: np.ndarray, axes: tuple[int, ...], combine: Combine, dtype: DTy
         return np.sum(arr, axis=axes, dtype=np.float32 if arr.dtype == np.float16 else None)
     if combine == Combine.PROD:
         return np.prod(arr, axis=axes)
-    if combine == Combine.MAX:
-        return np.max(arr, axis=axes)
-    if combine == Combine.MIN:
-        return np.min(arr, axis=axes)
+    if combine in (Combine.MAX, Combine.MIN):
+        # ONNX: an empty reduction gives -inf/+inf (or the dtype's lowest/highest value).
+        big = np.inf if arr.dtype.kind == "f" else (np.iinfo(arr.dtype).max if arr.dtype.kind in "iu" else True)
+        if combine == Combine.MAX:
+            init = -big if arr.dtype.kind == "f" else (np.iinfo(arr.dtype).min if arr.dtype.kind in "iu" else False)
+            return np.max(arr, axis=axes, initial=init)
+        return np.min(arr, axis=axes, initial=big)
     if combine in (Combine.ARGMAX, Combine.ARGMIN):
         (ax,) = axes
         f = np.argmax if combine == Combine.ARGMAX else np.argmin
