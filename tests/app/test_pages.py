@@ -75,8 +75,9 @@ def test_an_edge_edit_changes_the_plan_and_undo_restores_it():
     at.selectbox(key="plan_policy").set_value("unfused").run()
     before = at.caption[0].value
     edge = at.selectbox(key="plan_edge")
-    edge.set_value(edge.options[0]).run()
-    at.selectbox(key="plan_conn").set_value("register").run()
+    # Inside a form, values count only when submitted together with the button click.
+    edge.set_value(edge.options[0].split("  [")[0])
+    at.selectbox(key="plan_conn").set_value("register")
     at.button[0].click().run()  # the form's submit button
     no_traceback(at)
     assert not [e.value for e in at.error if e.value.startswith("Refused")]
@@ -91,9 +92,10 @@ def test_an_illegal_edit_shows_the_rule_it_breaks():
     at.selectbox(key="plan_policy").set_value("unfused").run()
     edge = at.selectbox(key="plan_edge")
     # Fusing Add → exp alone would put the two kernels on a cycle through the max reduction.
-    target = next(o for o in edge.options if o.startswith("Add_6_out → probs::exp"))
-    edge.set_value(target).run()
-    at.selectbox(key="plan_conn").set_value("register").run()
+    # options are the formatted labels ("p → c  [conn]"); the value is the bare "p → c".
+    target = next(o for o in edge.options if o.startswith("Add_6_out → probs::exp")).split("  [")[0]
+    edge.set_value(target)
+    at.selectbox(key="plan_conn").set_value("register")
     at.button[0].click().run()
     no_traceback(at)
     refused = [e.value for e in at.error if e.value.startswith("Refused")]
