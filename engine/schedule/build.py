@@ -11,7 +11,8 @@ from engine.device import Device
 from engine.ir.graph import PrimGraph, StageKind
 from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, components, kernel_name
 from engine.schedule.tiles import GroupSchedule, search_group
-from engine.schedule.validate import Decision, find_group_cycle
+from engine.schedule.validate import Decision
+from engine.tilegraph.tilegraph import stage_order
 
 Edge = tuple[str, str]
 
@@ -61,49 +62,88 @@ def group_of(comps: Sequence[Sequence[str]], stage: str) -> list[str]:
     return next(list(c) for c in comps if stage in c)
 
 
-def trial_conns(graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level: Conn) -> dict[Edge, Conn]:
+def component_of(graph: PrimGraph, conns: Mapping[Edge, Conn], stage: str) -> set[str]:
+    """Stages joined to `stage` by fused edges (its kernel group), found by a local search."""
+    seen, todo = {stage}, [stage]
+    while todo:
+        s = todo.pop()
+        nbrs = [c for c in graph.consumers.get(s, ()) if conns.get((s, c), Conn.KERNEL).fused]
+        nbrs += [p for p in graph.stage(s).inputs if graph.is_stage(p) and conns.get((p, s), Conn.KERNEL).fused]
+        for n in nbrs:
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
+def creates_cycle(graph: PrimGraph, merged: set[str], group: Callable[[str], set[str]]) -> bool:
+    """Would the kernel DAG get a cycle: can a path leave `merged`, run through other groups (a group
+    runs as one kernel, so reaching any of its stages reaches all its outputs) and come back?"""
+    todo = [c for s in merged for c in graph.consumers.get(s, ()) if c not in merged]
+    done: set[str] = set()
+    while todo:
+        s = todo.pop()
+        if s in done:
+            continue
+        g = group(s)
+        done |= g
+        for x in g:
+            for c in graph.consumers.get(x, ()):
+                if c in merged:
+                    return True
+                if c not in done:
+                    todo.append(c)
+    return False
+
+
+def trial_conns(graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level: Conn,
+                merged: set[str] | None = None) -> dict[Edge, Conn]:
     """`conns` with `edge` at `level`; any other edge that falls inside the merged group is fused too
     (a kernel edge inside a kernel is meaningless): at `level`, or shared from a reduction."""
     trial = dict(conns)
     trial[edge] = level
     if not level.fused:
         return trial
-    comp = set(group_of(components(graph, trial), edge[0]))
-    for p, c in graph.edges:
-        if p in comp and c in comp and not trial.get((p, c), Conn.KERNEL).fused:
-            heavy = graph.stage(p).kind in (StageKind.REDUCE, StageKind.CONTRACTION)
-            trial[(p, c)] = Conn.SHARED if level == Conn.REGISTER and heavy else level
+    comp = merged if merged is not None else component_of(graph, trial, edge[0])
+    for p in comp:
+        for c in graph.consumers.get(p, ()):
+            if c in comp and not trial.get((p, c), Conn.KERNEL).fused:
+                heavy = graph.stage(p).kind in (StageKind.REDUCE, StageKind.CONTRACTION)
+                trial[(p, c)] = Conn.SHARED if level == Conn.REGISTER and heavy else level
     return trial
 
 
 def can_connect(
     graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level: Conn, device: Device, mode: str,
+    groups: Callable[[str], set[str]] | None = None,
 ) -> tuple[Decision, dict[Edge, Conn]]:
     """Is `edge` at `level` legal, and does it not make the modeled time worse? The Decision's
-    score is the merged group's modeled µs; the trial connections come back for the caller to keep."""
-    trial = trial_conns(graph, conns, edge, level)
+    score is the merged group's modeled µs; the trial connections come back for the caller to keep.
+    `groups(stage)` gives the current group of a stage (default: searched in `conns`)."""
+    groups = groups or (lambda s: component_of(graph, conns, s))
     if not level.fused:
-        return Decision(True, "separate kernels"), trial
-    comps = components(graph, trial)
-    merged = group_of(comps, edge[0])
-    if find_group_cycle(graph, comps):
+        return Decision(True, "separate kernels"), trial_conns(graph, conns, edge, level)
+    gp, gc = groups(edge[0]), groups(edge[1])
+    merged = gp | gc
+    trial = trial_conns(graph, conns, edge, level, merged)
+    if gp is not gc and gp != gc and creates_cycle(graph, merged, groups):
         return Decision(False, f"{level.value}: a stage outside the group lies between {edge[0]} and {edge[1]} "
                         "(group cycle)"), trial
-    sched = search_group(graph, merged, trial, device, mode)
+    order = stage_order(graph)
+    stages = sorted(merged, key=order.__getitem__)
+    sched = search_group(graph, stages, trial, device, mode)
     if sched.violations:
         v = sched.violations[0]
         return Decision(False, f"{level.value}: rule {v.rule}: {v.message}"), trial
-    old_comps = components(graph, conns)
-    before_groups = {tuple(group_of(old_comps, s)) for s in merged}
-    before = sum(_modeled(graph, list(g), conns, device, mode) for g in before_groups)
+    before = sum(_modeled(graph, sorted(g, key=order.__getitem__), conns, device, mode)
+                 for g in ([gp] if gp == gc else [gp, gc]))
     after = sched.cost.modeled_us
-    if after > before * (1 + 1e-6) + 1e-6:
-        return Decision(False, f"{level.value}: modeled {after:.2f} us fused vs {before:.2f} us apart", after), trial
-    return Decision(True, f"{level.value}: modeled {after:.2f} us fused vs {before:.2f} us apart", after), trial
+    verdict = f"{level.value}: modeled {after:.2f} us fused vs {before:.2f} us apart"
+    return Decision(after <= before * (1 + 1e-6) + 1e-6, verdict, after), trial
 
 
 def _modeled(graph, stages, conns, device, mode) -> float:
-    sched = search_group(graph, stages, {e: conns.get(e, Conn.KERNEL) for e in graph.edges}, device, mode)
+    sched = search_group(graph, stages, conns, device, mode)
     return sched.cost.modeled_us if sched.cost else float("inf")
 
 
@@ -117,6 +157,7 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
     reasons: dict[Edge, str] = {}
     scores: dict[Edge, float | None] = {}
     log: list[str] = []
+    group_of_stage: dict[str, set[str]] = {s.name: {s.name} for s in graph.stages}
     for edge in graph.edges:
         if conns[edge].fused:
             log.append(f"{edge[0]} -> {edge[1]}: {conns[edge].value} (kept: fused with its group)")
@@ -125,7 +166,7 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
         best = None
         noes: list[str] = []
         for level, why in options:
-            decision, trial = can_connect(graph, conns, edge, level, device, mode)
+            decision, trial = can_connect(graph, conns, edge, level, device, mode, group_of_stage.__getitem__)
             if not decision.ok:
                 noes.append(decision.reason)
             elif best is None or decision.score < best[0].score - 1e-9:
@@ -135,6 +176,9 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
             log.append(f"{edge[0]} -> {edge[1]}: kernel ({reasons[edge]})")
             continue
         decision, trial, why = best
+        merged = group_of_stage[edge[0]] | group_of_stage[edge[1]]
+        for s in merged:
+            group_of_stage[s] = merged
         for e, conn in trial.items():
             if conn != conns[e] and e != edge:
                 reasons[e] = f"fused along with {edge[0]} -> {edge[1]}"

@@ -14,7 +14,7 @@ from engine.ir.dtypes import DType
 from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.schedule.plan import Conn, GroupCost, Tile
 from engine.tilegraph.propagate import Box, box_size, propagate
-from engine.tilegraph.tilegraph import GroupRegions, anchor_box, propagate_group, segments_of
+from engine.tilegraph.tilegraph import GroupRegions, anchor_box, propagate_group, segments_of, stage_order
 
 LINE = 128  # bytes per read transaction (L1/L2 line)
 SECTOR = 32  # bytes per write transaction
@@ -185,7 +185,7 @@ def _evaluations(graph, segment, conns, regions: GroupRegions, tile: Tile) -> di
     materialised (anchor, SHARED, written out), plus once per use through each REGISTER edge —
     divided by the reuse a thread gets when the load ignores axes that thread owns entirely."""
     members = set(segment)
-    order = {s.name: k for k, s in enumerate(graph.stages)}
+    order = stage_order(graph)
     n: dict[str, int] = {}
     for name in sorted(members, key=order.__getitem__, reverse=True):
         box = regions.stages.get(name)

@@ -15,6 +15,7 @@ from enum import StrEnum
 
 from engine.errors import PlanError
 from engine.ir.graph import PrimGraph
+from engine.tilegraph.tilegraph import stage_order
 
 SCHEMA_VERSION = 1
 
@@ -193,7 +194,11 @@ def components(graph: PrimGraph, conns: dict[tuple[str, str], Conn]) -> list[lis
     groups: dict[str, list[str]] = {}
     for s in graph.stages:
         groups.setdefault(find(s.name), []).append(s.name)
-    return sorted(groups.values(), key=lambda names: graph.stages.index(graph.stage(names[0])))
+    # Order by position (a dict of names: Stage equality is deep and tuple.index would compare bodies).
+    position = stage_order(graph)
+    return sorted(groups.values(), key=lambda names: position[names[0]])
+
+
 
 
 def kernel_name(index: int, graph: PrimGraph, stages: list[str] | tuple[str, ...], limit: int = 4) -> str:

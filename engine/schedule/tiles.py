@@ -183,9 +183,10 @@ def group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) -> 
         outside = s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ()))
         parts.append(f"{names[s]}|{st.kind.value}|{st.shape}|{st.dtype.value}|{st.reduce}|{st.combine}|"
                      f"{outside}|{_canon(st.body, names)}")
-    for (p, c), conn in sorted(conns.items()):
-        if p in members and c in members:
-            parts.append(f"{names[p]}>{names[c]}={conn}")
+    for p in stages:
+        for c in graph.consumers.get(p, ()):
+            if c in members:
+                parts.append(f"{names[p]}>{names[c]}={conns.get((p, c), 'kernel')}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 

@@ -65,16 +65,17 @@ def check_group(
                                  f"tile anchors '{tile.stage}' but the segment's sink is '{sinks[0]}'"))
             continue
         out.extend(_check_tile(graph, seg, conns, tile, device, name))
-    for p, c in graph.edges:
-        if p in seg_of and c in seg_of and conns.get((p, c), Conn.KERNEL) == Conn.KERNEL:
+    inner = [(p, c) for p in stages for c in graph.consumers.get(p, ()) if c in seg_of]
+    for p, c in inner:
+        if conns.get((p, c), Conn.KERNEL) == Conn.KERNEL:
             out.append(Violation("group_cycle", f"edge {p} -> {c}",
                                  "kernel edge inside one group: the consumer would wait for its own kernel to end "
                                  "(fuse this edge too, or cut the other path between them)"))
-        if p in seg_of and c in seg_of and conns.get((p, c)) == Conn.GLOBAL_SYNC and seg_of[p] >= seg_of[c]:
+        if conns.get((p, c)) == Conn.GLOBAL_SYNC and seg_of[p] >= seg_of[c]:
             out.append(Violation("shared_locality", f"edge {p} -> {c}",
                                  "global_sync inside one segment: the consumer's block needs the whole producer, "
                                  "which other blocks compute (make every path between them global_sync)"))
-    if any(conns.get((p, c)) == Conn.GLOBAL_SYNC for p, c in graph.edges if p in seg_of and c in seg_of):
+    if any(conns.get(e) == Conn.GLOBAL_SYNC for e in inner):
         out.extend(_check_wave(graph, stages, conns, tiles, device, name))
     return out
 

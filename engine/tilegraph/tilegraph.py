@@ -16,6 +16,19 @@ from engine.tilegraph.propagate import Box, Region, _union, box_size, full_box, 
 IN_SEGMENT = ("register", "shared")
 
 
+_ORDER_CACHE: dict[int, tuple[PrimGraph, dict[str, int]]] = {}
+
+
+def stage_order(graph: PrimGraph) -> dict[str, int]:
+    """Stage name -> topological position (memoised per graph object)."""
+    hit = _ORDER_CACHE.get(id(graph))
+    if hit is None or hit[0] is not graph:
+        if len(_ORDER_CACHE) > 64:
+            _ORDER_CACHE.clear()
+        hit = _ORDER_CACHE[id(graph)] = (graph, {s.name: k for k, s in enumerate(graph.stages)})
+    return hit[1]
+
+
 @dataclass(frozen=True)
 class GroupRegions:
     """What one block of a segment touches: a box per in-segment stage (its computed region) and per
@@ -39,10 +52,11 @@ def segments_of(graph: PrimGraph, stages: Sequence[str], conns: Mapping[tuple[st
             x = parent[x]
         return x
 
-    for (p, c), conn in conns.items():
-        if p in members and c in members and conn in IN_SEGMENT:
-            parent[find(p)] = find(c)
-    order = {s.name: k for k, s in enumerate(graph.stages)}
+    for p in stages:
+        for c in graph.consumers.get(p, ()):
+            if c in members and conns.get((p, c)) in IN_SEGMENT:
+                parent[find(p)] = find(c)
+    order = stage_order(graph)
     out: dict[str, list[str]] = {}
     for s in sorted(stages, key=order.__getitem__):
         out.setdefault(find(s), []).append(s)
@@ -52,7 +66,7 @@ def segments_of(graph: PrimGraph, stages: Sequence[str], conns: Mapping[tuple[st
 def segment_sinks(graph: PrimGraph, segment: Sequence[str], conns: Mapping[tuple[str, str], str]) -> list[str]:
     """Stages of the segment with no consumer inside it (a valid segment has exactly one)."""
     members = set(segment)
-    fed = {p for (p, c), conn in conns.items() if p in members and c in members and conn in IN_SEGMENT}
+    fed = {p for p in segment for c in graph.consumers.get(p, ()) if c in members and conns.get((p, c)) in IN_SEGMENT}
     return [s for s in segment if s not in fed]
 
 
@@ -75,7 +89,7 @@ def propagate_group(
     all its in-segment consumers need. Reductions are propagated over their whole reduce range,
     since a block must finish the reduction of every output element it owns."""
     members = set(segment)
-    order = {s.name: k for k, s in enumerate(graph.stages)}
+    order = stage_order(graph)
     shapes = {name: spec.shape for name, spec in graph.specs.items()}
     need: dict[str, Region] = {anchor: Region(out_box, True)}
     inputs: dict[str, Region] = {}

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from engine.device import Device
 from engine.ir.graph import PrimGraph
-from engine.schedule.build import assemble, group_of, trial_conns
-from engine.schedule.plan import Conn, Plan, components
+from engine.schedule.build import assemble, component_of, creates_cycle, trial_conns
+from engine.schedule.plan import Conn, Plan
 from engine.schedule.stitch import CHEAP, broadcast_axes, is_expensive
-from engine.schedule.validate import find_group_cycle
-from engine.tilegraph.tilegraph import segment_sinks
+from engine.tilegraph.tilegraph import segment_sinks, stage_order
 
 
 def plan_elementwise(graph: PrimGraph, device: Device, options: dict, started: float) -> Plan:
@@ -26,11 +25,10 @@ def plan_elementwise(graph: PrimGraph, device: Device, options: dict, started: f
             reasons[(p, c)] = "broadcast after an expensive op ends the chain (no recompute per use)"
         else:
             trial = trial_conns(graph, conns, (p, c), Conn.REGISTER)
-            comps = components(graph, trial)
-            merged = group_of(comps, p)
-            if find_group_cycle(graph, comps):
+            merged = component_of(graph, trial, p)
+            if creates_cycle(graph, merged, lambda s, old=conns: component_of(graph, old, s)):
                 reasons[(p, c)] = "fusing would put a stage outside the kernel between two of its stages"
-            elif len(segment_sinks(graph, merged, trial)) != 1:
+            elif len(segment_sinks(graph, sorted(merged, key=stage_order(graph).__getitem__), trial)) != 1:
                 reasons[(p, c)] = "fusing would give the kernel two sinks"
             else:
                 conns = trial

@@ -1,0 +1,24 @@
+"""Small ONNX graphs for scheduler tests (random weights, fixed seeds)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def attention_model(m: int = 16, k: int = 32, n: int = 24, seed: int = 0) -> onnx.ModelProto:
+    """x[m,k] @ w[k,n] + b -> Softmax(-1) -> * scale: matmul, add, max, exp, sum, div, mul stages."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal((n,)).astype(np.float32), "b")
+    s = numpy_helper.from_array(rng.standard_normal((n,)).astype(np.float32) + 2, "s")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+        helper.make_node("Add", ["mm", "b"], ["add"], name="add"),
+        helper.make_node("Softmax", ["add"], ["sm"], name="sm", axis=-1),
+        helper.make_node("Mul", ["sm", "s"], ["out"], name="mul"),
+    ]
+    graph = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [m, n])], [w, b, s])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
