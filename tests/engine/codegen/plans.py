@@ -67,7 +67,10 @@ def acyclic(graph: PrimGraph, wanted: dict) -> dict:
         trial = dict(out)
         trial.update(edges)
         full = {e: trial.get(e, Conn.KERNEL) for e in graph.edges}
-        if not find_group_cycle(graph, components(graph, full)):
+        comps = components(graph, full)
+        fed = {p for (p, _), v in trial.items() if v in (Conn.REGISTER, Conn.SHARED)}
+        one_sink = all(sum(s not in fed for s in comp) == 1 for comp in comps)
+        if one_sink and not find_group_cycle(graph, comps):
             out = trial
     return out
 
