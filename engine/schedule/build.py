@@ -79,6 +79,8 @@ def component_of(graph: PrimGraph, conns: Mapping[Edge, Conn], stage: str) -> se
 def creates_cycle(graph: PrimGraph, merged: set[str], group: Callable[[str], set[str]]) -> bool:
     """Would the kernel DAG get a cycle: can a path leave `merged`, run through other groups (a group
     runs as one kernel, so reaching any of its stages reaches all its outputs) and come back?"""
+    order = stage_order(graph)
+    last = max(order[s] for s in merged)  # a group wholly after the merged one cannot lead back
     todo = [c for s in merged for c in graph.consumers.get(s, ()) if c not in merged]
     done: set[str] = set()
     while todo:
@@ -87,6 +89,8 @@ def creates_cycle(graph: PrimGraph, merged: set[str], group: Callable[[str], set
             continue
         g = group(s)
         done |= g
+        if min(order[x] for x in g) > last:
+            continue
         for x in g:
             for c in graph.consumers.get(x, ()):
                 if c in merged:

@@ -170,7 +170,7 @@ _REGION_CACHE: dict[tuple, GroupRegions] = {}
 def _regions(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str, box: Box) -> GroupRegions:
     # Tile search re-propagates the same (segment, tile shape) for every thread mapping it tries.
     members = set(segment)
-    inner = tuple(sorted((p, c, str(v)) for (p, c), v in conns.items() if p in members and c in members))
+    inner = tuple((p, c, str(conns.get((p, c)))) for p in segment for c in graph.consumers.get(p, ()) if c in members)
     key = (graph.structural_hash, tuple(segment), inner, anchor, box)
     hit = _REGION_CACHE.get(key)
     if hit is None:

@@ -29,6 +29,19 @@ def stage_order(graph: PrimGraph) -> dict[str, int]:
     return hit[1]
 
 
+_SHAPES_CACHE: dict[int, tuple[PrimGraph, dict[str, tuple[int, ...]]]] = {}
+
+
+def tensor_shapes(graph: PrimGraph) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape for every input, constant and stage (memoised per graph object)."""
+    hit = _SHAPES_CACHE.get(id(graph))
+    if hit is None or hit[0] is not graph:
+        if len(_SHAPES_CACHE) > 64:
+            _SHAPES_CACHE.clear()
+        hit = _SHAPES_CACHE[id(graph)] = (graph, {n: t.shape for n, t in graph.specs.items()})
+    return hit[1]
+
+
 @dataclass(frozen=True)
 class GroupRegions:
     """What one block of a segment touches: a box per in-segment stage (its computed region) and per
@@ -90,7 +103,7 @@ def propagate_group(
     since a block must finish the reduction of every output element it owns."""
     members = set(segment)
     order = stage_order(graph)
-    shapes = {name: spec.shape for name, spec in graph.specs.items()}
+    shapes = tensor_shapes(graph)
     need: dict[str, Region] = {anchor: Region(out_box, True)}
     inputs: dict[str, Region] = {}
     exact = True
