@@ -158,6 +158,23 @@ class RProgram:
         return self.sequential_us / self.makespan_us if self.makespan_us > 0 else 0.0
 
     @property
+    def critical_path_us(self) -> float:
+        """Longest dependency chain of kernels, each at its chosen variant alone on the vDevice, plus the
+        launch: no schedule of these rTasks can end sooner, whatever the placement."""
+        done: dict[str, float] = {}
+        pending = list(self.operators)
+        while pending:
+            ready = [op for op in pending if all(d in done for d in op.deps)]
+            if not ready:
+                raise RProgramError("the rOperators' dependencies form a cycle")
+            for op in ready:
+                v = self.chosen(op.name)
+                alone = -(-v.blocks // self.vdevice.veus) * v.task_us
+                done[op.name] = max((done[d] for d in op.deps), default=0.0) + alone
+            pending = [op for op in pending if op.name not in done]
+        return self.launch_us + max(done.values(), default=0.0)
+
+    @property
     def tasks(self) -> int:
         return sum(len(t) for t in self.veus)
 
@@ -167,6 +184,7 @@ class RProgram:
             "model": self.model_name, "policy": self.policy, "device": self.vdevice.device,
             "makespan_us": round(self.makespan_us, 3), "sequential_us": round(self.sequential_us, 3),
             "speedup": round(self.speedup, 3), "utilization": round(self.utilization, 4),
+            "critical_path_us": round(self.critical_path_us, 3),
             "waves": max((w for s in self.steps for w in s.waves), default=-1) + 1,
             "steps": len(self.steps), "veus": self.vdevice.veus, "slots_per_sm": self.vdevice.slots,
             "kernels": len(self.operators), "rtasks": self.tasks,

@@ -86,6 +86,17 @@ def kernel_time_us(g: Group) -> float:
     return max(0.0, g.cost.modeled_us - float(g.cost.terms_us.get("launch", 0.0)))
 
 
+def task_time_us(kernel_us: float, waves: int, blocks: int, resident: int, vdev: VDevice) -> float:
+    """Duration of one rTask. The modeled kernel runs `waves` waves, each with up to `resident` blocks
+    sharing an SM; on the vDevice at most `slots` share it. A block's time is taken proportional to
+    how many blocks share its SM (bandwidth-bound), so a kernel alone on the vDevice keeps its modeled
+    time whatever the slot count."""
+    per_sm = -(-blocks // vdev.sm_count)  # blocks an SM gets when the grid spreads over all SMs
+    own = max(1, min(resident, per_sm))
+    here = max(1, min(vdev.slots, per_sm))
+    return kernel_us / max(1, waves) * min(1.0, here / own)
+
+
 def operators_from_plan(plan: Plan, device: Device, vdev: VDevice, measured: Mapping[str, float] | None = None,
                         graph: PrimGraph | None = None) -> tuple[ROperator, ...]:
     """One rOperator per group, its dependencies from the stage edges that cross groups."""
@@ -103,10 +114,7 @@ def operators_from_plan(plan: Plan, device: Device, vdev: VDevice, measured: Map
         threads, shared, regs = _resources(g, device)
         assert g.cost is not None
         kernel_us, source = (measured[g.name], MEASURED) if g.name in measured else (kernel_time_us(g), MODELED)
-        # Fewer co-resident blocks than the kernel would have on its own share the SM among fewer
-        # blocks, so each runs proportionally faster: the kernel alone keeps its modeled time.
-        own = max(1, g.cost.resident_blocks_per_sm)
-        task_us = kernel_us / max(1, g.cost.waves) * min(1.0, vdev.slots / own)
+        task_us = task_time_us(kernel_us, g.cost.waves, g.blocks, g.cost.resident_blocks_per_sm, vdev)
         chosen = Variant(g.blocks, threads, shared, regs, task_us, source, g.segments[0].shape)
         others = (_costed_variants(g, plan, graph, device, vdev) if graph is not None and source == MODELED
                   else _candidate_variants(g, chosen, vdev))
@@ -158,8 +166,8 @@ def _costed_variants(g: Group, plan: Plan, graph: PrimGraph, device: Device, vde
         threads, shared, regs = _resources(variant_group, device)
         if threads > vdev.threads or shared > vdev.shared_bytes or regs > max(vdev.regs_per_thread, 1):
             continue
-        task = kernel_time_us(variant_group) / max(1, cost.waves) * min(
-            1.0, vdev.slots / max(1, cost.resident_blocks_per_sm))
+        task = task_time_us(kernel_time_us(variant_group), cost.waves, c.tile.blocks,
+                            cost.resident_blocks_per_sm, vdev)
         out.append(Variant(c.tile.blocks, threads, shared, regs, task, MODELED, c.tile.shape))
     return out
 

@@ -134,3 +134,23 @@ def test_measured_profile_replaces_modeled_time() -> None:
     assert rp.sequential_us == pytest.approx(3.0 + 10.0 + 2 * 5.0)
     with pytest.raises(RProgramError, match="per-kernel times"):
         build_rprogram(plan, A100, profile=42)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_makespan_is_bounded_by_critical_path_and_total_work(seed: int) -> None:
+    rp = build_rprogram(random_plan(seed), A100)
+    assert rp.makespan_us >= rp.critical_path_us - 1e-9
+    assert rp.span_us >= rp.busy_us / rp.vdevice.veus - 1e-9
+    chain = make_plan([kernel("a", 2, us=4.0), kernel("b", 2000, deps=("a",), us=6.0, waves=3)])
+    rp = build_rprogram(chain, A100)
+    assert rp.critical_path_us == pytest.approx(5.0 + 4.0 + 3 * 6.0 / 3 * 1)
+
+
+def test_small_grid_keeps_its_time_on_a_one_slot_vdevice() -> None:
+    # 50 blocks spread one per SM: sharing the SM with nobody, each block takes the whole kernel time,
+    # even though the kernel alone could hold 8 blocks per SM and the vDevice holds only 1.
+    plan = make_plan([kernel("a", 50, us=9.0, resident=8), kernel("big", 1, shared=120 * 1024)])
+    rp = build_rprogram(plan, A100)
+    assert rp.vdevice.slots == 1
+    assert rp.chosen("a").task_us == pytest.approx(9.0)
+    assert rp.critical_path_us == pytest.approx(5.0 + 10.0)
