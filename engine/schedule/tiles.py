@@ -106,7 +106,7 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
             options = (min(256, _r32(elems // 8)),) if gemm else sorted({min(256, _r32(elems)), min(1024, _r32(elems // 4))})
             for threads in options:
                 out.append(make_tile(stage, shape, threads, step))
-            if StageKind.REDUCE in kinds and bm >= 32 and bm <= 256:
+            if StageKind.REDUCE in kinds and bm <= 256:
                 out.append(make_tile(stage, shape, _r32(bm), threads_per_row=1))  # thread per row
     return out
 

@@ -1,0 +1,125 @@
+"""validate (engine/schedule/validate.py): every illegal edit is refused with the rule it breaks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine.errors import PlanError
+from engine.schedule.edits import apply_edit
+from engine.schedule.plan import SCHEMA_VERSION, Conn, Edit
+from engine.schedule.policies import make_plan
+from engine.schedule.validate import RULES, validate
+
+
+def _rule_of(err: PlanError) -> str:
+    text = str(err)
+    return next(name for name in RULES if f"({name})" in text)
+
+
+@pytest.fixture
+def unfused(attn_graph, a100):
+    return make_plan(attn_graph, "unfused", a100)
+
+
+def test_policies_give_legal_plans(attn_graph, a100):
+    for policy in ("unfused", "elementwise", "stitch", "welder"):
+        plan = make_plan(attn_graph, policy, a100)
+        assert validate(plan, attn_graph, a100) == []
+
+
+def test_register_from_reduction_spread_over_threads_is_rule_2(attn_graph, a100, unfused):
+    plan = apply_edit(unfused, attn_graph, a100, Edit.make("set_edge", producer="sm::max", consumer="sm::exp",
+                                                            conn="register"))
+    # The tile search keeps it legal by choosing a thread-per-row mapping ...
+    seg = plan.group_of("sm::exp").segments[0]
+    assert seg.threads_per_row == 1 or seg.shape[-1] == 1
+    # ... and forcing several threads per row makes each thread redo the max: illegal.
+    with pytest.raises(PlanError) as err:
+        apply_edit(plan, attn_graph, a100, Edit.make("set_tile", stage="sm::exp", shape=[4, 24], threads=128,
+                                                      threads_per_row=32))
+    assert _rule_of(err.value) == "register_one_to_many"
+    assert "sm::max -> sm::exp" in str(err.value)
+
+
+def test_fusing_around_an_outside_stage_is_rule_5(attn_graph, a100, unfused):
+    with pytest.raises(PlanError) as err:
+        apply_edit(unfused, attn_graph, a100, Edit.make("set_edge", producer="add", consumer="sm::exp", conn="register"))
+    assert _rule_of(err.value) == "group_cycle"
+
+
+def test_huge_tile_is_rule_1(attn_graph, a100, unfused):
+    plan = apply_edit(unfused, attn_graph, a100, Edit.make("merge", producer="mm", consumer="add"))
+    with pytest.raises(PlanError) as err:
+        apply_edit(plan, attn_graph, a100, Edit.make("set_tile", stage="add", shape=[16, 24], threads=2048))
+    assert _rule_of(err.value) == "footprint"
+
+
+def test_global_sync_beyond_one_wave_is_rule_4(tmp_path, a100):
+    import onnx
+
+    from engine.frontend.importer import load_graph
+    from sched_graphs import attention_model
+
+    onnx.save(attention_model(m=8192, k=8, n=64), tmp_path / "big.onnx")
+    graph = load_graph(tmp_path / "big.onnx")
+    plan = make_plan(graph, "unfused", a100)
+    plan = apply_edit(plan, graph, a100, Edit.make("set_edge", producer="sm", consumer="out", conn="global_sync"))
+    with pytest.raises(PlanError) as err:  # 8192 rows one per block: far more than one resident wave
+        apply_edit(plan, graph, a100, Edit.make("set_tile", stage="out", shape=[1, 64], threads=64))
+    assert _rule_of(err.value) == "global_sync_wave"
+
+
+def test_two_sinks_is_rule_7(attn_graph, a100, unfused):
+    plan = apply_edit(unfused, attn_graph, a100, Edit.make("set_edge", producer="sm::exp", consumer="sm::sum",
+                                                            conn="register"))
+    # exp -> sm fused while sum -> sm stays a kernel edge: sum and sm both end the segment.
+    with pytest.raises(PlanError) as err:
+        apply_edit(plan, attn_graph, a100, Edit.make("set_edge", producer="sm::exp", consumer="sm", conn="register"))
+    assert _rule_of(err.value) == "segment_sink"
+    assert "2 sinks" in str(err.value)
+    # Merging the edge instead fuses sum -> sm as well: legal again.
+    merged = apply_edit(plan, attn_graph, a100, Edit.make("merge", producer="sm::exp", consumer="sm"))
+    assert merged.edge("sm::sum", "sm").conn.fused
+    assert validate(merged, attn_graph, a100) == []
+
+
+def test_foreign_plan_and_schema_are_rule_6(attn_graph, a100, unfused, tmp_path):
+    import onnx
+
+    from engine.frontend.importer import load_graph
+    from sched_graphs import attention_model
+
+    onnx.save(attention_model(seed=1), tmp_path / "other.onnx")
+    other = load_graph(tmp_path / "other.onnx")
+    assert [v.rule for v in validate(unfused, other, a100)] == ["foreign_plan"]
+    old = dataclasses.replace(unfused, schema=SCHEMA_VERSION + 1)
+    assert [v.rule for v in validate(old, attn_graph, a100)] == ["foreign_plan"]
+
+
+def test_missing_stage_is_rule_8(attn_graph, a100, unfused):
+    broken = dataclasses.replace(unfused, groups=unfused.groups[1:])
+    rules = {v.rule for v in validate(broken, attn_graph, a100)}
+    assert rules == {"stage_coverage"}
+
+
+def test_shared_region_too_big_is_rule_3(tmp_path, a100):
+    import onnx
+
+    from engine.frontend.importer import load_graph
+    from sched_graphs import attention_model
+
+    onnx.save(attention_model(m=4, k=8, n=65536), tmp_path / "wide.onnx")
+    graph = load_graph(tmp_path / "wide.onnx")
+    plan = make_plan(graph, "unfused", a100)
+    # One reduced row needs the whole 65536-float row of exp (256 KiB) in shared memory.
+    with pytest.raises(PlanError) as err:
+        apply_edit(plan, graph, a100, Edit.make("set_edge", producer="sm::exp", consumer="sm::sum", conn="shared"))
+    assert _rule_of(err.value) in ("footprint", "shared_locality")
+    from engine.schedule.validate import check_group
+    from engine.schedule.tiles import make_tile
+
+    tile = make_tile(graph.stage("sm::sum"), (1, 1), 256)
+    found = check_group(graph, ["sm::exp", "sm::sum"], {("sm::exp", "sm::sum"): Conn.SHARED}, [tile], a100)
+    assert "shared_locality" in {v.rule for v in found}
