@@ -271,7 +271,10 @@ def estimate_group(
         resident, limiter = 0, f"registers: {regs} per thread exceeds {device.max_regs_per_thread}"
     slots = max(1, resident) * device.sm_count
     waves = max(1, -(-blocks // slots))
-    quant = max(1.0, waves * slots / max(1, blocks))
+    # A grid smaller than one wave cannot stack more blocks per SM than it has: quantise against the
+    # slots it can fill, so a bigger footprint (fewer resident blocks) never looks cheaper.
+    fill = min(max(1, resident), -(-blocks // device.sm_count)) * device.sm_count
+    quant = max(1.0, waves * min(slots, fill) / max(1, blocks))
     flops = flops_fp32 + flops_tc
     terms = {
         "dram": dram / device.dram_bw_bytes_per_s * 1e6,
