@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from engine.codegen.kexpr import Guard, InBounds, kmap, map_indices, substitute_body
+from engine.codegen.kexpr import Guard, InBounds, Reduce, kmap, map_indices, substitute_body
 from engine.codegen.kir import Buffer, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
 from engine.device import Device, get_device, resident_blocks_per_sm
 from engine.errors import PlanError
@@ -22,7 +22,6 @@ from engine.runtime.memory import plan_memory
 from engine.schedule.plan import Conn, Group, Plan, Tile, plan_to_json
 from engine.tilegraph.propagate import Box, propagate
 
-SHARED_LIMIT = 48 * 1024  # static __shared__ per block without opting in to more
 _INLINE_KINDS = (StageKind.ELEMENTWISE, StageKind.LAYOUT)
 
 
@@ -40,6 +39,10 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100") -> Pro
     kernels, launches = [], []
     for group in _launch_order(plan, graph):
         kernel = _build_kernel(group, graph, conns)
+        if kernel.shared_bytes > device.max_smem_per_block_bytes:
+            raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
+                            f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",
+                            hint="use a smaller tile or connect an edge at KERNEL")
         kernels.append(kernel)
         launches.append(_launch(kernel, device))
     memory = _memory(graph, kernels)
@@ -153,10 +156,6 @@ def _build_kernel(group: Group, graph: PrimGraph, conns) -> Kernel:
     for tile, names in _segments(group, graph, conns):
         segments.append(_build_segment(tile, names, graph, conns, members, params, locals_, group.name))
     threads = max(t.threads for t in group.segments)
-    shared = sum(b.nbytes for b in locals_)
-    if shared > SHARED_LIMIT:
-        raise PlanError(f"group {group.name}: block buffers need {shared} B of shared memory, over "
-                        f"{SHARED_LIMIT} B", hint="use a smaller tile or connect an edge at KERNEL")
     origin = tuple(dict.fromkeys(o for s in group.stages for o in graph.stage(s).origin))
     return Kernel(group.name, tuple(params.values()), tuple(locals_), tuple(segments), threads,
                   tuple(group.stages), origin)
@@ -193,8 +192,8 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname) -
     local_cons = {s: [c for c in graph.consumers.get(s, ()) if c in seg] for s in names}
     needs_global = {s: s in graph.outputs or any(c not in seg for c in graph.consumers.get(s, ())) for s in names}
     inline = {s for s in names if s != anchor.name and not needs_global[s]
-              and graph.stage(s).kind in _INLINE_KINDS
-              and all(conns[(s, c)] == Conn.REGISTER for c in local_cons[s])}
+              and all(conns[(s, c)] == Conn.REGISTER for c in local_cons[s])
+              and (graph.stage(s).kind in _INLINE_KINDS or _one_to_one(graph, s, local_cons[s]))}
     for s in names:
         if s != anchor.name and not local_cons[s] and not needs_global[s]:
             raise PlanError(f"group {gname}: stage {s} feeds nothing in its segment or outside it")
@@ -268,6 +267,18 @@ def fit_region(shape: tuple[int, ...], tiles: tuple[int, ...], boxes: list[Box])
     return Region(tuple(shape), tuple(tiles), tuple(spans))
 
 
+def _one_to_one(graph: PrimGraph, producer: str, consumers: list[str]) -> bool:
+    """A reduction read by exactly one elementwise consumer, element for element: inlining it there
+    computes each reduced value once, in the thread that uses it (no recompute)."""
+    if len(consumers) != 1:
+        return False
+    p, c = graph.stage(producer), graph.stage(consumers[0])
+    if c.reduce or c.shape != p.shape:
+        return False
+    ident = I.out_vars(len(p.shape))
+    return all(ld.index == ident and ld.pad is None for ld in E.loads(c.body) if ld.tensor == producer)
+
+
 def _check_cover(stage: Stage, boxes: list[Box], gname: str) -> None:
     """A stage needed outside its segment must be written everywhere by the union of its tiles."""
     mask = np.zeros(stage.shape, dtype=bool)
@@ -283,11 +294,21 @@ def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[s
     ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(stage.shape)}
     ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(stage.reduce)})
 
+    fresh = [0]
+
     def expand(e: E.Expr) -> E.Expr:
         if isinstance(e, E.Load) and e.tensor in inline:
             producer = graph.stage(e.tensor)
             mapping = {f"i{k}": ix for k, ix in enumerate(e.index)}
+            names = []
+            for k in range(len(producer.reduce)):
+                # The producer's r0.. would clash with the consumer's own reduce loops.
+                fresh[0] += 1
+                names.append(f"u{fresh[0]}")
+                mapping[f"r{k}"] = I.var(names[-1])
             value = kmap(substitute_body(producer.body, mapping), expand)
+            if producer.reduce:
+                value = Reduce(value, tuple(names), producer.reduce, producer.combine, producer.dtype)
             if e.pad is not None:
                 return Guard(InBounds(e.index, producer.shape), value, E.imm(e.pad, e.dtype))
             return value

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
+from engine.ir.graph import Combine
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,24 @@ class Guard:
         return self.pad.dtype
 
 
+@dataclass(frozen=True)
+class Reduce:
+    """A reduction inlined into its single one-to-one consumer (a REGISTER edge out of a reduce or
+    contraction, e.g. a GEMM accumulator feeding its epilogue): the consuming thread runs the loop."""
+
+    body: object  # Expr over `vars` and the consumer's variables
+    vars: tuple[str, ...]  # loop variables, renamed apart from the consumer's r0..
+    extents: tuple[int, ...]
+    combine: Combine
+    dtype: DType
+
+
 def kmap(e, fn: Callable):
-    """Bottom-up rebuild like `expr.map_expr`, also descending into Guard values."""
+    """Bottom-up rebuild like `expr.map_expr`, also descending into Guard values and inlined reductions."""
     if isinstance(e, Guard):
         return fn(Guard(fn(e.cond), kmap(e.x, fn), e.pad))
+    if isinstance(e, Reduce):
+        return fn(Reduce(kmap(e.body, fn), e.vars, e.extents, e.combine, e.dtype))
     if isinstance(e, E.Unary):
         e = E.Unary(e.op, kmap(e.x, fn), e.dtype)
     elif isinstance(e, E.Cast):
@@ -75,5 +90,26 @@ def kwalk(e):
         yield n
         if isinstance(n, Guard):
             stack.extend((n.x, n.cond))
+        elif isinstance(n, Reduce):
+            stack.append(n.body)
         else:
             stack.extend(reversed(E.children(n)))
+
+
+def kformat(e) -> str:
+    """Text of a kernel-IR body (expr.format_expr plus guards and inlined reductions)."""
+    if isinstance(e, Guard):
+        return f"guard({kformat(e.x)}, pad={e.pad.value})"
+    if isinstance(e, Reduce):
+        return f"{e.combine.value}[{', '.join(e.vars)}]({kformat(e.body)})"
+    if isinstance(e, InBounds):
+        return "inbounds"
+    if isinstance(e, E.Unary):
+        return f"{e.op}({kformat(e.x)})"
+    if isinstance(e, E.Cast):
+        return f"{e.dtype.short}({kformat(e.x)})"
+    if isinstance(e, E.Binary):
+        return f"{e.op}({kformat(e.a)}, {kformat(e.b)})"
+    if isinstance(e, E.Select):
+        return f"({kformat(e.cond)} ? {kformat(e.a)} : {kformat(e.b)})"
+    return E.format_expr(e)

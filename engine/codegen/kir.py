@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from engine.ir.dtypes import DType
-from engine.ir.expr import Expr, format_expr
+from engine.ir.expr import Expr
 from engine.ir.graph import Combine
 
 
@@ -102,7 +102,9 @@ class Phase:
 
     def describe(self) -> str:
         red = f" {self.combine.value} over {list(self.reduce)}" if self.combine else ""
-        return f"{self.stage}{red} = {format_expr(self.body)} -> {', '.join(self.stores)}"
+        from engine.codegen.kexpr import kformat
+
+        return f"{self.stage}{red} = {kformat(self.body)} -> {', '.join(self.stores)}"
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,17 @@ class Kernel:
         return len(self.segments) > 1
 
     @property
+    def shared_offsets(self) -> tuple[int, ...]:
+        """Byte offset of each BLOCK buffer in the block's shared memory (16 B aligned)."""
+        out, at = [], 0
+        for b in self.locals:
+            out.append(at)
+            at += -(-b.nbytes // 16) * 16
+        return tuple(out)
+
+    @property
     def shared_bytes(self) -> int:
-        return sum(b.nbytes for b in self.locals)
+        return sum(-(-b.nbytes // 16) * 16 for b in self.locals)
 
     @property
     def ntiles(self) -> int:

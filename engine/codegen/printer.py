@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from engine.codegen.kexpr import Guard, InBounds
+from engine.codegen.kexpr import Guard, InBounds, Reduce
 from engine.codegen.kir import Buffer, Kernel, Phase, Program, Region, Scope, Segment
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -79,6 +79,9 @@ class Printer:
             args.append(f"{const}{self.storage_type(b.dtype)}* {self.restrict} {b.name}")
         return f"{self.kernel_prefix}void {kernel.name}({', '.join(args)})"
 
+    def kernel_locals(self, kernel: Kernel) -> list[str]:
+        return [self.local_decl(b) for b in kernel.locals]
+
     def local_decl(self, buf: Buffer) -> str:
         return f"{self.storage_type(buf.dtype)} {buf.name}[{buf.capacity}];"
 
@@ -98,7 +101,7 @@ class Printer:
                              f"[{2 * b.region.rank}] = {{{rows}}};")
         lines.append(self.signature(kernel) + " {")
         if self.locals_in_kernel_scope:
-            lines += ["    " + self.local_decl(b) for b in kernel.locals]
+            lines += ["    " + x for x in self.kernel_locals(kernel)]
         for k, seg in enumerate(kernel.segments):
             lines.append(f"    // segment {k}: anchor {seg.anchor}, {seg.ntiles} tiles")
             lines += ["    " + x for x in self.render_segment(kernel, seg, k == len(kernel.segments) - 1)]
@@ -181,25 +184,8 @@ class Printer:
     def render_value(self, phase: Phase, ssa: _Body) -> str:
         if phase.combine is None:
             return ssa.value(phase.body)
-        ct = self.compute_type(phase.body.dtype)
-        arg = phase.combine in (Combine.ARGMAX, Combine.ARGMIN)
-        lowest, highest = _limits(ct, self.inf)
-        init = {Combine.SUM: "0", Combine.PROD: "1", Combine.MAX: lowest, Combine.MIN: highest,
-                Combine.ARGMAX: lowest, Combine.ARGMIN: highest}[phase.combine]
-        ssa.lines.append(f"{ct} acc = {init};")
-        if arg:
-            ssa.lines.append("long long arg = 0;")
-        for k, n in enumerate(phase.reduce):
-            ssa.lines.append(f"for (int r{k} = 0; r{k} < {n}; ++r{k}) {{")
-        inner = _Body(self, ssa.kernel, ssa.ranges, ssa.counter)
-        v = inner.value(phase.body)
-        step = {Combine.SUM: f"acc += {v};", Combine.PROD: f"acc *= {v};",
-                Combine.MAX: f"acc = {v} > acc ? {v} : acc;", Combine.MIN: f"acc = {v} < acc ? {v} : acc;",
-                Combine.ARGMAX: f"if ({v} > acc) {{ acc = {v}; arg = r0; }}",
-                Combine.ARGMIN: f"if ({v} < acc) {{ acc = {v}; arg = r0; }}"}[phase.combine]
-        ssa.lines += ["    " + x for x in inner.lines + [step]]
-        ssa.lines += ["}"] * len(phase.reduce)
-        return "arg" if arg else "acc"
+        names = tuple(f"r{k}" for k in range(len(phase.reduce)))
+        return ssa.reduction(phase.body, names, phase.reduce, phase.combine, phase.body.dtype)
 
     # ---- math spellings ----------------------------------------------------------------------
     def unary(self, op: str, x: str, dtype: DType) -> str:
@@ -350,9 +336,39 @@ class _Body:
         hit = self.memo.get(e)
         if hit is not None:
             return hit
-        out = self.bind(e.dtype, self._text(e)) if not isinstance(e, Guard) else self._guard(e)
+        if isinstance(e, Guard):
+            out = self._guard(e)
+        elif isinstance(e, Reduce):
+            out = self.reduction(e.body, e.vars, e.extents, e.combine, e.dtype)
+        else:
+            out = self.bind(e.dtype, self._text(e))
         self.memo[e] = out
         return out
+
+    def reduction(self, body, names, extents, combine: Combine, dtype: DType) -> str:
+        """Emit the loop nest of a reduction; returns the name holding the result."""
+        ct = self.p.compute_type(dtype if combine not in (Combine.ARGMAX, Combine.ARGMIN) else body.dtype)
+        acc = self.fresh()
+        arg = combine in (Combine.ARGMAX, Combine.ARGMIN)
+        lowest, highest = _limits(ct, self.p.inf)
+        init = {Combine.SUM: "0", Combine.PROD: "1", Combine.MAX: lowest, Combine.MIN: highest,
+                Combine.ARGMAX: lowest, Combine.ARGMIN: highest}[combine]
+        self.lines.append(f"{ct} {acc} = {init};")
+        if arg:
+            self.lines.append(f"long long {acc}_arg = 0;")
+        for v, n in zip(names, extents):
+            self.lines.append(f"for (int {v} = 0; {v} < {n}; ++{v}) {{")
+        inner = _Body(self.p, self.kernel, self.ranges | {v: (0, n - 1) for v, n in zip(names, extents)},
+                      self.counter)
+        inner.memo = {k: v for k, v in self.memo.items()}  # outer values are defined before the loop
+        v = inner.value(body)
+        step = {Combine.SUM: f"{acc} += {v};", Combine.PROD: f"{acc} *= {v};",
+                Combine.MAX: f"{acc} = {v} > {acc} ? {v} : {acc};", Combine.MIN: f"{acc} = {v} < {acc} ? {v} : {acc};",
+                Combine.ARGMAX: f"if ({v} > {acc}) {{ {acc} = {v}; {acc}_arg = {names[0]}; }}",
+                Combine.ARGMIN: f"if ({v} < {acc}) {{ {acc} = {v}; {acc}_arg = {names[0]}; }}"}[combine]
+        self.lines += ["    " + x for x in inner.lines + [step]]
+        self.lines += ["}"] * len(extents)
+        return f"{acc}_arg" if arg else acc
 
     def _guard(self, g: Guard) -> str:
         name = self.fresh()

@@ -27,12 +27,21 @@ class RunResult:
 
 
 def _make_plan(graph: PrimGraph, policy: str, device: str) -> Plan:
-    try:
-        from engine.schedule.policies import make_plan
-    except ImportError:
-        raise PlanError(f"policy '{policy}' is not available yet (engine.schedule.policies is missing)",
-                        hint="pass plan= explicitly") from None
-    return make_plan(graph, policy, device)
+    from engine.device import get_device
+    from engine.schedule.policies import make_plan
+
+    return make_plan(graph, policy, get_device(device))
+
+
+def check_plan(plan: Plan, graph: PrimGraph, device: str) -> None:
+    """Refuse a plan that validate rejects, before any code is generated (first violation, one line)."""
+    from engine.device import get_device
+    from engine.schedule.validate import validate
+
+    problems = validate(plan, graph, get_device(device))
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise PlanError(f"plan refused: {problems[0]}{more}", hint="fix the plan or re-plan with a policy")
 
 
 def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: str = "cpu",
@@ -47,7 +56,10 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
         from engine.runtime.cuda_driver import require_cuda
 
         require_cuda()  # before planning: no GPU means a one-line BackendError, fast
-    plan = plan if plan is not None else _make_plan(graph, policy, device)
+    if plan is None:
+        plan = _make_plan(graph, policy, device)
+    else:
+        check_plan(plan, graph, device)
     program = generate(plan, graph, device)
     if backend == "cpu":
         from engine.runtime.cpu import compile_program_c, run_cpu

@@ -109,7 +109,7 @@ def hand_conns(graph: PrimGraph, overrides: dict[str, Conn]) -> dict:
 def policy_plan(graph: PrimGraph, policy: str, device: str = "a100") -> Plan:
     """The scheduler's plan when engine.schedule.make_plan exists; else a hand-built stand-in."""
     try:
-        from engine.schedule import make_plan  # type: ignore[attr-defined]
+        from engine.schedule.policies import make_plan
     except ImportError:
         make_plan = None
     if make_plan is not None:
