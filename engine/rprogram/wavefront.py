@@ -34,13 +34,14 @@ DEFAULT_SYNC_US = 0.5
 
 def build_rprogram(plan: Plan, device: Device, *, graph: PrimGraph | None = None,
                    profile: Mapping[str, float] | object | None = None, merge: bool = True,
-                   sync_us: float = DEFAULT_SYNC_US) -> RProgram:
+                   variants: bool = True, sync_us: float = DEFAULT_SYNC_US) -> RProgram:
     """Schedule the plan's kernels on a vDevice of `device` with the wavefront policy.
 
     With `graph`, kernel variants (the groups' top-k candidate tiles) are costed by the scheduler's cost
     model; without it, scaled from the chosen tile. `profile` gives measured kernel times in µs by kernel
     name (a mapping, or an object with a `kernel_us` mapping); kernels it names use them (labelled
-    "measured"), the others the cost model."""
+    "measured"), the others the cost model. `variants=False` keeps every kernel at the plan's tile
+    (what a Program generated from the plan runs, e.g. as a persistent kernel)."""
     if not plan.groups:
         raise RProgramError(f"plan for {plan.model_name!r} has no kernels to schedule")
     measured = _measured_times(profile)
@@ -48,6 +49,8 @@ def build_rprogram(plan: Plan, device: Device, *, graph: PrimGraph | None = None
     vdev = make_vdevice(device, max(r[0] for r in envelope), max(r[1] for r in envelope),
                         max(r[2] for r in envelope))
     ops = operators_from_plan(plan, device, vdev, measured, graph)
+    if not variants:
+        ops = tuple(dataclasses.replace(op, variants=op.variants[:1]) for op in ops)
     launch_us = device.launch_overhead_s * 1e6
     veus, steps = schedule_wavefront(ops, vdev, barrier_us=device.grid_barrier_s * 1e6, sync_us=sync_us,
                                      merge=merge)
