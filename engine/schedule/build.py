@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from engine.device import Device
+from engine.flags import debug
 from engine.ir.graph import PrimGraph, StageKind
 from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, components, kernel_name
 from engine.schedule.tiles import GroupSchedule, search_group
@@ -190,4 +191,6 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
         reasons[edge] = f"{why}; {decision.reason}"
         scores[edge] = decision.score
         log.append(f"{edge[0]} -> {edge[1]}: {conns[edge].value} ({reasons[edge]})")
+    for line in log:
+        debug(3, line)
     return conns, reasons, scores, log

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from engine.device import Device
 from engine.errors import PlanError
+from engine.flags import debug
 from engine.ir.graph import PrimGraph
 from engine.schedule.plan import Edit, Plan
 
@@ -30,6 +31,11 @@ def make_plan(graph: PrimGraph, policy: str, device: Device, *, edits: Sequence[
         raise PlanError(f"unknown policy '{policy}'", hint=f"use one of {', '.join(POLICIES)}, user")
     started = time.perf_counter()
     plan = fns[policy](graph, device, options or {}, started)
+    debug(1, f"{policy} on {device.name}: {plan.kernels} kernels, DRAM {plan.dram_bytes} B, "
+             f"modeled {plan.modeled_us:.1f} us, scheduled in {plan.schedule_seconds:.2f} s")
+    for g in plan.groups:
+        debug(2, f"{g.name}: {len(g.stages)} stages, {g.blocks} blocks x {g.threads} threads, "
+                 f"{g.cost.modeled_us if g.cost else 0:.2f} us ({g.reason})")
     if edits:
         from engine.schedule.edits import replay
 

@@ -65,7 +65,6 @@ def test_unknown_device(attn_path, capsys):
 
 def test_plan_from_another_model(attn_graph, a100, tmp_path, capsys):
     import onnx
-
     from sched_graphs import attention_model
 
     other = tmp_path / "other.onnx"

@@ -58,9 +58,9 @@ def test_huge_tile_is_rule_1(attn_graph, a100, unfused):
 
 def test_global_sync_beyond_one_wave_is_rule_4(tmp_path, a100):
     import onnx
+    from sched_graphs import attention_model
 
     from engine.frontend.importer import load_graph
-    from sched_graphs import attention_model
 
     onnx.save(attention_model(m=8192, k=8, n=64), tmp_path / "big.onnx")
     graph = load_graph(tmp_path / "big.onnx")
@@ -87,9 +87,9 @@ def test_two_sinks_is_rule_7(attn_graph, a100, unfused):
 
 def test_foreign_plan_and_schema_are_rule_6(attn_graph, a100, unfused, tmp_path):
     import onnx
+    from sched_graphs import attention_model
 
     from engine.frontend.importer import load_graph
-    from sched_graphs import attention_model
 
     onnx.save(attention_model(seed=1), tmp_path / "other.onnx")
     other = load_graph(tmp_path / "other.onnx")
@@ -106,9 +106,9 @@ def test_missing_stage_is_rule_8(attn_graph, a100, unfused):
 
 def test_shared_region_too_big_is_rule_3(tmp_path, a100):
     import onnx
+    from sched_graphs import attention_model
 
     from engine.frontend.importer import load_graph
-    from sched_graphs import attention_model
 
     onnx.save(attention_model(m=4, k=8, n=65536), tmp_path / "wide.onnx")
     graph = load_graph(tmp_path / "wide.onnx")
@@ -117,8 +117,8 @@ def test_shared_region_too_big_is_rule_3(tmp_path, a100):
     with pytest.raises(PlanError) as err:
         apply_edit(plan, graph, a100, Edit.make("set_edge", producer="sm::exp", consumer="sm::sum", conn="shared"))
     assert _rule_of(err.value) in ("footprint", "shared_locality")
-    from engine.schedule.validate import check_group
     from engine.schedule.tiles import make_tile
+    from engine.schedule.validate import check_group
 
     tile = make_tile(graph.stage("sm::sum"), (1, 1), 256)
     found = check_group(graph, ["sm::exp", "sm::sum"], {("sm::exp", "sm::sum"): Conn.SHARED}, [tile], a100)

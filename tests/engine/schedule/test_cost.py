@@ -1,0 +1,60 @@
+"""Cost model (engine/schedule/cost.py): transactions, recompute, footprint and time terms."""
+
+from __future__ import annotations
+
+from engine.schedule.cost import LINE, estimate_group, lines_of
+from engine.schedule.plan import Conn
+from engine.schedule.tiles import make_tile, search_group
+
+
+def test_short_runs_cost_whole_lines():
+    assert lines_of(((0, 4), (0, 1)), 4) == 4  # four rows of one float: a line each
+    assert lines_of(((0, 2), (0, 32)), 4) == 2  # one 128-byte line per row
+    assert lines_of(((0, 1), (0, 33)), 4) == 2  # 132 bytes spill into a second line
+    assert lines_of(((3, 5), (0, 64)), 2) == 2 * ((64 * 2 + LINE - 1) // LINE)
+
+
+def _conns(graph, **levels):
+    out = {e: Conn.KERNEL for e in graph.edges}
+    for key, lvl in levels.items():
+        p, c = key.split("__")
+        out[(p.replace("_", "::"), c.replace("_", "::"))] = lvl
+    return out
+
+
+def test_epilogue_at_register_has_no_recompute_and_saves_traffic(attn_graph, a100):
+    fused = {**{e: Conn.KERNEL for e in attn_graph.edges}, ("mm", "add"): Conn.REGISTER}
+    apart = {e: Conn.KERNEL for e in attn_graph.edges}
+    g = search_group(attn_graph, ["mm", "add"], fused, a100, "welder")
+    assert g.ok and g.cost.recompute_factor == 1.0
+    mm = search_group(attn_graph, ["mm"], apart, a100, "welder")
+    add = search_group(attn_graph, ["add"], apart, a100, "welder")
+    assert g.cost.traffic_bytes["dram"] < mm.cost.traffic_bytes["dram"] + add.cost.traffic_bytes["dram"]
+    assert g.cost.modeled_us < mm.cost.modeled_us + add.cost.modeled_us
+    assert set(g.cost.terms_us) >= {"dram", "l2", "shared", "compute", "launch", "grid_barrier"}
+
+
+def test_register_broadcast_recomputes_and_shared_does_not(attn_graph, a100):
+    # exp reads max[i0, 0] for every column: through registers with 8 threads per row every thread
+    # redoes the max (recompute), through shared memory the block computes it once per row.
+    stages = ["sm::max", "sm::exp"]
+    tile = make_tile(attn_graph.stage("sm::exp"), (16, 24), 128, threads_per_row=8)
+    reg = estimate_group(attn_graph, stages, {("add", "sm::max"): Conn.KERNEL, ("sm::max", "sm::exp"): Conn.REGISTER},
+                         [tile], a100)
+    shr = estimate_group(attn_graph, stages, {("add", "sm::max"): Conn.KERNEL, ("sm::max", "sm::exp"): Conn.SHARED},
+                         [tile], a100)
+    assert reg.recompute_factor > 3 * shr.recompute_factor
+    assert shr.footprint["shared"] == reg.footprint["shared"] + 16 * 4  # the max tile in shared memory
+    # thread per row: the owning thread keeps the max in a register, no recompute
+    row = make_tile(attn_graph.stage("sm::exp"), (16, 24), 32, threads_per_row=1)
+    own = estimate_group(attn_graph, stages, {("sm::max", "sm::exp"): Conn.REGISTER}, [row], a100)
+    assert own.recompute_factor == shr.recompute_factor
+
+
+def test_waves_and_grid_barrier(attn_graph, a100):
+    conns = {e: Conn.KERNEL for e in attn_graph.edges}
+    conns[("sm", "out")] = Conn.GLOBAL_SYNC
+    tiles = [make_tile(attn_graph.stage("sm"), (4, 24), 128), make_tile(attn_graph.stage("out"), (4, 24), 128)]
+    cost = estimate_group(attn_graph, ["sm", "out"], conns, tiles, a100)
+    assert cost.waves == 1 and cost.terms_us["grid_barrier"] > 0
+    assert 0 < cost.wave_efficiency <= 1
