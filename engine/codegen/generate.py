@@ -217,9 +217,10 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname) -
 
     tiles = tuple(-(-n // t) for n, t in zip(anchor.shape, tile.shape))
     regions = {s: fit_region(graph.stage(s).shape, tiles, tables[s]) for s in names if s not in inline}
-    for s in names:
-        if s != anchor.name and needs_global[s] and s not in inline:
-            _check_cover(graph.stage(s), tables[s], gname)
+    # A stage read outside the segment whose tiles do not cover it (the anchor reads only part of it)
+    # gets a completion phase: each block recomputes its flat share of the whole tensor from globals.
+    partial = [s for s in names if s != anchor.name and needs_global[s] and s not in inline
+               and not _covers(graph.stage(s), tables[s])]
 
     block_buf: dict[str, str] = {}
     phases = []
@@ -233,10 +234,16 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname) -
             locals_.append(buf)
             block_buf[s] = buf.name
             stores.append(buf.name)
-        if needs_global[s]:
+        if needs_global[s] and s not in partial:
             stores.append(_global(params, graph, s))
         body = _resolve(stage, graph, inline, block_buf, params)
         phases.append(Phase(s, stage.dtype, body, regions[s], tuple(stores), stage.reduce, stage.combine))
+    for s in partial:
+        stage = graph.stage(s)
+        body = _resolve(stage, graph, set(names) - {s}, {}, params)
+        region = Region(stage.shape, tiles, flat=-(-stage.size // len(boxes)))
+        phases.append(Phase(s, stage.dtype, body, region, (_global(params, graph, s),), stage.reduce,
+                            stage.combine))
     return Segment(anchor.name, len(boxes), tuple(phases))
 
 
@@ -279,14 +286,12 @@ def _one_to_one(graph: PrimGraph, producer: str, consumers: list[str]) -> bool:
     return all(ld.index == ident and ld.pad is None for ld in E.loads(c.body) if ld.tensor == producer)
 
 
-def _check_cover(stage: Stage, boxes: list[Box], gname: str) -> None:
-    """A stage needed outside its segment must be written everywhere by the union of its tiles."""
+def _covers(stage: Stage, boxes: list[Box]) -> bool:
+    """Whether the union of the per-tile boxes is the whole tensor."""
     mask = np.zeros(stage.shape, dtype=bool)
     for b in boxes:
         mask[tuple(slice(lo, hi) for lo, hi in b)] = True
-    if not mask.all():
-        raise PlanError(f"group {gname}: stage {stage.name} is read outside its segment but its tiles cover "
-                        f"only {int(mask.sum())} of {mask.size} elements", hint="connect its consumers at KERNEL")
+    return bool(mask.all())
 
 
 def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[str, str], params) -> E.Expr:

@@ -41,6 +41,7 @@ class Region:
     tiles: tuple[int, ...]  # tiles per anchor dimension
     spans: tuple[Span, ...] = ()
     table: tuple[tuple[int, ...], ...] = ()
+    flat: int = 0  # >0: tile t covers flat elements [t*flat, (t+1)*flat) of the whole tensor
 
     @property
     def rank(self) -> int:

@@ -154,6 +154,8 @@ class Printer:
         tag = "p"
         lines = [f"{{  // {phase.stage}"]
         owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
+        if phase.region.flat:
+            return self.render_flat_phase(kernel, phase)
         if owner is not None:
             tag = owner.name  # bounds already declared for the tile
         else:
@@ -180,6 +182,30 @@ class Printer:
         lines += ["        " + x for x in body]
         lines += ["    }", "}"]
         return lines
+
+    def render_flat_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
+        """Block t computes flat elements [t*chunk, (t+1)*chunk) of the whole tensor."""
+        chunk, shape = phase.region.flat, phase.region.shape
+        size = 1
+        for n in shape:
+            size *= n
+        lines = [f"{{  // {phase.stage}: this block's share of the whole tensor",
+                 f"    const int f_lo = t * {chunk};",
+                 f"    const int n_e = {size} - f_lo < {chunk} ? {size} - f_lo : {chunk};",
+                 "    " + self.thread_loop("e", "n_e") + " {"]
+        body = ["int rem = f_lo + e;"]
+        for d in reversed(range(len(shape))):
+            body.append(f"const int i{d} = rem % {shape[d]}; rem /= {shape[d]};" if d else f"const int i{d} = rem;")
+        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(shape)}
+        ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
+        ssa = _Body(self, kernel, ranges)
+        value = self.render_value(phase, ssa)
+        body += ssa.lines
+        for name in phase.stores:
+            buf = kernel.buffer(name)
+            body.append(f"{name}[{ssa.offset(buf, tuple(I.var(f'i{d}') for d in range(len(shape))))}] = "
+                        f"{self.store_value(value, buf.dtype)};")
+        return lines + ["        " + x for x in body] + ["    }", "}"]
 
     def render_value(self, phase: Phase, ssa: _Body) -> str:
         if phase.combine is None:
@@ -249,6 +275,43 @@ def _limits(ct: str, inf: str) -> tuple[str, str]:
     if ct == "bool":
         return "false", "true"
     return "(-2147483647 - 1)", "2147483647"
+
+
+def _free_vars(e, memo: dict) -> frozenset[str]:
+    """Loop variables an expression depends on (an inlined reduction binds its own)."""
+    key = id(e)
+    if key in memo:
+        return memo[key]
+    if isinstance(e, E.Load):
+        out = frozenset().union(*(ix.vars() for ix in e.index)) if e.index else frozenset()
+    elif isinstance(e, E.IndexVal):
+        out = e.expr.vars()
+    elif isinstance(e, InBounds):
+        out = frozenset().union(*(ix.vars() for ix in e.index)) if e.index else frozenset()
+    elif isinstance(e, Guard):
+        out = _free_vars(e.cond, memo) | _free_vars(e.x, memo)
+    elif isinstance(e, Reduce):
+        out = _free_vars(e.body, memo) - set(e.vars)
+    else:
+        out = frozenset().union(*(_free_vars(c, memo) for c in E.children(e))) if E.children(e) else frozenset()
+    memo[key] = out
+    return out
+
+
+def _invariant_reductions(body, loop_vars: set[str]) -> list:
+    """Inlined reductions in `body` that do not depend on `loop_vars`, outermost first; none from
+    under a pad guard (hoisted out of it, their reads could leave the tensor)."""
+    memo: dict = {}
+    found, stack = [], [body]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Guard):
+            continue
+        if isinstance(n, Reduce) and not (_free_vars(n, memo) & loop_vars):
+            found.append(n)
+            continue
+        stack.extend(reversed(E.children(n)) if not isinstance(n, Reduce) else [n.body])
+    return found
 
 
 class _Body:
@@ -356,6 +419,8 @@ class _Body:
         self.lines.append(f"{ct} {acc} = {init};")
         if arg:
             self.lines.append(f"long long {acc}_arg = 0;")
+        for node in _invariant_reductions(body, set(names)):
+            self.value(node)  # loop-invariant inner reduction (a row mean inside a GEMM's k loop): once
         for v, n in zip(names, extents):
             self.lines.append(f"for (int {v} = 0; {v} < {n}; ++{v}) {{")
         inner = _Body(self.p, self.kernel, self.ranges | {v: (0, n - 1) for v, n in zip(names, extents)},
