@@ -89,10 +89,14 @@ def fuse_memory(graph: PrimGraph, reductions: bool = True) -> dict:
 
 
 HAND_FUSED = {
-    # Two segments split by a grid barrier (cooperative kernel), REGISTER chains on both sides.
-    "gelu_chain_global_sync": ("gelu_chain", {"Mul_7_out->Tanh_8_out": Conn.GLOBAL_SYNC}),
+    # Two segments split by a grid barrier (cooperative kernel), REGISTER chains on both sides; tiles
+    # large enough that every block is resident in one wave (validate's global_sync_wave rule).
+    "gelu_chain_global_sync": ("gelu_chain", {"Mul_7_out->Tanh_8_out": Conn.GLOBAL_SYNC},
+                               {"Mul_7_out": Tile("", (8, 512), 256, 96), "y": Tile("", (8, 512), 256, 96)}),
     "masked_softmax_global_sync": ("masked_softmax", {"Add_6_out->probs::max": Conn.GLOBAL_SYNC,
-                                                      "Add_6_out->probs::exp": Conn.GLOBAL_SYNC}),
+                                                      "Add_6_out->probs::exp": Conn.GLOBAL_SYNC},
+                                   {"Add_6_out": Tile("", (1, 1, 16, 128), 256, 96),
+                                    "probs": Tile("", (1, 1, 16, 128), 256, 96)}),
 }
 
 

@@ -48,9 +48,9 @@ def test_every_kernel_compiles(name, policy):
 
 @pytest.mark.parametrize("case", sorted(HAND_FUSED))
 def test_cooperative_kernels_compile(case):
-    name, overrides = HAND_FUSED[case]
+    name, overrides, tiles = HAND_FUSED[case]
     graph = _graph(name)
-    program = generate(make_test_plan(graph, hand_conns(graph, overrides)), graph)
+    program = generate(make_test_plan(graph, hand_conns(graph, overrides), tiles), graph)
     source = _compile_all(program)
     assert "cg::this_grid().sync();" in source and "__syncthreads();" in source
     assert program.launches[0].cooperative

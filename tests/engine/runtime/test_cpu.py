@@ -49,9 +49,9 @@ def test_sample_matches_onnxruntime(name, policy):
 
 @pytest.mark.parametrize("case", sorted(HAND_FUSED))
 def test_grid_barrier_plans_match(case):
-    name, overrides = HAND_FUSED[case]
+    name, overrides, tiles = HAND_FUSED[case]
     graph, inputs, expected = _sample(name)
-    plan = make_test_plan(graph, hand_conns(graph, overrides))
+    plan = make_test_plan(graph, hand_conns(graph, overrides), tiles)
     result = run_model(graph, inputs, backend="cpu", plan=plan)
     assert len(result.program.kernels) == 1
     assert result.program.kernels[0].cooperative and result.program.launches[0].cooperative

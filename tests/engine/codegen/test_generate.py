@@ -1,0 +1,134 @@
+"""Plan → Program (engine/codegen/generate.py), memory planning (engine/runtime/memory.py) and the
+compile CLI: structure of kernels, segments and buffers, and refusals with one-line reasons."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plans import fuse_all, hand_conns, make_test_plan  # noqa: E402
+from sample_io import SAMPLES, load_sample  # noqa: E402
+
+from engine.codegen.generate import fit_region, generate  # noqa: E402
+from engine.codegen.kir import Scope  # noqa: E402
+from engine.errors import PlanError  # noqa: E402
+from engine.runtime.memory import plan_memory  # noqa: E402
+from engine.schedule.plan import Conn, Tile  # noqa: E402
+
+
+def test_unfused_plan_is_one_kernel_per_stage_in_dependency_order():
+    graph = load_sample("layernorm_residual")[0]
+    program = generate(make_test_plan(graph), graph)
+    assert len(program.kernels) == len(graph.stages)
+    done = set(program.inputs) | set(program.constants)
+    for launch in program.launches:
+        kernel = program.kernel(launch.kernel)
+        written = {n for s in kernel.segments for p in s.phases for n in p.stores}
+        reads = [b.tensor for b in kernel.params if b.name not in written]
+        assert set(reads) <= done, launch.kernel
+        done |= {kernel.buffer(n).tensor for n in written}
+
+
+def test_fused_layernorm_inlines_register_producers_and_keeps_reductions_in_block_buffers():
+    graph = load_sample("layernorm_residual")[0]
+    program = generate(make_test_plan(graph, fuse_all(graph)), graph)
+    (kernel,) = program.kernels
+    assert kernel.name.startswith("k00_add_mean")
+    phases = [p.stage for s in kernel.segments for p in s.phases]
+    assert phases == ["ReduceMean_2_out::sum", "ReduceMean_6_out::sum", "y"]
+    assert [b.tensor for b in kernel.locals] == ["ReduceMean_2_out::sum", "ReduceMean_6_out::sum"]
+    assert all(b.scope == Scope.BLOCK for b in kernel.locals)
+    assert {b.tensor for b in kernel.params} == {"x", "residual", "gamma", "beta", "y"}
+    assert program.memory.arena_bytes == 0  # nothing intermediate reaches global memory
+
+
+def test_grid_barrier_splits_segments_and_caps_the_grid_to_one_wave():
+    from engine.device import get_device, resident_blocks_per_sm
+
+    graph = load_sample("gelu_chain")[0]
+    plan = make_test_plan(graph, hand_conns(graph, {"Mul_7_out->Tanh_8_out": Conn.GLOBAL_SYNC}),
+                          {"y": Tile("", (1, 32), 32, 0), "Mul_7_out": Tile("", (1, 32), 32, 0)})
+    program = generate(plan, graph, "a100")
+    (kernel,) = program.kernels
+    assert [s.anchor for s in kernel.segments] == ["Mul_7_out", "y"]
+    assert "Mul_7_out" in {b.tensor for b in kernel.params}  # crosses the grid barrier in global memory
+    dev = get_device("a100")
+    per_sm, _ = resident_blocks_per_sm(dev, kernel.threads, 0, kernel.shared_bytes)
+    (launch,) = program.launches
+    assert launch.cooperative and launch.grid == per_sm * dev.sm_count < kernel.ntiles  # blocks loop over tiles
+
+
+def test_segment_without_exactly_one_tile_is_refused():
+    graph = load_sample("gelu_chain")[0]
+    plan = make_test_plan(graph, fuse_all(graph))
+    group = plan.groups[0]
+    extra = Tile("Mul_7_out", (1, 256), 128, 1536)
+    bad = plan.__class__(**{**plan.__dict__, "groups": (group.__class__(**{**group.__dict__,
+                                                                             "segments": group.segments + (extra,)}),)})
+    with pytest.raises(PlanError, match="needs exactly one"):
+        generate(bad, graph)
+
+
+def test_plan_for_another_model_is_refused():
+    a, b = load_sample("gelu_chain")[0], load_sample("layernorm_residual")[0]
+    with pytest.raises(PlanError, match="model hash"):
+        generate(make_test_plan(a), b)
+
+
+def test_fit_region_affine_and_clamped_halo():
+    # A 3-wide stencil over 10 elements in tiles of 4: boxes clipped at both ends are still affine.
+    boxes = [((max(0, 4 * t - 1), min(10, 4 * t + 5)),) for t in range(3)]
+    region = fit_region((10,), (3,), boxes)
+    (span,) = region.spans
+    assert (span.base, span.ext, span.coeffs, span.clamp) == (-1, 6, (4,), True)
+    # Irregular boxes fall back to a table.
+    odd = [((0, 3),), ((3, 4),), ((4, 10),)]
+    assert fit_region((10,), (3,), odd).table == ((0, 3), (3, 4), (4, 10))
+
+
+def test_memory_plan_reuses_dead_buffers_and_never_overlaps_live_ones():
+    rng = np.random.default_rng(3)
+    tensors = [(f"t{k}", int(rng.integers(1, 5000)), int(a), int(a + rng.integers(0, 4)))
+               for k, a in enumerate(rng.integers(0, 10, 40))]
+    mem = plan_memory(tensors)
+    assert mem.arena_bytes <= mem.naive_bytes
+    allocs = mem.allocations
+    for i, x in enumerate(allocs):
+        for y in allocs[i + 1:]:
+            live = not (x.last < y.first or y.last < x.first)
+            disjoint = x.offset + x.nbytes <= y.offset or y.offset + y.nbytes <= x.offset
+            assert not live or disjoint, (x, y)
+    chain = plan_memory([("a", 1000, 0, 1), ("b", 1000, 1, 2), ("c", 1000, 2, 3)])
+    assert chain.arena_bytes < chain.naive_bytes  # a and c never live together
+
+
+def test_compile_cli_writes_sources_ptx_cubin_and_program_json(tmp_path):
+    from engine.cli import main
+
+    rc = main(["compile", str(SAMPLES / "masked_softmax.onnx"), "--policy", "stitch", "--target", "cuda",
+               "--device", "h100", "-o", str(tmp_path)])
+    assert rc == 0
+    meta = json.loads((tmp_path / "program.json").read_text())
+    assert meta["arch"] == "sm_90" and meta["launches"]
+    assert {"kernel", "grid", "block", "shared_bytes", "cooperative", "args"} <= meta["launches"][0].keys()
+    assert (tmp_path / "masked_softmax.sm_90.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert ".entry " + meta["kernels"][0]["name"] in (tmp_path / "masked_softmax.sm_90.ptx").read_text()
+
+
+def test_compile_cli_refuses_a_foreign_plan(tmp_path, capsys):
+    from engine.cli import main
+
+    graph = load_sample("gelu_chain")[0]
+    from engine.schedule.plan import plan_to_json
+
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan_to_json(make_test_plan(graph))))
+    rc = main(["compile", str(SAMPLES / "layernorm_residual.onnx"), "--plan-in", str(plan_file),
+               "--target", "c", "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: plan was made for model") and "\n" not in err
