@@ -7,6 +7,7 @@ inlined into their consumers, everything else becomes a phase writing a BLOCK an
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -156,9 +157,26 @@ def _build_kernel(group: Group, graph: PrimGraph, conns) -> Kernel:
     for tile, names in _segments(group, graph, conns):
         segments.append(_build_segment(tile, names, graph, conns, members, params, locals_, group.name))
     threads = max(t.threads for t in group.segments)
+    segments = [_map_lanes(seg, threads) for seg in segments]
     origin = tuple(dict.fromkeys(o for s in group.stages for o in graph.stage(s).origin))
     return Kernel(group.name, tuple(params.values()), tuple(locals_), tuple(segments), threads,
                   tuple(group.stages), origin)
+
+
+def _map_lanes(seg: Segment, threads: int) -> Segment:
+    """Lanes per row for each reduction phase: the block's threads spread over the rows of the phase's
+    region (a power of two up to a warp, so lanes combine with shuffles). Float sum/max/min/prod only."""
+    phases = []
+    for p in seg.phases:
+        lanes = 1
+        if p.combine is not None and not p.region.flat and p.dtype.is_float and threads % 32 == 0 \
+                and p.combine.value in ("sum", "max", "min", "prod"):
+            rows = int(np.prod(p.region.extent, dtype=np.int64))
+            want = max(1, threads // max(rows, 1))
+            while lanes * 2 <= min(32, want, int(np.prod(p.reduce, dtype=np.int64))):
+                lanes *= 2
+        phases.append(dataclasses.replace(p, threads_per_row=lanes))
+    return dataclasses.replace(seg, phases=tuple(phases))
 
 
 def _global(params: dict[str, Buffer], graph: PrimGraph, tensor: str) -> str:

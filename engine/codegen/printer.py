@@ -207,11 +207,11 @@ class Printer:
                         f"{self.store_value(value, buf.dtype)};")
         return lines + ["        " + x for x in body] + ["    }", "}"]
 
-    def render_value(self, phase: Phase, ssa: _Body) -> str:
+    def render_value(self, phase: Phase, ssa: _Body, lanes: int = 1) -> str:
         if phase.combine is None:
             return ssa.value(phase.body)
         names = tuple(f"r{k}" for k in range(len(phase.reduce)))
-        return ssa.reduction(phase.body, names, phase.reduce, phase.combine, phase.body.dtype)
+        return ssa.reduction(phase.body, names, phase.reduce, phase.combine, phase.body.dtype, lanes)
 
     # ---- math spellings ----------------------------------------------------------------------
     def unary(self, op: str, x: str, dtype: DType) -> str:
@@ -408,7 +408,7 @@ class _Body:
         self.memo[e] = out
         return out
 
-    def reduction(self, body, names, extents, combine: Combine, dtype: DType) -> str:
+    def reduction(self, body, names, extents, combine: Combine, dtype: DType, lanes: int = 1) -> str:
         """Emit the loop nest of a reduction; returns the name holding the result."""
         ct = self.p.compute_type(dtype if combine not in (Combine.ARGMAX, Combine.ARGMIN) else body.dtype)
         acc = self.fresh()
@@ -421,8 +421,19 @@ class _Body:
             self.lines.append(f"long long {acc}_arg = 0;")
         for node in _invariant_reductions(body, set(names)):
             self.value(node)  # loop-invariant inner reduction (a row mean inside a GEMM's k loop): once
-        for v, n in zip(names, extents):
-            self.lines.append(f"for (int {v} = 0; {v} < {n}; ++{v}) {{")
+        if lanes > 1:
+            # Lanes of a row split the flattened reduction: lane l takes elements l, l+lanes, ...
+            total = 1
+            for n in extents:
+                total *= n
+            self.lines.append(f"for (int rf = lane; rf < {total}; rf += {lanes}) {{")
+            rest = "rf"
+            for v, n in reversed(list(zip(names, extents))):
+                self.lines.append(f"    const int {v} = {rest} % {n};" if v != names[0] else f"    const int {v} = {rest};")
+                rest = f"({rest} / {n})"
+        else:
+            for v, n in zip(names, extents):
+                self.lines.append(f"for (int {v} = 0; {v} < {n}; ++{v}) {{")
         inner = _Body(self.p, self.kernel, self.ranges | {v: (0, n - 1) for v, n in zip(names, extents)},
                       self.counter)
         inner.memo = {k: v for k, v in self.memo.items()}  # outer values are defined before the loop
@@ -432,7 +443,7 @@ class _Body:
                 Combine.ARGMAX: f"if ({v} > {acc}) {{ {acc} = {v}; {acc}_arg = {names[0]}; }}",
                 Combine.ARGMIN: f"if ({v} < {acc}) {{ {acc} = {v}; {acc}_arg = {names[0]}; }}"}[combine]
         self.lines += ["    " + x for x in inner.lines + [step]]
-        self.lines += ["}"] * len(extents)
+        self.lines += ["}"] * (1 if lanes > 1 else len(extents))
         return f"{acc}_arg" if arg else acc
 
     def _guard(self, g: Guard) -> str:

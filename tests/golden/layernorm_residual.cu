@@ -18,41 +18,73 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
         const int s_ReduceMean_2_out__sum_lo1 = 0, s_ReduceMean_2_out__sum_hi1 = s_ReduceMean_2_out__sum_lo1 + 1;
         const int s_ReduceMean_6_out__sum_lo0 = 1 * tc0, s_ReduceMean_6_out__sum_hi0 = s_ReduceMean_6_out__sum_lo0 + 1;
         const int s_ReduceMean_6_out__sum_lo1 = 0, s_ReduceMean_6_out__sum_hi1 = s_ReduceMean_6_out__sum_lo1 + 1;
-        {  // ReduceMean_2_out::sum
+        {  // ReduceMean_2_out::sum: 32 lanes per row, warp-shuffle combine
             const int n_e = (s_ReduceMean_2_out__sum_hi0 - s_ReduceMean_2_out__sum_lo0) * (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1);
-            for (int e = threadIdx.x; e < n_e; e += blockDim.x) {
-                int rem = e;
-                const int i1 = s_ReduceMean_2_out__sum_lo1 + rem % (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1); rem /= (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1);
-                const int i0 = s_ReduceMean_2_out__sum_lo0 + rem;
-                float v1 = 0;
-                for (int r0 = 0; r0 < 768; ++r0) {
-                    const float v2 = g_x[(i0) * 768 + r0];
-                    const float v3 = g_residual[(i0) * 768 + r0];
-                    const float v4 = (v2 + v3);
-                    v1 += v4;
+            const int lane = threadIdx.x % 32, grp = threadIdx.x / 32, ngrp = blockDim.x / 32;
+            for (int base = 0; base < n_e; base += ngrp) {
+                const int e = base + grp;
+                float part = 0.0f;
+                if (e < n_e) {
+                    int rem = e;
+                    const int i1 = s_ReduceMean_2_out__sum_lo1 + rem % (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1); rem /= (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1);
+                    const int i0 = s_ReduceMean_2_out__sum_lo0 + rem;
+                    float v1 = 0;
+                    for (int rf = lane; rf < 768; rf += 32) {
+                        const int r0 = rf;
+                        const float v2 = g_x[(i0) * 768 + r0];
+                        const float v3 = g_residual[(i0) * 768 + r0];
+                        const float v4 = (v2 + v3);
+                        v1 += v4;
+                    }
+                    part = v1;
                 }
-                s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_2_out__sum_lo1)] = v1;
+                for (int off = 16; off > 0; off >>= 1) {
+                    const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
+                    part += o;
+                }
+                if (e < n_e && lane == 0) {
+                    int rem = e;
+                    const int i1 = s_ReduceMean_2_out__sum_lo1 + rem % (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1); rem /= (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1);
+                    const int i0 = s_ReduceMean_2_out__sum_lo0 + rem;
+                    s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_2_out__sum_lo1)] = part;
+                }
             }
         }
         __syncthreads();
-        {  // ReduceMean_6_out::sum
+        {  // ReduceMean_6_out::sum: 32 lanes per row, warp-shuffle combine
             const int n_e = (s_ReduceMean_6_out__sum_hi0 - s_ReduceMean_6_out__sum_lo0) * (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1);
-            for (int e = threadIdx.x; e < n_e; e += blockDim.x) {
-                int rem = e;
-                const int i1 = s_ReduceMean_6_out__sum_lo1 + rem % (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1); rem /= (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1);
-                const int i0 = s_ReduceMean_6_out__sum_lo0 + rem;
-                float v1 = 0;
-                for (int r0 = 0; r0 < 768; ++r0) {
-                    const float v2 = g_x[(i0) * 768 + r0];
-                    const float v3 = g_residual[(i0) * 768 + r0];
-                    const float v4 = (v2 + v3);
-                    const float v5 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
-                    const float v6 = (v5 / 768.0f);
-                    const float v7 = (v4 - v6);
-                    const float v8 = powf(v7, 2.0f);
-                    v1 += v8;
+            const int lane = threadIdx.x % 32, grp = threadIdx.x / 32, ngrp = blockDim.x / 32;
+            for (int base = 0; base < n_e; base += ngrp) {
+                const int e = base + grp;
+                float part = 0.0f;
+                if (e < n_e) {
+                    int rem = e;
+                    const int i1 = s_ReduceMean_6_out__sum_lo1 + rem % (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1); rem /= (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1);
+                    const int i0 = s_ReduceMean_6_out__sum_lo0 + rem;
+                    float v1 = 0;
+                    for (int rf = lane; rf < 768; rf += 32) {
+                        const int r0 = rf;
+                        const float v2 = g_x[(i0) * 768 + r0];
+                        const float v3 = g_residual[(i0) * 768 + r0];
+                        const float v4 = (v2 + v3);
+                        const float v5 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
+                        const float v6 = (v5 / 768.0f);
+                        const float v7 = (v4 - v6);
+                        const float v8 = powf(v7, 2.0f);
+                        v1 += v8;
+                    }
+                    part = v1;
                 }
-                s_ReduceMean_6_out__sum[((i0 - s_ReduceMean_6_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_6_out__sum_lo1)] = v1;
+                for (int off = 16; off > 0; off >>= 1) {
+                    const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
+                    part += o;
+                }
+                if (e < n_e && lane == 0) {
+                    int rem = e;
+                    const int i1 = s_ReduceMean_6_out__sum_lo1 + rem % (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1); rem /= (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1);
+                    const int i0 = s_ReduceMean_6_out__sum_lo0 + rem;
+                    s_ReduceMean_6_out__sum[((i0 - s_ReduceMean_6_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_6_out__sum_lo1)] = part;
+                }
             }
         }
         __syncthreads();

@@ -24,48 +24,84 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
         const int s_probs__sum_lo1 = 1 * tc1, s_probs__sum_hi1 = s_probs__sum_lo1 + 1;
         const int s_probs__sum_lo2 = 2 * tc2, s_probs__sum_hi2 = s_probs__sum_lo2 + 2;
         const int s_probs__sum_lo3 = 0, s_probs__sum_hi3 = s_probs__sum_lo3 + 1;
-        {  // probs::max
+        {  // probs::max: 32 lanes per row, warp-shuffle combine
             const int n_e = (s_probs__max_hi0 - s_probs__max_lo0) * (s_probs__max_hi1 - s_probs__max_lo1) * (s_probs__max_hi2 - s_probs__max_lo2) * (s_probs__max_hi3 - s_probs__max_lo3);
-            for (int e = threadIdx.x; e < n_e; e += blockDim.x) {
-                int rem = e;
-                const int i3 = s_probs__max_lo3 + rem % (s_probs__max_hi3 - s_probs__max_lo3); rem /= (s_probs__max_hi3 - s_probs__max_lo3);
-                const int i2 = s_probs__max_lo2 + rem % (s_probs__max_hi2 - s_probs__max_lo2); rem /= (s_probs__max_hi2 - s_probs__max_lo2);
-                const int i1 = s_probs__max_lo1 + rem % (s_probs__max_hi1 - s_probs__max_lo1); rem /= (s_probs__max_hi1 - s_probs__max_lo1);
-                const int i0 = s_probs__max_lo0 + rem;
-                float v1 = (-__int_as_float(0x7f800000));
-                for (int r0 = 0; r0 < 128; ++r0) {
-                    const float v2 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
-                    const float v3 = (v2 * 0.125f);
-                    const bool v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
-                    const float v5 = v4 ? 0.0f : (-1e+09f);
-                    const float v6 = (v3 + v5);
-                    v1 = v6 > v1 ? v6 : v1;
+            const int lane = threadIdx.x % 32, grp = threadIdx.x / 32, ngrp = blockDim.x / 32;
+            for (int base = 0; base < n_e; base += ngrp) {
+                const int e = base + grp;
+                float part = (-__int_as_float(0x7f800000));
+                if (e < n_e) {
+                    int rem = e;
+                    const int i3 = s_probs__max_lo3 + rem % (s_probs__max_hi3 - s_probs__max_lo3); rem /= (s_probs__max_hi3 - s_probs__max_lo3);
+                    const int i2 = s_probs__max_lo2 + rem % (s_probs__max_hi2 - s_probs__max_lo2); rem /= (s_probs__max_hi2 - s_probs__max_lo2);
+                    const int i1 = s_probs__max_lo1 + rem % (s_probs__max_hi1 - s_probs__max_lo1); rem /= (s_probs__max_hi1 - s_probs__max_lo1);
+                    const int i0 = s_probs__max_lo0 + rem;
+                    float v1 = (-__int_as_float(0x7f800000));
+                    for (int rf = lane; rf < 128; rf += 32) {
+                        const int r0 = rf;
+                        const float v2 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
+                        const float v3 = (v2 * 0.125f);
+                        const bool v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
+                        const float v5 = v4 ? 0.0f : (-1e+09f);
+                        const float v6 = (v3 + v5);
+                        v1 = v6 > v1 ? v6 : v1;
+                    }
+                    part = v1;
                 }
-                s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (i3 - s_probs__max_lo3)] = v1;
+                for (int off = 16; off > 0; off >>= 1) {
+                    const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
+                    part = o > part ? o : part;
+                }
+                if (e < n_e && lane == 0) {
+                    int rem = e;
+                    const int i3 = s_probs__max_lo3 + rem % (s_probs__max_hi3 - s_probs__max_lo3); rem /= (s_probs__max_hi3 - s_probs__max_lo3);
+                    const int i2 = s_probs__max_lo2 + rem % (s_probs__max_hi2 - s_probs__max_lo2); rem /= (s_probs__max_hi2 - s_probs__max_lo2);
+                    const int i1 = s_probs__max_lo1 + rem % (s_probs__max_hi1 - s_probs__max_lo1); rem /= (s_probs__max_hi1 - s_probs__max_lo1);
+                    const int i0 = s_probs__max_lo0 + rem;
+                    s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (i3 - s_probs__max_lo3)] = part;
+                }
             }
         }
         __syncthreads();
-        {  // probs::sum
+        {  // probs::sum: 32 lanes per row, warp-shuffle combine
             const int n_e = (s_probs__sum_hi0 - s_probs__sum_lo0) * (s_probs__sum_hi1 - s_probs__sum_lo1) * (s_probs__sum_hi2 - s_probs__sum_lo2) * (s_probs__sum_hi3 - s_probs__sum_lo3);
-            for (int e = threadIdx.x; e < n_e; e += blockDim.x) {
-                int rem = e;
-                const int i3 = s_probs__sum_lo3 + rem % (s_probs__sum_hi3 - s_probs__sum_lo3); rem /= (s_probs__sum_hi3 - s_probs__sum_lo3);
-                const int i2 = s_probs__sum_lo2 + rem % (s_probs__sum_hi2 - s_probs__sum_lo2); rem /= (s_probs__sum_hi2 - s_probs__sum_lo2);
-                const int i1 = s_probs__sum_lo1 + rem % (s_probs__sum_hi1 - s_probs__sum_lo1); rem /= (s_probs__sum_hi1 - s_probs__sum_lo1);
-                const int i0 = s_probs__sum_lo0 + rem;
-                float v1 = 0;
-                for (int r0 = 0; r0 < 128; ++r0) {
-                    const float v2 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
-                    const float v3 = (v2 * 0.125f);
-                    const bool v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
-                    const float v5 = v4 ? 0.0f : (-1e+09f);
-                    const float v6 = (v3 + v5);
-                    const float v7 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
-                    const float v8 = (v6 - v7);
-                    const float v9 = expf(v8);
-                    v1 += v9;
+            const int lane = threadIdx.x % 32, grp = threadIdx.x / 32, ngrp = blockDim.x / 32;
+            for (int base = 0; base < n_e; base += ngrp) {
+                const int e = base + grp;
+                float part = 0.0f;
+                if (e < n_e) {
+                    int rem = e;
+                    const int i3 = s_probs__sum_lo3 + rem % (s_probs__sum_hi3 - s_probs__sum_lo3); rem /= (s_probs__sum_hi3 - s_probs__sum_lo3);
+                    const int i2 = s_probs__sum_lo2 + rem % (s_probs__sum_hi2 - s_probs__sum_lo2); rem /= (s_probs__sum_hi2 - s_probs__sum_lo2);
+                    const int i1 = s_probs__sum_lo1 + rem % (s_probs__sum_hi1 - s_probs__sum_lo1); rem /= (s_probs__sum_hi1 - s_probs__sum_lo1);
+                    const int i0 = s_probs__sum_lo0 + rem;
+                    float v1 = 0;
+                    for (int rf = lane; rf < 128; rf += 32) {
+                        const int r0 = rf;
+                        const float v2 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
+                        const float v3 = (v2 * 0.125f);
+                        const bool v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
+                        const float v5 = v4 ? 0.0f : (-1e+09f);
+                        const float v6 = (v3 + v5);
+                        const float v7 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
+                        const float v8 = (v6 - v7);
+                        const float v9 = expf(v8);
+                        v1 += v9;
+                    }
+                    part = v1;
                 }
-                s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (i3 - s_probs__sum_lo3)] = v1;
+                for (int off = 16; off > 0; off >>= 1) {
+                    const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
+                    part += o;
+                }
+                if (e < n_e && lane == 0) {
+                    int rem = e;
+                    const int i3 = s_probs__sum_lo3 + rem % (s_probs__sum_hi3 - s_probs__sum_lo3); rem /= (s_probs__sum_hi3 - s_probs__sum_lo3);
+                    const int i2 = s_probs__sum_lo2 + rem % (s_probs__sum_hi2 - s_probs__sum_lo2); rem /= (s_probs__sum_hi2 - s_probs__sum_lo2);
+                    const int i1 = s_probs__sum_lo1 + rem % (s_probs__sum_hi1 - s_probs__sum_lo1); rem /= (s_probs__sum_hi1 - s_probs__sum_lo1);
+                    const int i0 = s_probs__sum_lo0 + rem;
+                    s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (i3 - s_probs__sum_lo3)] = part;
+                }
             }
         }
         __syncthreads();
