@@ -473,6 +473,10 @@ class _Body:
         if isinstance(e, E.Unary):
             return self.p.unary(e.op, self.value(e.x), e.x.dtype)
         if isinstance(e, E.Binary):
+            if e.op == "pow" and e.a.dtype.is_float and isinstance(e.b, E.Imm) and e.b.value in (1.0, 2.0, 3.0, 0.5):
+                # Small constant exponents (x^2 in variances, x^3 in GELU): products, not a powf call.
+                x = self.value(e.a)
+                return {1.0: x, 2.0: f"({x} * {x})", 3.0: f"({x} * {x} * {x})", 0.5: f"sqrtf({x})"}[e.b.value]
             return self.p.binary(e.op, self.value(e.a), self.value(e.b), e.a.dtype)
         if isinstance(e, E.Select):
             return f"{self.value(e.cond)} ? {self.value(e.a)} : {self.value(e.b)}"

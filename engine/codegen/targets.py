@@ -38,6 +38,35 @@ class CPrinter(Printer):
     def thread_loop(self, var: str, count: str) -> str:
         return f"for (int {var} = 0; {var} < {count}; ++{var})"
 
+    def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
+        """The block's threads run one after another, so a phase is a plain loop nest over its region
+        (innermost axis last: contiguous, vectorisable), not a flat index split with div/mod."""
+        if phase.region.flat:
+            return super().render_phase(kernel, phase)
+        owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
+        tag = owner.name if owner is not None else "p"
+        lines = [f"{{  // {phase.stage}"]
+        if owner is None:
+            lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
+        r = phase.region.rank
+        depth = "    "
+        for d in range(r):
+            lines.append(f"{depth}for (int i{d} = {tag}_lo{d}; i{d} < {tag}_hi{d}; ++i{d}) {{")
+            depth += "    "
+        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
+        ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
+        ssa = _Body(self, kernel, ranges)
+        value = self.render_value(phase, ssa)
+        body = list(ssa.lines)
+        for name in phase.stores:
+            buf = kernel.buffer(name)
+            idx = tuple(I.var(f"i{d}") for d in range(r))
+            body.append(f"{name}[{ssa.offset(buf, idx)}] = {self.store_value(value, buf.dtype)};")
+        lines += [depth + x for x in body]
+        for d in reversed(range(r)):
+            lines.append("    " * (d + 1) + "}")
+        return lines + ["}"]
+
     def tile_loop(self, seg: Segment) -> list[str]:
         return ["#pragma omp parallel for schedule(static)", f"for (int t = 0; t < {seg.ntiles}; ++t) {{"]
 

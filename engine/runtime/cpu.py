@@ -66,19 +66,43 @@ def bind_buffers(program: Program, graph_specs: Mapping, inputs: Mapping[str, np
 
 
 def run_cpu(module: CpuModule, graph_specs: Mapping, inputs: Mapping[str, np.ndarray],
-            weights: Mapping[str, np.ndarray], *, repeat: int = 1) -> tuple[dict[str, np.ndarray], Profile]:
-    """Run every launch in order (each `repeat` times, timing the median); outputs by ONNX name."""
+            weights: Mapping[str, np.ndarray], *, repeat: int = 1,
+            library: Mapping | None = None) -> tuple[dict[str, np.ndarray], Profile]:
+    """Run every launch in order (each `repeat` times, timing the median); outputs by ONNX name.
+
+    `library` (stage name -> Stage) runs kernels that are exactly one contraction stage through NumPy
+    BLAS instead of the generated GEMM/conv (as AStitch leaves GEMMs to cuBLAS)."""
     program = module.program
     env = bind_buffers(program, graph_specs, inputs, weights)
     times = []
     for launch in program.launches:
-        fn = module.function(launch.kernel)
-        args = [env[t].ctypes.data for t in launch.args]
+        kernel = program.kernel(launch.kernel)
+        call = _library_call(kernel, env, library) if library else None
+        if call is None:
+            fn = module.function(launch.kernel)
+            args = [env[t].ctypes.data for t in launch.args]
+
+            def call(fn=fn, args=args):
+                fn(*args)
         samples = []
         for _ in range(max(1, repeat)):
             t0 = time.perf_counter()
-            fn(*args)
+            call()
             samples.append((time.perf_counter() - t0) * 1e6)
         times.append(KernelTime(launch.kernel, statistics.median(samples), len(samples)))
     outs = {name: env[t].copy() for name, t in zip(program.output_names, program.outputs)}
-    return outs, Profile(LABEL, "cpu", tuple(times))
+    label = LABEL if not library else LABEL.replace(")", ", contractions through NumPy BLAS)")
+    return outs, Profile(label, "cpu", tuple(times))
+
+
+def _library_call(kernel, env: dict, stages: Mapping):
+    from engine.ir.graph import StageKind
+    from engine.runtime.reference import eval_stage
+
+    if len(kernel.stages) != 1 or stages[kernel.stages[0]].kind != StageKind.CONTRACTION:
+        return None
+    stage = stages[kernel.stages[0]]
+
+    def call():
+        env[stage.name][...] = eval_stage(stage, env)
+    return call

@@ -46,8 +46,9 @@ def check_plan(plan: Plan, graph: PrimGraph, device: str) -> None:
 
 def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: str = "cpu",
               policy: str = "welder", device: str = "a100", plan: Plan | None = None,
-              repeat: int = 1) -> RunResult:
-    """Plan (unless `plan` is given), generate and run `graph` on `backend`; outputs by ONNX name."""
+              repeat: int = 1, library: bool = False) -> RunResult:
+    """Plan (unless `plan` is given), generate and run `graph` on `backend`; outputs by ONNX name.
+    `library` (cpu only): kernels that are a lone contraction run through NumPy BLAS."""
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend '{backend}' (choose one of {', '.join(BACKENDS)})")
     if backend == "reference":
@@ -64,7 +65,8 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
     if backend == "cpu":
         from engine.runtime.cpu import compile_program_c, run_cpu
 
-        outs, profile = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights, repeat=repeat)
+        outs, profile = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights, repeat=repeat,
+                                library=graph.stage_map if library else None)
     else:
         from engine.runtime.cuda import run_cuda
 

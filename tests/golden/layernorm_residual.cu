@@ -70,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
                         const float v5 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
                         const float v6 = (v5 / 768.0f);
                         const float v7 = (v4 - v6);
-                        const float v8 = powf(v7, 2.0f);
+                        const float v8 = (v7 * v7);
                         v1 += v8;
                     }
                     part = v1;

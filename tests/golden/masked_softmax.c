@@ -24,47 +24,47 @@ void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const bool* r
         const int s_probs__sum_lo2 = 2 * tc2, s_probs__sum_hi2 = s_probs__sum_lo2 + 2;
         const int s_probs__sum_lo3 = 0, s_probs__sum_hi3 = s_probs__sum_lo3 + 1;
         {  // probs::max
-            const int n_e = (s_probs__max_hi0 - s_probs__max_lo0) * (s_probs__max_hi1 - s_probs__max_lo1) * (s_probs__max_hi2 - s_probs__max_lo2) * (s_probs__max_hi3 - s_probs__max_lo3);
-            for (int e = 0; e < n_e; ++e) {
-                int rem = e;
-                const int i3 = s_probs__max_lo3 + rem % (s_probs__max_hi3 - s_probs__max_lo3); rem /= (s_probs__max_hi3 - s_probs__max_lo3);
-                const int i2 = s_probs__max_lo2 + rem % (s_probs__max_hi2 - s_probs__max_lo2); rem /= (s_probs__max_hi2 - s_probs__max_lo2);
-                const int i1 = s_probs__max_lo1 + rem % (s_probs__max_hi1 - s_probs__max_lo1); rem /= (s_probs__max_hi1 - s_probs__max_lo1);
-                const int i0 = s_probs__max_lo0 + rem;
-                float v1 = (-INFINITY);
-                for (int r0 = 0; r0 < 128; ++r0) {
-                    const float v2 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
-                    const float v3 = (v2 * 0.125f);
-                    const bool v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
-                    const float v5 = v4 ? 0.0f : (-1e+09f);
-                    const float v6 = (v3 + v5);
-                    v1 = v6 > v1 ? v6 : v1;
+            for (int i0 = s_probs__max_lo0; i0 < s_probs__max_hi0; ++i0) {
+                for (int i1 = s_probs__max_lo1; i1 < s_probs__max_hi1; ++i1) {
+                    for (int i2 = s_probs__max_lo2; i2 < s_probs__max_hi2; ++i2) {
+                        for (int i3 = s_probs__max_lo3; i3 < s_probs__max_hi3; ++i3) {
+                            float v1 = (-INFINITY);
+                            for (int r0 = 0; r0 < 128; ++r0) {
+                                const float v2 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
+                                const float v3 = (v2 * 0.125f);
+                                const bool v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
+                                const float v5 = v4 ? 0.0f : (-1e+09f);
+                                const float v6 = (v3 + v5);
+                                v1 = v6 > v1 ? v6 : v1;
+                            }
+                            s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (i3 - s_probs__max_lo3)] = v1;
+                        }
+                    }
                 }
-                s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (i3 - s_probs__max_lo3)] = v1;
             }
         }
         /* block barrier: the next phase starts after this one's loop */
         {  // probs::sum
-            const int n_e = (s_probs__sum_hi0 - s_probs__sum_lo0) * (s_probs__sum_hi1 - s_probs__sum_lo1) * (s_probs__sum_hi2 - s_probs__sum_lo2) * (s_probs__sum_hi3 - s_probs__sum_lo3);
-            for (int e = 0; e < n_e; ++e) {
-                int rem = e;
-                const int i3 = s_probs__sum_lo3 + rem % (s_probs__sum_hi3 - s_probs__sum_lo3); rem /= (s_probs__sum_hi3 - s_probs__sum_lo3);
-                const int i2 = s_probs__sum_lo2 + rem % (s_probs__sum_hi2 - s_probs__sum_lo2); rem /= (s_probs__sum_hi2 - s_probs__sum_lo2);
-                const int i1 = s_probs__sum_lo1 + rem % (s_probs__sum_hi1 - s_probs__sum_lo1); rem /= (s_probs__sum_hi1 - s_probs__sum_lo1);
-                const int i0 = s_probs__sum_lo0 + rem;
-                float v1 = 0;
-                for (int r0 = 0; r0 < 128; ++r0) {
-                    const float v2 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
-                    const float v3 = (v2 * 0.125f);
-                    const bool v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
-                    const float v5 = v4 ? 0.0f : (-1e+09f);
-                    const float v6 = (v3 + v5);
-                    const float v7 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
-                    const float v8 = (v6 - v7);
-                    const float v9 = expf(v8);
-                    v1 += v9;
+            for (int i0 = s_probs__sum_lo0; i0 < s_probs__sum_hi0; ++i0) {
+                for (int i1 = s_probs__sum_lo1; i1 < s_probs__sum_hi1; ++i1) {
+                    for (int i2 = s_probs__sum_lo2; i2 < s_probs__sum_hi2; ++i2) {
+                        for (int i3 = s_probs__sum_lo3; i3 < s_probs__sum_hi3; ++i3) {
+                            float v1 = 0;
+                            for (int r0 = 0; r0 < 128; ++r0) {
+                                const float v2 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
+                                const float v3 = (v2 * 0.125f);
+                                const bool v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
+                                const float v5 = v4 ? 0.0f : (-1e+09f);
+                                const float v6 = (v3 + v5);
+                                const float v7 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
+                                const float v8 = (v6 - v7);
+                                const float v9 = expf(v8);
+                                v1 += v9;
+                            }
+                            s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (i3 - s_probs__sum_lo3)] = v1;
+                        }
+                    }
                 }
-                s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (i3 - s_probs__sum_lo3)] = v1;
             }
         }
         /* block barrier: the next phase starts after this one's loop */
@@ -73,24 +73,24 @@ void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const bool* r
             const int p_lo1 = 1 * tc1, p_hi1 = p_lo1 + 1;
             const int p_lo2 = 2 * tc2, p_hi2 = p_lo2 + 2;
             const int p_lo3 = 0, p_hi3 = p_lo3 + 128;
-            const int n_e = (p_hi0 - p_lo0) * (p_hi1 - p_lo1) * (p_hi2 - p_lo2) * (p_hi3 - p_lo3);
-            for (int e = 0; e < n_e; ++e) {
-                int rem = e;
-                const int i3 = p_lo3 + rem % (p_hi3 - p_lo3); rem /= (p_hi3 - p_lo3);
-                const int i2 = p_lo2 + rem % (p_hi2 - p_lo2); rem /= (p_hi2 - p_lo2);
-                const int i1 = p_lo1 + rem % (p_hi1 - p_lo1); rem /= (p_hi1 - p_lo1);
-                const int i0 = p_lo0 + rem;
-                const float v1 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + i3];
-                const float v2 = (v1 * 0.125f);
-                const bool v3 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + i3];
-                const float v4 = v3 ? 0.0f : (-1e+09f);
-                const float v5 = (v2 + v4);
-                const float v6 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
-                const float v7 = (v5 - v6);
-                const float v8 = expf(v7);
-                const float v9 = s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (0 - s_probs__sum_lo3)];
-                const float v10 = (v8 / v9);
-                g_probs[(((i0) * 12 + i1) * 128 + i2) * 128 + i3] = v10;
+            for (int i0 = p_lo0; i0 < p_hi0; ++i0) {
+                for (int i1 = p_lo1; i1 < p_hi1; ++i1) {
+                    for (int i2 = p_lo2; i2 < p_hi2; ++i2) {
+                        for (int i3 = p_lo3; i3 < p_hi3; ++i3) {
+                            const float v1 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + i3];
+                            const float v2 = (v1 * 0.125f);
+                            const bool v3 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + i3];
+                            const float v4 = v3 ? 0.0f : (-1e+09f);
+                            const float v5 = (v2 + v4);
+                            const float v6 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
+                            const float v7 = (v5 - v6);
+                            const float v8 = expf(v7);
+                            const float v9 = s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (0 - s_probs__sum_lo3)];
+                            const float v10 = (v8 / v9);
+                            g_probs[(((i0) * 12 + i1) * 128 + i2) * 128 + i3] = v10;
+                        }
+                    }
+                }
             }
         }
     }

@@ -97,3 +97,11 @@ def test_cuda_backend_without_device_is_one_line_error():
     with pytest.raises(BackendError) as err:
         run_model(graph, inputs, backend="cuda", plan=make_test_plan(graph))
     assert "\n" not in str(err.value)
+
+
+def test_library_mode_runs_lone_contractions_through_blas_and_still_matches():
+    graph, inputs, expected = _sample("nerf_mlp")
+    plan = policy_plan(graph, "stitch")
+    result = run_model(graph, inputs, plan=plan, library=True)
+    _check(result, expected)
+    assert "NumPy BLAS" in result.profile.label

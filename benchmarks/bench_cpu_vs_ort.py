@@ -1,0 +1,127 @@
+"""CPU backend (generated C, OpenMP) vs onnxruntime on every sample, same thread count, both in one run.
+
+`OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_cpu_vs_ort.py [--runs 20] [--samples a,b]`
+Prints a Markdown table (median of --runs after warm-up) and the achieved bandwidth of the fused
+memory-bound kernels against a STREAM-like copy measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "engine" / "codegen"))
+
+
+def _median_us(fn, runs: int) -> float:
+    fn()  # warm-up (page faults, OpenMP thread pool, BLAS)
+    fn()
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(samples)
+
+
+def stream_copy_gbs(threads: int, runs: int) -> float:
+    """Bytes moved (read + write) per second by a C OpenMP copy of 64 MiB: the machine's ceiling."""
+    import ctypes
+
+    from engine.codegen.ccompile import compile_c, load_library
+
+    src = """#include <stddef.h>
+void copy(const float* restrict a, float* restrict b, long n) {
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; ++i) b[i] = a[i];
+}"""
+    lib = load_library(compile_c(src, name="stream_copy"))
+    lib.copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+    n = 16 << 20
+    a = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    b = np.empty_like(a)
+    us = _median_us(lambda: lib.copy(a.ctypes.data, b.ctypes.data, n), runs)
+    return 2 * a.nbytes / us / 1e3
+
+
+def bench(name: str, policy: str, runs: int, threads: int) -> dict:
+    import onnxruntime as ort
+    from plans import policy_plan
+    from sample_io import SAMPLES, load_sample, rel_error
+
+    from engine.codegen.generate import generate
+    from engine.runtime.cpu import bind_buffers, compile_program_c, run_cpu
+
+    graph, inputs, expected = load_sample(name)
+    plan = policy_plan(graph, policy)
+    program = generate(plan, graph, "a100")
+    module = compile_program_c(program)
+    library = graph.stage_map if any(s.kind.value == "contraction" for s in graph.stages) else None
+    outs, _ = run_cpu(module, graph.specs, inputs, graph.weights, library=library)
+    err = max(rel_error(outs[k], expected[k]) for k in expected)
+
+    env = bind_buffers(program, graph.specs, inputs, graph.weights)
+    from engine.runtime.cpu import _library_call
+
+    calls = []
+    for launch in program.launches:
+        call = _library_call(program.kernel(launch.kernel), env, library) if library else None
+        if call is None:
+            fn = module.function(launch.kernel)
+            args = [env[t].ctypes.data for t in launch.args]
+
+            def call(fn=fn, args=args):
+                fn(*args)
+        calls.append(call)
+
+    def run_all():
+        for c in calls:
+            c()
+
+    ours = _median_us(run_all, runs)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(SAMPLES / f"{name}.onnx"), opts, providers=["CPUExecutionProvider"])
+    feeds = {k: v for k, v in inputs.items()}
+    theirs = _median_us(lambda: sess.run(None, feeds), runs)
+    moved = graph.min_dram_bytes
+    return {"name": name, "policy": policy, "kernels": len(program.kernels), "ours_us": ours,
+            "ort_us": theirs, "ratio": ours / theirs, "err": err, "library": bool(library),
+            "gbs": moved / ours / 1e3}
+
+
+def main(argv=None) -> int:
+    from sample_io import CATALOG
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--policy", default="welder")
+    p.add_argument("--samples", default="")
+    args = p.parse_args(argv)
+    threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
+    names = args.samples.split(",") if args.samples else [e["name"] for e in CATALOG if e["category"] != "scale"]
+    copy = stream_copy_gbs(threads, args.runs)
+    print(f"STREAM-like copy: {copy:.1f} GB/s ({threads} threads)\n")
+    print("| sample | category | policy | kernels | contractions | ours µs | onnxruntime µs | ours/ort | "
+          "GB/s (min traffic) | % of copy | max rel err |")
+    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    cat = {e["name"]: e["category"] for e in CATALOG}
+    for name in names:
+        r = bench(name, args.policy, args.runs, threads)
+        print(f"| {name} | {cat[name]} | {r['policy']} | {r['kernels']} | {'BLAS' if r['library'] else '-'} | "
+              f"{r['ours_us']:.0f} | {r['ort_us']:.0f} | {r['ratio']:.2f} | {r['gbs']:.1f} | "
+              f"{100 * r['gbs'] / copy:.0f}% | {r['err']:.1e} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
