@@ -1,0 +1,97 @@
+"""Tests for engine/rprogram/persistent.py: the persistent program's outputs match onnxruntime on the CPU
+backend for every sample; the CUDA version compiles with NVRTC."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.codegen.generate import generate
+from engine.device import get_device
+from engine.frontend.importer import load_graph
+from engine.rprogram.model import RProgramError
+from engine.rprogram.persistent import compile_persistent_cuda, persistent_c, run_persistent_c
+from engine.rprogram.wavefront import build_rprogram, check_rprogram
+from engine.schedule.policies import make_plan
+
+SAMPLES = Path(__file__).resolve().parents[3] / "samples"
+CATALOG = {e["name"]: e for e in json.loads((SAMPLES / "catalog.json").read_text())}
+A100 = get_device("a100")
+FAST = [n for n in CATALOG if n != "bert12"]
+
+
+@cache
+def _built(name: str, policy: str = "welder"):
+    graph = load_graph(SAMPLES / CATALOG[name]["file"])
+    plan = make_plan(graph, policy, A100)
+    program = generate(plan, graph, A100)
+    return graph, plan, program, build_rprogram(plan, A100, graph=graph, variants=False)
+
+
+def _oracle(name: str, graph) -> tuple[dict, dict]:
+    """Inputs and onnxruntime outputs: stored ones, or fixed-seed inputs run through onnxruntime live."""
+    entry = CATALOG[name]
+    if entry.get("io"):
+        io = np.load(SAMPLES / entry["io"])
+        return {t.name: io[t.name] for t in graph.inputs}, {k: io[k] for k in graph.output_names}
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(7)
+    feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype.np) for t in graph.inputs}
+    sess = ort.InferenceSession(str(SAMPLES / entry["file"]), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return feeds, dict(zip(names, sess.run(names, feeds)))
+
+
+def _assert_matches(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for k in want:
+        w = np.asarray(want[k], np.float64)
+        err = np.abs(np.asarray(got[k], np.float64) - w).max() / max(np.abs(w).max(), 1e-30)
+        assert err < 1e-4, f"{k}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("name", FAST + [pytest.param("bert12", marks=pytest.mark.slow)])
+def test_persistent_c_matches_onnxruntime(name: str) -> None:
+    graph, _, program, rp = _built(name)
+    assert check_rprogram(rp) == []
+    feeds, want = _oracle(name, graph)
+    _assert_matches(run_persistent_c(program, rp, graph, feeds), want)
+
+
+def test_cooperative_kernels_run_as_a_unit_in_c_and_are_refused_in_cuda() -> None:
+    graph, _, program, rp = _built("layernorm_residual", "stitch")
+    assert any(len(k.segments) > 1 for k in program.kernels)
+    src = persistent_c(program, rp)
+    assert "if (b != 0) return 0;" in src.source
+    feeds, want = _oracle("layernorm_residual", graph)
+    _assert_matches(run_persistent_c(program, rp, graph, feeds), want)
+    with pytest.raises(RProgramError, match="grid barriers"):
+        compile_persistent_cuda(program, rp)
+
+
+@pytest.mark.parametrize("name,arch", [("bert_layer", "sm_80"), ("lstm", "sm_90"), ("conv_bn_relu", "sm_80")])
+def test_persistent_cuda_compiles(name: str, arch: str) -> None:
+    _, _, program, rp = _built(name)
+    src, binary = compile_persistent_cuda(program, rp, arch=arch)
+    assert src.grid == rp.vdevice.veus  # one resident wave: a block per vEU
+    assert src.block == max(k.threads for k in program.kernels)
+    assert binary.ptx and "tw_persistent" in (binary.ptx if isinstance(binary.ptx, str) else binary.ptx.decode())
+    # Every rTask appears once in the per-vEU tables.
+    assert src.source.count("case ") == len(rp.operators)
+
+
+def test_refuses_an_rprogram_of_another_shape() -> None:
+    graph, plan, program, rp = _built("gelu_chain")
+    op = rp.operators[0]
+    wider = dataclasses.replace(op, variants=(dataclasses.replace(op.variants[0], blocks=op.variants[0].blocks + 1),))
+    with pytest.raises(RProgramError, match="variants=False"):
+        persistent_c(program, dataclasses.replace(rp, operators=(wider, *rp.operators[1:])))
+    renamed = dataclasses.replace(rp, operators=(dataclasses.replace(op, name="nope"), *rp.operators[1:]))
+    with pytest.raises(RProgramError, match="has no kernel"):
+        persistent_c(program, renamed)
