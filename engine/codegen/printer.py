@@ -172,7 +172,7 @@ class Printer:
                 body.append(f"const int i{d} = {tag}_lo{d} + rem;")
         ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
         ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
-        ssa = _Body(self, kernel, ranges)
+        ssa = BodyWriter(self, kernel, ranges)
         value = self.render_value(phase, ssa)
         body += ssa.lines
         for name in phase.stores:
@@ -198,7 +198,7 @@ class Printer:
             body.append(f"const int i{d} = rem % {shape[d]}; rem /= {shape[d]};" if d else f"const int i{d} = rem;")
         ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(shape)}
         ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
-        ssa = _Body(self, kernel, ranges)
+        ssa = BodyWriter(self, kernel, ranges)
         value = self.render_value(phase, ssa)
         body += ssa.lines
         for name in phase.stores:
@@ -207,7 +207,7 @@ class Printer:
                         f"{self.store_value(value, buf.dtype)};")
         return lines + ["        " + x for x in body] + ["    }", "}"]
 
-    def render_value(self, phase: Phase, ssa: _Body, lanes: int = 1) -> str:
+    def render_value(self, phase: Phase, ssa: BodyWriter, lanes: int = 1) -> str:
         if phase.combine is None:
             return ssa.value(phase.body)
         names = tuple(f"r{k}" for k in range(len(phase.reduce)))
@@ -314,7 +314,7 @@ def _invariant_reductions(body, loop_vars: set[str]) -> list:
     return found
 
 
-class _Body:
+class BodyWriter:
     """SSA emission of one scalar expression tree into `lines`."""
 
     def __init__(self, printer: Printer, kernel: Kernel, ranges: dict, counter: list | None = None):
@@ -434,7 +434,7 @@ class _Body:
         else:
             for v, n in zip(names, extents):
                 self.lines.append(f"for (int {v} = 0; {v} < {n}; ++{v}) {{")
-        inner = _Body(self.p, self.kernel, self.ranges | {v: (0, n - 1) for v, n in zip(names, extents)},
+        inner = BodyWriter(self.p, self.kernel, self.ranges | {v: (0, n - 1) for v, n in zip(names, extents)},
                       self.counter)
         inner.memo = {k: v for k, v in self.memo.items()}  # outer values are defined before the loop
         v = inner.value(body)
@@ -448,7 +448,7 @@ class _Body:
 
     def _guard(self, g: Guard) -> str:
         name = self.fresh()
-        inner = _Body(self.p, self.kernel, self.ranges, self.counter)
+        inner = BodyWriter(self.p, self.kernel, self.ranges, self.counter)
         inner.memo = dict(self.memo)  # values outside the guard are safe to reuse inside it
         v = inner.value(g.x)
         self.lines.append(f"{self.p.compute_type(g.dtype)} {name} = {self.value(g.pad)};")

@@ -4,7 +4,7 @@ and a few hooks (thread loop, tile loop, where block buffers live), never by bra
 from __future__ import annotations
 
 from engine.codegen.kir import Kernel, Phase, Program, Segment
-from engine.codegen.printer import Printer, _Body
+from engine.codegen.printer import Printer, BodyWriter
 from engine.ir import index as I
 from engine.ir.graph import Combine
 
@@ -55,7 +55,7 @@ class CPrinter(Printer):
             depth += "    "
         ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
         ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
-        ssa = _Body(self, kernel, ranges)
+        ssa = BodyWriter(self, kernel, ranges)
         value = self.render_value(phase, ssa)
         body = list(ssa.lines)
         for name in phase.stores:
@@ -136,7 +136,7 @@ class CudaPrinter(Printer):
                 inner.append(f"const int i{d} = {tag}_lo{d} + rem;")
         ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
         ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
-        ssa = _Body(self, kernel, ranges)
+        ssa = BodyWriter(self, kernel, ranges)
         value = self.render_value(phase, ssa, lanes)
         inner += ssa.lines + [f"part = {value};"]
         body += ["    " + x for x in inner] + ["}"]
