@@ -4,7 +4,7 @@ and a few hooks (thread loop, tile loop, where block buffers live), never by bra
 from __future__ import annotations
 
 from engine.codegen.kir import Kernel, Phase, Program, Segment
-from engine.codegen.printer import Printer, BodyWriter
+from engine.codegen.printer import BodyWriter, Printer
 from engine.ir import index as I
 from engine.ir.graph import Combine
 
