@@ -31,6 +31,12 @@ class Variant:
     task_us: float  # duration of one rTask (thread block) on one vEU
     source: str  # "modeled", "measured", or "modeled (scaled from ...)" for a candidate tile
     tile: tuple[int, ...] = ()
+    # The rest of the Tile, so a plan can be rewritten to run the chosen variant (plan_for_rprogram).
+    reduce_step: tuple[int, ...] = ()
+    rows_per_block: int = 1
+    threads_per_row: int = 1
+    row_split: int = 1
+    origin: str = "plan"  # "plan" (the chosen tile), "candidate" (scheduler's top-k), "split" (finer tile)
 
     @property
     def busy_us(self) -> float:
@@ -223,7 +229,8 @@ def rprogram_from_json(d: dict) -> RProgram:
     try:
         ops = tuple(
             ROperator(o["name"], o["group"], tuple(o["stages"]),
-                      tuple(Variant(**{**v, "tile": tuple(v["tile"])}) for v in o["variants"]),
+                      tuple(Variant(**{**v, "tile": tuple(v["tile"]), "reduce_step": tuple(v["reduce_step"])})
+                            for v in o["variants"]),
                       tuple(o["deps"]), o["kernel_us"])
             for o in d["operators"]
         )

@@ -26,7 +26,7 @@ from engine.rprogram.model import (
     VDevice,
     make_vdevice,
 )
-from engine.schedule.plan import Group, Plan
+from engine.schedule.plan import Group, Plan, Tile
 
 # A block waiting on a dependency counter polls one L2 atomic: a few hundred ns on sm_70+ (estimate).
 DEFAULT_SYNC_US = 0.5
@@ -118,7 +118,7 @@ def operators_from_plan(plan: Plan, device: Device, vdev: VDevice, measured: Map
         assert g.cost is not None
         kernel_us, source = (measured[g.name], MEASURED) if g.name in measured else (kernel_time_us(g), MODELED)
         task_us = task_time_us(kernel_us, g.cost.waves, g.blocks, g.cost.resident_blocks_per_sm, vdev)
-        chosen = Variant(g.blocks, threads, shared, regs, task_us, source, g.segments[0].shape)
+        chosen = _variant(g.segments[0], g.blocks, threads, shared, regs, task_us, source, "plan")
         others = (_costed_variants(g, plan, graph, device, vdev) if graph is not None and source == MODELED
                   else _candidate_variants(g, chosen, vdev))
         ops.append(ROperator(g.name, g.id, g.stages, (chosen, *others), tuple(deps[g.name]), kernel_us))
@@ -143,9 +143,9 @@ def _candidate_variants(g: Group, chosen: Variant, vdev: VDevice) -> list[Varian
         shared = int(chosen.shared_bytes * math.prod(c.tile.shape) / max(1, math.prod(chosen.tile)))
         if c.tile.threads > vdev.threads or shared > vdev.shared_bytes:
             continue
-        out.append(Variant(c.tile.blocks, c.tile.threads, shared, chosen.regs_per_thread,
-                           chosen.task_us * scale, f"{chosen.source} (scaled from the chosen tile by "
-                           f"traffic per wave)", c.tile.shape))
+        out.append(_variant(c.tile, c.tile.blocks, c.tile.threads, shared, chosen.regs_per_thread,
+                            chosen.task_us * scale, f"{chosen.source} (scaled from the chosen tile by "
+                            f"traffic per wave)", "candidate"))
     return out
 
 
@@ -159,20 +159,65 @@ def _costed_variants(g: Group, plan: Plan, graph: PrimGraph, device: Device, vde
         return []
     conns = {e.key: e.conn for e in plan.edges}
     out, seen = [], {dataclasses.replace(g.segments[0], stage="")}
-    for c in g.candidates:
-        key = dataclasses.replace(c.tile, stage="")
-        if key in seen or check_group(graph, g.stages, conns, [c.tile], device):
+    pool = [(c.tile, "candidate") for c in g.candidates] + [(t, "split") for t in _finer_tiles(g, graph, vdev)]
+    for tile, origin in pool:
+        key = dataclasses.replace(tile, stage="")
+        if key in seen or check_group(graph, g.stages, conns, [tile], device):
             continue
         seen.add(key)
-        cost = estimate_group(graph, g.stages, conns, [c.tile], device)
-        variant_group = dataclasses.replace(g, segments=(c.tile,), cost=cost)
+        cost = estimate_group(graph, g.stages, conns, [tile], device)
+        variant_group = dataclasses.replace(g, segments=(tile,), cost=cost)
         threads, shared, regs = _resources(variant_group, device)
         if threads > vdev.threads or shared > vdev.shared_bytes or regs > max(vdev.regs_per_thread, 1):
             continue
-        task = task_time_us(kernel_time_us(variant_group), cost.waves, c.tile.blocks,
+        task = task_time_us(kernel_time_us(variant_group), cost.waves, tile.blocks,
                             cost.resident_blocks_per_sm, vdev)
-        out.append(Variant(c.tile.blocks, threads, shared, regs, task, MODELED, c.tile.shape))
+        out.append(_variant(tile, tile.blocks, threads, shared, regs, task, MODELED, origin))
     return out
+
+
+def _finer_tiles(g: Group, graph: PrimGraph, vdev: VDevice) -> list[Tile]:
+    """Rammer's extra-parallel variants for small grids: the chosen tile with its innermost output axis
+    halved (down to one warp's transaction, 32 elements) while the grid still fits one vDevice wave."""
+    from engine.schedule.tiles import make_tile
+
+    base = g.segments[0]
+    stage = graph.stage(base.stage)
+    if not base.shape or base.row_split != 1 or base.blocks * 2 > vdev.veus:
+        return []
+    out, inner = [], base.shape[-1]
+    while inner > 32 and base.blocks * base.shape[-1] // (inner // 2) <= vdev.veus:
+        inner //= 2
+        shape = base.shape[:-1] + (inner,)
+        threads = max(32, min(base.threads, -(-math.prod(shape) // 32) * 32))
+        out.append(make_tile(stage, shape, threads, base.reduce_step))
+    return out
+
+
+def _variant(tile: Tile, blocks: int, threads: int, shared: int, regs: int, task_us: float, source: str,
+             origin: str) -> Variant:
+    return Variant(blocks, threads, shared, regs, task_us, source, tile.shape, tile.reduce_step,
+                   tile.rows_per_block, tile.threads_per_row, tile.row_split, origin)
+
+
+def plan_for_rprogram(plan: Plan, rp: RProgram, graph: PrimGraph, device: Device) -> Plan:
+    """The plan with every kernel at the tile its rProgram variant chose (cost re-estimated), so that
+    `generate` produces the kernels the rProgram schedules; kernels left at variant 0 are untouched."""
+    from engine.schedule.cost import estimate_group
+
+    conns = {e.key: e.conn for e in plan.edges}
+    groups = []
+    for g in plan.groups:
+        v = rp.chosen(g.name)
+        if v.origin == "plan":
+            groups.append(g)
+            continue
+        tile = Tile(g.segments[0].stage, v.tile, v.threads, v.blocks, v.reduce_step, v.rows_per_block,
+                    v.threads_per_row, v.row_split)
+        cost = estimate_group(graph, g.stages, conns, [tile], device)
+        groups.append(dataclasses.replace(g, segments=(tile,), cost=cost,
+                                          reason=f"{g.reason}; rProgram variant {v.origin} tile {list(v.tile)}"))
+    return dataclasses.replace(plan, groups=tuple(groups))
 
 
 # ---- the policy -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from engine.device import get_device
 from engine.frontend.importer import load_graph
 from engine.rprogram.model import RProgramError
 from engine.rprogram.persistent import compile_persistent_cuda, persistent_c, run_persistent_c
-from engine.rprogram.wavefront import build_rprogram, check_rprogram
+from engine.rprogram.wavefront import build_rprogram, check_rprogram, plan_for_rprogram
 from engine.schedule.policies import make_plan
 
 SAMPLES = Path(__file__).resolve().parents[3] / "samples"
@@ -27,10 +27,12 @@ FAST = [n for n in CATALOG if n != "bert12"]
 
 @cache
 def _built(name: str, policy: str = "welder"):
+    """The rProgram with kernel variants, and the program generated for the tiles it chose."""
     graph = load_graph(SAMPLES / CATALOG[name]["file"])
     plan = make_plan(graph, policy, A100)
-    program = generate(plan, graph, A100)
-    return graph, plan, program, build_rprogram(plan, A100, graph=graph, variants=False)
+    rp = build_rprogram(plan, A100, graph=graph)
+    plan = plan_for_rprogram(plan, rp, graph, A100)
+    return graph, plan, generate(plan, graph, A100), rp
 
 
 def _oracle(name: str, graph) -> tuple[dict, dict]:
@@ -84,6 +86,15 @@ def test_persistent_cuda_compiles(name: str, arch: str) -> None:
     assert binary.ptx and "tw_persistent" in (binary.ptx if isinstance(binary.ptx, str) else binary.ptx.decode())
     # Every rTask appears once in the per-vEU tables.
     assert src.source.count("case ") == len(rp.operators)
+
+
+def test_lstm_recurrent_kernels_run_as_split_variants() -> None:
+    # The per-step GEMMs fill a few SMs: the rProgram picks finer tiles, and the program runs them.
+    _, plan, program, rp = _built("lstm")
+    split = [op.name for op in rp.operators if rp.chosen(op.name).origin == "split"]
+    assert split and all(program.kernel(n).ntiles == rp.chosen(n).blocks for n in split)
+    assert all("rProgram variant split" in plan.group_of(plan.groups[k].stages[0]).reason
+               for k, g in enumerate(plan.groups) if g.name in split)
 
 
 def test_refuses_an_rprogram_of_another_shape() -> None:
