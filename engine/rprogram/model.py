@@ -181,6 +181,13 @@ class RProgram:
         return self.launch_us + max(done.values(), default=0.0)
 
     @property
+    def sequential_same_tiles_us(self) -> float:
+        """Sequential execution of the kernels at the tiles the rProgram chose (each alone on the
+        vDevice, plus a launch each): separates the gain of better tiles from the gain of co-scheduling."""
+        return sum(self.launch_us + -(-self.chosen(op.name).blocks // self.vdevice.veus) * self.chosen(op.name).task_us
+                   for op in self.operators)
+
+    @property
     def tasks(self) -> int:
         return sum(len(t) for t in self.veus)
 
@@ -191,6 +198,7 @@ class RProgram:
             "makespan_us": round(self.makespan_us, 3), "sequential_us": round(self.sequential_us, 3),
             "speedup": round(self.speedup, 3), "utilization": round(self.utilization, 4),
             "critical_path_us": round(self.critical_path_us, 3),
+            "sequential_same_tiles_us": round(self.sequential_same_tiles_us, 3),
             "waves": max((w for s in self.steps for w in s.waves), default=-1) + 1,
             "steps": len(self.steps), "veus": self.vdevice.veus, "slots_per_sm": self.vdevice.slots,
             "kernels": len(self.operators), "rtasks": self.tasks,
