@@ -14,6 +14,7 @@ COMMANDS = [
     ("engine.commands", "add_run_command"),
     ("engine.rprogram.cli", "add_rprogram_command"),
     ("engine.schedule.cli", "add_plan_command"),
+    ("engine.bundle.cli", "add_export_command"),
     ("engine.codegen.cli", "add_compile_command"),
 ]
 

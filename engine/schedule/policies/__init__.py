@@ -15,10 +15,16 @@ from engine.schedule.plan import Edit, Plan
 POLICIES = ("unfused", "elementwise", "stitch", "welder")
 
 
-def make_plan(graph: PrimGraph, policy: str, device: Device, *, edits: Sequence[Edit] = (),
+def make_plan(graph: PrimGraph, policy: str, device: Device | str, *, edits: Sequence[Edit] = (),
               options: Mapping | None = None) -> Plan:
-    """Schedule `graph` with `policy`; with `edits`, replay them on top and validate (policy "user")."""
+    """Schedule `graph` with `policy` on `device` (a Device, preset name or device file); with
+    `edits`, replay them on top and validate (policy "user")."""
     from engine.schedule.policies import elementwise, stitch, unfused, welder
+
+    if isinstance(device, str):
+        from engine.device import get_device
+
+        device = get_device(device)
 
     fns = {"unfused": unfused.plan_unfused, "elementwise": elementwise.plan_elementwise,
            "stitch": stitch.plan_stitch, "welder": welder.plan_welder}
