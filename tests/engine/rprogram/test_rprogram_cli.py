@@ -57,3 +57,13 @@ def test_bad_inputs_exit_2(plan_file, tmp_path, capsys) -> None:
     assert "unknown device" in capsys.readouterr().err
     assert main(["rprogram", MODEL, "--plan", str(plan_file), "--trace", str(tmp_path / "no" / "t.json")]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_lstm_rprogram_beats_half_of_sequential(capsys) -> None:
+    # The target: an LSTM's per-step kernels are tiny, so the rProgram (split variants for the
+    # under-filled waves, kernels side by side, one launch) takes at most half the sequential time.
+    lstm = str(ROOT / "samples" / "lstm.onnx")
+    assert main(["rprogram", lstm, "--policy", "welder", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["makespan_us"] <= 0.5 * info["sequential_us"]
+    assert info["makespan_us"] >= info["critical_path_us"] - 1e-6
