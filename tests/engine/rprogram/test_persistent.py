@@ -14,8 +14,9 @@ import pytest
 from engine.codegen.generate import generate
 from engine.device import get_device
 from engine.frontend.importer import load_graph
-from engine.rprogram.model import RProgramError
+from engine.rprogram.model import RProgramError, rprogram_from_json, rprogram_to_json
 from engine.rprogram.persistent import compile_persistent_cuda, persistent_c, run_persistent_c
+from engine.rprogram.trace import export_trace, validate_trace
 from engine.rprogram.wavefront import build_rprogram, check_rprogram, plan_for_rprogram
 from engine.schedule.policies import make_plan
 
@@ -92,6 +93,8 @@ def test_lstm_recurrent_kernels_run_as_split_variants() -> None:
     # The per-step GEMMs fill a few SMs: the rProgram picks finer tiles, and the program runs them.
     _, plan, program, rp = _built("lstm")
     split = [op.name for op in rp.operators if rp.chosen(op.name).origin == "split"]
+    assert validate_trace(export_trace(rp)) == []
+    assert rprogram_from_json(json.loads(json.dumps(rprogram_to_json(rp)))) == rp
     assert split and all(program.kernel(n).ntiles == rp.chosen(n).blocks for n in split)
     assert all("rProgram variant split" in plan.group_of(plan.groups[k].stages[0]).reason
                for k, g in enumerate(plan.groups) if g.name in split)
