@@ -62,12 +62,19 @@ def build_rprogram(plan: Plan, device: Device, *, graph: PrimGraph | None = None
 
 
 def _measured_times(profile) -> dict[str, float]:
+    """Kernel name -> µs from a mapping, a Profile (`kernels` of KernelTime), or an object with a
+    `kernel_us` mapping."""
     if profile is None:
         return {}
-    times = profile if isinstance(profile, Mapping) else getattr(profile, "kernel_us", None)
+    if isinstance(profile, Mapping):
+        times = profile
+    elif isinstance(getattr(profile, "kernels", None), tuple | list):
+        times = {k.kernel: k.us for k in profile.kernels}
+    else:
+        times = getattr(profile, "kernel_us", None)
     if not isinstance(times, Mapping):
         raise RProgramError(f"profile of type {type(profile).__name__} has no per-kernel times",
-                            hint="pass a mapping of kernel name to measured µs")
+                            hint="pass a Profile or a mapping of kernel name to measured µs")
     return {str(k): float(v) for k, v in times.items()}
 
 

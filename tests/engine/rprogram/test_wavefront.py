@@ -154,3 +154,13 @@ def test_small_grid_keeps_its_time_on_a_one_slot_vdevice() -> None:
     assert rp.vdevice.slots == 1
     assert rp.chosen("a").task_us == pytest.approx(9.0)
     assert rp.critical_path_us == pytest.approx(5.0 + 10.0)
+
+
+def test_profile_object_gives_measured_times() -> None:
+    from engine.profile.profile import KernelTime, Profile
+
+    plan = make_plan([kernel("a", 4, us=10.0), kernel("b", 4, deps=("a",), us=10.0)])
+    prof = Profile("measured on CPU (C backend)", "cpu", (KernelTime("b", 2.5, 3),))
+    rp = build_rprogram(plan, A100, profile=prof)
+    assert rp.chosen("b").source == "measured" and rp.chosen("b").task_us == pytest.approx(2.5)
+    assert rp.chosen("a").source == "modeled"
