@@ -86,7 +86,8 @@ def cmd_rprogram(args: argparse.Namespace) -> int:
             Path(args.out).write_text(json.dumps(rprogram_to_json(rp)))
         except OSError as err:
             raise TileweaveError(f"{args.out}: cannot write the rProgram ({err.strerror})") from None
-    info = rp.summary() | {"steps_detail": [{"waves": list(s.waves), "kernels": len(s.ops),
+    batching = [d.removeprefix("batching: ") for d in plan.decisions if d.startswith("batching: ")]
+    info = rp.summary() | {"batching": batching, "steps_detail": [{"waves": list(s.waves), "kernels": len(s.ops),
                                               "start_us": round(s.start_us, 3), "end_us": round(s.end_us, 3),
                                               "reason": s.reason} for s in rp.steps]}
     print(json.dumps(info, indent=2) if args.json else format_summary(info, rp))
@@ -104,5 +105,6 @@ def format_summary(info: dict, rp) -> str:
         f"speedup      {info['speedup']:10.2f} ×",
         f"utilization  {100 * info['utilization']:10.1f} %",
         f"waves        {info['waves']:10d}     (BFS levels, merged into {info['steps']} step(s))",
+        *(f"batching     {d}" for d in info["batching"]),
     ]
     return "\n".join(lines)

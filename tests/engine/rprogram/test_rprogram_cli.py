@@ -67,3 +67,13 @@ def test_lstm_rprogram_beats_half_of_sequential(capsys) -> None:
     info = json.loads(capsys.readouterr().out)
     assert info["makespan_us"] <= 0.5 * info["sequential_us"]
     assert info["makespan_us"] >= info["critical_path_us"] - 1e-6
+
+
+def test_welder_batches_qkv_unless_switched_off(capsys) -> None:
+    bert = str(ROOT / "samples" / "bert_layer.onnx")
+    assert main(["rprogram", bert, "--json"]) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert any("batched into" in d for d in on["batching"])
+    assert main(["rprogram", bert, "--json", "--no-batching"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert off["batching"] == [] and off["kernels"] >= 1
