@@ -175,7 +175,11 @@ def persistent_c(program: Program, rp: RProgram) -> PersistentSource:
 
 
 def persistent_cuda(program: Program, rp: RProgram) -> PersistentSource:
-    """CUDA: `tw_persistent(void** buf, unsigned* done)`, one block per vEU walking its task list."""
+    """CUDA: `tw_persistent(void** buf, unsigned* done)`, one block per vEU walking its task list.
+
+    Launch with `grid` blocks of `block` threads, `shared_bytes` of dynamic shared memory (above 48 KiB
+    set cudaFuncAttributeMaxDynamicSharedMemorySize), `buf` the device pointers in `tensors` order and
+    `done` one zeroed counter per rOperator. Kernels with grid barriers are refused."""
     kernels, index = _checked(program, rp)
     coop = [k.name for k in program.kernels if len(k.segments) > 1]
     if coop:
