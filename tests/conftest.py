@@ -1,68 +1,12 @@
-"""Shared test fixtures: sample paths and catalog, an onnxruntime oracle, tiny ONNX model builders."""
+"""Shared test fixtures. Helpers live in tests/support.py (import it as `support`): several test
+folders define a conftest, so `from conftest import ...` would pick whichever loaded first."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
-
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = ROOT / "samples"
-TEST_DATA = ROOT / "tests" / "data"
-CATALOG = {e["name"]: e for e in json.loads((SAMPLES / "catalog.json").read_text())}
-
-
-def sample_path(name: str) -> Path:
-    return SAMPLES / CATALOG[name]["file"]
-
-
-def run_ort(model: str | Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """onnxruntime (CPU) outputs keyed by graph output name: the oracle beside run_reference."""
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
-
-
-def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
-    """max |got - want| relative to max |want| (near-zero entries judged on the output's scale)."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    scale = max(float(np.abs(want).max()), 1e-30) if want.size else 1.0
-    return float(np.abs(got - want).max()) / scale if want.size else 0.0
-
-
-def tiny_model(op: str = "Relu", dims=(2, 3), *, opset: int = 17, elem=TensorProto.FLOAT, **attrs) -> onnx.ModelProto:
-    """y = op(x) with x of `dims` (strings are symbolic dims)."""
-    node = helper.make_node(op, ["x"], ["y"], name=f"{op.lower()}_0", **attrs)
-    graph = helper.make_graph(
-        [node], "tiny", [helper.make_tensor_value_info("x", elem, list(dims))],
-        [helper.make_tensor_value_info("y", elem, list(dims))],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
-
-
-def external_data_model(location: str) -> onnx.ModelProto:
-    """y = x + w, x [2,3], with initializer w (values 1..6) stored in the external file `location`."""
-    from onnx import numpy_helper
-
-    w = numpy_helper.from_array(np.zeros((2, 3), np.float32), "w")
-    w.ClearField("raw_data")
-    w.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", "0"), ("length", "24")):
-        entry = w.external_data.add()
-        entry.key, entry.value = key, value
-    node = helper.make_node("Add", ["x", "w"], ["y"], name="add_0")
-    graph = helper.make_graph([node], "ext", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-
-
-EXTERNAL_W = (np.arange(6, dtype=np.float32) + 1).reshape(2, 3)
 
 
 @pytest.fixture

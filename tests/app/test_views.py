@@ -9,6 +9,7 @@ import shutil
 import subprocess
 
 import pytest
+from support import sample_path
 
 from app.services import unfused_plan
 from app.views.diff import diff_plans, diff_to_markdown
@@ -19,7 +20,6 @@ from app.views.timeline import timeline_figure
 from engine.api import load_graph
 from engine.rprogram.model import ROperator, RProgram, RTask, Step, Variant, VDevice
 from engine.schedule.plan import Conn, components
-from tests.conftest import sample_path
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from conftest import EXTERNAL_W, external_data_model, max_rel_error, run_ort, sample_path, tiny_model
+from support import EXTERNAL_W, external_data_model, max_rel_error, run_ort, sample_path, tiny_model
 
 import engine.api
 from engine.cli import main

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import EXTERNAL_W, external_data_model, run_ort, sample_path, tiny_model
 from onnx import TensorProto, helper, numpy_helper
+from support import EXTERNAL_W, external_data_model, run_ort, sample_path, tiny_model
 
 from engine.errors import ModelError, ShapeError, UnsupportedOpError
 from engine.frontend.importer import import_onnx, load_graph, lower

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import CATALOG, sample_path
+from support import CATALOG, sample_path
 
 from engine.api import load_graph
 from engine.ir import expr as E

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import CATALOG, SAMPLES, TEST_DATA, max_rel_error, run_ort, sample_path
+from support import CATALOG, SAMPLES, TEST_DATA, max_rel_error, run_ort, sample_path
 
 from engine.api import load_graph, run_reference
 from engine.ir import expr as E
