@@ -16,8 +16,8 @@ sys.path.insert(0, str(ROOT))
 from engine.device import get_device  # noqa: E402
 from engine.errors import TileweaveError  # noqa: E402
 from engine.frontend.importer import load_graph  # noqa: E402
-from engine.rprogram.cli import plan_model  # noqa: E402
 from engine.rprogram.wavefront import build_rprogram, check_rprogram  # noqa: E402
+from engine.schedule.pipeline import plan_model  # noqa: E402
 
 BEGIN, END = "<!-- rprogram:begin -->", "<!-- rprogram:end -->"
 POLICIES = ("unfused", "welder")

@@ -15,6 +15,7 @@ from engine.rprogram.wavefront import build_rprogram
 from engine.runtime.execute import RunResult, run_model
 from engine.runtime.reference import run_reference
 from engine.schedule.edits import apply_edit, apply_to_identical_layers, replay
+from engine.schedule.pipeline import batching_decisions, graph_for_plan, load_plan, plan_model
 from engine.schedule.policies import make_plan
 from engine.schedule.validate import validate
 
@@ -23,4 +24,5 @@ __all__ = [
     "build_rprogram", "export_trace",
     "generate", "run_model", "RunResult", "compile_program",
     "make_plan", "validate", "replay", "apply_edit", "apply_to_identical_layers",
+    "plan_model", "load_plan", "graph_for_plan", "batching_decisions",
 ]

@@ -150,6 +150,8 @@ def add_run_command(sub) -> None:
     p.add_argument("--device", default=DEFAULT_DEVICE,
                    help=f"device preset or device file for planning (default {DEFAULT_DEVICE})")
     p.add_argument("--plan-in", metavar="PLAN.json", help="run this plan instead of planning with --policy")
+    p.add_argument("--no-batching", action="store_true",
+                   help="welder: keep Q/K/V-style contractions separate (no operator batching)")
     p.add_argument("--inputs", metavar="IN.npz",
                    help="input arrays keyed by graph input name (arrays named like outputs are ignored)")
     p.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default 0)")
@@ -190,17 +192,14 @@ def run_backend(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.
     from engine.device import get_device
 
     get_device(args.device)  # refuse an unknown device before any work
-    run_model = getattr(api, "run_model", None)
-    if run_model is None:
-        raise BackendError(f"backend '{args.backend}' is not available in this build",
-                           hint="engine.api.run_model is missing; use --backend reference")
     plan = None
     if args.plan_in:
-        from engine.schedule.plan import plan_from_json
+        from engine.schedule.pipeline import load_plan
 
-        plan = plan_from_json(_read_json(args.plan_in, "plan"), graph)
-    result = run_model(graph, inputs, backend=args.backend, policy=args.policy, device=args.device, plan=plan)
-    return dict(getattr(result, "outputs", result))  # a RunResult, or a plain mapping
+        graph, plan = load_plan(_read_json(args.plan_in, "plan"), graph)
+    result = api.run_model(graph, inputs, backend=args.backend, policy=args.policy, device=args.device, plan=plan,
+                       batching=False if args.no_batching else None)
+    return dict(result.outputs)
 
 
 def check_writable(path: str) -> Path:

@@ -17,6 +17,8 @@ def add_export_command(sub) -> None:
     p.add_argument("--policy", default="welder", help="unfused | elementwise | stitch | welder (default welder)")
     p.add_argument("--device", default="a100", help="device preset or file (default a100)")
     p.add_argument("--plan-in", help="use this saved plan JSON instead of running the policy")
+    p.add_argument("--no-batching", action="store_true",
+                   help="welder: keep Q/K/V-style contractions separate (no operator batching)")
     p.add_argument("--arch", action="append", help="NVRTC target, repeatable (default sm_80 and sm_90)")
     p.add_argument("--no-weights", action="store_true", help="leave weights.npz out of the bundle")
     p.add_argument("-o", "--out", required=True, help="output .zip path")
@@ -28,19 +30,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     from engine.commands import check_writable, parse_shapes
     from engine.device import get_device
     from engine.frontend.importer import load_graph
+    from engine.schedule.pipeline import load_plan, plan_model
 
     out = Path(args.out)
     check_writable(out)
     device = get_device(args.device)
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
-        from engine.rprogram.cli import load_plan
-
-        plan = load_plan(args.plan_in, graph)
+        graph, plan = load_plan(args.plan_in, graph)
     else:
-        from engine.schedule.policies import make_plan
-
-        plan = make_plan(graph, args.policy, device)
+        graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None)
     data = export_bundle(graph, plan, device, archs=tuple(args.arch or DEFAULT_ARCHS),
                          with_weights=not args.no_weights)
     out.write_bytes(data)

@@ -19,6 +19,8 @@ def add_compile_command(sub) -> None:
     p.add_argument("--device", default="a100", help="device preset or file (default a100)")
     p.add_argument("--target", choices=("cuda", "c"), default="cuda")
     p.add_argument("--plan-in", help="use this saved plan JSON instead of running the policy")
+    p.add_argument("--no-batching", action="store_true",
+                   help="welder: keep Q/K/V-style contractions separate (no operator batching)")
     p.add_argument("-o", "--out", required=True, help="output folder")
     p.set_defaults(func=cmd_compile)
 
@@ -30,17 +32,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from engine.device import get_device
     from engine.frontend.importer import load_graph
     from engine.runtime.execute import check_plan
+    from engine.schedule.pipeline import load_plan, plan_model
 
     device = get_device(args.device)
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
-        from engine.rprogram.cli import load_plan
-
-        plan = load_plan(args.plan_in, graph)
+        graph, plan = load_plan(args.plan_in, graph)
     else:
-        from engine.schedule.policies import make_plan
-
-        plan = make_plan(graph, args.policy, device)
+        graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None)
     check_plan(plan, graph, device.name)
     program = generate(plan, graph, device)
     compiled = compile_program(program, args.target, arch=device.nvrtc_arch)

@@ -4,11 +4,10 @@ print makespan, sequential time, speedup, utilization and waves (text or JSON), 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
-from engine.errors import PlanError, TileweaveError
+from engine.errors import TileweaveError
 
 DEFAULT_POLICY = "welder"
 DEFAULT_DEVICE = "a100"
@@ -36,34 +35,6 @@ def add_rprogram_command(sub) -> None:
     p.set_defaults(func=cmd_rprogram)
 
 
-def load_plan(path: str | Path, graph):
-    """A saved plan for this graph; PlanError naming the file otherwise."""
-    from engine.schedule.plan import plan_from_json
-
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise PlanError(f"{path}: cannot read plan file ({err.strerror})", hint="check the path") from None
-    except json.JSONDecodeError as err:
-        raise PlanError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
-    return plan_from_json(data, graph)
-
-
-def plan_model(graph, policy: str, device, *, batching: bool = True):
-    """(graph, plan): the scheduler's plan, on the operator-batched graph for `welder` when `batching`
-    (the batching decisions lead the plan's decision log)."""
-    from engine.schedule.policies import make_plan
-
-    decisions: tuple = ()
-    if policy == "welder" and batching:
-        from engine.ir.batching import batch_contractions
-
-        graph, found = batch_contractions(graph)
-        decisions = tuple(f"batching: {d}" for d in found)
-    plan = make_plan(graph, policy, device, options={"batching": batching})
-    return graph, dataclasses.replace(plan, decisions=decisions + plan.decisions)
-
-
 def cmd_rprogram(args: argparse.Namespace) -> int:
     from engine.commands import parse_shapes
     from engine.device import get_device
@@ -71,11 +42,12 @@ def cmd_rprogram(args: argparse.Namespace) -> int:
     from engine.rprogram.model import rprogram_to_json
     from engine.rprogram.trace import write_trace
     from engine.rprogram.wavefront import build_rprogram
+    from engine.schedule.pipeline import batching_decisions, load_plan, plan_model
 
     device = get_device(args.device)
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan:
-        plan = load_plan(args.plan, graph)
+        graph, plan = load_plan(args.plan, graph)
     else:
         graph, plan = plan_model(graph, args.policy, device, batching=not args.no_batching)
     rp = build_rprogram(plan, device, graph=graph, merge=not args.no_merge)
@@ -86,7 +58,7 @@ def cmd_rprogram(args: argparse.Namespace) -> int:
             Path(args.out).write_text(json.dumps(rprogram_to_json(rp)))
         except OSError as err:
             raise TileweaveError(f"{args.out}: cannot write the rProgram ({err.strerror})") from None
-    batching = [d.removeprefix("batching: ") for d in plan.decisions if d.startswith("batching: ")]
+    batching = list(batching_decisions(plan))
     info = rp.summary() | {"batching": batching, "steps_detail": [{"waves": list(s.waves), "kernels": len(s.ops),
                                               "start_us": round(s.start_us, 3), "end_us": round(s.end_us, 3),
                                               "reason": s.reason} for s in rp.steps]}

@@ -26,13 +26,6 @@ class RunResult:
     program: Program | None = None
 
 
-def _make_plan(graph: PrimGraph, policy: str, device: str) -> Plan:
-    from engine.device import get_device
-    from engine.schedule.policies import make_plan
-
-    return make_plan(graph, policy, get_device(device))
-
-
 def check_plan(plan: Plan, graph: PrimGraph, device: str) -> None:
     """Refuse a plan that validate rejects, before any code is generated (first violation, one line)."""
     from engine.device import get_device
@@ -46,8 +39,10 @@ def check_plan(plan: Plan, graph: PrimGraph, device: str) -> None:
 
 def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: str = "cpu",
               policy: str = "welder", device: str = "a100", plan: Plan | None = None,
-              repeat: int = 1, library: bool = False) -> RunResult:
+              repeat: int = 1, library: bool = False, batching: bool | None = None) -> RunResult:
     """Plan (unless `plan` is given), generate and run `graph` on `backend`; outputs by ONNX name.
+    Planning goes through `plan_model` (operator batching per `batching`, default on for welder); a
+    given plan runs on the graph it was made on (`graph`, or its batched form when the plan says so).
     `library` (cpu only): kernels that are a lone contraction run through NumPy BLAS."""
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend '{backend}' (choose one of {', '.join(BACKENDS)})")
@@ -57,9 +52,12 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
         from engine.runtime.cuda_driver import require_cuda
 
         require_cuda()  # before planning: no GPU means a one-line BackendError, fast
+    from engine.schedule.pipeline import graph_for_plan, plan_model
+
     if plan is None:
-        plan = _make_plan(graph, policy, device)
+        graph, plan = plan_model(graph, policy, device, batching=batching)
     else:
+        graph = graph_for_plan(plan, graph)
         check_plan(plan, graph, device)
     program = generate(plan, graph, device)
     if backend == "cpu":

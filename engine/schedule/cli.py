@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from engine.errors import PlanError
-from engine.schedule.plan import Conn, Plan, plan_from_json, plan_to_json
+from engine.schedule.plan import Conn, Plan, plan_to_json
 
 DEFAULT_DEVICE = "a100"
 
@@ -21,6 +22,8 @@ def add_plan_command(sub) -> None:
     p.add_argument("--plan-out", metavar="FILE", help="write the plan JSON here")
     p.add_argument("--plan-in", metavar="FILE", help="replay this saved plan's edits on its base policy")
     p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...", help="bind a dynamic input shape")
+    p.add_argument("--no-batching", action="store_true",
+                   help="welder: keep Q/K/V-style contractions separate (no operator batching)")
     p.set_defaults(func=run_plan_command)
 
 
@@ -29,16 +32,18 @@ def run_plan_command(args) -> int:
     from engine.device import get_device
     from engine.frontend.importer import load_graph
     from engine.schedule.edits import replay
-    from engine.schedule.policies import make_plan
+    from engine.schedule.pipeline import BATCHING_PREFIX, load_plan, plan_model
     from engine.schedule.validate import validate
 
     device = get_device(args.device)
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
-        saved = _read_plan(args.plan_in, graph)
+        graph, saved = load_plan(args.plan_in, graph)
         plan = replay(saved.base_policy or saved.policy, saved.edits, graph, device, options=dict(saved.options))
+        kept = tuple(d for d in saved.decisions if d.startswith(BATCHING_PREFIX))
+        plan = dataclasses.replace(plan, decisions=kept + plan.decisions)
     else:
-        plan = make_plan(graph, args.policy, device)
+        graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None)
     bad = validate(plan, graph, device)
     if bad:
         raise PlanError(f"plan is illegal: {bad[0]}")
@@ -49,18 +54,10 @@ def run_plan_command(args) -> int:
     return 0
 
 
-def _read_plan(path: str, graph) -> Plan:
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise PlanError(f"{path}: cannot read plan ({err.strerror})") from None
-    except json.JSONDecodeError as err:
-        raise PlanError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
-    return plan_from_json(data, graph)
-
-
 def plan_summary(plan: Plan, graph) -> dict:
-    """The JSON the CLI prints: totals plus one entry per group."""
+    """The JSON the CLI prints: totals, the operator-batching decisions, one entry per group."""
+    from engine.schedule.pipeline import batching_decisions
+
     groups = []
     for g in plan.groups:
         members = set(g.stages)
@@ -85,6 +82,7 @@ def plan_summary(plan: Plan, graph) -> dict:
         "dram_bytes": plan.dram_bytes, "modeled_us": round(plan.modeled_us, 3),
         "schedule_seconds": plan.schedule_seconds,
         "fused_edges": sum(1 for e in plan.edges if e.conn != Conn.KERNEL), "edges": len(plan.edges),
+        "batching": list(batching_decisions(plan)),
         "groups": groups,
     }
 
@@ -104,6 +102,7 @@ def format_table(summary: dict) -> str:
     lines.append(f"{summary['kernels']} kernels ({summary['memory_intensive_kernels']} memory-intensive), "
                  f"DRAM {_mb(summary['dram_bytes'])}, modeled {summary['modeled_us']:.1f} us, "
                  f"scheduled in {summary['schedule_seconds']:.2f} s  [{summary['policy']} on {summary['device']}]")
+    lines += [f"batching: {d}" for d in summary.get("batching", ())]
     return "\n".join(lines)
 
 

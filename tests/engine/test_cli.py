@@ -104,17 +104,12 @@ def test_run_generates_missing_inputs_and_matches_ort(capsys, tmp_path):
     assert max_rel_error(np.load(tmp_path / "o.npz")["y"], want) <= 1e-4
 
 
-def test_run_cpu_without_run_model_says_unavailable(capsys, tmp_path, monkeypatch):
-    monkeypatch.delattr(engine.api, "run_model", raising=False)
-    code, _, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--outputs", tmp_path / "o.npz")
-    assert_one_line_error(code, err, "backend 'cpu' is not available in this build")
-
-
 def test_run_cpu_calls_run_model(capsys, tmp_path, monkeypatch):
     seen = {}
 
-    def fake_run_model(graph, inputs, *, backend, policy, device, plan):
-        seen.update(backend=backend, policy=policy, device=device, plan=plan, inputs=sorted(inputs))
+    def fake_run_model(graph, inputs, *, backend, policy, device, plan, batching):
+        seen.update(backend=backend, policy=policy, device=device, plan=plan, inputs=sorted(inputs),
+                    batching=batching)
         from engine.runtime.execute import RunResult
 
         return RunResult({"y": np.ones((2, 2), np.float32)}, None)
@@ -123,13 +118,15 @@ def test_run_cpu_calls_run_model(capsys, tmp_path, monkeypatch):
     code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--policy", "stitch",
                            "--device", "h100", "--outputs", tmp_path / "o.npz")
     assert code == 0, out
-    assert seen == {"backend": "cpu", "policy": "stitch", "device": "h100", "plan": None, "inputs": ["x"]}
+    assert seen == {"backend": "cpu", "policy": "stitch", "device": "h100", "plan": None, "inputs": ["x"],
+                    "batching": None}
     assert np.load(tmp_path / "o.npz")["y"].shape == (2, 2)
+    code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--no-batching",
+                           "--outputs", tmp_path / "o.npz")
+    assert code == 0 and seen["batching"] is False and seen["policy"] == "welder", out
 
 
 def test_run_cpu_backend_end_to_end(capsys, tmp_path):
-    if getattr(engine.api, "run_model", None) is None:
-        pytest.skip("engine.api.run_model is not in this build yet")
     io = sample_path("gelu_chain").with_suffix(".io.npz")
     code, out, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--inputs", io,
                              "--outputs", tmp_path / "o.npz")

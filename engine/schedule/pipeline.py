@@ -1,0 +1,88 @@
+"""Graph → (graph, Plan) as every front end plans: operator batching (Wolong) first when the plan asks for
+it, then the policy; and a saved plan → (graph, Plan) that re-applies the same batching before loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from engine.device import Device
+from engine.errors import PlanError
+from engine.ir.graph import PrimGraph
+from engine.schedule.plan import Edit, Plan, plan_from_json
+
+BATCHING_PREFIX = "batching: "
+
+
+def default_batching(policy: str) -> bool:
+    """Operator batching is on by default for `welder` only (the tile-graph policy that fuses contractions)."""
+    return policy == "welder"
+
+
+def batch_graph(graph: PrimGraph) -> tuple[PrimGraph, tuple[str, ...]]:
+    """The operator-batched graph and its decisions as plan-log lines (each with its reason)."""
+    from engine.ir.batching import batch_contractions
+
+    batched, found = batch_contractions(graph)
+    return batched, tuple(f"{BATCHING_PREFIX}{d}" for d in found)
+
+
+def plan_model(graph: PrimGraph, policy: str, device: Device | str, *, batching: bool | None = None,
+               edits: Sequence[Edit] = (), options: Mapping | None = None) -> tuple[PrimGraph, Plan]:
+    """(graph, plan): `policy`'s plan of `graph`, made on the operator-batched graph when `batching`
+    (default: on for welder). The plan records options["batching"] and its decision log starts with the
+    batching decisions; generate and run the returned graph, not the one passed in."""
+    from engine.schedule.policies import make_plan
+
+    base = (options or {}).get("base_policy", policy) if policy == "user" else policy
+    if batching is None:
+        batching = default_batching(base)
+    decisions: tuple[str, ...] = ()
+    if batching:
+        graph, decisions = batch_graph(graph)
+    plan = make_plan(graph, policy, device, edits=tuple(edits), options={**(options or {}), "batching": batching})
+    return graph, dataclasses.replace(plan, decisions=decisions + plan.decisions)
+
+
+def plan_batching(plan: Plan) -> bool:
+    """Whether `plan` was made on the operator-batched graph."""
+    return bool(dict(plan.options).get("batching", False))
+
+
+def batching_decisions(plan: Plan) -> tuple[str, ...]:
+    """The batching lines of the plan's decision log, without their prefix."""
+    return tuple(d.removeprefix(BATCHING_PREFIX) for d in plan.decisions if d.startswith(BATCHING_PREFIX))
+
+
+def graph_for_plan(plan: Plan, graph: PrimGraph) -> PrimGraph:
+    """The graph `plan` was made on: `graph` itself, or its batched form when the plan says batching and
+    `graph` is the unbatched model (so a caller may pass either)."""
+    if plan.model_hash == graph.structural_hash or not plan_batching(plan):
+        return graph
+    batched, _ = batch_graph(graph)
+    return batched
+
+
+def load_plan(source: str | Path | Mapping, graph: PrimGraph) -> tuple[PrimGraph, Plan]:
+    """(graph, plan) from a saved plan (a JSON file or its dict) for the model `graph`: the batching the
+    plan was made with is re-applied before the model-hash check; PlanError naming the file otherwise."""
+    if isinstance(source, Mapping):
+        data = dict(source)
+    else:
+        try:
+            data = json.loads(Path(source).read_text())
+        except OSError as err:
+            raise PlanError(f"{source}: cannot read plan file ({err.strerror})", hint="check the path") from None
+        except json.JSONDecodeError as err:
+            raise PlanError(f"{source}: not valid JSON ({err.msg} at line {err.lineno})") from None
+        except UnicodeDecodeError:
+            raise PlanError(f"{source}: not valid JSON (not UTF-8 text)") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{source if not isinstance(source, Mapping) else 'plan'}: not a tileweave plan "
+                        "(JSON is not an object)", hint="save one with --plan-out")
+    options = data.get("options")
+    if isinstance(options, dict) and options.get("batching"):
+        graph, _ = batch_graph(graph)
+    return graph, plan_from_json(data, graph)
