@@ -10,13 +10,11 @@ from app.state import AppState
 from app.views.tables import verdict_text
 
 
-def run_panel(state: AppState, loaded: services.LoadedModel, plan, *, key: str) -> services.RunResult | None:
-    """Button + status; returns the (cached) result of the last run of this plan, if any."""
-    graph = loaded.graph
-    args = (graph, plan, state.model_hash, plan.plan_hash, state.device, state.backend, state.model_path)
-    if not services.available("run_model"):
-        st.info(f"Compiling and running plans is {services.NOT_AVAILABLE}; times below are modeled.")
-        return None
+def run_panel(state: AppState, planned: services.PlanResult, *, key: str) -> services.RunResult | None:
+    """Button + status; returns the (cached) result of the last run of this plan, if any. The plan runs on
+    the graph it was made on (`planned.graph`)."""
+    plan = planned.plan
+    args = (planned.graph, plan, state.model_hash, plan.plan_hash, state.device, state.backend, state.model_path)
     clicked = st.button(f"Compile + run on {state.backend.upper()}", key=key, type="primary")
     result = None
     if clicked:

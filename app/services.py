@@ -1,6 +1,7 @@
-"""The only module of the app that calls the engine. Model → PrimGraph, (graph, policy, device, edits)
-→ Plan, plan → outputs/profile/rProgram, each cached on (model hash, plan hash). Capabilities the
-engine build does not offer yet are reported, never guessed at."""
+"""The only module of the app that calls the engine (through engine.api). Model → PrimGraph;
+(graph, policy, device, batching, edits) → (graph, Plan) through plan_model, so welder plans the
+operator-batched graph; (graph, plan) → program, outputs/profile, rProgram, bundle, each cached on
+(model hash, plan hash). The graph a plan was made on travels with it."""
 
 from __future__ import annotations
 
@@ -15,26 +16,15 @@ import streamlit as st
 
 import engine.api as api
 from engine.device import PRESETS, get_device
-from engine.errors import PlanError, TileweaveError
+from engine.errors import TileweaveError
 from engine.flags import cache_dir
 from engine.ir.graph import PrimGraph
-from engine.schedule.plan import (
-    Conn,
-    Edit,
-    Group,
-    Plan,
-    Tile,
-    components,
-    kernel_name,
-    plan_from_json,
-    plan_to_json,
-)
+from engine.schedule.plan import Conn, Edit, Plan, plan_to_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
 UPLOAD_LIMIT_MB = 50
 MATCH_TOLERANCE = 1e-3  # max rel err (max |got - ref| / max |ref|) for "matches reference"
-NOT_AVAILABLE = "not available in this build yet"
 
 
 class AppError(TileweaveError):
@@ -107,60 +97,32 @@ def cuda_status() -> tuple[bool, str]:
 
 
 def policies() -> list[str]:
-    names = engine_fn("POLICIES")
-    if names:
-        return [p for p in names if p != "user"]
-    return ["unfused", "elementwise", "stitch", "welder"] if available("make_plan") else ["unfused"]
+    return list(api.POLICIES)
 
 
 def default_policy() -> str:
-    names = policies()
-    return "welder" if "welder" in names else names[0]
+    return "welder"
 
 
 # ---- plans -----------------------------------------------------------------------------------
 
 
-def unfused_plan(graph: PrimGraph, device: str) -> Plan:
-    """Every edge KERNEL, one group per stage: what the app shows until the engine's policies land."""
-    from engine.schedule.plan import PlanBuilder
-
-    builder = PlanBuilder(graph)
-    groups = []
-    for k, names in enumerate(components(graph, {})):
-        stage = graph.stage(names[-1])
-        threads = max(1, min(256, stage.size))
-        tile = Tile(stage.name, stage.shape, threads, -(-stage.size // threads))
-        groups.append(Group(k, kernel_name(k, graph, names), tuple(names), (tile,),
-                            "unfused: every stage is its own kernel"))
-    return Plan(graph.structural_hash, graph.name, "unfused", device, builder.edges(), tuple(groups),
-                base_policy="unfused")
+def batching_applies(policy: str) -> bool:
+    """Operator batching is a welder decision; the toggle does nothing for the other policies."""
+    return policy == "welder"
 
 
-def base_plan(graph: PrimGraph, policy: str, device: str) -> Plan:
-    make_plan = engine_fn("make_plan")
-    if make_plan is not None:
-        return make_plan(graph, policy, get_device(device))
-    if policy != "unfused":
-        raise PlanError(f"policy '{policy}' is {NOT_AVAILABLE}", hint="use the unfused policy")
-    return unfused_plan(graph, device)
-
-
-def editing_available() -> bool:
-    return available("make_plan") and available("replay")
-
-
-def plan_with_edits(graph: PrimGraph, policy: str, device: str, edits: tuple[Edit, ...]) -> Plan:
-    """The policy's plan with `edits` replayed and validated, or PlanError naming the rule broken."""
-    if not edits:
-        return base_plan(graph, policy, device)
-    if not editing_available():
-        raise PlanError(f"plan editing is {NOT_AVAILABLE}")
-    return engine_fn("make_plan")(graph, policy, get_device(device), edits=tuple(edits))
+def plan_with_edits(graph: PrimGraph, policy: str, device: str, edits: tuple[Edit, ...],
+                    batching: bool = True) -> tuple[PrimGraph, Plan]:
+    """(graph, plan): the policy's plan (welder: on the operator-batched graph when `batching`) with
+    `edits` replayed and validated, or PlanError naming the rule broken."""
+    return api.plan_model(graph, policy, get_device(device), batching=batching and batching_applies(policy),
+                          edits=tuple(edits))
 
 
 @dataclass(frozen=True)
 class PlanResult:
+    graph: PrimGraph  # the graph the plan was made on (operator-batched for welder): generate and run this
     plan: Plan
     refused: tuple[tuple[int, str], ...] = ()  # (edit index, reason) for edits that no longer apply
     seconds: float = 0.0
@@ -171,26 +133,28 @@ def edits_key(edits: tuple[Edit, ...]) -> str:
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def build_plan(_graph: PrimGraph, model_hash: str, policy: str, device: str, key: str) -> PlanResult:
+def build_plan(_graph: PrimGraph, model_hash: str, policy: str, device: str, key: str,
+               batching: bool = True) -> PlanResult:
     """Base policy plan with the edits of `key` replayed in order. When the whole list is refused
-    (e.g. the base policy changed under it), edits are re-tried one by one: refused ones are
-    reported and skipped so the others still apply."""
+    (e.g. the base policy or the batching changed under it), edits are re-tried one by one: refused
+    ones are reported and skipped so the others still apply."""
     start = time.perf_counter()
     edits = edits_from_json(json.loads(key))
     try:
-        return PlanResult(plan_with_edits(_graph, policy, device, edits), (), time.perf_counter() - start)
+        graph, plan = plan_with_edits(_graph, policy, device, edits, batching)
+        return PlanResult(graph, plan, (), time.perf_counter() - start)
     except TileweaveError:
         pass
     kept: list[Edit] = []
     refused = []
     for k, edit in enumerate(edits):
         try:
-            plan_with_edits(_graph, policy, device, tuple(kept + [edit]))
+            plan_with_edits(_graph, policy, device, tuple(kept + [edit]), batching)
             kept.append(edit)
         except TileweaveError as err:
             refused.append((k, str(err)))
-    plan = plan_with_edits(_graph, policy, device, tuple(kept))
-    return PlanResult(plan, tuple(refused), time.perf_counter() - start)
+    graph, plan = plan_with_edits(_graph, policy, device, tuple(kept), batching)
+    return PlanResult(graph, plan, tuple(refused), time.perf_counter() - start)
 
 
 def edit_to_json(edit: Edit) -> dict:
@@ -210,20 +174,24 @@ def edits_file(model_hash: str) -> Path:
     return folder / f"{model_hash}.json"
 
 
-def save_edits(model_hash: str, policy: str, edits: tuple[Edit, ...]) -> Path:
-    """Autosave: the edit list and its base policy for this model."""
+def save_edits(model_hash: str, policy: str, edits: tuple[Edit, ...], batching: bool = True) -> Path:
+    """Autosave: the edit list, its base policy and the batching switch (edits name the stages of the
+    graph that switch gives) for this model."""
     path = edits_file(model_hash)
-    path.write_text(json.dumps({"base_policy": policy, "edits": [edit_to_json(e) for e in edits]}, indent=1))
+    path.write_text(json.dumps({"base_policy": policy, "batching": batching,
+                                "edits": [edit_to_json(e) for e in edits]}, indent=1))
     return path
 
 
-def load_edits(model_hash: str) -> tuple[str, tuple[Edit, ...]] | None:
+def load_edits(model_hash: str) -> tuple[str, tuple[Edit, ...], bool] | None:
+    """(base policy, edits, batching) autosaved for this model, or None."""
     path = edits_file(model_hash)
     if not path.exists():
         return None
     try:
         data = json.loads(path.read_text())
-        return str(data.get("base_policy", "")), edits_from_json(data.get("edits", []))
+        return (str(data.get("base_policy", "")), edits_from_json(data.get("edits", [])),
+                bool(data.get("batching", True)))
     except (json.JSONDecodeError, AppError, AttributeError):
         return None  # a corrupt autosave must not lock the user out of the model
 
@@ -232,12 +200,19 @@ def plan_json_text(plan: Plan) -> str:
     return json.dumps(plan_to_json(plan), indent=1, sort_keys=True)
 
 
-def read_plan_json(data: bytes, graph: PrimGraph) -> Plan:
+def read_plan_json(data: bytes, graph: PrimGraph) -> tuple[PrimGraph, Plan]:
+    """(graph, plan) of a saved plan for the model `graph` (re-batched when the plan was batched)."""
     try:
         obj = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise AppError(f"the plan file is not JSON ({err})", hint="save a plan from the Plan page") from None
-    return plan_from_json(obj, graph)
+    if not isinstance(obj, dict):
+        raise AppError("the plan file is not a tileweave plan (not a JSON object)", hint="save a plan from the Plan page")
+    return api.load_plan(obj, graph)
+
+
+def plan_batching(plan: Plan) -> bool:
+    return bool(dict(plan.options).get("batching", False))
 
 
 def conn_choices() -> list[str]:
@@ -258,36 +233,6 @@ def dot_to_svg(dot: str) -> bytes:
         raise AppError(f"Graphviz could not render the graph ({first[0] if first else err.returncode})") from None
 
 
-# ---- engine capabilities that may not be exported yet -------------------------------------------
-
-# Where each function lives while it is not yet re-exported from engine.api.
-_MODULES = {
-    "build_rprogram": "engine.rprogram.wavefront", "export_trace": "engine.rprogram.trace",
-    "generate": "engine.codegen.generate", "run_model": "engine.runtime.execute",
-    "make_inputs": "engine.runtime.inputs", "export_bundle": "engine.bundle",
-    "make_plan": "engine.schedule.policies", "POLICIES": "engine.schedule.policies",
-    "replay": "engine.schedule.edits", "validate": "engine.schedule.validate",
-    "render_c": "engine.codegen.targets", "render_cuda": "engine.codegen.targets",
-}
-
-
-def engine_fn(name: str):
-    """engine.api.<name>, else the module that defines it, else None (capability not built yet)."""
-    fn = getattr(api, name, None)
-    if fn is not None or name not in _MODULES:
-        return fn
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(_MODULES[name]), name, None)
-    except ImportError:
-        return None
-
-
-def available(name: str) -> bool:
-    return engine_fn(name) is not None
-
-
 # ---- inputs, runs, rProgram ----------------------------------------------------------------------
 
 
@@ -300,10 +245,7 @@ def model_inputs(_graph: PrimGraph, model_hash: str, path: str) -> dict[str, np.
         with np.load(io) as data:
             if all(n in data for n in names):
                 return {n: data[n] for n in names}
-    make_inputs = engine_fn("make_inputs")
-    if make_inputs is None:
-        raise AppError(f"random model inputs are {NOT_AVAILABLE}")
-    return make_inputs(_graph, seed=0)
+    return api.make_inputs(_graph, seed=0)
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
@@ -334,22 +276,17 @@ class RunResult:
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def program_for(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str):
-    generate = engine_fn("generate")
-    if generate is None:
-        raise AppError(f"code generation is {NOT_AVAILABLE}")
-    return generate(_plan, _graph, device)
+    return api.generate(_plan, _graph, device)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def run_plan(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str, backend: str,
              path: str) -> RunResult:
-    """Compile, run and profile the plan; outputs checked against the reference executor."""
-    run_model = engine_fn("run_model")
-    if run_model is None:
-        raise AppError(f"compiling and running plans is {NOT_AVAILABLE}")
+    """Compile, run and profile the plan (on `_graph`, the graph it was made on); outputs checked against
+    the reference executor."""
     inputs = model_inputs(_graph, model_hash, path)
     start = time.perf_counter()
-    ran = run_model(_graph, inputs, plan=_plan, backend=backend, device=device)
+    ran = api.run_model(_graph, inputs, plan=_plan, backend=backend, device=device)
     seconds = time.perf_counter() - start
     want = reference_outputs(_graph, model_hash, path)
     outputs = ran.outputs
@@ -368,17 +305,11 @@ def run_plan(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, de
 @st.cache_resource(show_spinner=False, max_entries=16)
 def rprogram_for(_plan: Plan, model_hash: str, plan_hash: str, device: str, _measured: dict | None = None,
                  measured_key: str = ""):
-    build = engine_fn("build_rprogram")
-    if build is None:
-        raise AppError(f"rProgram scheduling is {NOT_AVAILABLE}")
-    return build(_plan, get_device(device), profile=_measured or None)
+    return api.build_rprogram(_plan, get_device(device), profile=_measured or None)
 
 
 def trace_json_text(rp) -> str:
-    export = engine_fn("export_trace")
-    if export is None:
-        raise AppError(f"trace export is {NOT_AVAILABLE}")
-    return json.dumps(export(rp))
+    return json.dumps(api.export_trace(rp))
 
 
 _RUNS: dict[tuple, RunResult] = {}  # (model, plan, device, backend) -> result, for pages that only read
@@ -391,21 +322,12 @@ def cached_run(_graph, _plan, model_hash: str, plan_hash: str, device: str, back
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def kernel_sources(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str) -> dict:
-    """{"cuda": source, "c": source} of the whole program from the engine's printers; {} until they exist."""
-    render_cuda, render_c = engine_fn("render_cuda"), engine_fn("render_c")
-    if render_cuda is None or render_c is None or not available("generate"):
-        return {}
+    """{"cuda": source, "c": source} of the whole program from the engine's printers."""
     program = program_for(_graph, _plan, model_hash, plan_hash, device)
-    return {"cuda": render_cuda(program), "c": render_c(program)}
+    return {"cuda": api.render_cuda(program), "c": api.render_c(program)}
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def bundle_bytes(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str) -> bytes:
-    import tempfile
-
-    export = engine_fn("export_bundle")
-    if export is None:
-        raise AppError(f"the kernel bundle is {NOT_AVAILABLE}")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(export(_graph, _plan, Path(tmp) / "bundle.zip", device=get_device(device)))
-        return path.read_bytes()
+    """The kernel bundle zip of the plan (CUDA + PTX/CUBIN per arch, C, program/plan/trace JSON, weights)."""
+    return api.export_bundle(_graph, _plan, get_device(device))

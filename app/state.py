@@ -22,7 +22,8 @@ class AppState:
     model_hash: str = ""  # PrimGraph.structural_hash of the loaded model
     device: str = "a100"
     backend: str = "cpu"
-    base_policy: str = ""  # "" = the best policy this engine build offers
+    base_policy: str = ""  # "" = the default policy (welder)
+    batching: bool = True  # welder: operator batching (Q/K/V-style contractions merged), Plan page toggle
     edits: tuple[Edit, ...] = ()
     redo: tuple[Edit, ...] = ()
     apply_to_layers: bool = False

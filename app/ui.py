@@ -37,8 +37,8 @@ def load_into_state(name: str, path: str) -> AppState:
         saved = services.load_edits(state.model_hash)
         changes = {"restored_for": state.model_hash}
         if saved:
-            policy, edits = saved
-            changes |= {"edits": edits, "redo": ()}
+            policy, edits, batching = saved
+            changes |= {"edits": edits, "redo": (), "batching": batching}
             if policy in services.policies():
                 changes["base_policy"] = policy
         state = update_state(**changes)
@@ -57,15 +57,16 @@ def current_model() -> tuple[AppState, services.LoadedModel]:
 
 
 def current_plan(state: AppState, loaded: services.LoadedModel) -> services.PlanResult:
+    """The current plan with the graph it was made on (`.graph`: operator-batched for welder)."""
     return services.build_plan(loaded.graph, state.model_hash, state.base_policy, state.device,
-                               services.edits_key(state.edits))
+                               services.edits_key(state.edits), state.batching)
 
 
 def commit_state(state: AppState) -> AppState:
     """Store a new state and autosave its edits for the model (restored after reload/restart)."""
     set_state(state)
     if state.model_hash:
-        services.save_edits(state.model_hash, state.base_policy, state.edits)
+        services.save_edits(state.model_hash, state.base_policy, state.edits, state.batching)
     return state
 
 

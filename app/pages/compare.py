@@ -27,8 +27,8 @@ with guarded("Comparing plans"):
             upload = column.file_uploader(f"Plan JSON for {label}", type=["json"], key=f"cmp_file_{label}")
             if upload is None:
                 return choice, None
-            return upload.name, services.read_plan_json(upload.getvalue(), graph)
-        return choice, services.build_plan(graph, state.model_hash, choice, state.device, "[]").plan
+            return upload.name, services.read_plan_json(upload.getvalue(), graph)[1]
+        return choice, services.build_plan(graph, state.model_hash, choice, state.device, "[]", state.batching).plan
 
     left, right = st.columns(2)
     a_label, a = pick(left, "A", 0)

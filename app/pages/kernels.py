@@ -17,19 +17,18 @@ st.title("Kernels")
 
 with guarded("Building the kernel table"):
     state, loaded = current_model()
-    plan = current_plan(state, loaded).plan
-    run = run_panel(state, loaded, plan, key="kernels_run")
+    planned = current_plan(state, loaded)
+    plan = planned.plan
+    run = run_panel(state, planned, key="kernels_run")
     measured = run.kernel_us if run else None
-    st.dataframe(pd.DataFrame(kernel_rows(loaded.graph, plan, measured)), hide_index=True, width="stretch")
+    st.dataframe(pd.DataFrame(kernel_rows(planned.graph, plan, measured)), hide_index=True, width="stretch")
 
 with guarded("Showing generated source"):
     st.subheader("Generated source")
-    sources = services.kernel_sources(loaded.graph, plan, state.model_hash, plan.plan_hash, state.device)
-    if not sources:
-        st.info(f"Kernel source printing is {services.NOT_AVAILABLE}.")
+    sources = services.kernel_sources(planned.graph, plan, state.model_hash, plan.plan_hash, state.device)
     cuda_tab, c_tab = st.tabs(["CUDA C", "C (CPU backend)"])
-    cuda_tab.code(sources.get("cuda", "// not generated"), language="cuda")
-    c_tab.code(sources.get("c", "/* not generated */"), language="c")
+    cuda_tab.code(sources["cuda"], language="cuda")
+    c_tab.code(sources["c"], language="c")
 
 with guarded("Drawing the rooflines"):
     st.subheader("Roofline per memory level")

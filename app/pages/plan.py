@@ -1,6 +1,6 @@
-"""Plan page: base policy; edit an edge's connection, split or merge groups, set tiles/threads;
-each edit validated (a refused one shows the rule it breaks); ordered edit list with undo/redo;
-load and save plan JSON."""
+"""Plan page: base policy and (welder) operator batching; edit an edge's connection, split or merge
+groups, set tiles/threads; each edit validated (a refused one shows the rule it breaks); ordered edit
+list with undo/redo; the plan's decision log (batching first); load and save plan JSON."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from app import services
 from app.state import clear_edits, push_edits, redo, undo
 from app.ui import commit_state, current_model, current_plan, guarded
 from app.views.layers import matching_edges
-from app.views.tables import describe_edit, edge_label
+from app.views.tables import decision_rows, describe_edit, edge_label
 from engine.errors import TileweaveError
 from engine.schedule.plan import Edit
 
@@ -21,26 +21,31 @@ st.title("Plan")
 
 with guarded("Loading the plan"):
     state, loaded = current_model()
-    graph = loaded.graph
     policies = services.policies()
-    policy = st.selectbox("Base policy", policies, key="plan_policy",
-                          index=policies.index(state.base_policy) if state.base_policy in policies else 0)
-    if policy != state.base_policy:
-        state = commit_state(dataclasses.replace(state, base_policy=policy))
+    pick_policy, pick_batching = st.columns([3, 2])
+    policy = pick_policy.selectbox("Base policy", policies, key="plan_policy",
+                                   index=policies.index(state.base_policy) if state.base_policy in policies else 0)
+    batching = pick_batching.toggle(
+        "Operator batching", value=state.batching, key="plan_batching",
+        disabled=not services.batching_applies(policy),
+        help="welder: contractions computing the same expression of the same input (Q/K/V projections, "
+             "LSTM gate GEMMs) run as one batched contraction; edits name the stages of the graph this gives")
+    if (policy, batching) != (state.base_policy, state.batching):
+        state = commit_state(dataclasses.replace(state, base_policy=policy, batching=batching))
     result = current_plan(state, loaded)
-    plan = result.plan
-    st.caption(f"{plan.kernels} kernels · {len(state.edits)} edit(s) on {state.base_policy} · device {state.device}")
+    graph, plan = result.graph, result.plan
+    batched = sum(1 for r in decision_rows(plan) if r["kind"] == "batching" and "batched into" in r["decision"])
+    st.caption(f"{plan.kernels} kernels · {len(state.edits)} edit(s) on {state.base_policy} · device {state.device}"
+               + (f" · {batched} batched contraction set(s)" if services.plan_batching(plan) else ""))
     for index, reason in result.refused:
         st.warning(f"Edit {index + 1} ({describe_edit(state.edits[index])}) no longer applies: {reason}")
-    editable = services.editing_available()
-    if not editable:
-        st.info(f"Plan editing is {services.NOT_AVAILABLE}.")
 
 
 def submit(edits: list[Edit]) -> None:
     """Validate the edit list with the new edits; keep them only if the engine accepts them all."""
     try:
-        services.plan_with_edits(graph, state.base_policy, state.device, state.edits + tuple(edits))
+        services.plan_with_edits(loaded.graph, state.base_policy, state.device, state.edits + tuple(edits),
+                                 state.batching)
     except TileweaveError as err:
         st.error(f"Refused: {err}")
         return
@@ -56,7 +61,7 @@ with guarded("Editing the plan"):
                             format_func=lambda k: f"{k}  [{labels[k].conn.value}]")
         conn = st.selectbox("Connection", services.conn_choices(), key="plan_conn")
         all_layers = st.checkbox("Apply to all identical layers", key="plan_all_layers")
-        if st.form_submit_button("Apply edge edit", disabled=not editable):
+        if st.form_submit_button("Apply edge edit"):
             e = labels[pick]
             pairs = matching_edges(graph, e.producer, e.consumer) if all_layers else [e.key]
             submit([Edit.make("set_edge", producer=p, consumer=c, conn=conn) for p, c in pairs])
@@ -66,12 +71,12 @@ with guarded("Editing the plan"):
         left, right = st.columns(2)
         with left.form("split_form"):
             split = st.selectbox("Split the group at a fused edge", fused or ["—"], key="plan_split")
-            if st.form_submit_button("Split", disabled=not (editable and fused)):
+            if st.form_submit_button("Split", disabled=not fused):
                 p, c = split.split(" → ")
                 submit([Edit.make("split", producer=p, consumer=c)])
         with right.form("merge_form"):
             merge = st.selectbox("Merge the groups joined by a kernel edge", kernel or ["—"], key="plan_merge")
-            if st.form_submit_button("Merge", disabled=not (editable and kernel)):
+            if st.form_submit_button("Merge", disabled=not kernel):
                 p, c = merge.split(" → ")
                 submit([Edit.make("merge", producer=p, consumer=c)])
     with tile_tab:
@@ -80,7 +85,7 @@ with guarded("Editing the plan"):
                              for g in plan.groups])
         edited = st.data_editor(rows, key="plan_tiles", hide_index=True, width="stretch",
                                 disabled=["group", "kernel", "anchor stage"])
-        if st.button("Apply tile changes", disabled=not editable, key="plan_apply_tiles"):
+        if st.button("Apply tile changes", key="plan_apply_tiles"):
             edits = []
             for before, after in zip(rows.to_dict("records"), edited.to_dict("records")):
                 if (before["tile"], before["threads"]) != (after["tile"], after["threads"]):
@@ -112,15 +117,24 @@ with guarded("Showing the edits"):
         commit_state(clear_edits(state))
         st.rerun()
 
+with guarded("Showing the decisions"):
+    rows = decision_rows(plan)
+    st.subheader("Decisions")
+    st.caption("Why each choice was made, in order: operator batching first, then the policy's edges and groups.")
+    st.dataframe(pd.DataFrame(rows, columns=["#", "kind", "decision"]), hide_index=True, width="stretch",
+                 key="plan_decisions")
+
 with guarded("Saving or loading a plan"):
     st.subheader("Plan JSON")
     st.download_button("Save plan JSON", services.plan_json_text(plan), key="plan_save",
                        file_name=f"{state.model_name}_{plan.policy}_plan.json", mime="application/json")
     upload = st.file_uploader("Load plan JSON (base policy + edits are replayed)", type=["json"], key="plan_load")
     if upload is not None and st.button("Load this plan", key="plan_load_apply"):
-        loaded_plan = services.read_plan_json(upload.getvalue(), graph)
+        _, loaded_plan = services.read_plan_json(upload.getvalue(), loaded.graph)
         base = loaded_plan.base_policy or loaded_plan.policy
         if base not in policies:
-            raise services.AppError(f"the plan's base policy '{base}' is {services.NOT_AVAILABLE}")
-        commit_state(dataclasses.replace(state, base_policy=base, edits=loaded_plan.edits, redo=()))
+            raise services.AppError(f"the plan's base policy '{base}' is unknown", hint=f"use one of {policies}")
+        commit_state(dataclasses.replace(state, base_policy=base, edits=loaded_plan.edits, redo=(),
+                                         batching=services.plan_batching(loaded_plan)
+                                         if services.batching_applies(base) else state.batching))
         st.rerun()

@@ -17,14 +17,11 @@ st.title("Tile-graph")
 
 with guarded("Drawing the tile-graph"):
     state, loaded = current_model()
-    graph = loaded.graph
     result = current_plan(state, loaded)
-    plan = result.plan
+    graph, plan = result.graph, result.plan
     st.caption(f"{state.model_name} · policy {plan.policy} (base {state.base_policy}) · {len(state.edits)} edit(s) · "
                f"{plan.kernels} kernels · modeled {fmt_us(plan.modeled_us) if plan.modeled_us else '—'} · "
                f"DRAM {fmt_bytes(plan.dram_bytes) if plan.dram_bytes else '—'} on {state.device}")
-    if not services.available("make_plan"):
-        st.info(f"Fusion policies are {services.NOT_AVAILABLE}: showing the unfused plan (every edge KERNEL).")
 
     groups = {f"{g.id}: {g.name}": g for g in plan.groups}
     edges = {edge_label(e.producer, e.consumer): e for e in plan.edges}

@@ -16,8 +16,9 @@ st.title("Timeline")
 
 with guarded("Scheduling the rProgram"):
     state, loaded = current_model()
-    plan = current_plan(state, loaded).plan
-    run = run_panel(state, loaded, plan, key="timeline_run")
+    planned = current_plan(state, loaded)
+    plan = planned.plan
+    run = run_panel(state, planned, key="timeline_run")
     measured = run.kernel_us if run else None
     key = json.dumps(measured, sort_keys=True) if measured else ""
     rp = services.rprogram_for(plan, state.model_hash, plan.plan_hash, state.device, measured, key)

@@ -118,6 +118,18 @@ def describe_edit(edit: Edit) -> str:
     return f"{edit.kind} " + ", ".join(f"{k}={v}" for k, v in edit.args)
 
 
+def decision_rows(plan: Plan) -> list[dict]:
+    """The plan's decision log, in order: operator batching first (why contractions were or were not
+    merged), then the policy's per-edge and per-group decisions with their reasons."""
+    rows = []
+    for k, text in enumerate(plan.decisions):
+        kind, sep, rest = text.partition(": ")
+        batching = kind == "batching" and bool(sep)
+        rows.append({"#": k + 1, "kind": "batching" if batching else "schedule",
+                     "decision": rest if batching else text})
+    return rows
+
+
 def verdict_text(max_rel_err: float, tolerance: float) -> tuple[bool, str]:
     ok = max_rel_err <= tolerance
     if ok:

@@ -11,6 +11,7 @@ from app import services
 from app.state import AppState, clear_edits, push_edits, redo, switch_model, undo
 from engine.errors import TileweaveError
 from engine.schedule.plan import Edit
+from engine.schedule.policies import make_plan
 
 
 def random_edits(rng: random.Random, n: int) -> list[Edit]:
@@ -50,7 +51,9 @@ def test_edits_autosave_roundtrip(tmp_path, monkeypatch):
         Edit.make("set_tile", group_stage="s3", shape=[32, 64], threads=128),)
     path = services.save_edits("abc123", "stitch", edits)
     assert path == tmp_path / "edits" / "abc123.json"
-    assert services.load_edits("abc123") == ("stitch", edits)
+    assert services.load_edits("abc123") == ("stitch", edits, True)
+    services.save_edits("abc123", "welder", edits[:2], batching=False)
+    assert services.load_edits("abc123") == ("welder", edits[:2], False)
     assert services.load_edits("other") is None
     path.write_text("{not json")
     assert services.load_edits("abc123") is None  # corrupt autosave is ignored, not fatal
@@ -65,9 +68,11 @@ def test_upload_limits_and_plan_json_errors_are_one_line(tmp_path, monkeypatch):
     graph = services.load_model(str(services.sample_path("gelu_chain")), "gelu").graph
     with pytest.raises(TileweaveError, match="not JSON"):
         services.read_plan_json(b"{oops", graph)
-    plan = services.unfused_plan(graph, "a100")
+    plan = make_plan(graph, "unfused", "a100")
     text = services.plan_json_text(plan)
-    assert services.read_plan_json(text.encode(), graph) == plan
+    assert services.read_plan_json(text.encode(), graph) == (graph, plan)
+    with pytest.raises(TileweaveError, match="not a JSON object"):
+        services.read_plan_json(b"[1, 2]", graph)
     other = json.loads(text) | {"model_hash": "0" * 16}
     with pytest.raises(TileweaveError, match="not this one") as err:
         services.read_plan_json(json.dumps(other).encode(), graph)
@@ -84,3 +89,48 @@ def test_max_rel_error_scales_by_the_reference():
     assert services.max_rel_error(got, want) == pytest.approx(0.25 / np.abs(want).max(), rel=1e-5)
     assert services.max_rel_error(want, want) == 0.0
     assert services.max_rel_error(got[:4], want) == float("inf")
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return services.load_model(str(services.sample_path("bert_layer")), "bert_layer").graph
+
+
+def test_welder_plans_carry_the_batched_graph_and_the_toggle_turns_it_off(bert):
+    on = services.build_plan(bert, bert.structural_hash, "welder", "a100", "[]", True)
+    off = services.build_plan(bert, bert.structural_hash, "welder", "a100", "[]", False)
+    assert on.plan.model_hash == on.graph.structural_hash != bert.structural_hash
+    assert off.graph is bert and off.plan.model_hash == bert.structural_hash
+    assert services.plan_batching(on.plan) and not services.plan_batching(off.plan)
+    assert sum(1 for s in on.graph.stages if s.name.endswith(".batched")) == 1
+    stitch = services.build_plan(bert, bert.structural_hash, "stitch", "a100", "[]", True)
+    assert stitch.graph is bert and not services.plan_batching(stitch.plan)  # batching is welder's alone
+    # A saved batched plan loads back onto the batched graph (the plain load would refuse its hash).
+    graph, plan = services.read_plan_json(services.plan_json_text(on.plan).encode(), bert)
+    assert plan == on.plan and graph.structural_hash == on.graph.structural_hash
+
+
+def test_edits_name_stages_of_the_batched_graph(bert):
+    on = services.build_plan(bert, bert.structural_hash, "welder", "a100", "[]", True)
+    edge = next(e for e in on.plan.edges if e.producer.endswith(".batched") and e.conn.fused)
+    edit = Edit.make("set_edge", producer=edge.producer, consumer=edge.consumer, conn="kernel")
+    graph, plan = services.plan_with_edits(bert, "welder", "a100", (edit,), True)
+    assert plan.edge(edge.producer, edge.consumer).conn.value == "kernel" and graph.structural_hash == plan.model_hash
+    key = services.edits_key((edit,))
+    refused = services.build_plan(bert, bert.structural_hash, "welder", "a100", key, False).refused
+    assert [k for k, _ in refused] == [0] and ".batched" in refused[0][1]  # no such stage without batching
+
+
+def test_bundle_bytes_is_the_engine_kernel_bundle(tmp_path, monkeypatch):
+    import io
+    import zipfile
+
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
+    graph = services.load_model(str(services.sample_path("gelu_chain")), "gelu_chain").graph
+    result = services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", True)
+    data = services.bundle_bytes(result.graph, result.plan, graph.structural_hash, result.plan.plan_hash, "a100")
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        names = set(z.namelist())
+        assert {"manifest.json", "plan.json", "program.json", "trace.json"} <= names
+        assert any(n.endswith(".sm_80.cubin") for n in names) and any(n.endswith(".c") for n in names)
+        assert json.loads(z.read("plan.json")) == json.loads(services.plan_json_text(result.plan))

@@ -11,7 +11,6 @@ import subprocess
 import pytest
 from support import sample_path
 
-from app.services import unfused_plan
 from app.views.diff import diff_plans, diff_to_markdown
 from app.views.dot import CONN_STYLE, legend_dot, plan_to_dot
 from app.views.layers import find_layers, matching_edges, repeated_layers
@@ -20,6 +19,7 @@ from app.views.timeline import timeline_figure
 from engine.api import load_graph
 from engine.rprogram.model import ROperator, RProgram, RTask, Step, Variant, VDevice
 from engine.schedule.plan import Conn, components
+from engine.schedule.policies import make_plan
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def gelu():
 
 def fused_plan(graph, fuse: set[tuple[str, str]], conn: Conn = Conn.REGISTER):
     """The unfused plan with the edges in `fuse` set to `conn` and groups recomputed."""
-    base = unfused_plan(graph, "a100")
+    base = make_plan(graph, "unfused", "a100")
     edges = tuple(dataclasses.replace(e, conn=conn, source="user") if e.key in fuse else e for e in base.edges)
     names = components(graph, {e.key: e.conn for e in edges})
     groups = []
@@ -58,7 +58,7 @@ def test_dot_has_a_cluster_per_group_and_styles_each_connection(gelu):
 
 
 def test_dot_highlights_the_selection(gelu):
-    plan = unfused_plan(gelu, "a100")
+    plan = make_plan(gelu, "unfused", "a100")
     producer, consumer = gelu.edges[2]
     dot = plan_to_dot(gelu, plan, selected_edge=(producer, consumer), selected_group=plan.groups[1].id)
     highlighted = [ln for ln in dot.splitlines() if "#d81b60" in ln]
@@ -79,7 +79,7 @@ def test_layers_of_bert12_repeat_and_collapse(bert12):
     assert len(layers) == 12
     repeats = repeated_layers(bert12)
     assert [lay.scope for lay in repeats["encoder.layer.0"]] == [f"encoder.layer.{k}" for k in range(1, 12)]
-    plan = unfused_plan(bert12, "a100")
+    plan = make_plan(bert12, "unfused", "a100")
     full, collapsed = plan_to_dot(bert12, plan), plan_to_dot(bert12, plan, collapse_layers=True)
     nodes = lambda text: len(re.findall(r"^\s+n\d+ \[", text, flags=re.M))  # noqa: E731
     assert nodes(full) == len(bert12.stages)
@@ -99,7 +99,7 @@ def test_matching_edges_find_the_same_edge_in_every_identical_layer(bert12):
 
 
 def test_diff_reports_changed_edges_and_kernels_as_markdown(gelu):
-    a = unfused_plan(gelu, "a100")
+    a = make_plan(gelu, "unfused", "a100")
     fuse = set(gelu.edges[:2])
     b = fused_plan(gelu, fuse, Conn.REGISTER)
     d = diff_plans(a, b, "unfused", "edited")
