@@ -69,7 +69,6 @@ def test_switching_sample_changes_the_summary():
     assert next(m.value for m in at.metric if m.label == "Primitive stages") != stages
 
 
-@pytest.mark.skipif(not services.editing_available(), reason="engine plan editing not built yet")
 def test_an_edge_edit_changes_the_plan_and_undo_restores_it():
     at = open_page("plan")
     at.selectbox(key="plan_policy").set_value("unfused").run()
@@ -86,7 +85,6 @@ def test_an_edge_edit_changes_the_plan_and_undo_restores_it():
     assert at.caption[0].value == before
 
 
-@pytest.mark.skipif(not services.editing_available(), reason="engine plan editing not built yet")
 def test_an_illegal_edit_shows_the_rule_it_breaks():
     at = open_page("plan", "masked_softmax")
     at.selectbox(key="plan_policy").set_value("unfused").run()
@@ -101,3 +99,40 @@ def test_an_illegal_edit_shows_the_rule_it_breaks():
     refused = [e.value for e in at.error if e.value.startswith("Refused")]
     assert refused and "illegal" in refused[0] and "rule" in refused[0]
     assert "0 edit(s)" in at.caption[0].value
+
+
+def decisions_table(at: AppTest):
+    return next(d.value for d in at.dataframe if "kind" in d.value.columns)
+
+
+def test_welder_batches_qkv_and_the_toggle_turns_it_off():
+    at = open_page("plan", "bert_layer")
+    no_traceback(at)
+    assert at.selectbox(key="plan_policy").value == "welder" and at.toggle(key="plan_batching").value
+    assert "1 batched contraction set(s)" in at.caption[0].value
+    rows = decisions_table(at)
+    first = rows.iloc[0]
+    assert first["kind"] == "batching" and "batched into" in first["decision"] and "MatMul_15_out" in first["decision"]
+    edges = at.selectbox(key="plan_edge").options
+    assert any(".batched" in o for o in edges)  # edits are offered on the batched graph
+    kernels_on = at.caption[0].value.split(" kernels")[0]
+    at.toggle(key="plan_batching").set_value(False).run()
+    no_traceback(at)
+    assert "batched contraction" not in at.caption[0].value
+    assert not (decisions_table(at)["kind"] == "batching").any()
+    assert not any(".batched" in o for o in at.selectbox(key="plan_edge").options)
+    assert at.caption[0].value.split(" kernels")[0] != kernels_on
+    at.selectbox(key="plan_policy").set_value("stitch").run()
+    assert at.toggle(key="plan_batching").disabled
+
+
+def test_batched_plan_reaches_the_tilegraph_and_kernels_pages():
+    at = open_page("tilegraph", "bert_layer")
+    no_traceback(at)
+    assert any(".batched" in o for o in at.selectbox(key="tg_edge").options)
+    at.switch_page("pages/kernels.py").run()
+    no_traceback(at)
+    graph = services.load_model(str(services.sample_path("bert_layer")), "bert_layer").graph
+    on, off = (services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", b).plan for b in (True, False))
+    assert len(at.dataframe[0].value) == on.kernels != off.kernels  # the table lists the batched plan's kernels
+    assert any("batched" in c.value for c in at.code)  # generated source names the batched stage
