@@ -12,8 +12,8 @@ import re
 
 import numpy as np
 
-from engine.codegen.kexpr import Guard, InBounds, Reduce, kmap, map_indices, substitute_body
-from engine.codegen.kir import Buffer, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
+from engine.codegen.kexpr import Guard, InBounds, Reduce, free_vars, kmap, kwalk, map_indices, substitute_body
+from engine.codegen.kir import Buffer, Gemm, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
 from engine.device import Device, get_device, resident_blocks_per_sm
 from engine.errors import PlanError
 from engine.ir import expr as E
@@ -40,6 +40,8 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100") -> Pro
     kernels, launches = [], []
     for group in _launch_order(plan, graph):
         kernel = _build_kernel(group, graph, conns)
+        if kernel.shared_bytes > device.max_smem_per_block_bytes and kernel.gemms:
+            kernel = _build_kernel(group, graph, conns, tiled=False)  # no room left to stage GEMM tiles
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
                             f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",
@@ -149,14 +151,17 @@ def _segments(group: Group, graph: PrimGraph, conns) -> list[tuple[Tile, list[st
     return order
 
 
-def _build_kernel(group: Group, graph: PrimGraph, conns) -> Kernel:
+def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True) -> Kernel:
     members = set(group.stages)
     params: dict[str, Buffer] = {}
     locals_: list[Buffer] = []
     segments = []
-    for tile, names in _segments(group, graph, conns):
-        segments.append(_build_segment(tile, names, graph, conns, members, params, locals_, group.name))
     threads = max(t.threads for t in group.segments)
+    for tile, names in _segments(group, graph, conns):
+        seg = _build_segment(tile, names, graph, conns, members, params, locals_, group.name)
+        if tiled:
+            seg = _map_gemm(seg, tile, threads, graph)
+        segments.append(seg)
     segments = [_map_lanes(seg, threads) for seg in segments]
     origin = tuple(dict.fromkeys(o for s in group.stages for o in graph.stage(s).origin))
     return Kernel(group.name, tuple(params.values()), tuple(locals_), tuple(segments), threads,
@@ -169,7 +174,7 @@ def _map_lanes(seg: Segment, threads: int) -> Segment:
     phases = []
     for p in seg.phases:
         lanes = 1
-        if p.combine is not None and not p.region.flat and p.dtype.is_float and threads % 32 == 0 \
+        if p.combine is not None and p.gemm is None and not p.region.flat and p.dtype.is_float and threads % 32 == 0 \
                 and p.combine.value in ("sum", "max", "min", "prod"):
             rows = int(np.prod(p.region.extent, dtype=np.int64))
             want = max(1, threads // max(rows, 1))
@@ -177,6 +182,88 @@ def _map_lanes(seg: Segment, threads: int) -> Segment:
                 lanes *= 2
         phases.append(dataclasses.replace(p, threads_per_row=lanes))
     return dataclasses.replace(seg, phases=tuple(phases))
+
+
+_STAGE_BYTES = 48 * 1024  # A + B staging per k step: the static shared-memory budget of a block
+_MAX_MICRO = 64  # accumulators per thread (registers)
+
+
+def _map_gemm(seg: Segment, tile: Tile, threads: int, graph: PrimGraph) -> Segment:
+    """Phases whose contraction is a product of a (rows x k) and a (k x cols) factor over the last two
+    axes of a region that is one element wide in every other axis become tiled GEMMs."""
+    step = 1
+    for r in tile.reduce_step:
+        step *= r
+    phases = []
+    for p in seg.phases:
+        gemm = _gemm_of(p, graph, threads, step if tile.reduce_step else 32)
+        phases.append(dataclasses.replace(p, gemm=gemm) if gemm else p)
+    return dataclasses.replace(seg, phases=tuple(phases))
+
+
+def _top_reduces(body) -> list[Reduce]:
+    """Inlined reductions not nested in a guard or another reduction (evaluated once per element)."""
+    found, stack = [], [body]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Reduce):
+            found.append(n)
+        elif not isinstance(n, Guard):
+            stack.extend(E.children(n))
+    return found
+
+
+def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None:
+    region = p.region
+    if region.flat or region.rank < 2 or any(e != 1 for e in region.extent[:-2]) or not p.dtype.is_float:
+        return None
+    if p.combine is not None:
+        if graph.stage(p.stage).kind != StageKind.CONTRACTION or p.combine.value != "sum":
+            return None
+        target, body, names, extents = None, p.body, tuple(f"r{k}" for k in range(len(p.reduce))), p.reduce
+    else:
+        found = [r for r in _top_reduces(p.body) if r.combine.value == "sum" and _factors(r.body) is not None]
+        if len(found) != 1:
+            return None
+        target, body, names, extents = found[0], found[0].body, found[0].vars, found[0].extents
+    split = _factors(body)
+    if split is None:
+        return None
+    m, n = f"i{region.rank - 2}", f"i{region.rank - 1}"
+    a, b = split
+    if n in free_vars(a) or m in free_vars(b):
+        a, b = b, a
+    if n in free_vars(a) or m in free_vars(b):
+        return None
+    bm, bn = region.extent[-2], region.extent[-1]
+    k = int(np.prod(extents, dtype=np.int64))
+    bk = max(1, min(step, k))
+    best = None
+    tx = 1
+    while tx <= threads:
+        ty = threads // tx
+        tm, tn = -(-bm // ty), -(-bn // tx)
+        key = (tm * tn, tm + tn)
+        if best is None or key < best[0]:
+            best = (key, tm, tn, tx, ty)
+        tx *= 2
+    _, tm, tn, tx, ty = best
+    if tm * tn > _MAX_MICRO or threads % tx:
+        return None
+    while bk > 4 and 4 * bk * (ty * tm + tx * tn) > _STAGE_BYTES:
+        bk //= 2
+    if 4 * bk * (ty * tm + tx * tn) > _STAGE_BYTES:
+        return None
+    return Gemm(a, b, target, tuple(names), tuple(extents), bm, bn, bk, tm, tn, tx, ty)
+
+
+def _factors(body) -> tuple[E.Expr, E.Expr] | None:
+    """A float product of two reduction-free factors."""
+    if not (isinstance(body, E.Binary) and body.op == "mul" and body.dtype.is_float):
+        return None
+    if any(isinstance(x, Reduce) for f in (body.a, body.b) for x in kwalk(f)):
+        return None
+    return body.a, body.b
 
 
 def _global(params: dict[str, Buffer], graph: PrimGraph, tensor: str) -> str:

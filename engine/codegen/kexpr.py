@@ -96,6 +96,27 @@ def kwalk(e):
             stack.extend(reversed(E.children(n)))
 
 
+def free_vars(e, memo: dict | None = None) -> frozenset[str]:
+    """Loop variables an expression depends on (an inlined reduction binds its own)."""
+    memo = {} if memo is None else memo
+    key = id(e)
+    if key in memo:
+        return memo[key]
+    if isinstance(e, (E.Load, InBounds)):
+        out = frozenset().union(*(ix.vars() for ix in e.index)) if e.index else frozenset()
+    elif isinstance(e, E.IndexVal):
+        out = e.expr.vars()
+    elif isinstance(e, Guard):
+        out = free_vars(e.cond, memo) | free_vars(e.x, memo)
+    elif isinstance(e, Reduce):
+        out = free_vars(e.body, memo) - set(e.vars)
+    else:
+        kids = E.children(e)
+        out = frozenset().union(*(free_vars(c, memo) for c in kids)) if kids else frozenset()
+    memo[key] = out
+    return out
+
+
 def kformat(e) -> str:
     """Text of a kernel-IR body (expr.format_expr plus guards and inlined reductions)."""
     if isinstance(e, Guard):

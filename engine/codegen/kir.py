@@ -87,6 +87,47 @@ class Buffer:
 
 
 @dataclass(frozen=True)
+class Gemm:
+    """A contraction run as a tiled GEMM over the last two axes of its phase's region: per k step of
+    `bk`, the block stages factor `a` (rows x k) and `b` (k x cols) into BLOCK buffers st_a/st_b, then
+    each of the tx x ty threads accumulates a tm x tn register micro-tile; the epilogue (the phase body
+    with `target` replaced by the accumulator, or the accumulator itself when `target` is None) runs
+    per element after the k loop. Staging buffers are padded to ty*tm rows / tx*tn columns."""
+
+    a: Expr  # over the batch axes, the row axis and `vars`
+    b: Expr  # over the batch axes, the column axis and `vars`
+    target: object | None  # kexpr.Reduce inlined in the phase body, or None: the phase is the contraction
+    vars: tuple[str, ...]
+    extents: tuple[int, ...]
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+    tx: int
+    ty: int
+
+    @property
+    def k(self) -> int:
+        n = 1
+        for e in self.extents:
+            n *= e
+        return n
+
+    @property
+    def a_elems(self) -> int:
+        return self.ty * self.tm * self.bk
+
+    @property
+    def b_elems(self) -> int:
+        return self.bk * self.tx * self.tn
+
+    def describe(self) -> str:
+        return (f"tiled gemm {self.bm}x{self.bn}, k {self.k} step {self.bk}, "
+                f"{self.tm}x{self.tn} per thread on {self.ty}x{self.tx} threads")
+
+
+@dataclass(frozen=True)
 class Phase:
     """Every thread of the block computes elements of `stage` over its region for the current tile:
     `value = combine over reduce of body` with loads resolved against the kernel's buffers (producers
@@ -100,12 +141,14 @@ class Phase:
     reduce: tuple[int, ...] = ()
     combine: Combine | None = None
     threads_per_row: int = 1  # >1: threads of a row split the reduction and combine in a tree
+    gemm: Gemm | None = None  # set: the contraction in this phase runs as a tiled GEMM
 
     def describe(self) -> str:
         red = f" {self.combine.value} over {list(self.reduce)}" if self.combine else ""
         from engine.codegen.kexpr import kformat
 
-        return f"{self.stage}{red} = {kformat(self.body)} -> {', '.join(self.stores)}"
+        tiled = f" [{self.gemm.describe()}]" if self.gemm else ""
+        return f"{self.stage}{red} = {kformat(self.body)} -> {', '.join(self.stores)}{tiled}"
 
 
 @dataclass(frozen=True)
@@ -141,8 +184,23 @@ class Kernel:
         return tuple(out)
 
     @property
-    def shared_bytes(self) -> int:
+    def gemms(self) -> tuple[Gemm, ...]:
+        return tuple(p.gemm for s in self.segments for p in s.phases if p.gemm is not None)
+
+    @property
+    def staging(self) -> tuple[int, int]:
+        """Floats of the GEMM staging buffers st_a, st_b (shared by the kernel's tiled phases), placed
+        in shared memory after the BLOCK buffers."""
+        return (max((g.a_elems for g in self.gemms), default=0), max((g.b_elems for g in self.gemms), default=0))
+
+    @property
+    def locals_bytes(self) -> int:
         return sum(-(-b.nbytes // 16) * 16 for b in self.locals)
+
+    @property
+    def shared_bytes(self) -> int:
+        a, b = self.staging
+        return self.locals_bytes + -(-4 * a // 16) * 16 + -(-4 * b // 16) * 16
 
     @property
     def ntiles(self) -> int:

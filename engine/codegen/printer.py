@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from engine.codegen.kexpr import Guard, InBounds, Reduce
+from engine.codegen.kexpr import free_vars as _free_vars
 from engine.codegen.kir import Buffer, Kernel, Phase, Program, Region, Scope, Segment
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -41,6 +42,7 @@ class Printer:
     locals_in_kernel_scope = False
     header = ""
     f16_type = "_Float16"
+    thread_id = "0"  # this thread's index in its block (tiled GEMM micro-tiles)
     inf = "INFINITY"
     nan = "NAN"
 
@@ -151,6 +153,8 @@ class Printer:
 
     # ---- phases ------------------------------------------------------------------------------
     def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
+        if phase.gemm is not None:
+            return self.render_gemm_phase(kernel, phase)
         tag = "p"
         lines = [f"{{  // {phase.stage}"]
         owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
@@ -181,6 +185,111 @@ class Printer:
             body.append(f"{name}[{ssa.offset(buf, idx)}] = {self.store_value(value, buf.dtype)};")
         lines += ["        " + x for x in body]
         lines += ["    }", "}"]
+        return lines
+
+    # ---- tiled GEMM ------------------------------------------------------------------------
+    def gemm_head(self, kernel: Kernel, phase: Phase) -> tuple[str, list[str]]:
+        """Region bounds of a tiled phase, batch axes fixed at the tile's (one-wide) box, and the
+        live row/column counts m_n, n_n."""
+        g = phase.gemm
+        owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
+        tag = owner.name if owner is not None else "p"
+        lines = [f"{{  // {phase.stage}: {g.describe()}"]
+        if owner is None:
+            lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
+        r = phase.region.rank
+        lines += [f"    const int i{d} = {tag}_lo{d};" for d in range(r - 2)]
+        lines.append(f"    const int m_lo = {tag}_lo{r - 2}, m_n = {tag}_hi{r - 2} - m_lo;")
+        lines.append(f"    const int n_lo = {tag}_lo{r - 1}, n_n = {tag}_hi{r - 1} - n_lo;")
+        return tag, lines
+
+    def gemm_ranges(self, phase: Phase) -> dict:
+        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
+        ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
+        ranges.update({v: (0, n - 1) for v, n in zip(phase.gemm.vars, phase.gemm.extents)})
+        return ranges
+
+    def gemm_k_vars(self, phase: Phase, flat: str) -> list[str]:
+        """The reduction variables of flat k index `flat` (row-major over the reduction extents)."""
+        g = phase.gemm
+        out, inner = [], 1
+        for v, n in reversed(list(zip(g.vars, g.extents))):
+            text = flat if inner == 1 else f"({flat} / {inner})"
+            out.append(f"const int {v} = {text};" if inner * n == g.k else f"const int {v} = {text} % {n};")
+            inner *= n
+        return out[::-1]
+
+    def gemm_operand(self, kernel: Kernel, phase: Phase, which: str) -> tuple[list[str], str]:
+        g = phase.gemm
+        ssa = BodyWriter(self, kernel, self.gemm_ranges(phase))
+        value = ssa.value(g.a if which == "a" else g.b)
+        return ssa.lines, value
+
+    def gemm_epilogue(self, kernel: Kernel, phase: Phase, acc: str) -> list[str]:
+        """The phase body at (i_m, i_n) with the contraction replaced by the accumulator; the stores."""
+        g = phase.gemm
+        r = phase.region.rank
+        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
+        ssa = BodyWriter(self, kernel, ranges)
+        lines = [f"const float accv = {acc};"]
+        if g.target is None:
+            value = "accv"
+        else:
+            ssa.memo[g.target] = "accv"
+            value = ssa.value(phase.body)
+        lines += ssa.lines
+        for name in phase.stores:
+            buf = kernel.buffer(name)
+            idx = tuple(I.var(f"i{d}") for d in range(r))
+            lines.append(f"{name}[{ssa.offset(buf, idx)}] = {self.store_value(value, buf.dtype)};")
+        return lines
+
+    def render_gemm_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
+        """Threads stage A (rows x bk) and B (bk x cols) tiles cooperatively, barrier, each thread
+        accumulates its tm x tn micro-tile from the staged tiles in registers, barrier; after the k loop
+        each thread runs the epilogue for its micro-tile's elements."""
+        g = phase.gemm
+        r = phase.region.rank
+        m, n = f"i{r - 2}", f"i{r - 1}"
+        pm, pn = g.ty * g.tm, g.tx * g.tn
+        _, lines = self.gemm_head(kernel, phase)
+        a_lines, a_val = self.gemm_operand(kernel, phase, "a")
+        b_lines, b_val = self.gemm_operand(kernel, phase, "b")
+        lines += [f"    const int g_tx = {self.thread_id} % {g.tx}, g_ty = {self.thread_id} / {g.tx};",
+                  f"    float acc[{g.tm * g.tn}];",
+                  f"    for (int q = 0; q < {g.tm * g.tn}; ++q) acc[q] = 0.0f;",
+                  f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{",
+                  "        " + self.thread_loop("e", str(pm * g.bk)) + " {",
+                  f"            const int mm = e / {g.bk}, kf = k0 + e % {g.bk};",
+                  "            float val = 0.0f;",
+                  f"            if (mm < m_n && kf < {g.k}) {{",
+                  f"                const int {m} = m_lo + mm;"]
+        lines += ["                " + x for x in self.gemm_k_vars(phase, "kf") + a_lines + [f"val = {a_val};"]]
+        lines += ["            }", "            st_a[e] = val;", "        }",
+                  "        " + self.thread_loop("e", str(g.bk * pn)) + " {",
+                  f"            const int nn = e % {pn}, kf = k0 + e / {pn};",
+                  "            float val = 0.0f;",
+                  f"            if (nn < n_n && kf < {g.k}) {{",
+                  f"                const int {n} = n_lo + nn;"]
+        lines += ["                " + x for x in self.gemm_k_vars(phase, "kf") + b_lines + [f"val = {b_val};"]]
+        lines += ["            }", "            st_b[e] = val;", "        }",
+                  f"        {self.block_barrier}",
+                  f"        for (int kk = 0; kk < {g.bk}; ++kk) {{",
+                  f"            float ra[{g.tm}], rb[{g.tn}];",
+                  f"            for (int x = 0; x < {g.tm}; ++x) ra[x] = st_a[(g_ty * {g.tm} + x) * {g.bk} + kk];",
+                  f"            for (int y = 0; y < {g.tn}; ++y) rb[y] = st_b[kk * {pn} + g_tx * {g.tn} + y];",
+                  f"            for (int x = 0; x < {g.tm}; ++x)",
+                  f"                for (int y = 0; y < {g.tn}; ++y) acc[x * {g.tn} + y] += ra[x] * rb[y];",
+                  "        }",
+                  f"        {self.block_barrier}",
+                  "    }",
+                  f"    for (int x = 0; x < {g.tm}; ++x) {{",
+                  f"        for (int y = 0; y < {g.tn}; ++y) {{",
+                  f"            const int mm = g_ty * {g.tm} + x, nn = g_tx * {g.tn} + y;",
+                  "            if (mm < m_n && nn < n_n) {",
+                  f"                const int {m} = m_lo + mm, {n} = n_lo + nn;"]
+        lines += ["                " + x for x in self.gemm_epilogue(kernel, phase, f"acc[x * {g.tn} + y]")]
+        lines += ["            }", "        }", "    }", "}"]
         return lines
 
     def render_flat_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
@@ -275,27 +384,6 @@ def _limits(ct: str, inf: str) -> tuple[str, str]:
     if ct == "bool":
         return "false", "true"
     return "(-2147483647 - 1)", "2147483647"
-
-
-def _free_vars(e, memo: dict) -> frozenset[str]:
-    """Loop variables an expression depends on (an inlined reduction binds its own)."""
-    key = id(e)
-    if key in memo:
-        return memo[key]
-    if isinstance(e, E.Load):
-        out = frozenset().union(*(ix.vars() for ix in e.index)) if e.index else frozenset()
-    elif isinstance(e, E.IndexVal):
-        out = e.expr.vars()
-    elif isinstance(e, InBounds):
-        out = frozenset().union(*(ix.vars() for ix in e.index)) if e.index else frozenset()
-    elif isinstance(e, Guard):
-        out = _free_vars(e.cond, memo) | _free_vars(e.x, memo)
-    elif isinstance(e, Reduce):
-        out = _free_vars(e.body, memo) - set(e.vars)
-    else:
-        out = frozenset().union(*(_free_vars(c, memo) for c in E.children(e))) if E.children(e) else frozenset()
-    memo[key] = out
-    return out
 
 
 def _invariant_reductions(body, loop_vars: set[str]) -> list:

@@ -38,9 +38,56 @@ class CPrinter(Printer):
     def thread_loop(self, var: str, count: str) -> str:
         return f"for (int {var} = 0; {var} < {count}; ++{var})"
 
+    def render_gemm_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
+        """The block's threads run one after another, so their tm x tn register micro-tiles together
+        are one block-wide accumulator array: per k step, stage A and B (row-major, contiguous reads
+        of row-major operands), then rank-1 updates whose innermost loop runs along the contiguous
+        columns (vectorised). Each element still sums its k terms in order, like the per-element loop."""
+        g = phase.gemm
+        r = phase.region.rank
+        m, n = f"i{r - 2}", f"i{r - 1}"
+        _, lines = self.gemm_head(kernel, phase)
+        a_lines, a_val = self.gemm_operand(kernel, phase, "a")
+        b_lines, b_val = self.gemm_operand(kernel, phase, "b")
+        lines += [f"    float st_a[{g.bm * g.bk}], st_b[{g.bk * g.bn}], acc[{g.bm * g.bn}];",
+                  f"    for (int q = 0; q < m_n * {g.bn}; ++q) acc[q] = 0.0f;",
+                  f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{",
+                  f"        const int k_n = {g.k} - k0 < {g.bk} ? {g.k} - k0 : {g.bk};",
+                  "        for (int mm = 0; mm < m_n; ++mm) {",
+                  f"            const int {m} = m_lo + mm;",
+                  "            for (int kk = 0; kk < k_n; ++kk) {",
+                  "                const int kf = k0 + kk;"]
+        lines += ["                " + x for x in self.gemm_k_vars(phase, "kf") + a_lines
+                  + [f"st_a[mm * {g.bk} + kk] = {a_val};"]]
+        lines += ["            }", "        }",
+                  "        for (int kk = 0; kk < k_n; ++kk) {",
+                  "            const int kf = k0 + kk;"]
+        lines += ["            " + x for x in self.gemm_k_vars(phase, "kf")]
+        lines += ["            for (int nn = 0; nn < n_n; ++nn) {",
+                  f"                const int {n} = n_lo + nn;"]
+        lines += ["                " + x for x in b_lines + [f"st_b[kk * {g.bn} + nn] = {b_val};"]]
+        lines += ["            }", "        }",
+                  "        for (int mm = 0; mm < m_n; ++mm) {",
+                  f"            float* restrict arow = acc + mm * {g.bn};",
+                  "            for (int kk = 0; kk < k_n; ++kk) {",
+                  f"                const float a = st_a[mm * {g.bk} + kk];",
+                  f"                const float* restrict brow = st_b + kk * {g.bn};",
+                  "                #pragma omp simd",
+                  "                for (int nn = 0; nn < n_n; ++nn) arow[nn] += a * brow[nn];",
+                  "            }", "        }", "    }",
+                  "    for (int mm = 0; mm < m_n; ++mm) {",
+                  f"        const int {m} = m_lo + mm;",
+                  "        for (int nn = 0; nn < n_n; ++nn) {",
+                  f"            const int {n} = n_lo + nn;"]
+        lines += ["            " + x for x in self.gemm_epilogue(kernel, phase, f"acc[mm * {g.bn} + nn]")]
+        lines += ["        }", "    }", "}"]
+        return lines
+
     def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         """The block's threads run one after another, so a phase is a plain loop nest over its region
         (innermost axis last: contiguous, vectorisable), not a flat index split with div/mod."""
+        if phase.gemm is not None:
+            return self.render_gemm_phase(kernel, phase)
         if phase.region.flat:
             return super().render_phase(kernel, phase)
         owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
@@ -90,6 +137,7 @@ class CudaPrinter(Printer):
     locals_in_kernel_scope = True
     header = CUDA_HEADER
     f16_type = "__half"
+    thread_id = "threadIdx.x"
     inf = "__int_as_float(0x7f800000)"  # NVRTC has no math.h, so no INFINITY/NAN macros
     nan = "__int_as_float(0x7fffffff)"
 
@@ -110,7 +158,7 @@ class CudaPrinter(Printer):
         """A reduction whose rows are shared by `threads_per_row` lanes: each lane reduces a strided
         part of the row, then the lanes combine with warp shuffles (a tree within the row's lanes)."""
         lanes = phase.threads_per_row
-        if lanes <= 1 or phase.region.flat:
+        if lanes <= 1 or phase.region.flat or phase.gemm is not None:
             return super().render_phase(kernel, phase)
         owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
         tag = owner.name if owner is not None else "p"
@@ -170,12 +218,17 @@ class CudaPrinter(Printer):
     def kernel_locals(self, kernel: Kernel) -> list[str]:
         # Dynamic shared memory: blocks may use more than the 48 KiB a static __shared__ array allows
         # (the launcher opts in with cudaFuncAttributeMaxDynamicSharedMemorySize).
-        if not kernel.locals:
+        a, b = kernel.staging
+        if not kernel.locals and not a:
             return []
         lines = ["extern __shared__ __align__(16) unsigned char smem[];"]
-        for b, off in zip(kernel.locals, kernel.shared_offsets):
-            t = self.storage_type(b.dtype)
-            lines.append(f"{t}* {b.name} = ({t}*)(smem + {off});  // {b.capacity} elements")
+        for buf, off in zip(kernel.locals, kernel.shared_offsets):
+            t = self.storage_type(buf.dtype)
+            lines.append(f"{t}* {buf.name} = ({t}*)(smem + {off});  // {buf.capacity} elements")
+        if a:  # GEMM staging tiles after the block buffers
+            at = kernel.locals_bytes
+            lines.append(f"float* st_a = (float*)(smem + {at});  // {a} elements")
+            lines.append(f"float* st_b = (float*)(smem + {at + -(-4 * a // 16) * 16});  // {b} elements")
         return lines
 
     def signature(self, kernel: Kernel) -> str:
