@@ -60,22 +60,25 @@ def main() -> int:
     # Edit -> recompile -> run: switch one fused edge to kernel on the Plan page, then run on the CPU.
     at.switch_page("pages/plan.py").run()
     check(at)
+    plan_caption = at.caption[0].value
     edge = at.selectbox(key="plan_edge")
 
     def edit():
-        edge.set_value(edge.options[0])
+        edge.set_value(edge.options[0].split("  [")[0])  # options are "p → c  [conn]" labels
         at.selectbox(key="plan_conn").set_value("kernel")
         at.button[0].click().run()
 
     t_edit = timed(edit)
     check(at)
+    if "1 edit(s)" not in at.caption[0].value:
+        raise SystemExit(f"the edit was not applied: {[e.value for e in at.error]}")
     at.switch_page("pages/kernels.py").run()
     t_run = timed(lambda: at.button(key="kernels_run").click().run())
     check(at)
     verdict = [s.value for s in at.success] + [e.value for e in at.error]
     rows.append(("edit -> recompile -> run (CPU backend)", t_edit + t_run, None))
 
-    print(f"sample {args.sample}; AppTest (no browser); OPENBLAS_CORETYPE left as set; "
+    print(f"sample {args.sample}; AppTest (no browser); plan: {plan_caption}; "
           f"median of {args.repeat} warm runs")
     print("| step | cold s | warm s | target s |")
     print("|---|---:|---:|---:|")
