@@ -117,3 +117,49 @@ def test_plan_cli_json_shows_batching_and_round_trips(tmp_path, capsys):
     assert off["batching"] == [] and not any(".batched" in s for g in off["groups"] for s in g["stages"])
     assert main(["plan", str(BERT)]) == 0
     assert "batching: " in capsys.readouterr().out
+
+
+def test_saved_batched_plan_runs_compiles_and_schedules(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    assert main(["plan", str(BERT), "--plan-out", str(plan_path)]) == 0
+    saved = json.loads(plan_path.read_text())
+    assert saved["options"] == {"batching": True}
+    io = BERT.with_suffix(".io.npz")
+    out = tmp_path / "o.npz"
+    assert main(["run", str(BERT), "--backend", "cpu", "--plan-in", str(plan_path), "--inputs", str(io),
+                 "--outputs", str(out)]) == 0
+    with np.load(io) as given:
+        feeds = {k: given[k] for k in given.files if k != "out"}
+    assert max_rel_error(np.load(out)["out"], run_ort(BERT, feeds)["out"]) <= 1e-4
+    for args, batched in ((["--plan-in", str(plan_path)], True), ([], True), (["--no-batching"], False)):
+        folder = tmp_path / f"c{len(args)}{batched}"
+        assert main(["compile", str(BERT), "--target", "c", "-o", str(folder), *args]) == 0
+        program = json.loads((folder / "program.json").read_text())
+        stages = {s for k in program["kernels"] for s in k["stages"]}
+        assert any(s.endswith(".batched") for s in stages) == batched
+        if args:
+            assert program["model_hash"] == (saved["model_hash"] if batched else load_graph(BERT).structural_hash)
+    capsys.readouterr()
+    assert main(["rprogram", str(BERT), "--plan", str(plan_path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert len(info["batching"]) == 1 and "batched into" in info["batching"][0]
+
+
+@pytest.mark.slow
+def test_export_bundles_the_batched_plan(tmp_path, capsys):
+    import io
+    import zipfile
+
+    out = tmp_path / "b.zip"
+    assert main(["export", str(BERT), "--arch", "sm_80", "-o", str(out)]) == 0
+    with zipfile.ZipFile(out) as z:
+        plan = json.loads(z.read("plan.json"))
+        program = json.loads(z.read("program.json"))
+    assert plan["options"] == {"batching": True} and plan["decisions"][0].startswith("batching: ")
+    assert any(s.endswith(".batched") for k in program["kernels"] for s in k["stages"])
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    again = tmp_path / "again.zip"
+    assert main(["export", str(BERT), "--arch", "sm_80", "--plan-in", str(plan_path), "-o", str(again)]) == 0
+    with zipfile.ZipFile(io.BytesIO(again.read_bytes())) as z:
+        assert json.loads(z.read("plan.json")) == plan
