@@ -14,6 +14,7 @@ from engine.errors import BackendError, PlanError
 from engine.ir.graph import PrimGraph
 from engine.profile.profile import Profile
 from engine.runtime.reference import run_reference
+from engine.schedule.pipeline import graph_for_plan, plan_model
 from engine.schedule.plan import Plan
 
 BACKENDS = ("cpu", "cuda", "reference")
@@ -52,8 +53,6 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
         from engine.runtime.cuda_driver import require_cuda
 
         require_cuda()  # before planning: no GPU means a one-line BackendError, fast
-    from engine.schedule.pipeline import graph_for_plan, plan_model
-
     if plan is None:
         graph, plan = plan_model(graph, policy, device, batching=batching)
     else:
