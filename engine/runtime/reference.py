@@ -138,9 +138,10 @@ def _reduce(arr: np.ndarray, axes: tuple[int, ...], combine: Combine, dtype: DTy
         return np.prod(arr, axis=axes)
     if combine in (Combine.MAX, Combine.MIN):
         # ONNX: an empty reduction gives -inf/+inf (or the dtype's lowest/highest value).
-        big = np.inf if arr.dtype.kind == "f" else (np.iinfo(arr.dtype).max if arr.dtype.kind in "iu" else True)
+        floating = dtype.is_float
+        big = np.inf if floating else (np.iinfo(arr.dtype).max if arr.dtype.kind in "iu" else True)
         if combine == Combine.MAX:
-            init = -big if arr.dtype.kind == "f" else (np.iinfo(arr.dtype).min if arr.dtype.kind in "iu" else False)
+            init = -big if floating else (np.iinfo(arr.dtype).min if arr.dtype.kind in "iu" else False)
             return np.max(arr, axis=axes, initial=init)
         return np.min(arr, axis=axes, initial=big)
     if combine in (Combine.ARGMAX, Combine.ARGMIN):

@@ -118,14 +118,25 @@ def convert_cast(ctx, node):
 
     shape, (x,) = _operands(ctx, node)
     to = dtype_of_onnx(int(node.attrs["to"]))
-    ctx.elementwise(node.outputs[0], shape, to, E.cast(x, to) if x.dtype != to else x, op="cast")
+    ctx.elementwise(node.outputs[0], shape, to, _cast_body(ctx, node, x, to), op="cast")
 
 
 @register("CastLike")
 def convert_cast_like(ctx, node):
     shape, (x,) = _operands(ctx, node, [node.inputs[0]])
     to = ctx.dtype(node.inputs[1])
-    ctx.elementwise(node.outputs[0], shape, to, E.cast(x, to), op="cast")
+    ctx.elementwise(node.outputs[0], shape, to, _cast_body(ctx, node, x, to), op="cast")
+
+
+def _cast_body(ctx, node, x: E.Expr, to: DType) -> E.Expr:
+    """ONNX Cast; to float8 with saturate=1 (the default) values clamp to the finite range first
+    (inf -> max, NaN stays NaN: min/max propagate it)."""
+    if x.dtype == to:
+        return x
+    if to.is_low_float and to != DType.BF16 and int(ctx.attr(node, "saturate", 1)) and x.dtype.is_float:
+        lo, hi = to.finite_range
+        x = E.binary("min", E.binary("max", x, E.imm(lo, x.dtype)), E.imm(hi, x.dtype))
+    return E.cast(x, to)
 
 
 @register("HardSigmoid")

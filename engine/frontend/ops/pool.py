@@ -3,6 +3,8 @@ divide by the tap count, computed from index expressions when padding is exclude
 
 from __future__ import annotations
 
+import numpy as np
+
 from engine.frontend.context import LowerCtx, OnnxNode, register
 from engine.frontend.ops.conv import Window, has_halo, tap_index, window_of
 from engine.frontend.ops.reduce import reduce_into
@@ -37,7 +39,7 @@ def convert_max_pool(ctx: LowerCtx, node: OnnxNode) -> None:
         raise ctx.unsupported("storage_order=1")
     spatial, kernel, w = _pool_window(ctx, node, x)
     dt = ctx.dtype(x)
-    lowest = float("-inf") if dt.is_float else -(2 ** 31 if dt == DType.I32 else 2 ** 63)
+    lowest = float("-inf") if dt.is_float else (False if dt == DType.BOOL else int(np.iinfo(dt.np).min))
     body = _window_load(ctx, x, spatial, kernel, w, lowest)
     ctx.emit(node.outputs[0], ctx.shape(x)[:2] + w.out, dt, body, kind=StageKind.REDUCE, op="maxpool",
              reduce=kernel, combine=Combine.MAX)

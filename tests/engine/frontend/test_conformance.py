@@ -20,11 +20,12 @@ def report() -> C.Report:
 
 def test_pass_rate(report):
     assert report.total > 500  # the claimed ops really are being exercised
-    # Dtypes the IR lacks (float64, int8, uint*, bfloat16, strings) are counted as failures in the
-    # report; the frontend's own target is 90% of the rest.
-    assert report.rate_without_dtype >= 0.9, C.render_markdown(report)[:2000]
+    # Issue 2's bar: 90% of all cases of the claimed ops, counting cases in dtypes the IR lacks
+    # (int2/int4, float4, float8e8m0, strings, sequences) as failures.
+    assert report.rate >= 0.9, C.render_markdown(report)[:2000]
+    assert report.rate_without_dtype >= 0.95, C.render_markdown(report)[:2000]
     crashes = [r for r in report.results if r.category == "crash"]
-    assert len(crashes) <= 8, crashes
+    assert not crashes, crashes
 
 
 def test_doc_is_up_to_date(report):
