@@ -27,6 +27,49 @@ HELPERS = {
     "lmod": "long long lmod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }",
     "lpow": "long long lpow(long long a, long long b) { long long r = 1; for (; b > 0; --b) r *= a; return r; }",
     "fpymod": "float fpymod(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }",
+    # Branch-free single-precision math for the C backend (Cephes polynomials; exp/log/tanh within
+    # 1.3 ulp, erf within 2e-7 absolute, pow = exp(b log|a|) with C's special cases; exp flushes
+    # results below FLT_MIN to 0: denormal arithmetic is slow, and softmax masks give exp(-1e9)):
+    # unlike libm calls they inline into a loop and vectorise. Sorted by name = dependency order (c0_ before c1_).
+    "c0_bits2f": "float c0_bits2f(int i) { float f; __builtin_memcpy(&f, &i, 4); return f; }",
+    "c0_f2bits": "int c0_f2bits(float f) { int i; __builtin_memcpy(&i, &f, 4); return i; }",
+    "c0_expf": (
+        "float c0_expf(float x) { const float c = x < -87.33654f ? -87.33654f : (x > 89.0f ? 89.0f : x); "
+        "const float fx = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; const int n = (int)fx; "
+        "float r = c - fx * 0.693359375f; r = r - fx * -2.12194440e-4f; const float z = r * r; "
+        "float y = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) "
+        "* r + 1.6666665459e-1f) * r + 5.0000001201e-1f) * z + r + 1.0f; const int n1 = n >> 1; "
+        "y = y * c0_bits2f((n1 + 127) << 23) * c0_bits2f((n - n1 + 127) << 23); y = x < -87.33654f ? 0.0f : y; "
+        "return x != x ? x : y; }"),
+    "c0_logf": (
+        "float c0_logf(float x) { const float sub = x < 1.17549435e-38f ? 1.0f : 0.0f; "
+        "const int bits = c0_f2bits(sub != 0.0f ? x * 8388608.0f : x); "
+        "float e = (float)(((bits >> 23) & 0xff) - 126) - 23.0f * sub; "
+        "float m = c0_bits2f((bits & 0x807fffff) | 0x3f000000); const float lo = m < 0.707106781186547524f ? 1.0f : 0.0f; "
+        "e -= lo; m = m + m * lo - 1.0f; const float z = m * m; "
+        "float y = ((((((((7.0376836292e-2f * m - 1.1514610310e-1f) * m + 1.1676998740e-1f) * m - 1.2420140846e-1f) "
+        "* m + 1.4249322787e-1f) * m - 1.6668057665e-1f) * m + 2.0000714765e-1f) * m - 2.4999993993e-1f) * m "
+        "+ 3.3333331174e-1f) * m * z; y += -2.12194440e-4f * e; y += -0.5f * z; float r = m + y + 0.693359375f * e; "
+        "r = x == 0.0f ? -__builtin_inff() : r; r = x < 0.0f ? __builtin_nanf(\"\") : r; "
+        "return (x != x || x == __builtin_inff()) ? x : r; }"),
+    "c1_tanhf": (
+        "float c1_tanhf(float x) { const float a = x < 0.0f ? -x : x; const float z = x * x; "
+        "const float p = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z "
+        "+ 1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x; const float s = c0_expf(2.0f * a); "
+        "float q = 1.0f - 2.0f / (s + 1.0f); q = x < 0.0f ? -q : q; return a < 0.625f ? p : q; }"),
+    "c1_erff": (
+        "float c1_erff(float x) { const float a = x < 0.0f ? -x : x; const float z = x * x; "
+        "const float p = x * ((((((7.853861353153693e-5f * z - 8.010193625184903e-4f) * z + 5.188327685732524e-3f) "
+        "* z - 2.685381193529856e-2f) * z + 1.128358514861418e-1f) * z - 3.761262582423300e-1f) * z "
+        "+ 1.128379165726710e+0f); const float t = 1.0f / (1.0f + 0.3275911f * a); "
+        "float q = 1.0f - ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t "
+        "+ 0.254829592f) * t * c0_expf(-z); q = x < 0.0f ? -q : q; return a <= 1.0f ? p : q; }"),
+    "c1_powf": (
+        "float c1_powf(float a, float b) { const float m = a < 0.0f ? -a : a; float r = c0_expf(b * c0_logf(m)); "
+        "const float bi = (b + 12582912.0f) - 12582912.0f; const float ab = b < 0.0f ? -b : b; "
+        "const int isint = ab >= 8388608.0f || bi == b; const int odd = isint && ab < 8388608.0f && ((int)bi & 1); "
+        "r = a < 0.0f ? (isint ? (odd ? -r : r) : __builtin_nanf(\"\")) : r; r = a == 1.0f ? 1.0f : r; "
+        "return b == 0.0f ? 1.0f : r; }"),
 }
 
 
@@ -66,6 +109,10 @@ class Printer:
     # ---- hooks -------------------------------------------------------------------------------
     def thread_loop(self, var: str, count: str) -> str:
         raise NotImplementedError
+
+    def reduction_pragma(self, combine: Combine, acc: str) -> str:
+        """A line before the innermost loop of a serial reduction into `acc` ('' for none)."""
+        return ""
 
     def tile_loop(self, seg: Segment) -> list[str]:
         raise NotImplementedError
@@ -519,13 +566,16 @@ class BodyWriter:
             for v, n in reversed(list(zip(names, extents))):
                 self.lines.append(f"    const int {v} = {rest} % {n};" if v != names[0] else f"    const int {v} = {rest};")
                 rest = f"({rest} / {n})"
-        else:
-            for v, n in zip(names, extents):
-                self.lines.append(f"for (int {v} = 0; {v} < {n}; ++{v}) {{")
         inner = BodyWriter(self.p, self.kernel, self.ranges | {v: (0, n - 1) for v, n in zip(names, extents)},
                       self.counter)
         inner.memo = {k: v for k, v in self.memo.items()}  # outer values are defined before the loop
         v = inner.value(body)
+        if lanes <= 1:
+            for k, (name, n) in enumerate(zip(names, extents)):
+                pragma = self.p.reduction_pragma(combine, acc) if k == len(names) - 1 else ""
+                if pragma and not any(line.lstrip().startswith("for (") for line in inner.lines):
+                    self.lines.append(pragma)  # innermost loop, no loop nested in its body
+                self.lines.append(f"for (int {name} = 0; {name} < {n}; ++{name}) {{")
         step = {Combine.SUM: f"{acc} += {v};", Combine.PROD: f"{acc} *= {v};",
                 Combine.MAX: f"{acc} = {v} > {acc} ? {v} : {acc};", Combine.MIN: f"{acc} = {v} < {acc} ? {v} : {acc};",
                 Combine.ARGMAX: f"if ({v} > {acc}) {{ {acc} = {v}; {acc}_arg = {names[0]}; }}",
