@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from engine.flags import dump
+
+    dump("repro.sh", "#!/bin/sh\n# reproduce this run\ntileweave " + " ".join(_quote(a) for a in (argv or sys.argv[1:])) + "\n")
     try:
         return int(args.func(args) or 0)
     except TileweaveError as err:
@@ -47,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
 
 
 if __name__ == "__main__":

@@ -32,3 +32,15 @@ def debug(level: int, message: str) -> None:
         import sys
 
         print(f"[tileweave:{level}] {message}", file=sys.stderr)
+
+
+def dump(name: str, content: str | bytes) -> None:
+    """Write one artifact of the trail to DUMP_DIR (no-op when unset)."""
+    if DUMP_DIR is None:
+        return
+    DUMP_DIR.mkdir(parents=True, exist_ok=True)
+    path = DUMP_DIR / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import ModelError, ShapeError, UnsupportedOpError
+from engine.flags import debug
 from engine.frontend.context import CONVERTERS, LowerCtx, OnnxNode
 from engine.ir.dtypes import ONNX_TO_DTYPE, DType
 from engine.ir.graph import PrimGraph, StageKind, TensorSpec
@@ -205,7 +206,18 @@ def lower(graph: Graph, *, passes: bool = True) -> PrimGraph:
         name=graph.name, inputs=graph.inputs, constants=constants, stages=tuple(ctx.stages),
         outputs=tuple(outputs), weights=weights, output_names=graph.outputs,
     )
-    return run_default_passes(pg) if passes else pg
+    from engine.flags import DEBUG, dump
+    from engine.ir.printer import format_graph, graph_to_dot
+
+    if DEBUG >= 5:
+        debug(5, "PrimGraph after lowering:\n" + format_graph(pg))
+    if passes:
+        pg = run_default_passes(pg)
+        if DEBUG >= 5:
+            debug(5, "PrimGraph after passes (fold, inline views, CSE, dead stages):\n" + format_graph(pg))
+    dump("graph.txt", format_graph(pg))
+    dump("graph.dot", graph_to_dot(pg))
+    return pg
 
 
 def load_graph(path, shapes: dict[str, tuple[int, ...]] | None = None) -> PrimGraph:

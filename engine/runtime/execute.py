@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -11,6 +12,7 @@ import numpy as np
 from engine.codegen.generate import generate
 from engine.codegen.kir import Program
 from engine.errors import BackendError, PlanError
+from engine.flags import debug, dump
 from engine.ir.graph import PrimGraph
 from engine.profile.profile import Profile
 from engine.runtime.reference import run_reference
@@ -59,6 +61,7 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
         graph = graph_for_plan(plan, graph)
         check_plan(plan, graph, device)
     program = generate(plan, graph, device)
+    _dump_trail(plan, program)
     if backend == "cpu":
         from engine.runtime.cpu import compile_program_c, run_cpu
 
@@ -68,4 +71,24 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
         from engine.runtime.cuda import run_cuda
 
         outs, profile = run_cuda(program, graph.specs, inputs, graph.weights, device=device, repeat=repeat)
+    if profile is not None:
+        dump("profile.json", json.dumps(profile.to_json(), indent=1))
     return RunResult(outs, profile, program)
+
+
+def _dump_trail(plan: Plan, program: Program) -> None:
+    """DEBUG=4 prints the generated kernels; DUMP_DIR gets the plan, program and both sources."""
+    from engine.flags import DEBUG, DUMP_DIR
+
+    if DEBUG < 4 and DUMP_DIR is None:
+        return
+    from engine.codegen.kir import program_to_json
+    from engine.codegen.targets import render_c, render_cuda
+    from engine.schedule.plan import plan_to_json
+
+    c_src, cuda_src = render_c(program), render_cuda(program)
+    debug(4, f"generated CUDA for {program.name}:\n{cuda_src}")
+    dump("plan.json", json.dumps(plan_to_json(plan), indent=1, sort_keys=True))
+    dump("program.json", json.dumps(program_to_json(program), indent=1))
+    dump(f"{program.name}.cu", cuda_src)
+    dump(f"{program.name}.c", c_src)
