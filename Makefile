@@ -2,7 +2,6 @@
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-SAMPLE  ?= samples/bert_layer.onnx
 JOBS    ?= auto
 
 .PHONY: run test test-fast test-slow test-browser lint venv install install-dev sys-deps samples clean
@@ -28,8 +27,7 @@ sys-deps:
 
 # Starts the workbench on the default bundled sample (no GPU needed) and prints its local URL.
 run: install
-	@echo "tileweave workbench: http://127.0.0.1:8501  (default sample $(SAMPLE); Ctrl-C stops it)"
-	$(BIN)/streamlit run app/streamlit_app.py --server.headless true --server.address 127.0.0.1 --server.port 8501
+	$(BIN)/tileweave app --port 8501
 
 test: install-dev sys-deps
 	$(BIN)/ruff check .

@@ -11,11 +11,12 @@ from engine.errors import TileweaveError
 # (module, function) pairs; each function adds one subparser and sets `func` on it.
 COMMANDS = [
     ("engine.commands", "add_info_command"),
+    ("engine.schedule.cli", "add_plan_command"),
+    ("engine.codegen.cli", "add_compile_command"),
     ("engine.commands", "add_run_command"),
     ("engine.rprogram.cli", "add_rprogram_command"),
-    ("engine.schedule.cli", "add_plan_command"),
     ("engine.bundle.cli", "add_export_command"),
-    ("engine.codegen.cli", "add_compile_command"),
+    ("engine.commands", "add_app_command"),
 ]
 
 

@@ -259,3 +259,29 @@ if __name__ == "__main__":  # pragma: no cover - convenience: python -m engine.c
     from engine.cli import main
 
     sys.exit(main())
+
+
+# ---- app ----------------------------------------------------------------------------------------
+
+
+def add_app_command(sub) -> None:
+    p = sub.add_parser("app", help="start the Streamlit workbench (prints its local URL)",
+                       description="Start the workbench UI on 127.0.0.1 (headless; open the printed URL).")
+    p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    p.add_argument("--address", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.set_defaults(func=cmd_app)
+
+
+def cmd_app(args) -> int:
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py"
+    if not script.exists():
+        raise TileweaveError(f"workbench entry point {script} is missing", hint="reinstall tileweave from its repo")
+    print(f"tileweave workbench: http://{args.address}:{args.port}  (Ctrl-C stops it)", flush=True)
+    cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
+           "--server.address", args.address, "--server.port", str(args.port)]
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 130

@@ -260,3 +260,15 @@ def test_console_script_prints_no_traceback(tmp_path):
                           timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_app_command_starts_streamlit_on_the_workbench(monkeypatch, capsys):
+    import subprocess
+
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    assert main(["app", "--port", "8612"]) == 0
+    (cmd,) = calls
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("app/streamlit_app.py")
+    assert cmd[cmd.index("--server.port") + 1] == "8612" and "127.0.0.1" in cmd
+    assert "http://127.0.0.1:8612" in capsys.readouterr().out
