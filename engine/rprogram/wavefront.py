@@ -32,7 +32,7 @@ from engine.schedule.plan import Group, Plan, Tile
 DEFAULT_SYNC_US = 0.5
 
 
-def build_rprogram(plan: Plan, device: Device, *, graph: PrimGraph | None = None,
+def build_rprogram(plan: Plan, device: Device | str, *, graph: PrimGraph | None = None,
                    profile: Mapping[str, float] | object | None = None, merge: bool = True,
                    variants: bool = True, sync_us: float = DEFAULT_SYNC_US) -> RProgram:
     """Schedule the plan's kernels on a vDevice of `device` with the wavefront policy.
@@ -42,6 +42,10 @@ def build_rprogram(plan: Plan, device: Device, *, graph: PrimGraph | None = None
     name (a mapping, or an object with a `kernel_us` mapping); kernels it names use them (labelled
     "measured"), the others the cost model. `variants=False` keeps every kernel at the plan's tile
     (what a Program generated from the plan runs, e.g. as a persistent kernel)."""
+    if isinstance(device, str):
+        from engine.device import get_device
+
+        device = get_device(device)
     if not plan.groups:
         raise RProgramError(f"plan for {plan.model_name!r} has no kernels to schedule")
     measured = _measured_times(profile)
