@@ -12,7 +12,7 @@ static inline float c0_expf(float x) { const float c = x < -87.33654f ? -87.3365
 // onnx nodes: Where_3, Mul_5, Add_6, Softmax_7
 __attribute__((target_clones("avx2", "default"))) void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigned char* restrict g_mask, float* restrict g_probs) {
     // segment 0: anchor probs, 768 tiles
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic)
     for (int t = 0; t < 768; ++t) {
         const int tc3 = t % 1;
         const int tc2 = (t / 1) % 64;
