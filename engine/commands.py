@@ -50,6 +50,36 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="bind the shape of an input with dynamic dimensions (repeatable)")
 
 
+def add_plan_args(p: argparse.ArgumentParser, policy_help: str = "fusion policy") -> None:
+    """MODEL, --shape, --policy, --device, --plan-in (alias --plan) and --no-batching: what every
+    command that plans a model takes (compile, run, rprogram, export)."""
+    _add_model_args(p)
+    p.add_argument("--policy", default=DEFAULT_POLICY,
+                   help=f"{policy_help}: unfused | elementwise | stitch | welder (default {DEFAULT_POLICY})")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help=f"device preset (v100, a100, rtx3090, h100, h200) or .toml/.json file (default {DEFAULT_DEVICE})")
+    p.add_argument("--plan-in", "--plan", dest="plan_in", metavar="PLAN.json",
+                   help="use this saved plan instead of planning with --policy")
+    p.add_argument("--no-batching", action="store_true",
+                   help="welder: keep Q/K/V-style contractions separate (no operator batching)")
+
+
+def planned_model(args: argparse.Namespace):
+    """(device, graph, plan) for `add_plan_args` arguments: the saved plan (re-applying its operator
+    batching) or the policy's plan; graph is the one the plan was made on."""
+    from engine.device import get_device
+    from engine.frontend.importer import load_graph
+    from engine.schedule.pipeline import load_plan, plan_model
+
+    device = get_device(args.device)
+    graph = load_graph(args.model, parse_shapes(args.shape))
+    if args.plan_in:
+        graph, plan = load_plan(_read_json(args.plan_in, "plan"), graph)
+    else:
+        graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None)
+    return device, graph, plan
+
+
 # ---- info -----------------------------------------------------------------------------------
 
 
@@ -143,15 +173,9 @@ def add_run_command(sub) -> None:
                        description="Run MODEL. Inputs missing from --inputs are generated with a fixed "
                                    "seed (engine/runtime/inputs.py). The .npz keys are the model's "
                                    "graph input/output names.")
-    _add_model_args(p)
+    add_plan_args(p, "fusion policy for cpu/cuda")
     p.add_argument("--backend", default="reference", metavar="{" + ",".join(BACKENDS) + "}",
                    help="reference: NumPy over primitive stages; cpu: generated C; cuda: generated CUDA")
-    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"fusion policy for cpu/cuda (default {DEFAULT_POLICY})")
-    p.add_argument("--device", default=DEFAULT_DEVICE,
-                   help=f"device preset or device file for planning (default {DEFAULT_DEVICE})")
-    p.add_argument("--plan-in", metavar="PLAN.json", help="run this plan instead of planning with --policy")
-    p.add_argument("--no-batching", action="store_true",
-                   help="welder: keep Q/K/V-style contractions separate (no operator batching)")
     p.add_argument("--inputs", metavar="IN.npz",
                    help="input arrays keyed by graph input name (arrays named like outputs are ignored)")
     p.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default 0)")
@@ -189,16 +213,13 @@ def run_backend(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.
 
         return run_reference(graph, inputs)
     import engine.api as api
-    from engine.device import get_device
 
-    get_device(args.device)  # refuse an unknown device before any work
-    plan = None
-    if args.plan_in:
-        from engine.schedule.pipeline import load_plan
+    if args.backend == "cuda":
+        from engine.runtime.cuda_driver import require_cuda
 
-        graph, plan = load_plan(_read_json(args.plan_in, "plan"), graph)
-    result = api.run_model(graph, inputs, backend=args.backend, policy=args.policy, device=args.device, plan=plan,
-                       batching=False if args.no_batching else None)
+        require_cuda()  # no GPU: say so in one line before planning and compiling anything
+    _, planned_graph, plan = planned_model(args)
+    result = api.run_model(planned_graph, inputs, backend=args.backend, device=args.device, plan=plan)
     return dict(result.outputs)
 
 

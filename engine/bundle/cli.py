@@ -7,18 +7,13 @@ from pathlib import Path
 
 
 def add_export_command(sub) -> None:
+    from engine.commands import add_plan_args
+
     p = sub.add_parser("export", help="write a kernel bundle (CUDA + PTX/CUBIN, C, program/plan/trace JSON)",
                        description="Plan MODEL (or load --plan-in), generate and compile its kernels with NVRTC "
                                    "for each --arch, and write a zip: sources, PTX/CUBIN, program.json, "
                                    "plan.json, trace.json, weights.npz, run_cuda.py and a manifest.")
-    p.add_argument("model", help="path to an .onnx file")
-    p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...",
-                   help="bind the shape of an input with dynamic dimensions (repeatable)")
-    p.add_argument("--policy", default="welder", help="unfused | elementwise | stitch | welder (default welder)")
-    p.add_argument("--device", default="a100", help="device preset or file (default a100)")
-    p.add_argument("--plan-in", help="use this saved plan JSON instead of running the policy")
-    p.add_argument("--no-batching", action="store_true",
-                   help="welder: keep Q/K/V-style contractions separate (no operator batching)")
+    add_plan_args(p)
     p.add_argument("--arch", action="append", help="NVRTC target, repeatable (default sm_80 and sm_90)")
     p.add_argument("--no-weights", action="store_true", help="leave weights.npz out of the bundle")
     p.add_argument("-o", "--out", required=True, help="output .zip path")
@@ -27,19 +22,11 @@ def add_export_command(sub) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from engine.bundle.export import DEFAULT_ARCHS, bundle_info, export_bundle
-    from engine.commands import check_writable, parse_shapes
-    from engine.device import get_device
-    from engine.frontend.importer import load_graph
-    from engine.schedule.pipeline import load_plan, plan_model
+    from engine.commands import check_writable, planned_model
 
     out = Path(args.out)
     check_writable(out)
-    device = get_device(args.device)
-    graph = load_graph(args.model, parse_shapes(args.shape))
-    if args.plan_in:
-        graph, plan = load_plan(args.plan_in, graph)
-    else:
-        graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None)
+    device, graph, plan = planned_model(args)
     data = export_bundle(graph, plan, device, archs=tuple(args.arch or DEFAULT_ARCHS),
                          with_weights=not args.no_weights)
     out.write_bytes(data)

@@ -14,20 +14,14 @@ DEFAULT_DEVICE = "a100"
 
 
 def add_rprogram_command(sub) -> None:
+    from engine.commands import add_plan_args
+
     p = sub.add_parser(
         "rprogram", help="schedule kernels as an rProgram (wavefront policy) and report makespan",
         description="Plan MODEL with a policy, place every thread block (rTask) on the vEUs of a device "
                     "preset with Rammer's wavefront policy, and compare the makespan with sequential "
                     "kernel-by-kernel execution.")
-    p.add_argument("model", help="path to an .onnx file")
-    p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...",
-                   help="bind the shape of an input with dynamic dimensions (repeatable)")
-    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"scheduling policy (default {DEFAULT_POLICY})")
-    p.add_argument("--device", default=DEFAULT_DEVICE,
-                   help=f"device preset or .toml/.json device file (default {DEFAULT_DEVICE})")
-    p.add_argument("--plan", metavar="PLAN.json", help="use this saved plan instead of running the policy")
-    p.add_argument("--no-batching", action="store_true",
-                   help="welder: keep Q/K/V-style contractions separate (no operator batching)")
+    add_plan_args(p, "scheduling policy")
     p.add_argument("--no-merge", action="store_true", help="keep a grid barrier between every two waves")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace-event file (opens in Perfetto)")
     p.add_argument("--out", metavar="RPROGRAM.json", help="write the rProgram itself as JSON")
@@ -36,20 +30,13 @@ def add_rprogram_command(sub) -> None:
 
 
 def cmd_rprogram(args: argparse.Namespace) -> int:
-    from engine.commands import parse_shapes
-    from engine.device import get_device
-    from engine.frontend.importer import load_graph
+    from engine.commands import planned_model
     from engine.rprogram.model import rprogram_to_json
     from engine.rprogram.trace import write_trace
     from engine.rprogram.wavefront import build_rprogram
-    from engine.schedule.pipeline import batching_decisions, load_plan, plan_model
+    from engine.schedule.pipeline import batching_decisions
 
-    device = get_device(args.device)
-    graph = load_graph(args.model, parse_shapes(args.shape))
-    if args.plan:
-        graph, plan = load_plan(args.plan, graph)
-    else:
-        graph, plan = plan_model(graph, args.policy, device, batching=not args.no_batching)
+    device, graph, plan = planned_model(args)
     rp = build_rprogram(plan, device, graph=graph, merge=not args.no_merge)
     if args.trace:
         write_trace(rp, args.trace)

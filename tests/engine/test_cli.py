@@ -104,12 +104,12 @@ def test_run_generates_missing_inputs_and_matches_ort(capsys, tmp_path):
     assert max_rel_error(np.load(tmp_path / "o.npz")["y"], want) <= 1e-4
 
 
-def test_run_cpu_calls_run_model(capsys, tmp_path, monkeypatch):
+def test_run_cpu_plans_like_the_other_commands_and_calls_run_model(capsys, tmp_path, monkeypatch):
     seen = {}
 
-    def fake_run_model(graph, inputs, *, backend, policy, device, plan, batching):
-        seen.update(backend=backend, policy=policy, device=device, plan=plan, inputs=sorted(inputs),
-                    batching=batching)
+    def fake_run_model(graph, inputs, *, backend, device, plan):
+        seen.update(backend=backend, device=device, policy=plan.policy, inputs=sorted(inputs),
+                    batching=dict(plan.options).get("batching"))
         from engine.runtime.execute import RunResult
 
         return RunResult({"y": np.ones((2, 2), np.float32)}, None)
@@ -118,12 +118,13 @@ def test_run_cpu_calls_run_model(capsys, tmp_path, monkeypatch):
     code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--policy", "stitch",
                            "--device", "h100", "--outputs", tmp_path / "o.npz")
     assert code == 0, out
-    assert seen == {"backend": "cpu", "policy": "stitch", "device": "h100", "plan": None, "inputs": ["x"],
-                    "batching": None}
+    assert seen == {"backend": "cpu", "policy": "stitch", "device": "h100", "inputs": ["x"], "batching": False}
     assert np.load(tmp_path / "o.npz")["y"].shape == (2, 2)
     code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--no-batching",
                            "--outputs", tmp_path / "o.npz")
     assert code == 0 and seen["batching"] is False and seen["policy"] == "welder", out
+    code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--outputs", tmp_path / "o.npz")
+    assert code == 0 and seen["batching"] is True and seen["policy"] == "welder", out
 
 
 def test_run_cpu_backend_end_to_end(capsys, tmp_path):
