@@ -185,7 +185,7 @@ def _map_lanes(seg: Segment, threads: int) -> Segment:
 
 
 _STAGE_BYTES = 48 * 1024  # A + B staging per k step: the static shared-memory budget of a block
-_MAX_MICRO = 64  # accumulators per thread (registers)
+_MAX_MICRO = 128  # accumulators per thread (registers)
 
 
 def _map_gemm(seg: Segment, tile: Tile, threads: int, graph: PrimGraph) -> Segment:
@@ -235,6 +235,8 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None
         a, b = b, a
     if n in free_vars(a) or m in free_vars(b):
         return None
+    if any(isinstance(x, Reduce) for x in kwalk(b)) or not _row_invariant(a, tuple(names)):
+        return None
     bm, bn = region.extent[-2], region.extent[-1]
     k = int(np.prod(extents, dtype=np.int64))
     bk = max(1, min(step, k))
@@ -258,12 +260,20 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None
 
 
 def _factors(body) -> tuple[E.Expr, E.Expr] | None:
-    """A float product of two reduction-free factors."""
+    """A float product of two factors."""
     if not (isinstance(body, E.Binary) and body.op == "mul" and body.dtype.is_float):
         return None
-    if any(isinstance(x, Reduce) for f in (body.a, body.b) for x in kwalk(f)):
-        return None
     return body.a, body.b
+
+
+def _row_invariant(e, kvars: tuple[str, ...]) -> bool:
+    """Every inlined reduction in `e` sits inside one that is independent of the k variables and not
+    under a pad guard: it is computed once per staged row (a LayerNorm's mean feeding a GEMM)."""
+    top = _top_reduces(e)
+    if any(free_vars(r) & set(kvars) for r in top):
+        return False
+    inside = {id(x) for r in top for x in kwalk(r) if isinstance(x, Reduce)}
+    return all(id(x) in inside for x in kwalk(e) if isinstance(x, Reduce))
 
 
 def _global(params: dict[str, Buffer], graph: PrimGraph, tensor: str) -> str:

@@ -266,11 +266,18 @@ class Printer:
             inner *= n
         return out[::-1]
 
-    def gemm_operand(self, kernel: Kernel, phase: Phase, which: str) -> tuple[list[str], str]:
+    def gemm_operand(self, kernel: Kernel, phase: Phase, which: str) -> tuple[list[str], list[str], str]:
+        """(lines once per staged row, lines per staged element, value) of factor a or b; the first are
+        the factor's inlined reductions that do not depend on k (only factor a has any)."""
         g = phase.gemm
-        ssa = BodyWriter(self, kernel, self.gemm_ranges(phase))
-        value = ssa.value(g.a if which == "a" else g.b)
-        return ssa.lines, value
+        expr = g.a if which == "a" else g.b
+        outer = BodyWriter(self, kernel, self.gemm_ranges(phase))
+        for node in _invariant_reductions(expr, set(g.vars)):
+            outer.value(node)
+        inner = BodyWriter(self, kernel, self.gemm_ranges(phase), outer.counter)
+        inner.memo = dict(outer.memo)
+        value = inner.value(expr)
+        return outer.lines, inner.lines, value
 
     def gemm_epilogue(self, kernel: Kernel, phase: Phase, acc: str) -> list[str]:
         """The phase body at (i_m, i_n) with the contraction replaced by the accumulator; the stores."""
@@ -300,19 +307,31 @@ class Printer:
         m, n = f"i{r - 2}", f"i{r - 1}"
         pm, pn = g.ty * g.tm, g.tx * g.tn
         _, lines = self.gemm_head(kernel, phase)
-        a_lines, a_val = self.gemm_operand(kernel, phase, "a")
-        b_lines, b_val = self.gemm_operand(kernel, phase, "b")
+        a_pre, a_lines, a_val = self.gemm_operand(kernel, phase, "a")
+        _, b_lines, b_val = self.gemm_operand(kernel, phase, "b")
         lines += [f"    const int g_tx = {self.thread_id} % {g.tx}, g_ty = {self.thread_id} / {g.tx};",
                   f"    float acc[{g.tm * g.tn}];",
                   f"    for (int q = 0; q < {g.tm * g.tn}; ++q) acc[q] = 0.0f;",
-                  f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{",
-                  "        " + self.thread_loop("e", str(pm * g.bk)) + " {",
-                  f"            const int mm = e / {g.bk}, kf = k0 + e % {g.bk};",
-                  "            float val = 0.0f;",
-                  f"            if (mm < m_n && kf < {g.k}) {{",
-                  f"                const int {m} = m_lo + mm;"]
-        lines += ["                " + x for x in self.gemm_k_vars(phase, "kf") + a_lines + [f"val = {a_val};"]]
-        lines += ["            }", "            st_a[e] = val;", "        }",
+                  f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{"]
+        if a_pre:  # a thread per row: the row's k-invariant reductions once, then its bk elements
+            lines += ["        " + self.thread_loop("mm", str(pm)) + " {",
+                      f"            const int {m} = m_lo + (mm < m_n ? mm : 0);"]
+            lines += ["            " + x for x in a_pre]
+            lines += [f"            for (int kk = 0; kk < {g.bk}; ++kk) {{",
+                      "                const int kf = k0 + kk;",
+                      "                float val = 0.0f;",
+                      f"                if (mm < m_n && kf < {g.k}) {{"]
+            lines += ["                    " + x for x in self.gemm_k_vars(phase, "kf") + a_lines + [f"val = {a_val};"]]
+            lines += ["                }", f"                st_a[mm * {g.bk} + kk] = val;", "            }", "        }"]
+        else:
+            lines += ["        " + self.thread_loop("e", str(pm * g.bk)) + " {",
+                      f"            const int mm = e / {g.bk}, kf = k0 + e % {g.bk};",
+                      "            float val = 0.0f;",
+                      f"            if (mm < m_n && kf < {g.k}) {{",
+                      f"                const int {m} = m_lo + mm;"]
+            lines += ["                " + x for x in self.gemm_k_vars(phase, "kf") + a_lines + [f"val = {a_val};"]]
+            lines += ["            }", "            st_a[e] = val;", "        }"]
+        lines += [
                   "        " + self.thread_loop("e", str(g.bk * pn)) + " {",
                   f"            const int nn = e % {pn}, kf = k0 + e / {pn};",
                   "            float val = 0.0f;",

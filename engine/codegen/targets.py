@@ -85,15 +85,16 @@ class CPrinter(Printer):
         r = phase.region.rank
         m, n = f"i{r - 2}", f"i{r - 1}"
         _, lines = self.gemm_head(kernel, phase)
-        a_lines, a_val = self.gemm_operand(kernel, phase, "a")
-        b_lines, b_val = self.gemm_operand(kernel, phase, "b")
+        a_pre, a_lines, a_val = self.gemm_operand(kernel, phase, "a")
+        _, b_lines, b_val = self.gemm_operand(kernel, phase, "b")
         lines += [f"    float st_a[{g.bm * g.bk}], st_b[{g.bk * g.bn}], acc[{g.bm * g.bn}];",
                   f"    for (int q = 0; q < m_n * {g.bn}; ++q) acc[q] = 0.0f;",
                   f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{",
                   f"        const int k_n = {g.k} - k0 < {g.bk} ? {g.k} - k0 : {g.bk};",
                   "        for (int mm = 0; mm < m_n; ++mm) {",
-                  f"            const int {m} = m_lo + mm;",
-                  "            for (int kk = 0; kk < k_n; ++kk) {",
+                  f"            const int {m} = m_lo + mm;"]
+        lines += ["            " + x for x in a_pre]
+        lines += ["            for (int kk = 0; kk < k_n; ++kk) {",
                   "                const int kf = k0 + kk;"]
         lines += ["                " + x for x in self.gemm_k_vars(phase, "kf") + a_lines
                   + [f"st_a[mm * {g.bk} + kk] = {a_val};"]]

@@ -96,3 +96,38 @@ def test_non_gemm_contractions_keep_the_per_element_loop():
     graph = load_sample("conv_bn_relu")[0]
     program = generate(policy_plan(graph, "welder"), graph)
     assert all(p.gemm is None for p in _phases(program) if "conv" in p.stage.lower())
+
+
+def test_row_reduction_inside_factor_a_is_staged_once_per_row(tmp_path):
+    """y = (x * sqrt(sum_row(x^2))) @ W with every edge at REGISTER: the row sum is an inlined,
+    k-invariant reduction inside factor a, computed per staged row before its k loop (both printers),
+    and the result still matches onnxruntime."""
+    from engine.codegen.kexpr import Reduce, kwalk
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((40, 24)).astype(np.float32)
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="sq"),
+             helper.make_node("ReduceSum", ["sq", "axes"], ["s"], name="sum", keepdims=1),
+             helper.make_node("Sqrt", ["s"], ["r"], name="sqrt"),
+             helper.make_node("Mul", ["x", "r"], ["xs"], name="scale"),
+             helper.make_node("MatMul", ["xs", "W"], ["y"], name="mm")]
+    graph_proto = helper.make_graph(
+        nodes, "rowgemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [20, 40])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [20, 24])],
+        [onnx.numpy_helper.from_array(w, "W"), onnx.numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    path = tmp_path / "rowgemm.onnx"
+    onnx.save(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    graph = load_graph(path)
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", (8, 16), 32, 6)})
+    program = generate(plan, graph)
+    (phase,) = _phases(program)
+    assert phase.gemm is not None and any(isinstance(x, Reduce) for x in kwalk(phase.gemm.a))
+    c = render_c(program)
+    staging = c[c.index("for (int mm = 0; mm < m_n; ++mm)"):c.index("for (int kk = 0; kk < k_n; ++kk)")]
+    assert "for (int u" in staging  # the row's sum runs before its k loop
+    cuda = render_cuda(program)
+    assert "for (int mm = threadIdx.x;" in cuda
+    assert f".entry {program.kernels[0].name}(" in compile_cuda(cuda, name=program.name, arch="sm_80").ptx
+    x = rng.standard_normal((20, 40)).astype(np.float32)
+    result = run_model(graph, {"x": x}, backend="cpu", plan=plan)
+    assert max_rel_error(result.outputs["y"], run_ort(path, {"x": x})["y"]) <= TOL
