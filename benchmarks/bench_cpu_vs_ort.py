@@ -110,7 +110,8 @@ def main(argv=None) -> int:
     threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
     names = args.samples.split(",") if args.samples else [e["name"] for e in CATALOG if e["category"] != "scale"]
     copy = stream_copy_gbs(threads, args.runs)
-    print(f"STREAM-like copy: {copy:.1f} GB/s ({threads} threads)\n")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"STREAM-like copy: {copy:.1f} GB/s ({threads} threads); load average at start {load}\n")
     print("| sample | category | policy | kernels | contractions | ours µs | onnxruntime µs | ours/ort | "
           "GB/s (min traffic) | % of copy | max rel err |")
     print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
