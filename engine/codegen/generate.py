@@ -414,7 +414,7 @@ def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[s
     ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(stage.shape)}
     ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(stage.reduce)})
 
-    fresh = [0]
+    depth = [0]
 
     def expand(e: E.Expr) -> E.Expr:
         if isinstance(e, E.Load) and e.tensor in inline:
@@ -422,11 +422,14 @@ def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[s
             mapping = {f"i{k}": ix for k, ix in enumerate(e.index)}
             names = []
             for k in range(len(producer.reduce)):
-                # The producer's r0.. would clash with the consumer's own reduce loops.
-                fresh[0] += 1
-                names.append(f"u{fresh[0]}")
+                # The producer's r0.. would clash with the consumer's own reduce loops; names by
+                # nesting depth keep nested loops apart while two copies of one reduction stay
+                # structurally equal, so the printer computes it once (a mean used twice in a variance).
+                names.append(f"u{depth[0] + 1}" + (f"_{k}" if k else ""))
                 mapping[f"r{k}"] = I.var(names[-1])
+            depth[0] += bool(producer.reduce)
             value = kmap(substitute_body(producer.body, mapping), expand)
+            depth[0] -= bool(producer.reduce)
             if producer.reduce:
                 value = Reduce(value, tuple(names), producer.reduce, producer.combine, producer.dtype)
             if e.pad is not None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plans import fuse_all, hand_conns, make_test_plan  # noqa: E402
+from plans import fuse_all, hand_conns, make_test_plan, policy_plan  # noqa: E402
 from sample_io import SAMPLES, load_sample  # noqa: E402
 
 from engine.codegen.generate import fit_region, generate  # noqa: E402
@@ -132,3 +132,17 @@ def test_compile_cli_refuses_a_foreign_plan(tmp_path, capsys):
                "--target", "c", "-o", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error: plan was made for model") and "\n" not in err
+
+
+def test_copies_of_one_inlined_reduction_are_structurally_equal():
+    """A mean inlined twice into a variance (x - mean)^2 gets the same loop variable in both copies, so
+    the printer's SSA memo computes it once (names by nesting depth, not a global counter)."""
+    from engine.codegen.kexpr import Reduce, kwalk
+    from engine.codegen.targets import render_c
+
+    graph = load_sample("vit_block")[0]
+    program = generate(policy_plan(graph, "welder"), graph)
+    bodies = [p.body for k in program.kernels for s in k.segments for p in s.phases]
+    reduces = [n for b in bodies for n in kwalk(b) if isinstance(n, Reduce)]
+    assert len(set(reduces)) < len(reduces)
+    assert render_c(program).count("for (int u") < len(reduces)  # one loop per distinct reduction
