@@ -28,9 +28,10 @@ HELPERS = {
     "lpow": "long long lpow(long long a, long long b) { long long r = 1; for (; b > 0; --b) r *= a; return r; }",
     "fpymod": "float fpymod(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }",
     # Branch-free single-precision math for the C backend (Cephes polynomials; exp/log/tanh within
-    # 1.3 ulp, erf within 2e-7 absolute, pow = exp(b log|a|) with C's special cases; exp flushes
-    # results below FLT_MIN to 0: denormal arithmetic is slow, and softmax masks give exp(-1e9)):
-    # unlike libm calls they inline into a loop and vectorise. Sorted by name = dependency order (c0_ before c1_).
+    # 1.3 ulp, erf within 2e-7 absolute, pow = exp(b log|a|) with C's special cases; exp clamps its
+    # argument at ln(FLT_MIN), so results below FLT_MIN read as FLT_MIN: denormal arithmetic is slow,
+    # softmax masks give exp(-1e9), and a select there keeps GCC from vectorising reduction loops;
+    # NaN propagates through the polynomial): unlike libm calls they inline into a loop and vectorise. Sorted by name = dependency order (c0_ before c1_).
     "c0_bits2f": "float c0_bits2f(int i) { float f; __builtin_memcpy(&f, &i, 4); return f; }",
     "c0_f2bits": "int c0_f2bits(float f) { int i; __builtin_memcpy(&i, &f, 4); return i; }",
     "c0_expf": (
@@ -39,8 +40,7 @@ HELPERS = {
         "float r = c - fx * 0.693359375f; r = r - fx * -2.12194440e-4f; const float z = r * r; "
         "float y = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) "
         "* r + 1.6666665459e-1f) * r + 5.0000001201e-1f) * z + r + 1.0f; const int n1 = n >> 1; "
-        "y = y * c0_bits2f((n1 + 127) << 23) * c0_bits2f((n - n1 + 127) << 23); y = x < -87.33654f ? 0.0f : y; "
-        "return x != x ? x : y; }"),
+        "return y * c0_bits2f((n1 + 127) << 23) * c0_bits2f((n - n1 + 127) << 23); }"),
     "c0_logf": (
         "float c0_logf(float x) { const float sub = x < 1.17549435e-38f ? 1.0f : 0.0f; "
         "const int bits = c0_f2bits(sub != 0.0f ? x * 8388608.0f : x); "
@@ -68,7 +68,7 @@ HELPERS = {
         "float c1_powf(float a, float b) { const float m = a < 0.0f ? -a : a; float r = c0_expf(b * c0_logf(m)); "
         "const float bi = (b + 12582912.0f) - 12582912.0f; const float ab = b < 0.0f ? -b : b; "
         "const int isint = ab >= 8388608.0f || bi == b; const int odd = isint && ab < 8388608.0f && ((int)bi & 1); "
-        "r = a < 0.0f ? (isint ? (odd ? -r : r) : __builtin_nanf(\"\")) : r; r = a == 1.0f ? 1.0f : r; "
+        "r = a < 0.0f ? (isint ? (odd ? -r : r) : __builtin_nanf(\"\")) : r; r = m == 0.0f ? (b < 0.0f ? __builtin_inff() : 0.0f) : r; r = a == 1.0f ? 1.0f : r; "
         "return b == 0.0f ? 1.0f : r; }"),
 }
 
