@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 
-from engine.codegen.kexpr import Reduce, kwalk
+from engine.codegen.kexpr import Guard, Reduce, free_vars, kwalk
 from engine.codegen.kir import Kernel, Phase, Program, Segment
 from engine.codegen.printer import BodyWriter, Printer
+from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
 from engine.ir.graph import Combine
@@ -42,6 +43,28 @@ def segment_work(seg: Segment) -> int:
         steps += sum(math.prod(r.extents) for r in kwalk(p.body) if isinstance(r, Reduce))
         total += elems * steps
     return total * seg.ntiles
+
+
+_MAX_LINE = 16384  # floats of one per-tile line cache (on the stack of an OpenMP thread)
+_EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos"}
+
+
+def _line_values(body, var: str) -> list:
+    """Maximal float subexpressions of `body` depending on `var` alone and holding a transcendental
+    (none under a pad guard or inside an inlined reduction)."""
+    found: list = []
+    stack = [body]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, (Guard, Reduce)):
+            continue
+        if getattr(e, "dtype", None) is not None and e.dtype.is_float and free_vars(e) == {var} \
+                and any((isinstance(n, E.Unary) and n.op in _EXPENSIVE) or (isinstance(n, E.Binary) and n.op == "pow")
+                        for n in kwalk(e)) and e not in found:
+            found.append(e)
+            continue
+        stack.extend(E.children(e))
+    return found
 
 
 class CPrinter(Printer):
@@ -140,6 +163,31 @@ class CPrinter(Printer):
         lines += ["        }", "    }", "}"]
         return lines
 
+    def cache_line_values(self, kernel: Kernel, phase: Phase, tag: str, ssa: BodyWriter) -> list[str]:
+        """Expensive subexpressions of one loop variable only — the innermost output axis, or a lone
+        reduction axis — that the nest would recompute for every row of the tile (a broadcast chain
+        like exp(-sqrt(|a|^2.5 + 1)) added to each row): computed once per tile into a small per-block
+        array, which `ssa` then reads instead."""
+        r = phase.region.rank
+        if phase.combine is not None and len(phase.reduce) == 1:
+            var, lo, hi, rows = "r0", "0", str(phase.reduce[0]), math.prod(phase.region.extent)
+        elif phase.combine is None and r:
+            var, lo, hi = f"i{r - 1}", f"{tag}_lo{r - 1}", f"{tag}_hi{r - 1}"
+            rows = math.prod(phase.region.extent[:-1])
+        else:
+            return []
+        ext = phase.reduce[0] if var == "r0" else phase.region.extent[-1]
+        found = _line_values(phase.body, var) if rows > 1 and ext <= _MAX_LINE else []
+        out = []
+        for k, node in enumerate(found):
+            name = f"line{k}"
+            inner = BodyWriter(self, kernel, ssa.ranges, ssa.counter)
+            v = inner.value(node)
+            out += [f"float {name}[{ext}];", "#pragma omp simd", f"for (int {var} = {lo}; {var} < {hi}; ++{var}) {{"]
+            out += ["    " + x for x in inner.lines + [f"{name}[{var} - {lo}] = {v};"]] + ["}"]
+            ssa.memo[node] = f"{name}[{var} - {lo}]"
+        return out
+
     def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         """The block's threads run one after another, so a phase is a plain loop nest over its region
         (innermost axis last: contiguous, vectorisable), not a flat index split with div/mod."""
@@ -153,13 +201,14 @@ class CPrinter(Printer):
         if owner is None:
             lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
         r = phase.region.rank
+        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
+        ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
+        ssa = BodyWriter(self, kernel, ranges)
+        lines += ["    " + x for x in self.cache_line_values(kernel, phase, tag, ssa)]
         depth = "    "
         for d in range(r):
             lines.append(f"{depth}for (int i{d} = {tag}_lo{d}; i{d} < {tag}_hi{d}; ++i{d}) {{")
             depth += "    "
-        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
-        ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
-        ssa = BodyWriter(self, kernel, ranges)
         value = self.render_value(phase, ssa)
         body = list(ssa.lines)
         for name in phase.stores:

@@ -146,3 +146,15 @@ def test_copies_of_one_inlined_reduction_are_structurally_equal():
     reduces = [n for b in bodies for n in kwalk(b) if isinstance(n, Reduce)]
     assert len(set(reduces)) < len(reduces)
     assert render_c(program).count("for (int u") < len(reduces)  # one loop per distinct reduction
+
+
+def test_c_printer_computes_a_broadcast_chain_once_per_tile():
+    """pow_broadcast_add under welder adds exp(-sqrt(|a|^2.5 + 1)) (a depends on the column only) to
+    every row: the C printer evaluates that chain once per tile into a line cache, in the row
+    reduction and in the normalisation, not once per row."""
+    from engine.codegen.targets import render_c
+
+    graph = load_sample("pow_broadcast_add")[0]
+    source = render_c(generate(policy_plan(graph, "welder"), graph))
+    assert source.count("float line0[4096];") == 2
+    assert source.count("= c1_powf(") == 2  # one per cache fill, none inside the row loops
