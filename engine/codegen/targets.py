@@ -45,6 +45,13 @@ def segment_work(seg: Segment) -> int:
     return total * seg.ntiles
 
 
+def _one_wide(region, d: int) -> bool:
+    """Whether axis d of the region spans exactly one index on every tile."""
+    if region.spans:
+        return region.spans[d].ext == 1 and not region.spans[d].clamp
+    return all(row[region.rank + d] - row[d] == 1 for row in region.table)
+
+
 _MAX_LINE = 16384  # floats of one per-tile line cache (on the stack of an OpenMP thread)
 _EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos"}
 
@@ -206,8 +213,12 @@ class CPrinter(Printer):
         ssa = BodyWriter(self, kernel, ranges)
         lines += ["    " + x for x in self.cache_line_values(kernel, phase, tag, ssa)]
         depth = "    "
+        single = [_one_wide(phase.region, d) for d in range(r)]
         for d in range(r):
-            lines.append(f"{depth}for (int i{d} = {tag}_lo{d}; i{d} < {tag}_hi{d}; ++i{d}) {{")
+            # A one-wide axis is a constant, not a loop: GCC gives up vectorising a reduction loop
+            # nested in single-iteration loops with run-time bounds ("control flow in loop").
+            lines.append(f"{depth}{{ const int i{d} = {tag}_lo{d};" if single[d] else
+                         f"{depth}for (int i{d} = {tag}_lo{d}; i{d} < {tag}_hi{d}; ++i{d}) {{")
             depth += "    "
         value = self.render_value(phase, ssa)
         body = list(ssa.lines)
@@ -215,7 +226,7 @@ class CPrinter(Printer):
             buf = kernel.buffer(name)
             idx = tuple(I.var(f"i{d}") for d in range(r))
             body.append(f"{name}[{ssa.offset(buf, idx)}] = {self.store_value(value, buf.dtype)};")
-        if r and not any(x.lstrip().startswith(("for (", "#pragma")) for x in body):
+        if r and not single[-1] and not any(x.lstrip().startswith(("for (", "#pragma")) for x in body):
             # Elements of a phase are independent (a stage never reads itself): the innermost,
             # contiguous loop vectorises.
             lines.insert(len(lines) - 1, lines[-1][:len(lines[-1]) - len(lines[-1].lstrip())] + "#pragma omp simd")

@@ -21,8 +21,8 @@ __attribute__((target_clones("avx2", "default"))) void k00_add_mean_sub_pow_etc(
         const int s_ReduceMean_6_out__sum_lo0 = 1 * tc0, s_ReduceMean_6_out__sum_hi0 = s_ReduceMean_6_out__sum_lo0 + 1;
         const int s_ReduceMean_6_out__sum_lo1 = 0, s_ReduceMean_6_out__sum_hi1 = s_ReduceMean_6_out__sum_lo1 + 1;
         {  // ReduceMean_2_out::sum
-            for (int i0 = s_ReduceMean_2_out__sum_lo0; i0 < s_ReduceMean_2_out__sum_hi0; ++i0) {
-                for (int i1 = s_ReduceMean_2_out__sum_lo1; i1 < s_ReduceMean_2_out__sum_hi1; ++i1) {
+            { const int i0 = s_ReduceMean_2_out__sum_lo0;
+                { const int i1 = s_ReduceMean_2_out__sum_lo1;
                     float v1 = 0;
                     #pragma omp simd reduction(+:v1)
                     for (int r0 = 0; r0 < 768; ++r0) {
@@ -37,8 +37,8 @@ __attribute__((target_clones("avx2", "default"))) void k00_add_mean_sub_pow_etc(
         }
         /* block barrier: the next phase starts after this one's loop */
         {  // ReduceMean_6_out::sum
-            for (int i0 = s_ReduceMean_6_out__sum_lo0; i0 < s_ReduceMean_6_out__sum_hi0; ++i0) {
-                for (int i1 = s_ReduceMean_6_out__sum_lo1; i1 < s_ReduceMean_6_out__sum_hi1; ++i1) {
+            { const int i0 = s_ReduceMean_6_out__sum_lo0;
+                { const int i1 = s_ReduceMean_6_out__sum_lo1;
                     float v1 = 0;
                     #pragma omp simd reduction(+:v1)
                     for (int r0 = 0; r0 < 768; ++r0) {
@@ -59,7 +59,7 @@ __attribute__((target_clones("avx2", "default"))) void k00_add_mean_sub_pow_etc(
         {  // y
             const int p_lo0 = 1 * tc0, p_hi0 = p_lo0 + 1;
             const int p_lo1 = 256 * tc1, p_hi1 = p_lo1 + 256;
-            for (int i0 = p_lo0; i0 < p_hi0; ++i0) {
+            { const int i0 = p_lo0;
                 #pragma omp simd
                 for (int i1 = p_lo1; i1 < p_hi1; ++i1) {
                     const float v1 = g_x[(i0) * 768 + i1];

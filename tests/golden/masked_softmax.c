@@ -29,10 +29,10 @@ __attribute__((target_clones("avx2", "default"))) void k00_where_mul_add_softmax
         const int s_probs__sum_lo2 = 2 * tc2, s_probs__sum_hi2 = s_probs__sum_lo2 + 2;
         const int s_probs__sum_lo3 = 0, s_probs__sum_hi3 = s_probs__sum_lo3 + 1;
         {  // probs::max
-            for (int i0 = s_probs__max_lo0; i0 < s_probs__max_hi0; ++i0) {
-                for (int i1 = s_probs__max_lo1; i1 < s_probs__max_hi1; ++i1) {
+            { const int i0 = s_probs__max_lo0;
+                { const int i1 = s_probs__max_lo1;
                     for (int i2 = s_probs__max_lo2; i2 < s_probs__max_hi2; ++i2) {
-                        for (int i3 = s_probs__max_lo3; i3 < s_probs__max_hi3; ++i3) {
+                        { const int i3 = s_probs__max_lo3;
                             float v1 = (-INFINITY);
                             #pragma omp simd reduction(max:v1)
                             for (int r0 = 0; r0 < 128; ++r0) {
@@ -51,10 +51,10 @@ __attribute__((target_clones("avx2", "default"))) void k00_where_mul_add_softmax
         }
         /* block barrier: the next phase starts after this one's loop */
         {  // probs::sum
-            for (int i0 = s_probs__sum_lo0; i0 < s_probs__sum_hi0; ++i0) {
-                for (int i1 = s_probs__sum_lo1; i1 < s_probs__sum_hi1; ++i1) {
+            { const int i0 = s_probs__sum_lo0;
+                { const int i1 = s_probs__sum_lo1;
                     for (int i2 = s_probs__sum_lo2; i2 < s_probs__sum_hi2; ++i2) {
-                        for (int i3 = s_probs__sum_lo3; i3 < s_probs__sum_hi3; ++i3) {
+                        { const int i3 = s_probs__sum_lo3;
                             float v1 = 0;
                             #pragma omp simd reduction(+:v1)
                             for (int r0 = 0; r0 < 128; ++r0) {
@@ -80,8 +80,8 @@ __attribute__((target_clones("avx2", "default"))) void k00_where_mul_add_softmax
             const int p_lo1 = 1 * tc1, p_hi1 = p_lo1 + 1;
             const int p_lo2 = 2 * tc2, p_hi2 = p_lo2 + 2;
             const int p_lo3 = 0, p_hi3 = p_lo3 + 128;
-            for (int i0 = p_lo0; i0 < p_hi0; ++i0) {
-                for (int i1 = p_lo1; i1 < p_hi1; ++i1) {
+            { const int i0 = p_lo0;
+                { const int i1 = p_lo1;
                     for (int i2 = p_lo2; i2 < p_hi2; ++i2) {
                         #pragma omp simd
                         for (int i3 = p_lo3; i3 < p_hi3; ++i3) {
