@@ -15,7 +15,7 @@ import numpy as np
 from engine.codegen.kexpr import Guard, InBounds, Reduce, free_vars, kmap, kwalk, map_indices, substitute_body
 from engine.codegen.kir import Buffer, Gemm, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
 from engine.device import Device, get_device, resident_blocks_per_sm
-from engine.errors import PlanError
+from engine.errors import CompileError, PlanError
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
@@ -33,6 +33,10 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100") -> Pro
     if plan.model_hash != graph.structural_hash:
         raise PlanError(f"plan is for model hash {plan.model_hash}, not {graph.structural_hash}",
                         hint="re-plan this model")
+    low = next((t for t in graph.specs.values() if t.dtype.is_low_float), None)
+    if low is not None:
+        raise CompileError(f"tensor '{low.name}' is {low.dtype.value}: kernels are generated for float16/32/64, "
+                           "integer and bool tensors only", hint="run this model with --backend reference")
     conns = {e.key: e.conn for e in plan.edges}
     missing = [e for e in graph.edges if e not in conns]
     if missing:

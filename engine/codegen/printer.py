@@ -94,10 +94,11 @@ class Printer:
 
     # ---- types -------------------------------------------------------------------------------
     def storage_type(self, dtype: DType) -> str:
-        return {DType.F32: "float", DType.F16: self.f16_type, DType.I64: "long long", DType.I32: "int",
-                DType.BOOL: "bool"}[dtype]
+        return self.f16_type if dtype == DType.F16 else dtype.c_type
 
     def compute_type(self, dtype: DType) -> str:
+        if dtype == DType.F64:
+            return "double"
         return "float" if dtype.is_float else self.storage_type(dtype)
 
     def load_value(self, text: str, dtype: DType) -> str:

@@ -1,0 +1,44 @@
+"""Kernels for the less common element types: float64 and small integers run on the cpu backend and
+match onnxruntime; bfloat16/float8 graphs are refused before codegen with a one-line error."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from engine.cli import main
+from engine.frontend.importer import load_graph
+from engine.runtime.execute import run_model
+
+
+def _binary_model(elem: int, op: str = "Add") -> onnx.ModelProto:
+    x, y, z = (helper.make_tensor_value_info(n, elem, [4, 8]) for n in "xyz")
+    graph = helper.make_graph([helper.make_node(op, ["x", "y"], ["z"])], "g", [x, y], [z])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("elem,dtype,op", [(TensorProto.DOUBLE, np.float64, "Mul"), (TensorProto.UINT8, np.uint8, "Add"),
+                                           (TensorProto.INT16, np.int16, "Sub"), (TensorProto.INT8, np.int8, "Max")])
+def test_small_and_wide_types_run_on_cpu(tmp_path, elem, dtype, op):
+    path = tmp_path / "m.onnx"
+    onnx.save(_binary_model(elem, op), path)
+    rng = np.random.default_rng(3)
+    feeds = {n: (rng.random((4, 8)) * 10 + 1).astype(dtype) for n in "xy"}
+    got = run_model(load_graph(path), feeds, backend="cpu", policy="welder").outputs["z"]
+    want = ort.InferenceSession(str(path)).run(None, feeds)[0]
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_bfloat16_graph_is_refused_by_codegen(tmp_path, capsys):
+    path = tmp_path / "bf16.onnx"
+    onnx.save(_binary_model(TensorProto.BFLOAT16), path)
+    code = main(["run", str(path), "--backend", "cpu", "--outputs", str(tmp_path / "o.npz")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "bfloat16" in err[0] and "--backend reference" in err[0]
+    assert main(["run", str(path), "--outputs", str(tmp_path / "o.npz")]) == 0  # the reference executor runs it
