@@ -216,15 +216,8 @@ class Printer:
         sizes = [f"({tag}_hi{d} - {tag}_lo{d})" for d in range(r)]
         lines.append(f"    const int n_e = {' * '.join(sizes) or '1'};")
         lines.append("    " + self.thread_loop("e", "n_e") + " {")
-        body = ["int rem = e;"]
-        for d in reversed(range(r)):
-            if d:
-                body.append(f"const int i{d} = {tag}_lo{d} + rem % {sizes[d]}; rem /= {sizes[d]};")
-            else:
-                body.append(f"const int i{d} = {tag}_lo{d} + rem;")
-        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
-        ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
-        ssa = BodyWriter(self, kernel, ranges)
+        body = self.element_coords(tag, sizes)
+        ssa = BodyWriter(self, kernel, self.phase_ranges(phase))
         value = self.render_value(phase, ssa)
         body += ssa.lines
         for name in phase.stores:
@@ -251,9 +244,26 @@ class Printer:
         lines.append(f"    const int n_lo = {tag}_lo{r - 1}, n_n = {tag}_hi{r - 1} - n_lo;")
         return tag, lines
 
-    def gemm_ranges(self, phase: Phase) -> dict:
-        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
+    @staticmethod
+    def phase_ranges(phase: Phase, shape: tuple[int, ...] | None = None) -> dict:
+        """Inclusive ranges of the phase's loop variables (output axes over `shape`, reduce axes)."""
+        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape if shape is None else shape)}
         ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
+        return ranges
+
+    @staticmethod
+    def element_coords(tag: str, sizes: list[str]) -> list[str]:
+        """Lines turning the flat element index `e` of a region box into coordinates i0.. (row-major)."""
+        lines = ["int rem = e;"]
+        for d in reversed(range(len(sizes))):
+            if d:
+                lines.append(f"const int i{d} = {tag}_lo{d} + rem % {sizes[d]}; rem /= {sizes[d]};")
+            else:
+                lines.append(f"const int i{d} = {tag}_lo{d} + rem;")
+        return lines
+
+    def gemm_ranges(self, phase: Phase) -> dict:
+        ranges = self.phase_ranges(phase)
         ranges.update({v: (0, n - 1) for v, n in zip(phase.gemm.vars, phase.gemm.extents)})
         return ranges
 
@@ -372,9 +382,7 @@ class Printer:
         body = ["int rem = f_lo + e;"]
         for d in reversed(range(len(shape))):
             body.append(f"const int i{d} = rem % {shape[d]}; rem /= {shape[d]};" if d else f"const int i{d} = rem;")
-        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(shape)}
-        ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
-        ssa = BodyWriter(self, kernel, ranges)
+        ssa = BodyWriter(self, kernel, self.phase_ranges(phase, shape))
         value = self.render_value(phase, ssa)
         body += ssa.lines
         for name in phase.stores:

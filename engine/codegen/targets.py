@@ -208,9 +208,7 @@ class CPrinter(Printer):
         if owner is None:
             lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
         r = phase.region.rank
-        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
-        ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
-        ssa = BodyWriter(self, kernel, ranges)
+        ssa = BodyWriter(self, kernel, self.phase_ranges(phase))
         lines += ["    " + x for x in self.cache_line_values(kernel, phase, tag, ssa)]
         depth = "    "
         single = [_one_wide(phase.region, d) for d in range(r)]
@@ -304,15 +302,8 @@ class CudaPrinter(Printer):
         ident = {Combine.SUM: "0.0f", Combine.PROD: "1.0f", Combine.MAX: f"(-{self.inf})",
                  Combine.MIN: self.inf}[phase.combine]
         body = [f"{ct} part = {ident};", "if (e < n_e) {"]
-        inner = ["int rem = e;"]
-        for d in reversed(range(r)):
-            if d:
-                inner.append(f"const int i{d} = {tag}_lo{d} + rem % {sizes[d]}; rem /= {sizes[d]};")
-            else:
-                inner.append(f"const int i{d} = {tag}_lo{d} + rem;")
-        ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
-        ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(phase.reduce)})
-        ssa = BodyWriter(self, kernel, ranges)
+        inner = self.element_coords(tag, sizes)
+        ssa = BodyWriter(self, kernel, self.phase_ranges(phase))
         value = self.render_value(phase, ssa, lanes)
         inner += ssa.lines + [f"part = {value};"]
         body += ["    " + x for x in inner] + ["}"]
@@ -322,12 +313,7 @@ class CudaPrinter(Printer):
                  f"    const {ct} o = __shfl_down_sync(0xffffffffu, part, off, {lanes});",
                  f"    {combine[phase.combine]}", "}",
                  "if (e < n_e && lane == 0) {"]
-        store = ["int rem = e;"]
-        for d in reversed(range(r)):
-            if d:
-                store.append(f"const int i{d} = {tag}_lo{d} + rem % {sizes[d]}; rem /= {sizes[d]};")
-            else:
-                store.append(f"const int i{d} = {tag}_lo{d} + rem;")
+        store = self.element_coords(tag, sizes)
         for name in phase.stores:
             buf = kernel.buffer(name)
             idx = tuple(I.var(f"i{d}") for d in range(r))
