@@ -149,7 +149,7 @@ def search_group(
         if not scored:
             continue  # no valid tile: keep the default and report its violations below
         scored.sort(key=lambda x: (x[0], x[1]))
-        top = scored[:k]
+        top = _distinct(scored)[:k]
         best = min(top, key=lambda x: x[1])
         chosen[j] = best[2]
         if len(segs) == 1 or j == len(pools) - 1:
@@ -159,6 +159,20 @@ def search_group(
     out = GroupSchedule(tuple(chosen), best_cands, cost, violations)
     if key is not None:
         _CACHE[(key, mode, device)] = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
+    return out
+
+
+def _distinct(scored: list) -> list:
+    """Drop candidates indistinguishable from a better-ranked one (same tile shape, same score and
+    modeled time — e.g. one tile under two thread mappings that cost the same), so the top k holds k
+    different tilings rather than crowding a better one out."""
+    seen: set[tuple] = set()
+    out = []
+    for item in scored:
+        key = (item[2].shape, item[2].row_split, item[0], item[1])
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
     return out
 
 

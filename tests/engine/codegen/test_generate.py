@@ -151,10 +151,16 @@ def test_copies_of_one_inlined_reduction_are_structurally_equal():
 def test_c_printer_computes_a_broadcast_chain_once_per_tile():
     """pow_broadcast_add under welder adds exp(-sqrt(|a|^2.5 + 1)) (a depends on the column only) to
     every row: the C printer evaluates that chain once per tile into a line cache, in the row
-    reduction and in the normalisation, not once per row."""
+    reduction and in the normalisation, not once per row. The reduction's input edge is pinned at
+    REGISTER (welder ties it with SHARED at the same modeled time, and SHARED stages the row instead)."""
     from engine.codegen.targets import render_c
+    from engine.device import get_device
+    from engine.schedule.edits import apply_edit
+    from engine.schedule.plan import Edit
 
     graph = load_sample("pow_broadcast_add")[0]
-    source = render_c(generate(policy_plan(graph, "welder"), graph))
+    pin = Edit.make("set_edge", producer="Add_9_out", consumer="ReduceSum_11_out", conn="register")
+    plan = apply_edit(policy_plan(graph, "welder"), graph, get_device("a100"), pin)
+    source = render_c(generate(plan, graph))
     assert source.count("float line0[4096];") == 2
     assert source.count("= c1_powf(") == 2  # one per cache fill, none inside the row loops

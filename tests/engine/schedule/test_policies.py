@@ -86,11 +86,40 @@ def test_bert_layer_targets():
     welder = make_plan(graph, "welder", DEVICE)
     assert welder.kernels <= 0.35 * unfused.kernels
     # The issue's DRAM target is 0.6 x elementwise; with fp32 weights folded at import the weights
-    # alone are ~28 MB of the ~38 MB welder reads (see benchmarks/NOTES.md). Hold the line we reach.
-    assert welder.dram_bytes <= 0.7 * elementwise.dram_bytes
+    # alone are ~28 MB of the ~37 MB welder reads (see benchmarks/NOTES.md). Hold the line we reach
+    # (0.642 since the tile search keeps k distinct tilings; 0.655 before).
+    assert welder.dram_bytes <= 0.645 * elementwise.dram_bytes
+    # The second LayerNorm (mean -> dev -> var -> normalise) lands whole in the FFN2 kernel: a
+    # 4-row full-width tile beats the split, and Add_98 is no longer written and read back.
+    final_ln = {"out::mean", "out::dev", "out::var", "out"}
+    assert any(final_ln <= set(g.stages) for g in welder.groups)
     epilogues = [e for e in welder.edges if graph.stage(e.producer).kind == StageKind.CONTRACTION
                  and graph.stage(e.consumer).op == "add"]
     assert epilogues and all(e.conn == Conn.REGISTER for e in epilogues)
+
+
+def test_bert_layer_batched_welder_dram_ratio():
+    """The plan `tileweave plan` makes (operator batching on): 35.8 MB vs 58.3 MB elementwise = 0.615
+    (0.628 with the LayerNorm split); the issue's 0.6 is not reached (see benchmarks/NOTES.md)."""
+    from engine.schedule.pipeline import plan_model
+
+    graph = _graph("bert_layer")
+    _, welder = plan_model(graph, "welder", DEVICE)
+    elementwise = make_plan(graph, "elementwise", DEVICE)
+    assert welder.dram_bytes <= 0.62 * elementwise.dram_bytes
+    assert validate(welder, plan_model(graph, "welder", DEVICE)[0], DEVICE) == []
+
+
+def test_tile_ranking_keeps_distinct_tilings():
+    """Two thread mappings of one tile with the same score and modeled time take one top-k slot."""
+    from engine.schedule.plan import Tile
+    from engine.schedule.tiles import _distinct
+
+    a = Tile("s", (4, 768), 256, 32)
+    b = Tile("s", (4, 768), 32, 32)
+    c = Tile("s", (8, 768), 256, 16)
+    kept = _distinct([(1.0, 5.0, a), (1.0, 5.0, b), (1.0, 6.0, b), (2.0, 4.0, c)])
+    assert [(x[2], x[1]) for x in kept] == [(a, 5.0), (b, 6.0), (c, 4.0)]
 
 
 @pytest.mark.slow
