@@ -109,11 +109,16 @@ def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in segment for c in graph.consumers.get(p, ())))
     key = (graph.structural_hash, tuple(segment), touching, tile)
-    hit = _USE_CACHE.get(key)
+    return _memo(_USE_CACHE, key, lambda: _segment_use(graph, segment, conns, tile, members))
+
+
+def _memo(cache: dict, key, compute):
+    """cache[key], computed on a miss; the cache is emptied when it grows past 50k entries."""
+    hit = cache.get(key)
     if hit is None:
-        if len(_USE_CACHE) > 50000:
-            _USE_CACHE.clear()
-        hit = _USE_CACHE[key] = _segment_use(graph, segment, conns, tile, members)
+        if len(cache) > 50000:
+            cache.clear()
+        hit = cache[key] = compute()
     return hit
 
 
@@ -172,12 +177,7 @@ def _regions(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: s
     members = set(segment)
     inner = tuple((p, c, str(conns.get((p, c)))) for p in segment for c in graph.consumers.get(p, ()) if c in members)
     key = (graph.structural_hash, tuple(segment), inner, anchor, box)
-    hit = _REGION_CACHE.get(key)
-    if hit is None:
-        if len(_REGION_CACHE) > 50000:
-            _REGION_CACHE.clear()
-        hit = _REGION_CACHE[key] = propagate_group(graph, segment, conns, anchor, box)
-    return hit
+    return _memo(_REGION_CACHE, key, lambda: propagate_group(graph, segment, conns, anchor, box))
 
 
 def _evaluations(graph, segment, conns, regions: GroupRegions, tile: Tile) -> dict[str, int]:
