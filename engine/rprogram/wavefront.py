@@ -26,7 +26,7 @@ from engine.rprogram.model import (
     VDevice,
     make_vdevice,
 )
-from engine.schedule.plan import Group, Plan, Tile
+from engine.schedule.plan import Conn, Group, Plan, Tile
 
 # A block waiting on a dependency counter polls one L2 atomic: a few hundred ns on sm_70+ (estimate).
 DEFAULT_SYNC_US = 0.5
@@ -49,6 +49,8 @@ def build_rprogram(plan: Plan, device: Device | str, *, graph: PrimGraph | None 
     if not plan.groups:
         raise RProgramError(f"plan for {plan.model_name!r} has no kernels to schedule")
     measured = _measured_times(profile)
+    if graph is not None:
+        plan = split_grid_barriers(plan, graph, device)
     envelope = [_resources(g, device) for g in plan.groups]
     vdev = make_vdevice(device, max(r[0] for r in envelope), max(r[1] for r in envelope),
                         max(r[2] for r in envelope))
@@ -211,11 +213,35 @@ def _variant(tile: Tile, blocks: int, threads: int, shared: int, regs: int, task
                    tile.rows_per_block, tile.threads_per_row, tile.row_split, origin)
 
 
+def split_grid_barriers(plan: Plan, graph: PrimGraph, device: Device) -> Plan:
+    """The plan with every grid barrier (GLOBAL_SYNC edge) turned into a kernel boundary, each segment
+    its own kernel at the tile it had: in an rProgram the dependency between rOperators (a counter, or
+    the barrier between steps) does what the in-kernel grid barrier did, and single-segment kernels can
+    run as rTasks of the persistent kernel and take split variants. A segment splitting its rows across
+    blocks (row_split > 1) needs its consumers behind a grid barrier: such a group stays whole."""
+    from engine.schedule.build import assemble
+
+    keep = {s for g in plan.groups if any(t.row_split > 1 for t in g.segments) for s in g.stages}
+    cut = [e for e in plan.edges if e.conn == Conn.GLOBAL_SYNC and e.producer not in keep]
+    if not cut:
+        return plan
+    conns = {e.key: (Conn.KERNEL if e in cut else e.conn) for e in plan.edges}
+    reasons = {e.key: ("global_sync cut for the rProgram: a dependency between rOperators replaces the grid "
+                       "barrier" if e in cut else e.reason) for e in plan.edges}
+    fixed = {t.stage: t for g in plan.groups for t in g.segments}
+    return assemble(graph, device, conns, policy=plan.policy, mode=plan.policy, reasons=reasons,
+                    scores={e.key: e.score for e in plan.edges}, decisions=plan.decisions, fixed=fixed,
+                    base_policy=plan.base_policy, edits=plan.edits, sources={e.key: e.source for e in plan.edges},
+                    options=dict(plan.options))
+
+
 def plan_for_rprogram(plan: Plan, rp: RProgram, graph: PrimGraph, device: Device) -> Plan:
     """The plan with every kernel at the tile its rProgram variant chose (cost re-estimated), so that
-    `generate` produces the kernels the rProgram schedules; kernels left at variant 0 are untouched."""
+    `generate` produces the kernels the rProgram schedules; kernels left at variant 0 are untouched.
+    Grid barriers are cut first, as `build_rprogram` does (`split_grid_barriers`)."""
     from engine.schedule.cost import estimate_group
 
+    plan = split_grid_barriers(plan, graph, device)
     conns = {e.key: e.conn for e in plan.edges}
     groups = []
     for g in plan.groups:

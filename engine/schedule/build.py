@@ -13,7 +13,7 @@ from engine.ir.graph import PrimGraph, StageKind
 from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, components, kernel_name
 from engine.schedule.tiles import GroupSchedule, search_group
 from engine.schedule.validate import Decision
-from engine.tilegraph.tilegraph import stage_order
+from engine.tilegraph.tilegraph import segments_of, stage_order
 
 Edge = tuple[str, str]
 
@@ -120,11 +120,13 @@ def trial_conns(graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level:
 
 def can_connect(
     graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level: Conn, device: Device, mode: str,
-    groups: Callable[[str], set[str]] | None = None,
+    groups: Callable[[str], set[str]] | None = None, keep_tiles: bool = False,
 ) -> tuple[Decision, dict[Edge, Conn]]:
     """Is `edge` at `level` legal, and does it not make the modeled time worse? The Decision's
     score is the merged group's modeled µs; the trial connections come back for the caller to keep.
-    `groups(stage)` gives the current group of a stage (default: searched in `conns`)."""
+    `groups(stage)` gives the current group of a stage (default: searched in `conns`). With
+    `keep_tiles` the merged group keeps the tiles each side has now (a GLOBAL_SYNC merge joins
+    whole segments, so only the one-wave rule and the cost are new) instead of searching again."""
     groups = groups or (lambda s: component_of(graph, conns, s))
     if not level.fused:
         return Decision(True, "separate kernels"), trial_conns(graph, conns, edge, level)
@@ -136,7 +138,11 @@ def can_connect(
                         "(group cycle)"), trial
     order = stage_order(graph)
     stages = sorted(merged, key=order.__getitem__)
-    sched = search_group(graph, stages, trial, device, mode)
+    fixed = None
+    if keep_tiles:
+        fixed = {t.stage: t for g in ([gp] if gp == gc else [gp, gc])
+                 for t in search_group(graph, sorted(g, key=order.__getitem__), conns, device, mode).tiles}
+    sched = search_group(graph, stages, trial, device, mode, fixed)
     if sched.violations:
         v = sched.violations[0]
         return Decision(False, f"{level.value}: rule {v.rule}: {v.message}"), trial
@@ -155,9 +161,26 @@ def _modeled(graph, stages, conns, device, mode) -> float:
 LevelChoice = Callable[[PrimGraph, Edge], Sequence[tuple[Conn, str]]]
 
 
-def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelChoice):
+def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str, group_of_stage):
+    if level == Conn.GLOBAL_SYNC:
+        merged = group_of_stage[edge[0]] | group_of_stage[edge[1]]
+        segs = len(segments_of(graph, sorted(merged), trial_conns(graph, conns, edge, level, set(merged))))
+        if segs > MAX_SEGMENTS:
+            return Decision(False, f"global_sync: the kernel would have {segs} grid-barrier segments "
+                            f"(the greedy walk stops at {MAX_SEGMENTS})"), conns
+    return can_connect(graph, conns, edge, level, device, mode, group_of_stage.__getitem__,
+                       keep_tiles=level == Conn.GLOBAL_SYNC)
+
+
+MAX_SEGMENTS = 6  # grid-barrier segments per kernel a greedy walk may build (bounds the search: every
+#                   trial re-searches the tiles of the whole merged group)
+
+
+def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelChoice,
+                   fallback: LevelChoice | None = None):
     """Walk edges in topological order; per edge try each allowed level (with why it is allowed),
-    keep the legal one with the lowest modeled time (ties go to the closer level)."""
+    keep the legal one with the lowest modeled time (ties go to the closer level). When none is
+    kept, the `fallback` levels get the same test."""
     conns: dict[Edge, Conn] = {e: Conn.KERNEL for e in graph.edges}
     reasons: dict[Edge, str] = {}
     scores: dict[Edge, float | None] = {}
@@ -167,15 +190,17 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
         if conns[edge].fused:
             log.append(f"{edge[0]} -> {edge[1]}: {conns[edge].value} (kept: fused with its group)")
             continue
-        options = levels(graph, edge)
         best = None
         noes: list[str] = []
-        for level, why in options:
-            decision, trial = can_connect(graph, conns, edge, level, device, mode, group_of_stage.__getitem__)
-            if not decision.ok:
-                noes.append(decision.reason)
-            elif best is None or decision.score < best[0].score - 1e-9:
-                best = (decision, trial, why)
+        for choose in (levels, fallback):
+            if best is not None or choose is None:
+                break
+            for level, why in choose(graph, edge):
+                decision, trial = _try_level(graph, conns, edge, level, device, mode, group_of_stage)
+                if not decision.ok:
+                    noes.append(decision.reason)
+                elif best is None or decision.score < best[0].score - 1e-9:
+                    best = (decision, trial, why)
         if best is None:
             reasons[edge] = "; ".join(noes) if noes else "not fused by this policy"
             log.append(f"{edge[0]} -> {edge[1]}: kernel ({reasons[edge]})")

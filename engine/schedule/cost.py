@@ -217,18 +217,57 @@ def _evaluations(graph, segment, conns, regions: GroupRegions, tile: Tile) -> di
     return n
 
 
+def _completion(graph: PrimGraph, use: SegmentUse, per_block: float, read_bytes: Mapping[str, int]) -> dict:
+    """A stage read outside its segment (later segments, other kernels) whose tiles do not cover it —
+    only part of it feeds the anchor — is finished by the generated code in a completion phase: the
+    blocks share the whole tensor flat, each element recomputed from global memory with its segment
+    producers inlined (codegen's `partial` stages). Charged honestly, per stage (dram, l2, flops): the
+    part of each input the kernel has not read yet comes from DRAM, every element's loads go through
+    L2, every element's flops are spent again."""
+    out = {}
+    seg = set(use.stages)
+    for name in use.stages:
+        box = use.regions.stages.get(name)
+        if box is None or name == use.tile.stage:
+            continue
+        if not (name in graph.outputs or any(c not in seg for c in graph.consumers.get(name, ()))):
+            continue
+        stage = graph.stage(name)
+        size = math.prod(stage.shape)
+        if box_size(box) * per_block >= size:
+            continue
+        per_elem = math.prod(stage.reduce)
+        d = l2 = 0
+        for t in stage.inputs:
+            if t not in graph.specs:
+                continue
+            _, loads = load_axes(stage, t)
+            l2 += size * per_elem * loads * graph.specs[t].dtype.itemsize
+            if t not in seg:
+                d += max(0, nbytes(graph, t) - read_bytes.get(t, 0))
+        out[name] = (d, l2, float(size * per_elem * point_flops(stage)))
+    return out
+
+
 def estimate_group(
-    graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device
+    graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
+    segs: Sequence[Sequence[str]] | None = None,
 ) -> GroupCost:
-    """Every term of one kernel's modeled time. `tiles` has one Tile per segment, in segment order."""
+    """Every term of one kernel's modeled time. `tiles` has one Tile per segment, in segment order
+    (`segs`: the group's segments when the caller has them already)."""
     members = set(stages)
-    segs = segments_of(graph, stages, conns)
+    segs = segs if segs is not None else segments_of(graph, stages, conns)
     if len(segs) != len(tiles):
         raise ValueError(f"{len(segs)} segments but {len(tiles)} tiles")
     uses = [segment_use(graph, seg, conns, t) for seg, t in zip(segs, tiles)]
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     dram = l2 = shared_traffic = 0
     reads = writes = 0
+    read_bytes: dict[str, int] = {}  # per tensor: bytes the tiles of this kernel read (capped at its size)
+    for use in uses:
+        for t, lines in use.read_lines.items():
+            got = lines * LINE * use.tile.blocks / max(1, use.tile.row_split)
+            read_bytes[t] = min(nbytes(graph, t), read_bytes.get(t, 0) + int(got))
     flops_fp32 = flops_tc = flops_once = 0.0
     for use in uses:
         per_block = use.tile.blocks / max(1, use.tile.row_split)
@@ -249,6 +288,8 @@ def estimate_group(
         shared_traffic += int(use.shared_traffic * per_block)
         flops_fp32 += use.flops_fp32 * per_block
         flops_tc += use.flops_tc * per_block
+        for name, (d, l, f) in _completion(graph, use, per_block, read_bytes).items():
+            dram, l2, flops_fp32 = dram + d, l2 + l, flops_fp32 + f
     for name in stages:
         stage = graph.stage(name)
         flops_once += math.prod(stage.shape) * math.prod(stage.reduce) * point_flops(stage)

@@ -135,15 +135,31 @@ def search_group(
             pool = candidate_tiles(graph, seg, anchor, device, mode) or [make_tile(graph.stage(anchor), (1,) * len(graph.stage(anchor).shape), 32)]
         pools.append(pool)
         chosen.append(pool[0])
+    best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen)
+    if violations and len(segs) > 1:
+        # Segments are searched one at a time against the others' current tiles; behind grid barriers
+        # the one-wave rule couples them, so start again from each segment's smallest grid.
+        chosen[:] = [min(pool, key=lambda t: (t.blocks, -t.threads)) for pool in pools]
+        best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen)
+    cost = estimate_group(graph, stages, conns, chosen, device, segs=segs)
+    out = GroupSchedule(tuple(chosen), best_cands, cost, violations)
+    if key is not None:
+        _CACHE[(key, mode, device)] = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
+    return out
+
+
+def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chosen: list[Tile]):
+    """One pass over the segments, each taking its best valid tile given the others' (in `chosen`,
+    updated in place); the last segment's top-k candidates and the group's violations come back."""
     best_cands: tuple[Candidate, ...] = ()
     for j, pool in enumerate(pools):
         scored = []
         for t in pool:
             trial = chosen[:j] + [t] + chosen[j + 1:]
-            bad = check_group(graph, stages, conns, trial, device)
+            bad = check_group(graph, stages, conns, trial, device, segs=segs)
             if bad and len(pool) > 1:
                 continue
-            cost = estimate_group(graph, stages, conns, trial, device)
+            cost = estimate_group(graph, stages, conns, trial, device, segs=segs)
             traffic = cost.traffic_bytes["dram"] + cost.traffic_bytes["l2"]
             scored.append(((traffic + 1) * cost.waves, cost.modeled_us, t, cost, traffic))
         if not scored:
@@ -154,12 +170,7 @@ def search_group(
         chosen[j] = best[2]
         if len(segs) == 1 or j == len(pools) - 1:
             best_cands = tuple(Candidate(t, round(s, 1), int(tr), c.waves) for s, _, t, c, tr in top)
-    violations = tuple(check_group(graph, stages, conns, chosen, device))
-    cost = estimate_group(graph, stages, conns, chosen, device)
-    out = GroupSchedule(tuple(chosen), best_cands, cost, violations)
-    if key is not None:
-        _CACHE[(key, mode, device)] = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
-    return out
+    return best_cands, tuple(check_group(graph, stages, conns, chosen, device, segs=segs))
 
 
 def _distinct(scored: list) -> list:

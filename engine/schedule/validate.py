@@ -43,12 +43,13 @@ class Decision:
 
 def check_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
-    name: str = "",
+    name: str = "", segs: Sequence[Sequence[str]] | None = None,
 ) -> list[Violation]:
-    """Rules 1, 2, 3, 4, 7 for one kernel group with one tile per segment."""
+    """Rules 1, 2, 3, 4, 7 for one kernel group with one tile per segment (`segs`: the group's
+    segments when the caller has them already)."""
     name = name or f"group of {stages[0]}"
     out: list[Violation] = []
-    segs = segments_of(graph, stages, conns)
+    segs = segs if segs is not None else segments_of(graph, stages, conns)
     if len(tiles) != len(segs):
         return [Violation("segment_sink", f"group {name}",
                           f"{len(segs)} segments (split at grid barriers) but {len(tiles)} tiles")]
@@ -64,7 +65,7 @@ def check_group(
             out.append(Violation("segment_sink", f"group {name}",
                                  f"tile anchors '{tile.stage}' but the segment's sink is '{sinks[0]}'"))
             continue
-        out.extend(_check_tile(graph, seg, conns, tile, device, name))
+        out.extend(_checked_tile(graph, seg, conns, tile, device, name))
     inner = [(p, c) for p in stages for c in graph.consumers.get(p, ()) if c in seg_of]
     for p, c in inner:
         if conns.get((p, c), Conn.KERNEL) == Conn.KERNEL:
@@ -76,8 +77,24 @@ def check_group(
                                  "global_sync inside one segment: the consumer's block needs the whole producer, "
                                  "which other blocks compute (make every path between them global_sync)"))
     if any(conns.get(e) == Conn.GLOBAL_SYNC for e in inner):
-        out.extend(_check_wave(graph, stages, conns, tiles, device, name))
+        out.extend(_check_wave(graph, segs, conns, tiles, device, name))
     return out
+
+
+_TILE_CHECKS: dict[tuple, list[Violation]] = {}
+
+
+def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> list[Violation]:
+    """`_check_tile`, memoised: a tile search re-checks every segment's unchanged tile per candidate."""
+    touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
+                            for p in seg for c in graph.consumers.get(p, ())))
+    key = (graph.structural_hash, tuple(seg), touching, tile, device, name)
+    hit = _TILE_CHECKS.get(key)
+    if hit is None:
+        if len(_TILE_CHECKS) > 50000:
+            _TILE_CHECKS.clear()
+        hit = _TILE_CHECKS[key] = _check_tile(graph, seg, conns, tile, device, name)
+    return list(hit)
 
 
 def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> list[Violation]:
@@ -134,9 +151,8 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
     return out
 
 
-def _check_wave(graph, stages, conns, tiles, device: Device, name: str) -> list[Violation]:
+def _check_wave(graph, segs, conns, tiles, device: Device, name: str) -> list[Violation]:
     threads = max(t.threads for t in tiles)
-    segs = segments_of(graph, stages, conns)
     uses = [segment_use(graph, s, conns, t) for s, t in zip(segs, tiles)]
     regs = min(device.max_regs_per_thread, max(u.regs_per_thread for u in uses))
     resident, _ = resident_blocks_per_sm(device, threads, regs, max(u.shared_bytes for u in uses))

@@ -113,10 +113,11 @@ def test_welder_plans_carry_the_batched_graph_and_the_toggle_turns_it_off(bert):
 
 def test_edits_name_stages_of_the_batched_graph(bert):
     on = services.build_plan(bert, bert.structural_hash, "welder", "a100", "[]", True)
-    edge = next(e for e in on.plan.edges if e.producer.endswith(".batched") and e.conn.fused)
-    edit = Edit.make("set_edge", producer=edge.producer, consumer=edge.consumer, conn="kernel")
+    seg = next(t for g in on.plan.groups for t in g.segments if t.stage.endswith(".batched"))
+    edit = Edit.make("set_tile", stage=seg.stage, shape=[1, 64, 128], threads=256)
     graph, plan = services.plan_with_edits(bert, "welder", "a100", (edit,), True)
-    assert plan.edge(edge.producer, edge.consumer).conn.value == "kernel" and graph.structural_hash == plan.model_hash
+    got = next(t for g in plan.groups for t in g.segments if t.stage == seg.stage)
+    assert got.shape == (1, 64, 128) and got != seg and graph.structural_hash == plan.model_hash
     key = services.edits_key((edit,))
     refused = services.build_plan(bert, bert.structural_hash, "welder", "a100", key, False).refused
     assert [k for k, _ in refused] == [0] and ".batched" in refused[0][1]  # no such stage without batching

@@ -1,6 +1,7 @@
 """Welder policy: the tile-graph over all stages including contractions — first connect (each edge at
 REGISTER or SHARED when the group's tile search finds a valid tile and the modeled time does not get
-worse), then schedule (the tiles found on the way). The subgraph cache makes repeated layers free."""
+worse; failing both, GLOBAL_SYNC under the same test), then schedule (the tiles found on the way).
+The subgraph cache makes repeated layers free."""
 
 from __future__ import annotations
 
@@ -23,7 +24,15 @@ def welder_levels(graph: PrimGraph, edge: tuple[str, str]) -> list[tuple[Conn, s
     return [(Conn.REGISTER, register), (Conn.SHARED, shared)]
 
 
+def welder_fallback(graph: PrimGraph, edge: tuple[str, str]) -> list[tuple[Conn, str]]:
+    """Tried only when neither on-chip level is legal and faster (e.g. FFN1's output is too big for a
+    block's shared memory): the producer stays in global memory — in L2 when it fits — and a grid
+    barrier replaces the kernel boundary (AStitch's global level; the grid must fit one wave)."""
+    return [(Conn.GLOBAL_SYNC, "global_sync: producer kept in global memory (L2 when it fits), grid barrier "
+             "instead of a kernel boundary")]
+
+
 def plan_welder(graph: PrimGraph, device: Device, options: dict, started: float) -> Plan:
-    conns, reasons, scores, log = connect_greedy(graph, device, "welder", welder_levels)
+    conns, reasons, scores, log = connect_greedy(graph, device, "welder", welder_levels, welder_fallback)
     return assemble(graph, device, conns, policy="welder", mode="welder", reasons=reasons, scores=scores,
                     decisions=log, options=options, started=started)

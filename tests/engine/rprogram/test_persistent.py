@@ -17,8 +17,9 @@ from engine.frontend.importer import load_graph
 from engine.rprogram.model import RProgramError, rprogram_from_json, rprogram_to_json
 from engine.rprogram.persistent import compile_persistent_cuda, persistent_c, run_persistent_c
 from engine.rprogram.trace import export_trace, validate_trace
-from engine.rprogram.wavefront import build_rprogram, check_rprogram, plan_for_rprogram
+from engine.rprogram.wavefront import build_rprogram, check_rprogram, plan_for_rprogram, split_grid_barriers
 from engine.schedule.policies import make_plan
+from engine.schedule.validate import validate
 
 SAMPLES = Path(__file__).resolve().parents[3] / "samples"
 CATALOG = {e["name"]: e for e in json.loads((SAMPLES / "catalog.json").read_text())}
@@ -67,8 +68,30 @@ def test_persistent_c_matches_onnxruntime(name: str) -> None:
     _assert_matches(run_persistent_c(program, rp, graph, feeds), want)
 
 
+def test_grid_barriers_become_dependencies_between_rprogram_kernels() -> None:
+    # Stitch puts layernorm_residual's reductions behind grid barriers; the rProgram cuts each barrier
+    # into a kernel boundary (its dependency does the barrier's job), so every kernel is an rTask.
+    graph = load_graph(SAMPLES / CATALOG["layernorm_residual"]["file"])
+    plan = make_plan(graph, "stitch", A100)
+    assert any(len(g.segments) > 1 for g in plan.groups)
+    split = split_grid_barriers(plan, graph, A100)
+    assert all(len(g.segments) == 1 for g in split.groups) and validate(split, graph, A100) == []
+    assert sorted(s for g in split.groups for s in g.stages) == sorted(s for g in plan.groups for s in g.stages)
+    assert [t for g in split.groups for t in g.segments] == [t for g in plan.groups for t in g.segments]
+    _, _, program, rp = _built("layernorm_residual", "stitch")
+    assert all(len(k.segments) == 1 for k in program.kernels)
+    feeds, want = _oracle("layernorm_residual", graph)
+    _assert_matches(run_persistent_c(program, rp, graph, feeds), want)
+    src, _ = compile_persistent_cuda(program, rp, arch="sm_80")
+    assert src.source.count("case ") == len(rp.operators)
+
+
 def test_cooperative_kernels_run_as_a_unit_in_c_and_are_refused_in_cuda() -> None:
-    graph, _, program, rp = _built("layernorm_residual", "stitch")
+    # Without the graph the rProgram keeps the plan's kernels whole (grid barriers inside).
+    graph = load_graph(SAMPLES / CATALOG["layernorm_residual"]["file"])
+    plan = make_plan(graph, "stitch", A100)
+    rp = build_rprogram(plan, A100, variants=False)
+    program = generate(plan, graph, A100)
     assert any(len(k.segments) > 1 for k in program.kernels)
     src = persistent_c(program, rp)
     assert "if (b != 0) return 0;" in src.source
