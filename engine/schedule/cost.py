@@ -288,7 +288,7 @@ def estimate_group(
         shared_traffic += int(use.shared_traffic * per_block)
         flops_fp32 += use.flops_fp32 * per_block
         flops_tc += use.flops_tc * per_block
-        for name, (d, l, f) in _completion(graph, use, per_block, read_bytes).items():
+        for d, l, f in _completion(graph, use, per_block, read_bytes).values():
             dram, l2, flops_fp32 = dram + d, l2 + l, flops_fp32 + f
     for name in stages:
         stage = graph.stage(name)
