@@ -310,9 +310,18 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname) -
     seg = set(names)
     local_cons = {s: [c for c in graph.consumers.get(s, ()) if c in seg] for s in names}
     needs_global = {s: s in graph.outputs or any(c not in seg for c in graph.consumers.get(s, ())) for s in names}
-    inline = {s for s in names if s != anchor.name and not needs_global[s]
-              and all(conns[(s, c)] == Conn.REGISTER for c in local_cons[s])
-              and (graph.stage(s).kind in _INLINE_KINDS or _one_to_one(graph, s, local_cons[s]))}
+    inline: set[str] = set()
+    carries: dict[str, bool] = {}  # the stage's inlined body holds a contraction
+    for s in names:
+        st = graph.stage(s)
+        carries[s] = st.kind == StageKind.CONTRACTION or any(carries.get(p, False) for p in st.inputs if p in inline)
+        if (s != anchor.name and not needs_global[s]
+                and all(conns[(s, c)] == Conn.REGISTER for c in local_cons[s])
+                and (st.kind in _INLINE_KINDS or _one_to_one(graph, s, local_cons[s]))
+                and not (carries[s] and any(_padded_read(graph.stage(c), s) for c in local_cons[s]))):
+            inline.add(s)
+        # A contraction chain read through a padded load (Concat, Pad) would sit under the pad's guard,
+        # where it cannot become a tiled GEMM (one dot product per element): it gets its own phase.
     for s in names:
         if s != anchor.name and not local_cons[s] and not needs_global[s]:
             raise PlanError(f"group {gname}: stage {s} feeds nothing in its segment or outside it")
@@ -405,6 +414,10 @@ def _one_to_one(graph: PrimGraph, producer: str, consumers: list[str]) -> bool:
     return all(ld.index == ident and ld.pad is None for ld in E.loads(c.body) if ld.tensor == producer)
 
 
+def _padded_read(consumer: Stage, producer: str) -> bool:
+    return any(ld.tensor == producer and ld.pad is not None for ld in E.loads(consumer.body))
+
+
 def _covers(stage: Stage, boxes: list[Box]) -> bool:
     """Whether the union of the per-tile boxes is the whole tensor."""
     mask = np.zeros(stage.shape, dtype=bool)
@@ -431,6 +444,8 @@ def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[s
                 # structurally equal, so the printer computes it once (a mean used twice in a variance).
                 names.append(f"u{depth[0] + 1}" + (f"_{k}" if k else ""))
                 mapping[f"r{k}"] = I.var(names[-1])
+                # One name may serve reductions of different extents: bounds cover the widest.
+                ranges[names[-1]] = (0, max(ranges.get(names[-1], (0, 0))[1], producer.reduce[k] - 1))
             depth[0] += bool(producer.reduce)
             value = kmap(substitute_body(producer.body, mapping), expand)
             depth[0] -= bool(producer.reduce)

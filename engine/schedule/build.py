@@ -150,7 +150,7 @@ def can_connect(
                  for g in ([gp] if gp == gc else [gp, gc]))
     after = sched.cost.modeled_us
     verdict = f"{level.value}: modeled {after:.2f} us fused vs {before:.2f} us apart"
-    return Decision(after <= before * (1 + 1e-6) + 1e-6, verdict, after), trial
+    return Decision(after <= before * (1 + 1e-6) + 1e-6, verdict, after, sched.tiles if fixed else ()), trial
 
 
 def _modeled(graph, stages, conns, device, mode) -> float:
@@ -180,12 +180,15 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
                    fallback: LevelChoice | None = None):
     """Walk edges in topological order; per edge try each allowed level (with why it is allowed),
     keep the legal one with the lowest modeled time (ties go to the closer level). When none is
-    kept, the `fallback` levels get the same test."""
+    kept, the `fallback` levels get the same test. Returns (conns, reasons, scores, log, kept): `kept`
+    holds the tiles of groups a GLOBAL_SYNC merge built without a new search — pass them to `assemble`
+    as `fixed` so the plan has the tiles the decision was made with."""
     conns: dict[Edge, Conn] = {e: Conn.KERNEL for e in graph.edges}
     reasons: dict[Edge, str] = {}
     scores: dict[Edge, float | None] = {}
     log: list[str] = []
     group_of_stage: dict[str, set[str]] = {s.name: {s.name} for s in graph.stages}
+    kept: dict[str, Tile] = {}  # segment anchor -> tile of groups whose merge kept each side's tiles
     for edge in graph.edges:
         if conns[edge].fused:
             log.append(f"{edge[0]} -> {edge[1]}: {conns[edge].value} (kept: fused with its group)")
@@ -209,6 +212,8 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
         merged = group_of_stage[edge[0]] | group_of_stage[edge[1]]
         for s in merged:
             group_of_stage[s] = merged
+            kept.pop(s, None)
+        kept.update((t.stage, t) for t in decision.tiles)
         for e, conn in trial.items():
             if conn != conns[e] and e != edge:
                 reasons[e] = f"fused along with {edge[0]} -> {edge[1]}"
@@ -218,4 +223,4 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
         log.append(f"{edge[0]} -> {edge[1]}: {conns[edge].value} ({reasons[edge]})")
     for line in log:
         debug(3, line)
-    return conns, reasons, scores, log
+    return conns, reasons, scores, log, kept

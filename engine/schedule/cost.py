@@ -8,6 +8,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from engine.device import Device, resident_blocks_per_sm
 from engine.ir import expr as E
 from engine.ir.dtypes import DType
@@ -217,13 +219,54 @@ def _evaluations(graph, segment, conns, regions: GroupRegions, tile: Tile) -> di
     return n
 
 
-def _completion(graph: PrimGraph, use: SegmentUse, per_block: float, read_bytes: Mapping[str, int]) -> dict:
+_COVER_CACHE: dict[tuple, bool] = {}
+
+
+def _carries_contraction(graph: PrimGraph, segment: Sequence[str], conns: Mapping, name: str) -> bool:
+    """`name` is a contraction or computes one inline (a REGISTER producer chain in its segment)."""
+    members, todo, seen = set(segment), [name], set()
+    while todo:
+        s = todo.pop()
+        if s in seen:
+            continue
+        seen.add(s)
+        if graph.stage(s).kind == StageKind.CONTRACTION:
+            return True
+        todo += [p for p in graph.stage(s).inputs if p in members and conns.get((p, s)) == Conn.REGISTER]
+    return False
+
+
+def _covered(graph: PrimGraph, use: SegmentUse, conns: Mapping, name: str) -> bool:
+    """Whether the blocks' regions of `name` together cover the whole tensor — every block's region
+    propagated from its own anchor tile, as codegen does (one block's box times the block count is
+    only an upper bound: a hull over a reshape can be wide where the union of the tiles is not)."""
+    tile = use.tile
+    members = set(use.stages)
+    inner = tuple((p, c, str(conns.get((p, c)))) for p in use.stages for c in graph.consumers.get(p, ()) if c in members)
+    key = (graph.structural_hash, use.stages, inner, tile.stage, tile.shape, name)
+
+    def compute() -> bool:
+        anchor = graph.stage(tile.stage)
+        stage = graph.stage(name)
+        counts = [-(-d // t) for d, t in zip(anchor.shape, tile.shape)]
+        mask = np.zeros(stage.shape, dtype=bool)
+        for index in np.ndindex(*counts):
+            box = propagate_group(graph, use.stages, conns, tile.stage,
+                                  anchor_box(anchor.shape, tile.shape, index)).stages.get(name)
+            if box is not None:
+                mask[tuple(slice(lo, hi) for lo, hi in box)] = True
+        return bool(mask.all())
+    return _memo(_COVER_CACHE, key, compute)
+
+
+def _completion(graph: PrimGraph, use: SegmentUse, per_block: float, read_bytes: Mapping[str, int],
+                conns: Mapping) -> dict:
     """A stage read outside its segment (later segments, other kernels) whose tiles do not cover it —
     only part of it feeds the anchor — is finished by the generated code in a completion phase: the
-    blocks share the whole tensor flat, each element recomputed from global memory with its segment
-    producers inlined (codegen's `partial` stages). Charged honestly, per stage (dram, l2, flops): the
-    part of each input the kernel has not read yet comes from DRAM, every element's loads go through
-    L2, every element's flops are spent again."""
+    blocks share the whole tensor flat, each element recomputed from global memory with every segment
+    stage it depends on inlined (codegen's `partial` stages). Charged per stage (dram, l2, flops): the
+    part of each outside input the kernel has not read yet comes from DRAM; per element, every inlined
+    stage's loads of outside tensors go through L2 and its flops are spent again (× its reduce size)."""
     out = {}
     seg = set(use.stages)
     for name in use.stages:
@@ -232,21 +275,34 @@ def _completion(graph: PrimGraph, use: SegmentUse, per_block: float, read_bytes:
             continue
         if not (name in graph.outputs or any(c not in seg for c in graph.consumers.get(name, ()))):
             continue
-        stage = graph.stage(name)
-        size = math.prod(stage.shape)
-        if box_size(box) * per_block >= size:
-            continue
-        per_elem = math.prod(stage.reduce)
-        d = l2 = 0
-        for t in stage.inputs:
-            if t not in graph.specs:
-                continue
-            _, loads = load_axes(stage, t)
-            l2 += size * per_elem * loads * graph.specs[t].dtype.itemsize
-            if t not in seg:
+        size = math.prod(graph.stage(name).shape)
+        if box_size(box) * per_block >= size and (use.regions.exact or not _carries_contraction(
+                graph, use.stages, conns, name) or _covered(graph, use, conns, name)):
+            continue  # covered (a cheap stage's recompute is small: only contractions get the exact test)
+        d = l2 = flops = 0.0
+        for x in _ancestors_in(graph, seg, name):
+            stage = graph.stage(x)
+            per_elem = math.prod(stage.reduce)
+            flops += size * per_elem * point_flops(stage)
+            for t in stage.inputs:
+                if t in seg or t not in graph.specs:
+                    continue
+                _, loads = load_axes(stage, t)
+                l2 += size * per_elem * loads * graph.specs[t].dtype.itemsize
                 d += max(0, nbytes(graph, t) - read_bytes.get(t, 0))
-        out[name] = (d, l2, float(size * per_elem * point_flops(stage)))
+        out[name] = (int(d), int(l2), float(flops))
     return out
+
+
+def _ancestors_in(graph: PrimGraph, members: set[str], name: str) -> list[str]:
+    """`name` and every stage of `members` it depends on (what a completion phase inlines)."""
+    todo, seen = [name], []
+    while todo:
+        s = todo.pop()
+        if s not in seen:
+            seen.append(s)
+            todo += [p for p in graph.stage(s).inputs if p in members]
+    return seen
 
 
 def estimate_group(
@@ -288,7 +344,7 @@ def estimate_group(
         shared_traffic += int(use.shared_traffic * per_block)
         flops_fp32 += use.flops_fp32 * per_block
         flops_tc += use.flops_tc * per_block
-        for d, l, f in _completion(graph, use, per_block, read_bytes).values():
+        for d, l, f in _completion(graph, use, per_block, read_bytes, conns).values():
             dram, l2, flops_fp32 = dram + d, l2 + l, flops_fp32 + f
     for name in stages:
         stage = graph.stage(name)

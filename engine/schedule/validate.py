@@ -39,6 +39,7 @@ class Decision:
     ok: bool
     reason: str
     score: float | None = None
+    tiles: tuple = ()  # the merged group's tiles the verdict was reached with (one per segment)
 
 
 def check_group(

@@ -12,7 +12,7 @@ from engine.schedule.stitch import is_dominant, stitch_levels
 
 
 def plan_stitch(graph: PrimGraph, device: Device, options: dict, started: float) -> Plan:
-    conns, reasons, scores, log = connect_greedy(graph, device, "stitch", stitch_levels)
+    conns, reasons, scores, log, _ = connect_greedy(graph, device, "stitch", stitch_levels)
     for e in graph.edges:
         if not stitch_levels(graph, e):
             reasons[e] = "a contraction: stitch leaves it to its own (library) kernel"

@@ -33,6 +33,6 @@ def welder_fallback(graph: PrimGraph, edge: tuple[str, str]) -> list[tuple[Conn,
 
 
 def plan_welder(graph: PrimGraph, device: Device, options: dict, started: float) -> Plan:
-    conns, reasons, scores, log = connect_greedy(graph, device, "welder", welder_levels, welder_fallback)
+    conns, reasons, scores, log, kept = connect_greedy(graph, device, "welder", welder_levels, welder_fallback)
     return assemble(graph, device, conns, policy="welder", mode="welder", reasons=reasons, scores=scores,
-                    decisions=log, options=options, started=started)
+                    decisions=log, options=options, started=started, fixed=kept)

@@ -136,16 +136,17 @@ def test_compile_cli_refuses_a_foreign_plan(tmp_path, capsys):
 
 def test_copies_of_one_inlined_reduction_are_structurally_equal():
     """A mean inlined twice into a variance (x - mean)^2 gets the same loop variable in both copies, so
-    the printer's SSA memo computes it once (names by nesting depth, not a global counter)."""
+    the printer's SSA memo computes it once (names by nesting depth, not a global counter). A completion
+    phase inlines a whole segment like this (a LayerNorm feeding a partially tiled projection)."""
+    from engine.codegen.generate import _resolve
     from engine.codegen.kexpr import Reduce, kwalk
-    from engine.codegen.targets import render_c
 
     graph = load_sample("vit_block")[0]
-    program = generate(policy_plan(graph, "welder"), graph)
-    bodies = [p.body for k in program.kernels for s in k.segments for p in s.phases]
-    reduces = [n for b in bodies for n in kwalk(b) if isinstance(n, Reduce)]
-    assert len(set(reduces)) < len(reduces)
-    assert render_c(program).count("for (int u") < len(reduces)  # one loop per distinct reduction
+    ln = "attn/LayerNormalization_1_out"
+    body = _resolve(graph.stage(f"{ln}::var"), graph, {f"{ln}::mean", f"{ln}::dev"}, {}, {})
+    reduces = [n for n in kwalk(body) if isinstance(n, Reduce)]
+    assert len(reduces) == 2 and len(set(reduces)) == 1  # the mean, once per factor of dev * dev
+    assert reduces[0].vars == ("u1",) and reduces[0].extents == (384,)
 
 
 def test_c_printer_computes_a_broadcast_chain_once_per_tile():
