@@ -76,9 +76,13 @@ def _line_values(body, var: str) -> list:
 
 
 def conv_chunk(cols: int) -> int:
-    """Output columns a C convolution keeps in registers at once: the widest of 32/24/16/8 whose
-    padding of the tile's columns wastes at most an eighth, else 8 (GCC keeps up to four AVX2
-    vectors of partial sums in registers across the channel and tap loops)."""
+    """Output columns a C convolution keeps in registers at once (GCC keeps up to four AVX2 vectors
+    of partial sums in registers across the channel and tap loops): the widest divisor of the tile's
+    columns from 8 to 32 (no partial chunk, whose variable trip count sends the sums to memory), else
+    the widest of 32/24/16 whose padding wastes at most an eighth, else 8."""
+    for v in range(min(cols, 32), 7, -1):
+        if cols % v == 0:
+            return v
     for v in (32, 24, 16):
         if -(-cols // v) * v - cols <= cols / 8:
             return v
@@ -198,7 +202,10 @@ class CPrinter(Printer):
         kk = kh * kw
         lines = self.conv_head(kernel, phase)
         w_lines, w_val = self.conv_operand(kernel, phase, "w")
-        step = c.bc if not c.depthwise else 1
+        direct = self.conv_direct_row(kernel, phase)
+        step = 1 if c.depthwise else c.bc
+        if direct is not None and not c.depthwise and co * c.channels * kk <= _MAX_LINE:
+            step = c.channels  # nothing staged but weights: one step, partial sums stay in registers
         lines += [f"    float st_w[{co * step * kk}], st_x[{step * wh * wwp}], acc[{co * oh * owp}];",
                   f"    for (int q = 0; q < {step * wh * wwp}; ++q) st_x[q] = 0.0f;",
                   f"    for (int q = 0; q < c_n * {oh * owp}; ++q) acc[q] = 0.0f;"]
@@ -206,38 +213,50 @@ class CPrinter(Printer):
         taps = [f"for (int kh = 0; kh < {kh}; ++kh) {{", f"    for (int kw = 0; kw < {kw}; ++kw) {{"]
         taps += ["        " + x for x in self.conv_tap_vars(phase) + w_lines
                  + [f"st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw] = {w_val};"]] + ["    }", "}"]
+        if direct is None:
+            xrow = (f"st_x + (cl * {wh} + oh * {sh} + kh * {dh}) * {wwp} + kw * {dw} + q0 * {sw}", [])
+        else:  # an unpadded plain load: window rows are rows of the tensor, read in place
+            (h, w), chans = c.window_vars, [] if c.depthwise else self.conv_chan_vars(phase, "c0 + cl")
+            xrow = (direct, chans + [f"const int {h} = (oh_lo + oh) * {sh} + kh * {dh}, "
+                                     f"{w} = (ow_lo + q0) * {sw} + kw * {dw};"])
+        mul = f"q * {sw}" if sw != 1 else "q"
         update = ["for (int oh = 0; oh < oh_n; ++oh)",
                   f"for (int q0 = 0; q0 < ow_n; q0 += {v}) {{",
                   f"    float* restrict arow = acc + (col * {oh} + oh) * {owp} + q0;",
+                  f"    const int qn = ow_n - q0 < {v} ? ow_n - q0 : {v};",
                   f"    float r[{v}];",
                   f"    for (int q = 0; q < {v}; ++q) r[q] = arow[q];"]
         update += [] if c.depthwise else ["    for (int cl = 0; cl < c_k; ++cl)"]
         update += [f"    for (int kh = 0; kh < {kh}; ++kh)",
-                  f"    for (int kw = 0; kw < {kw}; ++kw) {{",
-                  f"        const float a = st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw];",
-                  f"        const float* restrict xrow = st_x + (cl * {wh} + oh * {sh} + kh * {dh}) * {wwp} + kw * {dw} "
-                  f"+ q0 * {sw};",
-                  "        #pragma omp simd",
-                  f"        for (int q = 0; q < {v}; ++q) r[q] += a * xrow[q{' * ' + str(sw) if sw != 1 else ''}];",
-                  "    }",
-                  f"    for (int q = 0; q < {v}; ++q) arow[q] = r[q];",
-                  "}"]
+                   f"    for (int kw = 0; kw < {kw}; ++kw) {{",
+                   f"        const float a = st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw];"]
+        update += ["        " + x for x in xrow[1]]
+        update += [f"        const float* restrict xrow = {xrow[0]};"]
+        if direct is None:  # the staged window is padded: whole chunks are safe to read
+            update += ["        #pragma omp simd", f"        for (int q = 0; q < {v}; ++q) r[q] += a * xrow[{mul}];"]
+        else:  # the tensor is not: a partial last chunk reads only its live columns
+            update += [f"        if (qn == {v}) {{", "            #pragma omp simd",
+                       f"            for (int q = 0; q < {v}; ++q) r[q] += a * xrow[{mul}];", "        } else {",
+                       "            #pragma omp simd", f"            for (int q = 0; q < qn; ++q) r[q] += a * xrow[{mul}];", "        }"]
+        update += ["    }", f"    for (int q = 0; q < {v}; ++q) arow[q] = r[q];", "}"]
+        if direct is not None:
+            window = []
         if c.depthwise:
             body = ["const int i1 = c_lo + col, cl = 0;"] + window + taps + update
             lines += ["    for (int col = 0; col < c_n; ++col) {"] + ["        " + x for x in body] + ["    }"]
         else:
             chans = self.conv_chan_vars(phase, "c0 + cl")
             lines += [f"    for (int c0 = 0; c0 < {c.channels}; c0 += {step}) {{",
-                      f"        const int c_k = {c.channels} - c0 < {step} ? {c.channels} - c0 : {step};",
-                      "        for (int cl = 0; cl < c_k; ++cl) {"]
-            lines += ["            " + x for x in chans + window]
-            lines += ["        }", "        for (int col = 0; col < c_n; ++col) {",
+                      f"        const int c_k = {c.channels} - c0 < {step} ? {c.channels} - c0 : {step};"]
+            if window:
+                lines += ["        for (int cl = 0; cl < c_k; ++cl) {"]
+                lines += ["            " + x for x in chans + window] + ["        }"]
+            lines += ["        for (int col = 0; col < c_n; ++col) {",
                       "            const int i1 = c_lo + col;",
                       "            for (int cl = 0; cl < c_k; ++cl) {"]
             lines += ["                " + x for x in chans + taps]
             lines += ["            }", "        }", "        for (int col = 0; col < c_n; ++col)"]
-            lines += ["        " + x for x in update]
-            lines += ["    }"]
+            lines += ["        {"] + ["            " + x for x in update] + ["        }", "    }"]
         epilogue = self.gemm_epilogue(kernel, phase, f"acc[(col * {oh} + oh) * {owp} + q]")
         lines += ["    for (int col = 0; col < c_n; ++col) {",
                   "        const int i1 = c_lo + col;",
@@ -249,6 +268,22 @@ class CPrinter(Printer):
         lines += ["                " + x for x in epilogue]
         lines += ["            }", "        }", "    }", "}"]
         return lines
+
+    def conv_direct_row(self, kernel: Kernel, phase: Phase) -> str | None:
+        """Address of the input factor at (cwh, cww) when the factor is one unpadded load whose last
+        index is cww plus a constant and no other index holds cww: a window row is then a row of the
+        tensor itself (strided by the conv's column stride) and needs no staging."""
+        c = phase.conv
+        x = c.x
+        if not isinstance(x, E.Load) or x.pad is not None or not x.index or not x.dtype.is_float \
+                or x.dtype != DType.F32:
+            return None
+        w = c.window_vars[1]
+        last = x.index[-1]
+        if last.terms != ((I.Var(w), 1),) or any(w in ix.vars() for ix in x.index[:-1]):
+            return None
+        ssa = BodyWriter(self, kernel, self.conv_ranges(phase))
+        return f"{x.tensor} + {ssa.offset(kernel.buffer(x.tensor), x.index)}"
 
     def conv_stage_window(self, kernel: Kernel, phase: Phase, wwp: int) -> list[str]:
         """Lines staging channel `cl`'s input window (row stride wwp). Where the window's interior is
