@@ -104,9 +104,10 @@ def _library_call(kernel, env: dict, stages: Mapping):
     stage = stages[kernel.stages[0]]
     phases = [p for seg in kernel.segments for p in seg.phases]
     if len(phases) == 1 and phases[0].conv is not None:
-        call = _im2col_call(kernel, phases[0].conv, env, stage.name)
-        if call is not None:
-            return call
+        # Dense: im2col + BLAS (measured 3-6x faster than the generated direct conv, whose plan tiles
+        # hold one output channel). Otherwise the generated direct conv: a depthwise 3x3 on 192x56x56
+        # took 1.0 ms generated, 4.6 ms as NumPy tap slices, 93 ms through einsum (one thread).
+        return _im2col_call(kernel, phases[0].conv, env, stage.name)
 
     def call():
         env[stage.name][...] = eval_stage(stage, env)
@@ -125,27 +126,28 @@ def _plain_load(e, kernel):
 
 
 def _im2col_call(kernel, conv, env: dict, out: str):
-    """A lone direct convolution through NumPy: the padded input's sliding windows (a strided view,
-    no copy) gathered into columns and multiplied with the weight matrix by BLAS (dense), or one
-    scaled window slice per tap (depthwise). Geometry comes from the kernel's Conv (index
-    expressions), not ONNX attributes; None where the factors are not plain loads in NCHW order."""
+    """A lone dense convolution through NumPy: the padded input's sliding windows (a strided view,
+    no copy) gathered into columns and multiplied with the weight matrix by BLAS. Geometry comes from
+    the kernel's Conv (index expressions), not ONNX attributes; None for a depthwise conv or factors
+    that are not plain loads in NCHW order."""
     from numpy.lib.stride_tricks import sliding_window_view
 
     from engine.ir import index as I
 
+    if conv.depthwise:
+        return None
     xl, wl = _plain_load(conv.x, kernel), _plain_load(conv.w, kernel)
     if xl is None or wl is None or len(xl[1]) != 4 or len(wl[1]) != 4:
         return None
     (xt, xi), (wt, wi) = xl, wl
-    chan = I.var(conv.chan_vars[0]) if len(conv.chan_vars) == 1 else (I.var("i1") if conv.depthwise else None)
+    chan = I.var(conv.chan_vars[0]) if len(conv.chan_vars) == 1 else None
     taps = tuple(I.var(v) if v else I.const(0) for v in conv.tap_vars)
     offsets = []
     for ix, v in zip(xi[2:], conv.window_vars):
         if ix.vars() != {v} or ix.terms[0][1] != 1:
             return None
         offsets.append(ix.const)
-    if chan is None or xi[0] != I.var("i0") or xi[1] != chan or wi != (I.var("i1"), chan if not conv.depthwise
-                                                                     else I.const(0), *taps):
+    if chan is None or xi[0] != I.var("i0") or xi[1] != chan or wi != (I.var("i1"), chan, *taps):
         return None
     x, w, y = env[xt], env[wt], env[out]
     n, c_in, h, wd = x.shape
@@ -161,13 +163,6 @@ def _im2col_call(kernel, conv, env: dict, out: str):
         xp = xp[:, :, starts[0]:starts[0] + span[0], starts[1]:starts[1] + span[1]]
         win = sliding_window_view(xp, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
         win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # [n, c, ho, wo, kh, kw]
-        if conv.depthwise:
-            acc = np.zeros((n, co, ho, wo), y.dtype)
-            for a in range(kh):
-                for b in range(kw):
-                    acc += win[..., a, b] * wmat[:, a * kw + b][None, :, None, None]
-            y[...] = acc
-        else:
-            cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, c_in * kh * kw, ho * wo)
-            y[...] = np.matmul(wmat, cols).reshape(n, co, ho, wo)
+        cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, c_in * kh * kw, ho * wo)
+        y[...] = np.matmul(wmat, cols).reshape(n, co, ho, wo)
     return call

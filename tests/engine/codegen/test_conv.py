@@ -134,9 +134,11 @@ def test_sample_convs_are_direct_and_vectorised(name, policy):
     assert "#pragma omp simd\n" in c and "r[q] += a * xrow[q" in c
 
 
-def _im2col_kernels(program, graph, env):
-    return [k.name for k in program.kernels if _library_call(k, env, graph.stage_map) is not None
-            and _phases_of(k)[0].conv is not None and _im2col_call(k, _phases_of(k)[0].conv, env, k.stages[0])]
+def _library_kernels(program, graph, env):
+    """Names of the kernels library mode runs through NumPy, and of those the im2col ones."""
+    lib = [k for k in program.kernels if _library_call(k, env, graph.stage_map) is not None]
+    return ([k.name for k in lib], [k.name for k in lib if _phases_of(k)[0].conv is not None
+                                    and _im2col_call(k, _phases_of(k)[0].conv, env, k.stages[0])])
 
 
 def _phases_of(kernel):
@@ -145,23 +147,27 @@ def _phases_of(kernel):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_library_mode_im2col_matches_reference(tmp_path, case):
-    """A lone conv kernel in library mode runs as im2col + BLAS (depthwise: a slice per tap)."""
+    """A lone dense conv kernel in library mode runs as im2col + BLAS; a depthwise one as the
+    generated direct conv (faster than NumPy's forms), never through the einsum."""
     x_shape, co, kernel, attrs, tile = CASES[case]
     graph = load_graph(_conv_model(tmp_path / "conv.onnx", x_shape, co, kernel, **attrs))
     program = generate(_plan(graph, tile, fuse=False), graph)
     x = np.random.default_rng(12).standard_normal(x_shape).astype(np.float32)
     env = bind_buffers(program, graph.specs, {"x": x}, graph.weights)
-    assert len(_im2col_kernels(program, graph, env)) == 1
+    lib, im2col = _library_kernels(program, graph, env)
+    assert lib == im2col and len(im2col) == (0 if "group" in attrs else 1)
     outs, _ = run_cpu(compile_program_c(program), graph.specs, {"x": x}, graph.weights, library=graph.stage_map)
     assert max_rel_error(outs["y"], run_reference(graph, {"x": x})["y"]) < TOL
 
 
 @pytest.mark.parametrize("name", ["conv_bn_relu", "mobilenetv2_block"])
 def test_library_mode_runs_sample_convs_through_im2col(name):
-    """Every lone conv kernel of the stitch plan goes the im2col way and the model matches onnxruntime."""
+    """Every lone dense conv kernel of the stitch plan goes the im2col way, the depthwise one runs
+    generated, and the model matches onnxruntime."""
     graph, inputs, expected = load_sample(name)
     program = generate(policy_plan(graph, "stitch"), graph)
     env = bind_buffers(program, graph.specs, inputs, graph.weights)
-    assert len(_im2col_kernels(program, graph, env)) == 3
+    _, im2col = _library_kernels(program, graph, env)
+    assert len(im2col) == (3 if name == "conv_bn_relu" else 2)
     outs, _ = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights, library=graph.stage_map)
     assert max(rel_error(outs[k], expected[k]) for k in expected) < TOL
