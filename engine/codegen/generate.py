@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 
+from engine.codegen.conv import conv_of
 from engine.codegen.kexpr import Guard, InBounds, Reduce, free_vars, kmap, kwalk, map_indices, substitute_body
 from engine.codegen.kir import Buffer, Gemm, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
 from engine.device import Device, get_device, resident_blocks_per_sm
@@ -44,8 +45,8 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100") -> Pro
     kernels, launches = [], []
     for group in _launch_order(plan, graph):
         kernel = _build_kernel(group, graph, conns)
-        if kernel.shared_bytes > device.max_smem_per_block_bytes and kernel.gemms:
-            kernel = _build_kernel(group, graph, conns, tiled=False)  # no room left to stage GEMM tiles
+        if kernel.shared_bytes > device.max_smem_per_block_bytes and (kernel.gemms or kernel.convs):
+            kernel = _build_kernel(group, graph, conns, tiled=False)  # no room left to stage GEMM/conv tiles
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
                             f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",
@@ -164,7 +165,7 @@ def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True) -> 
     for tile, names in _segments(group, graph, conns):
         seg = _build_segment(tile, names, graph, conns, members, params, locals_, group.name)
         if tiled:
-            seg = _map_gemm(seg, tile, threads, graph)
+            seg = _map_conv(_map_gemm(seg, tile, threads, graph), threads, graph)
         segments.append(seg)
     segments = [_map_lanes(seg, threads) for seg in segments]
     origin = tuple(dict.fromkeys(o for s in group.stages for o in graph.stage(s).origin))
@@ -178,7 +179,7 @@ def _map_lanes(seg: Segment, threads: int) -> Segment:
     phases = []
     for p in seg.phases:
         lanes = 1
-        if p.combine is not None and p.gemm is None and not p.region.flat and p.dtype.is_float and threads % 32 == 0 \
+        if p.combine is not None and p.gemm is None and p.conv is None and not p.region.flat and p.dtype.is_float and threads % 32 == 0 \
                 and p.combine.value in ("sum", "max", "min", "prod"):
             rows = int(np.prod(p.region.extent, dtype=np.int64))
             want = max(1, threads // max(rows, 1))
@@ -205,6 +206,17 @@ def _map_gemm(seg: Segment, tile: Tile, threads: int, graph: PrimGraph) -> Segme
     return dataclasses.replace(seg, phases=tuple(phases))
 
 
+def _map_conv(seg: Segment, threads: int, graph: PrimGraph) -> Segment:
+    """Phases (not already GEMMs) whose contraction reads its input through sliding windows become
+    direct convolutions (engine/codegen/conv.py)."""
+    phases = []
+    for p in seg.phases:
+        found = None if p.gemm is not None or p.region.flat else _contraction_of(p, graph)
+        conv = conv_of(p, found, _factors(found[1]) if found else None, threads) if found else None
+        phases.append(dataclasses.replace(p, conv=conv) if conv else p)
+    return dataclasses.replace(seg, phases=tuple(phases))
+
+
 def _top_reduces(body) -> list[Reduce]:
     """Inlined reductions not nested in a guard or another reduction (evaluated once per element)."""
     found, stack = [], [body]
@@ -217,19 +229,27 @@ def _top_reduces(body) -> list[Reduce]:
     return found
 
 
+def _contraction_of(p: Phase, graph: PrimGraph) -> tuple | None:
+    """(target, summand, reduce vars, extents) of the phase's sum of products: the phase itself (a
+    contraction stage) or the one such sum inlined at the top of its body (target: that Reduce)."""
+    if p.combine is not None:
+        if graph.stage(p.stage).kind != StageKind.CONTRACTION or p.combine.value != "sum":
+            return None
+        return None, p.body, tuple(f"r{k}" for k in range(len(p.reduce))), p.reduce
+    found = [r for r in _top_reduces(p.body) if r.combine.value == "sum" and _factors(r.body) is not None]
+    if len(found) != 1:
+        return None
+    return found[0], found[0].body, found[0].vars, found[0].extents
+
+
 def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None:
     region = p.region
     if region.flat or region.rank < 2 or any(e != 1 for e in region.extent[:-2]) or not p.dtype.is_float:
         return None
-    if p.combine is not None:
-        if graph.stage(p.stage).kind != StageKind.CONTRACTION or p.combine.value != "sum":
-            return None
-        target, body, names, extents = None, p.body, tuple(f"r{k}" for k in range(len(p.reduce))), p.reduce
-    else:
-        found = [r for r in _top_reduces(p.body) if r.combine.value == "sum" and _factors(r.body) is not None]
-        if len(found) != 1:
-            return None
-        target, body, names, extents = found[0], found[0].body, found[0].vars, found[0].extents
+    found = _contraction_of(p, graph)
+    if found is None:
+        return None
+    target, body, names, extents = found
     split = _factors(body)
     if split is None:
         return None

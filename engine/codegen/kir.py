@@ -128,6 +128,63 @@ class Gemm:
 
 
 @dataclass(frozen=True)
+class Conv:
+    """A contraction run as a direct convolution over a phase's region (batch axes one-wide, then the
+    output channel axis, then two spatial axes): out[c, oh, ow] = sum over (ci, kh, kw) of
+    x(ci, s*oh + d*kh, s*ow + d*kw) * w(c, ci, kh, kw). The block's tile is (channels x pixels); per
+    step of `bc` input channels it stages the input window (with halo; the factor's own pad guards
+    give the zero fill) and the weights of its channels into BLOCK buffers, then each of the tx x ty
+    threads accumulates a tm (channels) x tn (pixels) register micro-tile. `depthwise`: the window is
+    the block's own channels (no reduction over channels). The epilogue is the GEMM's."""
+
+    x: Expr  # input factor over the batch axes, `chan_vars` (or the channel axis) and `window_vars`
+    w: Expr  # weight factor over the channel axis, `chan_vars` and `tap_vars`
+    target: object | None  # kexpr.Reduce inlined in the phase body, or None: the phase is the contraction
+    chan_vars: tuple[str, ...]  # reduction over input channels (empty when depthwise)
+    chan_extents: tuple[int, ...]
+    tap_vars: tuple[str, str]  # reduction over kernel taps per spatial axis
+    taps: tuple[int, int]
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    window_vars: tuple[str, str]  # input position s*o + d*k per spatial axis (the loads' offsets kept)
+    depthwise: bool
+    out: tuple[int, int, int]  # region capacity: channels, output rows, output columns
+    bc: int  # channels per staging step (dense) or channels staged (depthwise, ty*tm)
+    tm: int
+    tn: int
+    tx: int
+    ty: int
+
+    @property
+    def channels(self) -> int:
+        n = 1
+        for e in self.chan_extents:
+            n *= e
+        return n
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """Rows and columns of the staged input window (capacity, halo included)."""
+        return tuple((o - 1) * s + (k - 1) * d + 1
+                     for o, s, k, d in zip(self.out[1:], self.strides, self.taps, self.dilations))
+
+    @property
+    def a_elems(self) -> int:  # staged weights
+        per = self.taps[0] * self.taps[1]
+        return self.ty * self.tm * per * (1 if self.depthwise else self.bc)
+
+    @property
+    def b_elems(self) -> int:  # staged input window
+        return self.bc * self.window[0] * self.window[1]
+
+    def describe(self) -> str:
+        kind = "depthwise conv" if self.depthwise else f"direct conv, {self.channels} channels step {self.bc}"
+        return (f"{kind} {self.taps[0]}x{self.taps[1]} stride {self.strides[0]}x{self.strides[1]}, "
+                f"{self.out[0]} channels x {self.out[1]}x{self.out[2]} pixels, "
+                f"{self.tm}x{self.tn} per thread on {self.ty}x{self.tx} threads")
+
+
+@dataclass(frozen=True)
 class Phase:
     """Every thread of the block computes elements of `stage` over its region for the current tile:
     `value = combine over reduce of body` with loads resolved against the kernel's buffers (producers
@@ -142,12 +199,13 @@ class Phase:
     combine: Combine | None = None
     threads_per_row: int = 1  # >1: threads of a row split the reduction and combine in a tree
     gemm: Gemm | None = None  # set: the contraction in this phase runs as a tiled GEMM
+    conv: Conv | None = None  # set: the contraction in this phase runs as a direct convolution
 
     def describe(self) -> str:
         red = f" {self.combine.value} over {list(self.reduce)}" if self.combine else ""
         from engine.codegen.kexpr import kformat
 
-        tiled = f" [{self.gemm.describe()}]" if self.gemm else ""
+        tiled = f" [{(self.gemm or self.conv).describe()}]" if self.gemm or self.conv else ""
         return f"{self.stage}{red} = {kformat(self.body)} -> {', '.join(self.stores)}{tiled}"
 
 
@@ -188,10 +246,15 @@ class Kernel:
         return tuple(p.gemm for s in self.segments for p in s.phases if p.gemm is not None)
 
     @property
+    def convs(self) -> tuple[Conv, ...]:
+        return tuple(p.conv for s in self.segments for p in s.phases if p.conv is not None)
+
+    @property
     def staging(self) -> tuple[int, int]:
-        """Floats of the GEMM staging buffers st_a, st_b (shared by the kernel's tiled phases), placed
-        in shared memory after the BLOCK buffers."""
-        return (max((g.a_elems for g in self.gemms), default=0), max((g.b_elems for g in self.gemms), default=0))
+        """Floats of the GEMM/conv staging buffers st_a, st_b (shared by the kernel's tiled phases),
+        placed in shared memory after the BLOCK buffers."""
+        tiled = self.gemms + self.convs
+        return (max((g.a_elems for g in tiled), default=0), max((g.b_elems for g in tiled), default=0))
 
     @property
     def locals_bytes(self) -> int:

@@ -203,6 +203,8 @@ class Printer:
     def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         if phase.gemm is not None:
             return self.render_gemm_phase(kernel, phase)
+        if phase.conv is not None:
+            return self.render_conv_phase(kernel, phase)
         tag = "p"
         lines = [f"{{  // {phase.stage}"]
         owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
@@ -291,8 +293,9 @@ class Printer:
         return outer.lines, inner.lines, value
 
     def gemm_epilogue(self, kernel: Kernel, phase: Phase, acc: str) -> list[str]:
-        """The phase body at (i_m, i_n) with the contraction replaced by the accumulator; the stores."""
-        g = phase.gemm
+        """The phase body at (i_m, i_n) with the contraction replaced by the accumulator; the stores
+        (also the direct convolution's epilogue)."""
+        g = phase.gemm or phase.conv
         r = phase.region.rank
         ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
         ssa = BodyWriter(self, kernel, ranges)
@@ -366,6 +369,125 @@ class Printer:
                   "            if (mm < m_n && nn < n_n) {",
                   f"                const int {m} = m_lo + mm, {n} = n_lo + nn;"]
         lines += ["                " + x for x in self.gemm_epilogue(kernel, phase, f"acc[x * {g.tn} + y]")]
+        lines += ["            }", "        }", "    }", "}"]
+        return lines
+
+    # ---- direct convolution ----------------------------------------------------------------
+    def conv_head(self, kernel: Kernel, phase: Phase) -> list[str]:
+        """Region bounds of a convolution phase: the batch index, the first and live count of the
+        block's channels (c_lo, c_n), output rows and columns, and the live window rows/columns."""
+        c = phase.conv
+        owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
+        tag = owner.name if owner is not None else "p"
+        lines = [f"{{  // {phase.stage}: {c.describe()}"]
+        if owner is None:
+            lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
+        (sh, sw), (kh, kw), (dh, dw) = c.strides, c.taps, c.dilations
+        return lines + [
+            f"    const int i0 = {tag}_lo0;",
+            f"    const int c_lo = {tag}_lo1, c_n = {tag}_hi1 - c_lo;",
+            f"    const int oh_lo = {tag}_lo2, oh_n = {tag}_hi2 - oh_lo;",
+            f"    const int ow_lo = {tag}_lo3, ow_n = {tag}_hi3 - ow_lo;",
+            f"    const int wh_n = (oh_n - 1) * {sh} + {(kh - 1) * dh + 1}, ww_n = (ow_n - 1) * {sw} + {(kw - 1) * dw + 1};"]
+
+    def conv_ranges(self, phase: Phase) -> dict:
+        c = phase.conv
+        ranges = self.phase_ranges(phase)
+        ranges.update({v: (0, n - 1) for v, n in zip(c.chan_vars, c.chan_extents)})
+        ranges.update({v: (0, n - 1) for v, n in zip(c.tap_vars, c.taps) if v})
+        for v, size, s, k, d in zip(c.window_vars, phase.region.shape[2:], c.strides, c.taps, c.dilations):
+            ranges[v] = (0, s * (size - 1) + d * (k - 1))
+        return ranges
+
+    def conv_operand(self, kernel: Kernel, phase: Phase, which: str, ranges: dict | None = None) -> tuple[list[str], str]:
+        """(lines, value) of the input factor (at window position cwh, cww) or the weight factor;
+        `ranges` narrows the variables (the window's interior, where pad checks drop out)."""
+        ssa = BodyWriter(self, kernel, self.conv_ranges(phase) | (ranges or {}))
+        value = ssa.value(phase.conv.x if which == "x" else phase.conv.w)
+        return ssa.lines, value
+
+    def conv_window_coords(self, phase: Phase) -> list[str]:
+        """Window variables of staged row hh, column ww (the factor's index offsets stay in its loads)."""
+        c = phase.conv
+        (h, w), (sh, sw) = c.window_vars, c.strides
+        return [f"const int {h} = oh_lo * {sh} + hh, {w} = ow_lo * {sw} + ww;"]
+
+    def conv_chan_vars(self, phase: Phase, flat: str) -> list[str]:
+        c = phase.conv
+        return unflatten(c.chan_vars, c.chan_extents, flat)
+
+    def conv_tap_vars(self, phase: Phase) -> list[str]:
+        c = phase.conv
+        return [f"const int {v} = {k};" for v, k in zip(c.tap_vars, ("kh", "kw")) if v]
+
+    def render_conv_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
+        """Per step of bc input channels (one step of the block's own channels when depthwise) the
+        threads stage the input window, halo and zero padding included, and their channels' weights,
+        barrier, then each thread accumulates its tm channels x tn pixels (pixels strided by tx, so
+        neighbouring threads read neighbouring window columns) in registers, barrier; the epilogue
+        runs per element after the last step."""
+        c = phase.conv
+        (kh, kw), (dh, dw) = c.taps, c.dilations
+        wh, ww = c.window
+        kk, plane = kh * kw, wh * ww
+        lines = self.conv_head(kernel, phase)
+        x_lines, x_val = self.conv_operand(kernel, phase, "x")
+        w_lines, w_val = self.conv_operand(kernel, phase, "w")
+        lines += [f"    const int g_tx = {self.thread_id} % {c.tx}, g_ty = {self.thread_id} / {c.tx};",
+                  f"    float acc[{c.tm * c.tn}];",
+                  f"    int pix[{c.tn}];",
+                  f"    for (int q = 0; q < {c.tm * c.tn}; ++q) acc[q] = 0.0f;",
+                  f"    for (int y = 0; y < {c.tn}; ++y) {{",
+                  f"        const int q = g_tx + y * {c.tx};",
+                  f"        pix[y] = q < oh_n * ow_n ? (q / ow_n) * {c.strides[0] * ww} + (q % ow_n) * {c.strides[1]} : 0;",
+                  "    }"]
+        dense = not c.depthwise
+        step = c.bc if dense else 1
+        total = c.channels if dense else 1
+        lines += [f"    for (int c0 = 0; c0 < {total}; c0 += {step}) {{",
+                  "        " + self.thread_loop("e", str(c.b_elems)) + " {",
+                  f"            const int cl = e / {plane}, hh = (e / {ww}) % {wh}, ww = e % {ww};",
+                  "            float val = 0.0f;",
+                  (f"            if (c0 + cl < {total} && hh < wh_n && ww < ww_n) {{" if dense else
+                   "            if (cl < c_n && hh < wh_n && ww < ww_n) {")]
+        inner = (self.conv_chan_vars(phase, "c0 + cl") if dense else ["const int i1 = c_lo + cl;"])
+        inner += self.conv_window_coords(phase) + x_lines + [f"val = {x_val};"]
+        lines += ["                " + x for x in inner]
+        lines += ["            }", "            st_b[e] = val;", "        }",
+                  "        " + self.thread_loop("e", str(c.a_elems)) + " {",
+                  f"            const int col = e / {kk * step}, cl = (e / {kk}) % {step}, kh = (e % {kk}) / {kw}, "
+                  f"kw = e % {kw};",
+                  "            float val = 0.0f;",
+                  f"            if (col < c_n && c0 + cl < {total}) {{",
+                  "                const int i1 = c_lo + col;"]
+        inner = (self.conv_chan_vars(phase, "c0 + cl") if dense else []) + self.conv_tap_vars(phase)
+        lines += ["                " + x for x in inner + w_lines + [f"val = {w_val};"]]
+        lines += ["            }", "            st_a[e] = val;", "        }",
+                  f"        {self.block_barrier}",
+                  f"        for (int cl = 0; cl < {step}; ++cl)",
+                  f"        for (int kh = 0; kh < {kh}; ++kh)",
+                  f"        for (int kw = 0; kw < {kw}; ++kw) {{",
+                  f"            float rw[{c.tm}];",
+                  f"            for (int x = 0; x < {c.tm}; ++x) rw[x] = st_a[((g_ty * {c.tm} + x) * {step} + cl) * {kk} "
+                  f"+ kh * {kw} + kw];"]
+        if dense:
+            lines += [f"            const int xo = cl * {plane} + kh * {dh * ww} + kw * {dw};",
+                      f"            for (int y = 0; y < {c.tn}; ++y) {{",
+                      "                const float xv = st_b[xo + pix[y]];",
+                      f"                for (int x = 0; x < {c.tm}; ++x) acc[x * {c.tn} + y] += rw[x] * xv;",
+                      "            }"]
+        else:
+            lines += [f"            for (int x = 0; x < {c.tm}; ++x) {{",
+                      f"                const int xo = (g_ty * {c.tm} + x) * {plane} + kh * {dh * ww} + kw * {dw};",
+                      f"                for (int y = 0; y < {c.tn}; ++y) acc[x * {c.tn} + y] += rw[x] * st_b[xo + pix[y]];",
+                      "            }"]
+        lines += ["        }", f"        {self.block_barrier}", "    }",
+                  f"    for (int x = 0; x < {c.tm}; ++x) {{",
+                  f"        for (int y = 0; y < {c.tn}; ++y) {{",
+                  f"            const int col = g_ty * {c.tm} + x, q = g_tx + y * {c.tx};",
+                  "            if (col < c_n && q < oh_n * ow_n) {",
+                  "                const int i1 = c_lo + col, i2 = oh_lo + q / ow_n, i3 = ow_lo + q % ow_n;"]
+        lines += ["                " + x for x in self.gemm_epilogue(kernel, phase, f"acc[x * {c.tn} + y]")]
         lines += ["            }", "        }", "    }", "}"]
         return lines
 
@@ -448,6 +570,18 @@ class Printer:
         if "e" not in text and "." not in text:
             text += ".0"
         return f"{text}f" if v >= 0 else f"({text}f)"
+
+
+def unflatten(names, extents, flat: str) -> list[str]:
+    """Lines defining variables `names` (row-major over `extents`) from the flat index `flat`."""
+    out, inner, total = [], 1, 1
+    for n in extents:
+        total *= n
+    for v, n in reversed(list(zip(names, extents))):
+        text = flat if inner == 1 else f"({flat} / {inner})"
+        out.append(f"const int {v} = {text};" if inner * n == total else f"const int {v} = {text} % {n};")
+        inner *= n
+    return out[::-1]
 
 
 def _limits(ct: str, inf: str) -> tuple[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from engine.codegen.conv import window_interior
 from engine.codegen.kexpr import Guard, Reduce, free_vars, kwalk
 from engine.codegen.kir import Kernel, Phase, Program, Segment
 from engine.codegen.printer import BodyWriter, Printer
@@ -72,6 +73,20 @@ def _line_values(body, var: str) -> list:
             continue
         stack.extend(E.children(e))
     return found
+
+
+def conv_chunk(cols: int) -> int:
+    """Output columns a C convolution keeps in registers at once (GCC keeps up to four AVX2 vectors
+    of partial sums in registers across the channel and tap loops): the widest divisor of the tile's
+    columns from 8 to 32 (no partial chunk, whose variable trip count sends the sums to memory), else
+    the widest of 32/24/16 whose padding wastes at most an eighth, else 8."""
+    for v in range(min(cols, 32), 7, -1):
+        if cols % v == 0:
+            return v
+    for v in (32, 24, 16):
+        if -(-cols // v) * v - cols <= cols / 8:
+            return v
+    return 8
 
 
 class CPrinter(Printer):
@@ -170,6 +185,134 @@ class CPrinter(Printer):
         lines += ["        }", "    }", "}"]
         return lines
 
+    def render_conv_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
+        """The block's threads run one after another, so their register micro-tiles together are one
+        block-wide accumulator (channels x rows x columns, columns padded to chunks of `v`): per step
+        of input channels (per channel when depthwise) stage the window and the weights, then for each
+        chunk of v output columns keep the partial sums in registers across every (channel, tap) of
+        the step, adding weight x shifted window row (vectorised along the columns). Each element
+        still sums its (ci, kh, kw) terms in order."""
+        c = phase.conv
+        (sh, sw), (kh, kw), (dh, dw) = c.strides, c.taps, c.dilations
+        wh, ww = c.window
+        co, oh, ow = c.out
+        v = conv_chunk(ow)
+        owp = -(-ow // v) * v
+        wwp = max(ww, (owp - 1) * sw + (kw - 1) * dw + 1)  # chunks past the last column read zeros
+        kk = kh * kw
+        lines = self.conv_head(kernel, phase)
+        w_lines, w_val = self.conv_operand(kernel, phase, "w")
+        direct = self.conv_direct_row(kernel, phase)
+        step = 1 if c.depthwise else c.bc
+        if direct is not None and not c.depthwise and co * c.channels * kk <= _MAX_LINE:
+            step = c.channels  # nothing staged but weights: one step, partial sums stay in registers
+        lines += [f"    float st_w[{co * step * kk}], st_x[{step * wh * wwp}], acc[{co * oh * owp}];",
+                  f"    for (int q = 0; q < {step * wh * wwp}; ++q) st_x[q] = 0.0f;",
+                  f"    for (int q = 0; q < c_n * {oh * owp}; ++q) acc[q] = 0.0f;"]
+        window = self.conv_stage_window(kernel, phase, wwp)
+        taps = [f"for (int kh = 0; kh < {kh}; ++kh) {{", f"    for (int kw = 0; kw < {kw}; ++kw) {{"]
+        taps += ["        " + x for x in self.conv_tap_vars(phase) + w_lines
+                 + [f"st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw] = {w_val};"]] + ["    }", "}"]
+        if direct is None:
+            xrow = (f"st_x + (cl * {wh} + oh * {sh} + kh * {dh}) * {wwp} + kw * {dw} + q0 * {sw}", [])
+        else:  # an unpadded plain load: window rows are rows of the tensor, read in place
+            (h, w), chans = c.window_vars, [] if c.depthwise else self.conv_chan_vars(phase, "c0 + cl")
+            xrow = (direct, chans + [f"const int {h} = (oh_lo + oh) * {sh} + kh * {dh}, "
+                                     f"{w} = (ow_lo + q0) * {sw} + kw * {dw};"])
+        mul = f"q * {sw}" if sw != 1 else "q"
+        update = ["for (int oh = 0; oh < oh_n; ++oh)",
+                  f"for (int q0 = 0; q0 < ow_n; q0 += {v}) {{",
+                  f"    float* restrict arow = acc + (col * {oh} + oh) * {owp} + q0;",
+                  f"    const int qn = ow_n - q0 < {v} ? ow_n - q0 : {v};",
+                  f"    float r[{v}];",
+                  f"    for (int q = 0; q < {v}; ++q) r[q] = arow[q];"]
+        update += [] if c.depthwise else ["    for (int cl = 0; cl < c_k; ++cl)"]
+        update += [f"    for (int kh = 0; kh < {kh}; ++kh)",
+                   f"    for (int kw = 0; kw < {kw}; ++kw) {{",
+                   f"        const float a = st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw];"]
+        update += ["        " + x for x in xrow[1]]
+        update += [f"        const float* restrict xrow = {xrow[0]};"]
+        if direct is None:  # the staged window is padded: whole chunks are safe to read
+            update += ["        #pragma omp simd", f"        for (int q = 0; q < {v}; ++q) r[q] += a * xrow[{mul}];"]
+        else:  # the tensor is not: a partial last chunk reads only its live columns
+            update += [f"        if (qn == {v}) {{", "            #pragma omp simd",
+                       f"            for (int q = 0; q < {v}; ++q) r[q] += a * xrow[{mul}];", "        } else {",
+                       "            #pragma omp simd", f"            for (int q = 0; q < qn; ++q) r[q] += a * xrow[{mul}];", "        }"]
+        update += ["    }", f"    for (int q = 0; q < {v}; ++q) arow[q] = r[q];", "}"]
+        if direct is not None:
+            window = []
+        if c.depthwise:
+            body = ["const int i1 = c_lo + col, cl = 0;"] + window + taps + update
+            lines += ["    for (int col = 0; col < c_n; ++col) {"] + ["        " + x for x in body] + ["    }"]
+        else:
+            chans = self.conv_chan_vars(phase, "c0 + cl")
+            lines += [f"    for (int c0 = 0; c0 < {c.channels}; c0 += {step}) {{",
+                      f"        const int c_k = {c.channels} - c0 < {step} ? {c.channels} - c0 : {step};"]
+            if window:
+                lines += ["        for (int cl = 0; cl < c_k; ++cl) {"]
+                lines += ["            " + x for x in chans + window] + ["        }"]
+            lines += ["        for (int col = 0; col < c_n; ++col) {",
+                      "            const int i1 = c_lo + col;",
+                      "            for (int cl = 0; cl < c_k; ++cl) {"]
+            lines += ["                " + x for x in chans + taps]
+            lines += ["            }", "        }", "        for (int col = 0; col < c_n; ++col)"]
+            lines += ["        {"] + ["            " + x for x in update] + ["        }", "    }"]
+        epilogue = self.gemm_epilogue(kernel, phase, f"acc[(col * {oh} + oh) * {owp} + q]")
+        lines += ["    for (int col = 0; col < c_n; ++col) {",
+                  "        const int i1 = c_lo + col;",
+                  "        for (int oh = 0; oh < oh_n; ++oh) {",
+                  "            const int i2 = oh_lo + oh;"]
+        if not any(x.lstrip().startswith("for (") for x in epilogue):
+            lines.append("            #pragma omp simd")
+        lines += ["            for (int q = 0; q < ow_n; ++q) {", "                const int i3 = ow_lo + q;"]
+        lines += ["                " + x for x in epilogue]
+        lines += ["            }", "        }", "    }", "}"]
+        return lines
+
+    def conv_direct_row(self, kernel: Kernel, phase: Phase) -> str | None:
+        """Address of the input factor at (cwh, cww) when the factor is one unpadded load whose last
+        index is cww plus a constant and no other index holds cww: a window row is then a row of the
+        tensor itself (strided by the conv's column stride) and needs no staging."""
+        c = phase.conv
+        x = c.x
+        if not isinstance(x, E.Load) or x.pad is not None or not x.index or not x.dtype.is_float \
+                or x.dtype != DType.F32:
+            return None
+        w = c.window_vars[1]
+        last = x.index[-1]
+        if last.terms != ((I.Var(w), 1),) or any(w in ix.vars() for ix in x.index[:-1]):
+            return None
+        ssa = BodyWriter(self, kernel, self.conv_ranges(phase))
+        return f"{x.tensor} + {ssa.offset(kernel.buffer(x.tensor), x.index)}"
+
+    def conv_stage_window(self, kernel: Kernel, phase: Phase, wwp: int) -> list[str]:
+        """Lines staging channel `cl`'s input window (row stride wwp). Where the window's interior is
+        known, each row runs as checked border columns around an unchecked, vectorised middle."""
+        c = phase.conv
+        (h, w), (sh, sw) = c.window_vars, c.strides
+        wh = c.window[0]
+        full = self.conv_ranges(phase)
+        inner = window_interior(c, full, lambda t: kernel.buffer(t).shape)
+        x_lines, x_val = self.conv_operand(kernel, phase, "x")
+        store = f"st_x[(cl * {wh} + hh) * {wwp} + ww] = "
+        checked = [f"const int {w} = ow_lo * {sw} + ww;"] + x_lines + [store + x_val + ";"]
+        lines = ["for (int hh = 0; hh < wh_n; ++hh) {", f"    const int {h} = oh_lo * {sh} + hh;"]
+        if inner is None:
+            lines += ["    for (int ww = 0; ww < ww_n; ++ww) {"] + ["        " + x for x in checked] + ["    }", "}"]
+            return lines
+        (hl, hh_), (wl, wh_) = inner
+        fast_lines, fast_val = self.conv_operand(kernel, phase, "x", {h: (hl, hh_), w: (wl, wh_)})
+        fast = [f"const int {w} = ow_lo * {sw} + ww;"] + fast_lines + [store + fast_val + ";"]
+        lines += [f"    int w_a = {wl} - ow_lo * {sw}, w_b = {wh_ + 1} - ow_lo * {sw};",
+                  "    w_a = w_a < 0 ? 0 : (w_a > ww_n ? ww_n : w_a);",
+                  "    w_b = w_b < w_a ? w_a : (w_b > ww_n ? ww_n : w_b);",
+                  f"    if ({h} < {hl} || {h} > {hh_}) w_a = w_b = ww_n;  // a halo row: every column checked",
+                  "    for (int ww = 0; ww < w_a; ++ww) {"] + ["        " + x for x in checked]
+        lines += ["    }", "    #pragma omp simd", "    for (int ww = w_a; ww < w_b; ++ww) {"]
+        lines += ["        " + x for x in fast] + ["    }", "    for (int ww = w_b; ww < ww_n; ++ww) {"]
+        lines += ["        " + x for x in checked] + ["    }", "}"]
+        return lines
+
     def cache_line_values(self, kernel: Kernel, phase: Phase, tag: str, ssa: BodyWriter) -> list[str]:
         """Expensive subexpressions of one loop variable only — the innermost output axis, or a lone
         reduction axis — that the nest would recompute for every row of the tile (a broadcast chain
@@ -200,6 +343,8 @@ class CPrinter(Printer):
         (innermost axis last: contiguous, vectorisable), not a flat index split with div/mod."""
         if phase.gemm is not None:
             return self.render_gemm_phase(kernel, phase)
+        if phase.conv is not None:
+            return self.render_conv_phase(kernel, phase)
         if phase.region.flat:
             return super().render_phase(kernel, phase)
         owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
@@ -284,7 +429,7 @@ class CudaPrinter(Printer):
         """A reduction whose rows are shared by `threads_per_row` lanes: each lane reduces a strided
         part of the row, then the lanes combine with warp shuffles (a tree within the row's lanes)."""
         lanes = phase.threads_per_row
-        if lanes <= 1 or phase.region.flat or phase.gemm is not None:
+        if lanes <= 1 or phase.region.flat or phase.gemm is not None or phase.conv is not None:
             return super().render_phase(kernel, phase)
         owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
         tag = owner.name if owner is not None else "p"

@@ -102,7 +102,67 @@ def _library_call(kernel, env: dict, stages: Mapping):
     if len(kernel.stages) != 1 or stages[kernel.stages[0]].kind != StageKind.CONTRACTION:
         return None
     stage = stages[kernel.stages[0]]
+    phases = [p for seg in kernel.segments for p in seg.phases]
+    if len(phases) == 1 and phases[0].conv is not None:
+        # Dense: im2col + BLAS (measured 3-6x faster than the generated direct conv, whose plan tiles
+        # hold one output channel). Otherwise the generated direct conv: a depthwise 3x3 on 192x56x56
+        # took 1.0 ms generated, 4.6 ms as NumPy tap slices, 93 ms through einsum (one thread).
+        return _im2col_call(kernel, phases[0].conv, env, stage.name)
 
     def call():
         env[stage.name][...] = eval_stage(stage, env)
+    return call
+
+
+def _plain_load(e, kernel):
+    """(tensor, index) of a factor that is one load of a whole kernel parameter, else None."""
+    from engine.codegen.kir import Scope
+    from engine.ir import expr as E
+
+    if not isinstance(e, E.Load):
+        return None
+    buf = kernel.buffer(e.tensor)
+    return (buf.tensor, e.index) if buf.scope == Scope.GLOBAL else None
+
+
+def _im2col_call(kernel, conv, env: dict, out: str):
+    """A lone dense convolution through NumPy: the padded input's sliding windows (a strided view,
+    no copy) gathered into columns and multiplied with the weight matrix by BLAS. Geometry comes from
+    the kernel's Conv (index expressions), not ONNX attributes; None for a depthwise conv or factors
+    that are not plain loads in NCHW order."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from engine.ir import index as I
+
+    if conv.depthwise:
+        return None
+    xl, wl = _plain_load(conv.x, kernel), _plain_load(conv.w, kernel)
+    if xl is None or wl is None or len(xl[1]) != 4 or len(wl[1]) != 4:
+        return None
+    (xt, xi), (wt, wi) = xl, wl
+    chan = I.var(conv.chan_vars[0]) if len(conv.chan_vars) == 1 else None
+    taps = tuple(I.var(v) if v else I.const(0) for v in conv.tap_vars)
+    offsets = []
+    for ix, v in zip(xi[2:], conv.window_vars):
+        if ix.vars() != {v} or ix.terms[0][1] != 1:
+            return None
+        offsets.append(ix.const)
+    if chan is None or xi[0] != I.var("i0") or xi[1] != chan or wi != (I.var("i1"), chan, *taps):
+        return None
+    x, w, y = env[xt], env[wt], env[out]
+    n, c_in, h, wd = x.shape
+    _, co, ho, wo = y.shape
+    (sh, sw), (kh, kw), (dh, dw) = conv.strides, conv.taps, conv.dilations
+    span = ((ho - 1) * sh + (kh - 1) * dh + 1, (wo - 1) * sw + (kw - 1) * dw + 1)
+    pads = [(max(0, -o), max(0, o + s - size)) for o, s, size in zip(offsets, span, (h, wd))]
+    starts = [o + p[0] for o, p in zip(offsets, pads)]
+    wmat = np.ascontiguousarray(w.reshape(co, -1))
+
+    def call():
+        xp = np.pad(x, ((0, 0), (0, 0), *pads)) if any(a or b for a, b in pads) else x
+        xp = xp[:, :, starts[0]:starts[0] + span[0], starts[1]:starts[1] + span[1]]
+        win = sliding_window_view(xp, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
+        win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # [n, c, ho, wo, kh, kw]
+        cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, c_in * kh * kw, ho * wo)
+        y[...] = np.matmul(wmat, cols).reshape(n, co, ho, wo)
     return call

@@ -1,0 +1,173 @@
+"""Direct and depthwise convolution phases (engine/codegen/conv.py, printers' `render_conv_phase`):
+which contractions become convolutions, that random shapes (stride, padding, dilation, depthwise,
+tiles that do not divide the output) match the reference executor on the C backend, that the CUDA
+form compiles with NVRTC, and the im2col library path of the CPU runtime."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from plans import fuse_all, make_test_plan, policy_plan  # noqa: E402
+from sample_io import load_sample, rel_error  # noqa: E402
+from support import max_rel_error  # noqa: E402
+
+from engine.api import load_graph  # noqa: E402
+from engine.codegen.generate import generate  # noqa: E402
+from engine.codegen.nvrtc import compile_cuda  # noqa: E402
+from engine.codegen.targets import render_c, render_cuda  # noqa: E402
+from engine.runtime.cpu import _im2col_call, _library_call, bind_buffers, compile_program_c, run_cpu  # noqa: E402
+from engine.runtime.reference import run_reference  # noqa: E402
+from engine.schedule.plan import Conn, Tile  # noqa: E402
+
+TOL = 1e-4
+
+
+def _conv_model(path: Path, x_shape, co: int, kernel, *, relu: bool = True, bias: bool = False, seed: int = 3,
+                **attrs) -> Path:
+    """y = [relu](conv(x, W[, b])) with random W (and b), attributes passed to Conv."""
+    rng = np.random.default_rng(seed)
+    group = attrs.get("group", 1)
+    w = rng.standard_normal((co, x_shape[1] // group, *kernel)).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(w, "W")]
+    ins = ["x", "W"]
+    if bias:
+        inits.append(onnx.numpy_helper.from_array(rng.standard_normal(co).astype(np.float32), "b"))
+        ins.append("b")
+    nodes = [helper.make_node("Conv", ins, ["c" if relu else "y"], name="conv", **attrs)]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"], name="relu"))
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(onnx.shape_inference.infer_shapes(model), path)
+    return path
+
+
+def _phases(program):
+    return [p for k in program.kernels for s in k.segments for p in s.phases]
+
+
+def _plan(graph, tile, threads=64, fuse=True):
+    out = graph.stage(graph.outputs[0])
+    blocks = int(np.prod([-(-n // t) for n, t in zip(out.shape, tile)]))
+    conns = fuse_all(graph, reduce_conn=Conn.REGISTER) if fuse else {}
+    return make_test_plan(graph, conns, {out.name: Tile("", tile, threads, blocks)})
+
+
+CASES = {
+    # name: (x shape, out channels, kernel, Conv attributes, tile of the output)
+    "3x3_pad1": ((1, 5, 11, 11), 7, (3, 3), {"pads": [1, 1, 1, 1]}, (1, 3, 5, 7)),
+    "3x3_stride2_asym_pad": ((1, 4, 13, 10), 6, (3, 3), {"strides": [2, 2], "pads": [1, 0, 0, 1]}, (1, 4, 3, 4)),
+    "3x3_dilation2": ((1, 3, 12, 9), 5, (3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}, (1, 2, 4, 5)),
+    "2x3_stride_1x2_same": ((1, 6, 9, 14), 4, (2, 3), {"strides": [1, 2], "auto_pad": "SAME_UPPER"}, (1, 3, 4, 3)),
+    "1x1_two_channel_steps": ((1, 70, 6, 9), 5, (1, 1), {}, (1, 3, 4, 9)),
+    "1x1_stride2": ((1, 8, 9, 11), 6, (1, 1), {"strides": [2, 2]}, (1, 6, 2, 3)),
+    "depthwise_3x3": ((1, 6, 10, 13), 6, (3, 3), {"group": 6, "pads": [1, 1, 1, 1]}, (1, 4, 5, 6)),
+    "depthwise_stride2_same": ((1, 5, 12, 12), 5, (3, 3), {"group": 5, "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+                               (1, 2, 3, 6)),
+    "depthwise_5x5_valid": ((1, 3, 11, 9), 3, (5, 5), {"group": 3}, (1, 3, 7, 5)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_conv_matches_reference_on_c_and_compiles_for_cuda(tmp_path, case):
+    x_shape, co, kernel, attrs, tile = CASES[case]
+    graph = load_graph(_conv_model(tmp_path / "conv.onnx", x_shape, co, kernel, **attrs))
+    program = generate(_plan(graph, tile), graph)
+    convs = [p for p in _phases(program) if p.conv is not None]
+    assert len(convs) == 1, [p.describe() for p in _phases(program)]
+    conv = convs[0].conv
+    assert conv.depthwise == ("group" in attrs)
+    assert conv.target is not None  # the Relu epilogue at REGISTER around the inlined sum
+    x = np.random.default_rng(11).standard_normal(x_shape).astype(np.float32)
+    want = run_reference(graph, {"x": x})["y"]
+    outs, _ = run_cpu(compile_program_c(program), graph.specs, {"x": x}, graph.weights)
+    assert max_rel_error(outs["y"], want) < TOL
+    source = render_cuda(program)
+    assert "st_b[xo + pix[y]]" in source and "__syncthreads();" in source
+    ptx = compile_cuda(source, name=program.name, arch="sm_80").ptx
+    assert f".entry {program.kernels[0].name}(" in ptx
+
+
+def test_unfused_conv_stage_with_bias_epilogue_kernel(tmp_path):
+    """The conv stage alone in its kernel (a phase that is the contraction itself), bias in another."""
+    graph = load_graph(_conv_model(tmp_path / "conv.onnx", (1, 9, 15, 8), 11, (3, 3), relu=False, bias=True,
+                                   pads=[1, 1, 1, 1], strides=[2, 1]))
+    program = generate(_plan(graph, (1, 4, 3, 8), threads=32, fuse=False), graph)
+    (phase,) = [p for p in _phases(program) if p.conv is not None]
+    assert phase.conv.target is None and phase.combine is not None
+    x = np.random.default_rng(2).standard_normal((1, 9, 15, 8)).astype(np.float32)
+    outs, _ = run_cpu(compile_program_c(program), graph.specs, {"x": x}, graph.weights)
+    assert max_rel_error(outs["y"], run_reference(graph, {"x": x})["y"]) < TOL
+
+
+def test_grouped_conv_keeps_the_per_element_loop(tmp_path):
+    """Two input channels per group (neither dense nor depthwise): not a direct conv, still right."""
+    graph = load_graph(_conv_model(tmp_path / "conv.onnx", (1, 4, 7, 7), 6, (3, 3), group=2, pads=[1, 1, 1, 1]))
+    program = generate(_plan(graph, (1, 2, 4, 7)), graph)
+    assert all(p.conv is None for p in _phases(program))
+    x = np.random.default_rng(4).standard_normal((1, 4, 7, 7)).astype(np.float32)
+    outs, _ = run_cpu(compile_program_c(program), graph.specs, {"x": x}, graph.weights)
+    assert max_rel_error(outs["y"], run_reference(graph, {"x": x})["y"]) < TOL
+
+
+@pytest.mark.parametrize("policy", ["welder", "stitch"])
+@pytest.mark.parametrize("name", ["conv_bn_relu", "mobilenetv2_block"])
+def test_sample_convs_are_direct_and_vectorised(name, policy):
+    """Every 3x3 / 1x1 / depthwise conv of the samples that is not inside a pooling window runs as a
+    direct conv; the C form keeps a chunk of output columns in registers (a simd loop over it)."""
+    graph = load_sample(name)[0]
+    program = generate(policy_plan(graph, policy), graph)
+    convs = [p for p in _phases(program) if p.conv is not None]
+    assert len(convs) >= (2 if name == "conv_bn_relu" else 3)
+    if name == "mobilenetv2_block":
+        assert any(p.conv.depthwise for p in convs)
+    c = render_c(program)
+    assert "#pragma omp simd\n" in c and "r[q] += a * xrow[q" in c
+
+
+def _library_kernels(program, graph, env):
+    """Names of the kernels library mode runs through NumPy, and of those the im2col ones."""
+    lib = [k for k in program.kernels if _library_call(k, env, graph.stage_map) is not None]
+    return ([k.name for k in lib], [k.name for k in lib if _phases_of(k)[0].conv is not None
+                                    and _im2col_call(k, _phases_of(k)[0].conv, env, k.stages[0])])
+
+
+def _phases_of(kernel):
+    return [p for s in kernel.segments for p in s.phases]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_library_mode_im2col_matches_reference(tmp_path, case):
+    """A lone dense conv kernel in library mode runs as im2col + BLAS; a depthwise one as the
+    generated direct conv (faster than NumPy's forms), never through the einsum."""
+    x_shape, co, kernel, attrs, tile = CASES[case]
+    graph = load_graph(_conv_model(tmp_path / "conv.onnx", x_shape, co, kernel, **attrs))
+    program = generate(_plan(graph, tile, fuse=False), graph)
+    x = np.random.default_rng(12).standard_normal(x_shape).astype(np.float32)
+    env = bind_buffers(program, graph.specs, {"x": x}, graph.weights)
+    lib, im2col = _library_kernels(program, graph, env)
+    assert lib == im2col and len(im2col) == (0 if "group" in attrs else 1)
+    outs, _ = run_cpu(compile_program_c(program), graph.specs, {"x": x}, graph.weights, library=graph.stage_map)
+    assert max_rel_error(outs["y"], run_reference(graph, {"x": x})["y"]) < TOL
+
+
+@pytest.mark.parametrize("name", ["conv_bn_relu", "mobilenetv2_block"])
+def test_library_mode_runs_sample_convs_through_im2col(name):
+    """Every lone dense conv kernel of the stitch plan goes the im2col way, the depthwise one runs
+    generated, and the model matches onnxruntime."""
+    graph, inputs, expected = load_sample(name)
+    program = generate(policy_plan(graph, "stitch"), graph)
+    env = bind_buffers(program, graph.specs, inputs, graph.weights)
+    _, im2col = _library_kernels(program, graph, env)
+    assert len(im2col) == (3 if name == "conv_bn_relu" else 2)
+    outs, _ = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights, library=graph.stage_map)
+    assert max(rel_error(outs[k], expected[k]) for k in expected) < TOL
