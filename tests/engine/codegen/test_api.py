@@ -171,3 +171,26 @@ def test_compile_help_says_what_is_written(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for words in ("KERNEL.ARCH.ptx", "KERNEL.ARCH.cubin", "program.json", "sha256", "arena", "--arch"):
         assert words in text
+
+
+def test_changing_one_kernel_recompiles_only_that_kernel(monkeypatch, tmp_path):
+    from engine.codegen import nvrtc
+
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
+    program = _program("layernorm_residual")
+    assert len(program.kernels) > 1
+    compile_program(program, "cuda", archs=ARCHS)
+    changed = program.kernels[0].name
+    render, run, calls = api.render_cuda, nvrtc._run_nvrtc, []
+
+    def edited(p):
+        return render(p) + ("// edited\n" if [k.name for k in p.kernels] == [changed] else "")
+
+    def counted(source, name, options):
+        calls.append(name)
+        return run(source, name, options)
+
+    monkeypatch.setattr(api, "render_cuda", edited)
+    monkeypatch.setattr(nvrtc, "_run_nvrtc", counted)
+    compile_program(program, "cuda", archs=ARCHS)
+    assert calls == [changed, changed]  # once per arch; every other unit is a cache hit
