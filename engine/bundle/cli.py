@@ -9,9 +9,9 @@ from pathlib import Path
 def add_export_command(sub) -> None:
     from engine.commands import add_plan_args
 
-    p = sub.add_parser("export", help="write a kernel bundle (CUDA + PTX/CUBIN, C, program/plan/trace JSON)",
+    p = sub.add_parser("export", help="write a kernel bundle (CUDA + per-kernel PTX/CUBIN, C, program/plan/trace JSON)",
                        description="Plan MODEL (or load --plan-in), generate and compile its kernels with NVRTC "
-                                   "for each --arch, and write a zip: sources, PTX/CUBIN, program.json, "
+                                   "for each --arch, and write a zip: sources, PTX/CUBIN per kernel, program.json, "
                                    "plan.json, trace.json, weights.npz, run_cuda.py and a manifest.")
     add_plan_args(p)
     p.add_argument("--arch", action="append", help="NVRTC target, repeatable (default sm_80 and sm_90)")

@@ -1,9 +1,9 @@
 """Kernel bundle: everything a user takes away from a plan, as one zip.
 
-In: a PrimGraph, its Plan and a device. Out: bytes of a zip holding the CUDA source with PTX and
-CUBIN per architecture, the C source, program.json (launch list, grids, buffers, arena), plan.json,
+In: a PrimGraph, its Plan and a device. Out: bytes of a zip holding the CUDA sources with PTX and
+CUBIN per kernel and architecture, the C source, program.json (launch list, grids, buffers, arena), plan.json,
 the rProgram trace (Perfetto), weights, a manifest with hashes and tool versions, and a standalone
-`run_cuda.py` that loads the CUBIN with pycuda and runs the launch list on an attached GPU.
+`run_cuda.py` that loads one module per kernel with pycuda and runs the launch list on an attached GPU.
 """
 
 from __future__ import annotations
@@ -44,9 +44,8 @@ def export_bundle(
     trace: dict | None = None,
 ) -> bytes:
     """Generate, compile (NVRTC for every arch in `archs`) and pack the plan's kernels."""
-    from engine.codegen.api import compile_program
+    from engine.codegen.api import compile_program, compiled_files, program_json
     from engine.codegen.generate import generate
-    from engine.codegen.kir import program_to_json
     from engine.codegen.targets import render_c
     from engine.runtime.execute import check_plan
 
@@ -59,16 +58,11 @@ def export_bundle(
 
         trace = export_trace(build_rprogram(plan, device))
 
-    files: dict[str, bytes] = {}
-    cuda_source = ""
-    for arch in archs:
-        compiled = compile_program(program, "cuda", arch=arch)
-        cuda_source = compiled.source
-        files[f"cuda/{program.name}.{arch}.ptx"] = compiled.ptx.encode()
-        files[f"cuda/{program.name}.{arch}.cubin"] = compiled.cubin
-    files[f"cuda/{program.name}.cu"] = cuda_source.encode()
+    compiled = compile_program(program, "cuda", archs=tuple(archs))
+    cuda_files = compiled_files(program, compiled)
+    files = {f"cuda/{name}": data for name, data in cuda_files.items()}
     files[f"c/{program.name}.c"] = render_c(program).encode()
-    files["program.json"] = _json(program_to_json(program))
+    files["program.json"] = _json(program_json(program, compiled, cuda_files, prefix="cuda/"))
     files["plan.json"] = _json(plan_to_json(plan))
     files["trace.json"] = _json(trace)
     files["device.json"] = device.to_json().encode()
@@ -76,7 +70,7 @@ def export_bundle(
         buf = io.BytesIO()
         np.savez(buf, **{name: np.ascontiguousarray(v) for name, v in graph.weights.items()})
         files["weights.npz"] = buf.getvalue()
-    files["run_cuda.py"] = _RUNNER.encode()
+    files["run_cuda.py"] = runner_source().encode()
     files["README.md"] = _readme(program, plan, device, archs).encode()
     files["manifest.json"] = _json(_manifest(program, plan, device, archs, files))
     return _zip(files)
@@ -129,9 +123,9 @@ def _readme(program, plan: Plan, device: Device, archs) -> str:
 Policy `{plan.policy}` on device `{device.name}`; model hash `{plan.model_hash}`, plan hash `{plan.plan_hash}`.
 Modeled program time {plan.modeled_us:.1f} µs (cost model, not measured).
 
-- `cuda/*.cu` — the CUDA C of every kernel (one translation unit); `*.ptx` / `*.cubin` per arch ({", ".join(archs)}), compiled with NVRTC.
+- `cuda/{program.name}.cu` — the CUDA C of every kernel, for reading; `cuda/KERNEL.cu` — each kernel's own translation unit, compiled with NVRTC to `cuda/KERNEL.ARCH.ptx` and `cuda/KERNEL.ARCH.cubin` per arch ({", ".join(archs)}).
 - `c/*.c` — the same kernels printed as C (OpenMP), as tileweave's CPU backend runs them.
-- `program.json` — launch list (grid, block, shared bytes, cooperative launch), buffers and the static arena.
+- `program.json` — launch list (kernel, source, per-arch PTX/CUBIN files with sha256, grid, block, shared bytes, cooperative launch, args), buffers and the static arena.
 - `plan.json` — the plan (edge connections, tiles, reasons); load it with `tileweave run --plan-in plan.json`.
 - `trace.json` — the rProgram timeline; open it in https://ui.perfetto.dev.
 - `weights.npz` — the model's constant tensors by name.
@@ -143,9 +137,24 @@ Modeled program time {plan.modeled_us:.1f} µs (cost model, not measured).
 """
 
 
-# A standalone runner: reads program.json, loads the CUBIN for the GPU's arch, allocates every tensor,
-# launches in order (cooperative launches for kernels with grid barriers) and writes the outputs.
-_RUNNER = '''"""Run this bundle's kernels on a CUDA GPU: python run_cuda.py inputs.npz outputs.npz (needs pycuda)."""
+def runner_source() -> str:
+    """run_cuda.py: a header, engine/runtime/cuda_modules.py's code (the loader the CUDA executor uses,
+    so the two load kernels the same way) and the runner's main."""
+    import ast
+    import inspect
+
+    from engine.runtime import cuda_modules
+
+    text = inspect.getsource(cuda_modules)
+    body = "\n".join(text.splitlines()[ast.parse(text).body[0].end_lineno:])  # drop its docstring
+    return _RUNNER_HEAD + "\n# ---- engine/runtime/cuda_modules.py (shared with tileweave's CUDA executor) ----\n" + \
+        body.strip("\n") + "\n\n" + _RUNNER_MAIN
+
+
+# A standalone runner: reads program.json, loads one module per kernel (the CUBIN for the GPU's arch, else
+# PTX), allocates every tensor, launches in order (cooperative launches for kernels with grid barriers)
+# and writes the outputs.
+_RUNNER_HEAD = '''"""Run this bundle's kernels on a CUDA GPU: python run_cuda.py inputs.npz outputs.npz (needs pycuda)."""
 import json
 import sys
 from pathlib import Path
@@ -154,7 +163,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
+'''
 
+_RUNNER_MAIN = '''
 def main(argv):
     if len(argv) != 2:
         print("usage: python run_cuda.py inputs.npz outputs.npz", file=sys.stderr)
@@ -163,49 +174,40 @@ def main(argv):
         import pycuda.autoinit  # noqa: F401
         import pycuda.driver as cuda
     except Exception as err:  # no pycuda or no device: say so in one line
-        print(f"error: pycuda with a CUDA device is needed ({err})", file=sys.stderr)
+        print(f"error: pycuda with a CUDA device is needed ({' '.join(str(err).split())})", file=sys.stderr)
         return 2
     prog = json.loads((HERE / "program.json").read_text())
     major, minor = cuda.Device(0).compute_capability()
-    arch = f"sm_{major}{minor}"
-    cubins = sorted((HERE / "cuda").glob(f"*.{arch}.cubin"))
-    ptxs = sorted((HERE / "cuda").glob("*.ptx"))
-    module = cuda.module_from_buffer(cubins[0].read_bytes()) if cubins else cuda.module_from_buffer(
-        ptxs[-1].read_bytes())
+    try:
+        functions = load_kernels(cuda, prog, lambda name: (HERE / name).read_bytes(), f"sm_{major}{minor}")
+    except LoadError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     tensors = dict(np.load(argv[0]))
     weights = HERE / "weights.npz"
     if weights.exists():
         tensors.update(dict(np.load(weights)))
-    specs = {}
-    for k in prog["kernels"]:
-        for p in k["params"]:
-            specs[p["tensor"]] = (tuple(p["shape"]), np.dtype(p["dtype"]))
     device = {}
-    for name, (shape, dtype) in specs.items():
+    for buf in prog["buffers"]:
+        name, shape, dtype = buf["tensor"], tuple(buf["shape"]), np.dtype(buf["dtype"])
         host = np.ascontiguousarray(tensors[name], dtype=dtype) if name in tensors else np.empty(shape, dtype)
         device[name] = cuda.to_device(host)
     start, end = cuda.Event(), cuda.Event()
     start.record()
     for ln in prog["launches"]:
-        fn = module.get_function(ln["kernel"])
         args = [np.uintp(int(device[a])) for a in ln["args"]]
-        smem = ln["shared_bytes"]  # dynamic shared memory (extern __shared__); > 48 KiB needs opting in
-        if smem > 48 * 1024:
-            fn.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        if ln["cooperative"]:  # grid barriers need cuLaunchCooperativeKernel (grid = one resident wave)
-            coop = getattr(cuda, "launch_cooperative_kernel", None)
-            if coop is None:
-                print(f"error: {ln['kernel']} needs a cooperative launch; upgrade pycuda", file=sys.stderr)
-                return 2
-            coop(fn, (ln["grid"], 1, 1), (ln["block"], 1, 1), args, shared_mem_bytes=smem)
-        else:
-            fn(*args, grid=(ln["grid"], 1), block=(ln["block"], 1, 1), shared=smem)
+        try:
+            launch_kernel(cuda, functions[ln["kernel"]], ln, args)
+        except LoadError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     end.record()
     end.synchronize()
     print(f"{len(prog['launches'])} launches in {start.time_till(end) * 1e3:.1f} us (measured, CUDA events)")
+    shapes = {b["tensor"]: (tuple(b["shape"]), np.dtype(b["dtype"])) for b in prog["buffers"]}
     outs = {}
     for tensor, name in zip(prog["outputs"], prog["output_names"]):
-        shape, dtype = specs[tensor]
+        shape, dtype = shapes[tensor]
         outs[name] = cuda.from_device(device[tensor], shape, dtype)
     np.savez(argv[1], **outs)
     return 0

@@ -1,37 +1,62 @@
-"""Compile a Program for a target: sources per kernel (CUDA: one translation unit per program, PTX
-and CUBIN per arch through NVRTC; C: one shared library through the system compiler)."""
+"""Compile a Program for a target. CUDA: one translation unit per kernel (the prelude, the helpers it
+uses and the kernel) compiled with NVRTC to PTX + CUBIN per arch; C: one shared library through the
+system compiler. Also the files and the program.json that `tileweave compile` and the bundle write."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.codegen.kir import Program, program_to_json
 from engine.codegen.targets import render_c, render_cuda
-from engine.errors import CompileError
+from engine.errors import CompileError, TileweaveError
 
 TARGETS = ("cuda", "c")
 
 
 @dataclass(frozen=True)
+class CompiledKernel:
+    """One kernel's CUDA translation unit and its binaries, one per arch of the program."""
+
+    name: str
+    source: str
+    binaries: tuple  # tuple[CudaBinary, ...] in CompiledProgram.archs order
+
+
+@dataclass(frozen=True)
 class CompiledProgram:
     target: str
-    source: str
-    arch: str = ""  # cuda only
-    ptx: str = ""
-    cubin: bytes = b""
+    source: str  # the whole program (CUDA: every kernel in one file, for reading)
+    archs: tuple[str, ...] = ()  # cuda only
+    kernels: tuple[CompiledKernel, ...] = ()  # cuda only, in Program.kernels order
     library: str = ""  # c only: path of the shared library
 
+    @property
+    def arch(self) -> str:
+        """The first (primary) arch; "" for C."""
+        return self.archs[0] if self.archs else ""
 
-def compile_program(program: Program, target: str, *, arch: str = "sm_80") -> CompiledProgram:
-    """Render and compile `program` for `target` ("cuda" for `arch`, or "c")."""
+
+def kernel_units(program: Program) -> tuple[tuple[str, str], ...]:
+    """(kernel name, CUDA source of that kernel alone) per kernel: the same printer over a program
+    holding only that kernel, so the unit carries the prelude and exactly the helpers it calls."""
+    return tuple((k.name, render_cuda(dataclasses.replace(program, kernels=(k,)))) for k in program.kernels)
+
+
+def compile_program(program: Program, target: str, *, arch: str = "sm_80",
+                    archs: tuple[str, ...] | None = None) -> CompiledProgram:
+    """Render and compile `program` for `target`: "cuda" for every arch in `archs` (default: `arch`),
+    each kernel on its own through the NVRTC disk cache; or "c"."""
     if target == "cuda":
         from engine.codegen.nvrtc import compile_cuda
 
-        source = render_cuda(program)
-        binary = compile_cuda(source, name=program.name, arch=arch)
-        return CompiledProgram("cuda", source, arch, binary.ptx, binary.cubin)
+        archs = tuple(archs or (arch,))
+        kernels = tuple(CompiledKernel(name, unit, tuple(compile_cuda(unit, name=name, arch=a) for a in archs))
+                        for name, unit in kernel_units(program))
+        return CompiledProgram("cuda", render_cuda(program), archs, kernels)
     if target == "c":
         from engine.codegen.ccompile import compile_c
 
@@ -40,23 +65,75 @@ def compile_program(program: Program, target: str, *, arch: str = "sm_80") -> Co
     raise CompileError(f"unknown target '{target}' (choose one of {', '.join(TARGETS)})")
 
 
-def write_compiled(program: Program, compiled: CompiledProgram, out: Path) -> list[Path]:
-    """program.json, the source, and for CUDA the .ptx/.cubin of the program module plus one .cu per
-    kernel (the kernel alone, for reading); returns the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
+def compiled_files(program: Program, compiled: CompiledProgram) -> dict[str, bytes]:
+    """File name -> bytes: the program source (NAME.cu or NAME.c) and, for CUDA, per kernel
+    KERNEL.cu, KERNEL.ARCH.ptx and KERNEL.ARCH.cubin."""
     ext = "cu" if compiled.target == "cuda" else "c"
-    path = out / f"{program.name}.{ext}"
-    path.write_text(compiled.source)
-    written.append(path)
-    if compiled.target == "cuda":
-        for suffix, data in (("ptx", compiled.ptx.encode()), ("cubin", compiled.cubin)):
-            p = out / f"{program.name}.{compiled.arch}.{suffix}"
-            p.write_bytes(data)
-            written.append(p)
-    meta = program_to_json(program) | {"target": compiled.target, "arch": compiled.arch,
-                                       "source": path.name}
-    p = out / "program.json"
-    p.write_text(json.dumps(meta, indent=1))
-    written.append(p)
+    files = {f"{program.name}.{ext}": compiled.source.encode()}
+    for k in compiled.kernels:
+        if f"{k.name}.cu" in files:
+            raise CompileError(f"kernel {k.name} has the program's name; its files would overwrite the program's")
+        files[f"{k.name}.cu"] = k.source.encode()
+        for binary in k.binaries:
+            files[f"{k.name}.{binary.arch}.ptx"] = binary.ptx.encode()
+            files[f"{k.name}.{binary.arch}.cubin"] = binary.cubin
+    return files
+
+
+def program_json(program: Program, compiled: CompiledProgram, files: dict[str, bytes], prefix: str = "") -> dict:
+    """program.json: `program_to_json` (kernels, launches, memory, ...) plus the target, archs, every
+    kernel's and launch's source/PTX/CUBIN files with sha256 (names as in `files`, under `prefix`),
+    and `buffers` (every tensor a kernel touches: role, bytes, arena offset)."""
+    def entry(name: str) -> dict:
+        return {"file": prefix + name, "sha256": hashlib.sha256(files[name]).hexdigest()}
+
+    meta = program_to_json(program)
+    ext = "cu" if compiled.target == "cuda" else "c"
+    per_kernel = {}
+    for k in compiled.kernels:
+        per_kernel[k.name] = {
+            "source": entry(f"{k.name}.cu"),
+            "binaries": {b.arch: {"ptx": entry(f"{k.name}.{b.arch}.ptx"), "cubin": entry(f"{k.name}.{b.arch}.cubin")}
+                         for b in k.binaries},
+        }
+    for item in meta["kernels"] + meta["launches"]:
+        item.update(per_kernel.get(item.get("kernel", item.get("name")), {}))
+    meta |= {"target": compiled.target, "arch": compiled.arch, "archs": list(compiled.archs),
+             "source": prefix + f"{program.name}.{ext}", "buffers": _buffers(program)}
+    if compiled.kernels:
+        first = compiled.kernels[0].binaries[0]
+        meta |= {"nvrtc": ".".join(map(str, first.nvrtc_version)), "nvrtc_options": list(first.options)}
+    return meta
+
+
+def _buffers(program: Program) -> list[dict]:
+    """Every global tensor in first-use order; intermediates carry their arena offset (memory.arena_bytes
+    is the peak, memory.naive_bytes the sum of one buffer each), the rest are allocated on their own."""
+    offsets = {a.tensor: a.offset for a in program.memory.allocations}
+    roles = {**{t: "intermediate" for t in offsets}, **{t: "input" for t in program.inputs},
+             **{t: "constant" for t in program.constants}, **{t: "output" for t in program.outputs}}
+    seen: dict[str, dict] = {}
+    for k in program.kernels:
+        for b in k.params:
+            seen.setdefault(b.tensor, {"tensor": b.tensor, "role": roles.get(b.tensor, "intermediate"),
+                                       "dtype": b.dtype.value, "shape": list(b.shape), "nbytes": b.nbytes,
+                                       "offset": offsets.get(b.tensor)})
+    return list(seen.values())
+
+
+def write_compiled(program: Program, compiled: CompiledProgram, out: Path) -> list[Path]:
+    """Write `compiled_files` and program.json into `out` (created); returns the paths written.
+    A folder that cannot be written is a one-line TileweaveError."""
+    files = compiled_files(program, compiled)
+    meta = program_json(program, compiled, files)
+    files["program.json"] = json.dumps(meta, indent=1).encode()
+    written = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (out / name).write_bytes(data)
+            written.append(out / name)
+    except OSError as err:
+        raise TileweaveError(f"cannot write into '{out}' ({err.strerror or err})",
+                             hint="choose another -o folder") from None
     return written

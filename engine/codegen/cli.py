@@ -1,37 +1,85 @@
 """`tileweave compile MODEL --policy P --device D --target {cuda,c} -o DIR`: plan (or --plan-in),
-validate, generate, compile; writes sources, program.json and (cuda) PTX + CUBIN."""
+validate, generate, compile; writes the sources, per-kernel PTX + CUBIN (cuda) and program.json."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+
+from engine.errors import CompileError, TileweaveError
+
+_DESCRIPTION = """\
+Plan MODEL (or load --plan-in), refuse an illegal plan, generate the kernels and compile them.
+--target cuda writes into DIR: NAME.cu (every kernel, for reading); per kernel KERNEL.cu (its own
+translation unit: prelude, helpers, kernel) and, per arch, KERNEL.ARCH.ptx and KERNEL.ARCH.cubin
+(NVRTC; --arch, default the device's arch); program.json. --target c writes NAME.c (compiled with
+the system C compiler to check it) and program.json. program.json holds the launch list (kernel,
+source, per-arch ptx/cubin files with sha256, grid, block, shared bytes, cooperative, args), the
+buffers with their arena offsets, and the arena peak beside the naive sum."""
 
 
 def add_compile_command(sub) -> None:
     from engine.commands import add_plan_args
 
-    p = sub.add_parser("compile", help="generate and compile the kernels of a model's plan",
-                       description="Plan MODEL (or load --plan-in), refuse an illegal plan, generate the "
-                                   "kernels and compile them: CUDA with NVRTC for the device's arch (.cu, "
-                                   ".ptx, .cubin) or C with the system compiler; writes program.json.")
+    p = sub.add_parser("compile", help="generate and compile a plan's kernels: sources, per-kernel PTX/CUBIN, "
+                                       "program.json", description=_DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_plan_args(p)
-    p.add_argument("--target", choices=("cuda", "c"), default="cuda")
-    p.add_argument("-o", "--out", required=True, help="output folder")
+    p.add_argument("--target", default="cuda", metavar="{cuda,c}",
+                   help="cuda: NVRTC, per-kernel .ptx/.cubin; c: OpenMP C through the system compiler "
+                        "(default cuda)")
+    p.add_argument("--arch", action="append", metavar="sm_XX",
+                   help="cuda: NVRTC architecture, repeatable (default: the device's, e.g. sm_80 for a100)")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder (created)")
     p.set_defaults(func=cmd_compile)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from engine.codegen.api import compile_program, write_compiled
+    from engine.codegen.api import TARGETS, compile_program, write_compiled
     from engine.codegen.generate import generate
     from engine.commands import planned_model
     from engine.runtime.execute import check_plan
 
+    if args.target not in TARGETS:
+        raise CompileError(f"unknown target '{args.target}'", hint=f"use one of {', '.join(TARGETS)}")
+    if args.arch and args.target != "cuda":
+        raise CompileError("--arch applies to --target cuda only")
+    out = check_out_dir(args.out)
+    if args.arch:
+        from engine.codegen.nvrtc import check_arch
+
+        for arch in args.arch:
+            check_arch(arch)
     device, graph, plan = planned_model(args)
     check_plan(plan, graph, device.name)
     program = generate(plan, graph, device)
-    compiled = compile_program(program, args.target, arch=device.nvrtc_arch)
-    paths = write_compiled(program, compiled, Path(args.out))
-    print(f"{len(program.kernels)} kernels ({args.target}{' ' + compiled.arch if compiled.arch else ''}), "
-          f"arena {program.memory.arena_bytes} B (naive {program.memory.naive_bytes} B) -> "
-          + ", ".join(p.name for p in paths))
+    archs = tuple(dict.fromkeys(args.arch or (device.nvrtc_arch,)))
+    compiled = compile_program(program, args.target, archs=archs)
+    paths = write_compiled(program, compiled, out)
+    what = f"{args.target} {', '.join(compiled.archs)}" if compiled.archs else args.target
+    print(f"{len(program.kernels)} kernels ({what}), arena {program.memory.arena_bytes} B "
+          f"(naive {program.memory.naive_bytes} B) -> {out}/")
+    names = [p.name for p in paths]
+    for k in compiled.kernels:  # one line per kernel: its unit, then its binaries
+        mine = [n for n in names if n.startswith(k.name + ".")]
+        print("  " + "  ".join(mine))
+        names = [n for n in names if n not in mine]
+    print("  " + "  ".join(names))
     return 0
+
+
+def check_out_dir(path: str) -> Path:
+    """Fail before planning when DIR cannot be created or written."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise TileweaveError(f"cannot write into '{path}': it is a file", hint="give a folder for -o")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise TileweaveError(f"cannot create '{path}': '{existing}' is a file", hint="give a folder for -o")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TileweaveError(f"cannot write into '{path}': permission denied on '{existing}'",
+                             hint="choose another -o folder")
+    return out

@@ -39,6 +39,13 @@ def test_bundle_holds_every_artifact_with_matching_hashes(bundle):
             assert z.read(cubin[0])[:4] == b"\x7fELF"
             assert f".target {arch}" in z.read(ptx[0]).decode()
     assert {"program.json", "plan.json", "trace.json", "weights.npz", "run_cuda.py", "README.md"} <= names
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        program = json.loads(z.read("program.json"))
+    assert len(program["kernels"]) == info.kernels
+    for item in program["kernels"] + program["launches"]:  # every kernel: its own unit, PTX + CUBIN per arch
+        files = [item["source"]] + [f for arch in info.archs for f in item["binaries"][arch].values()]
+        assert {f["file"] for f in files} <= names
+        assert all(manifest_hash(data, f["file"]) == f["sha256"] for f in files)
 
 
 def test_bundle_plan_loads_back_for_its_model_and_runner_is_valid_python(bundle):
@@ -66,3 +73,8 @@ def test_export_cli_writes_zip_and_refuses_bad_output(tmp_path, capsys):
     assert main(["export", str(SAMPLE), "-o", str(tmp_path / "missing" / "b.zip")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ")
+
+
+def manifest_hash(data: bytes, name: str) -> str:
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        return json.loads(z.read("manifest.json"))["sha256"][name]

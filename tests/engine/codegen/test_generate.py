@@ -116,8 +116,9 @@ def test_compile_cli_writes_sources_ptx_cubin_and_program_json(tmp_path):
     meta = json.loads((tmp_path / "program.json").read_text())
     assert meta["arch"] == "sm_90" and meta["launches"]
     assert {"kernel", "grid", "block", "shared_bytes", "cooperative", "args"} <= meta["launches"][0].keys()
-    assert (tmp_path / "masked_softmax.sm_90.cubin").read_bytes()[:4] == b"\x7fELF"
-    assert ".entry " + meta["kernels"][0]["name"] in (tmp_path / "masked_softmax.sm_90.ptx").read_text()
+    kernel = meta["kernels"][0]["name"]
+    assert (tmp_path / f"{kernel}.sm_90.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert ".entry " + kernel in (tmp_path / f"{kernel}.sm_90.ptx").read_text()
 
 
 def test_compile_cli_refuses_a_foreign_plan(tmp_path, capsys):

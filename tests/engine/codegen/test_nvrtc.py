@@ -165,3 +165,16 @@ def test_cli_entry_compiles_a_file_and_reports_errors(tmp_path, capsys) -> None:
     assert nvrtc.main([str(bad)]) == 2
     err = capsys.readouterr().err
     assert "expected an expression" in err and "error: kernel k02_bad failed" in err
+
+
+def test_speed_options_change_no_byte(monkeypatch) -> None:
+    """SPEED_OPTIONS (precompiled headers) are left out of the cache key: they must not change the output.
+    Two units with the same prelude, so the second one is compiled through the precompiled header."""
+    other = KERNEL.replace("k01_sum_half", "k03_sum_half_again")
+    fast = [compile_cuda(src, name=n, arch="sm_90", use_cache=False)
+            for src, n in ((KERNEL, "k01_sum_half"), (other, "k03_sum_half_again"))]
+    monkeypatch.setattr(nvrtc, "SPEED_OPTIONS", ())
+    plain = [compile_cuda(src, name=n, arch="sm_90", use_cache=False)
+             for src, n in ((KERNEL, "k01_sum_half"), (other, "k03_sum_half_again"))]
+    assert [(b.ptx, b.cubin) for b in fast] == [(b.ptx, b.cubin) for b in plain]
+    assert "precompiled header" not in fast[1].log
