@@ -177,7 +177,7 @@ def test_changing_one_kernel_recompiles_only_that_kernel(monkeypatch, tmp_path):
     from engine.codegen import nvrtc
 
     monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
-    program = _program("layernorm_residual")
+    program = _program("layernorm_residual", "elementwise")
     assert len(program.kernels) > 1
     compile_program(program, "cuda", archs=ARCHS)
     changed = program.kernels[0].name
