@@ -330,18 +330,28 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname) -
     seg = set(names)
     local_cons = {s: [c for c in graph.consumers.get(s, ()) if c in seg] for s in names}
     needs_global = {s: s in graph.outputs or any(c not in seg for c in graph.consumers.get(s, ())) for s in names}
+    feeds: dict[str, bool] = {}  # the stage reaches a contraction through REGISTER elementwise stages
+    for s in reversed(names):
+        feeds[s] = any(conns[(s, c)] == Conn.REGISTER and (graph.stage(c).kind == StageKind.CONTRACTION or (
+            feeds.get(c, False) and graph.stage(c).kind in _INLINE_KINDS)) for c in local_cons[s])
     inline: set[str] = set()
     carries: dict[str, bool] = {}  # the stage's inlined body holds a contraction
+    reduces: dict[str, bool] = {}  # ... or any reduction
     for s in names:
         st = graph.stage(s)
         carries[s] = st.kind == StageKind.CONTRACTION or any(carries.get(p, False) for p in st.inputs if p in inline)
+        reduces[s] = bool(st.reduce) or any(reduces.get(p, False) for p in st.inputs if p in inline)
         if (s != anchor.name and not needs_global[s]
                 and all(conns[(s, c)] == Conn.REGISTER for c in local_cons[s])
                 and (st.kind in _INLINE_KINDS or _one_to_one(graph, s, local_cons[s]))
-                and not (carries[s] and any(_padded_read(graph.stage(c), s) for c in local_cons[s]))):
+                and not (carries[s] and any(_padded_read(graph.stage(c), s) for c in local_cons[s]))
+                and not (reduces[s] and not feeds[s] and not _one_to_one(graph, s, local_cons[s]))):
             inline.add(s)
         # A contraction chain read through a padded load (Concat, Pad) would sit under the pad's guard,
-        # where it cannot become a tiled GEMM (one dot product per element): it gets its own phase.
+        # where it cannot become a tiled GEMM (one dot product per element); a chain holding a reduction
+        # read one-to-many (1/sqrt(var) broadcast over a row) would redo the reduction per element —
+        # unless it ends in a GEMM's factor, which stages it once per row. Either gets its own phase:
+        # computed once per element of its region, as the cost model counts.
     for s in names:
         if s != anchor.name and not local_cons[s] and not needs_global[s]:
             raise PlanError(f"group {gname}: stage {s} feeds nothing in its segment or outside it")

@@ -166,3 +166,24 @@ def test_c_printer_computes_a_broadcast_chain_once_per_tile():
     source = render_c(generate(plan, graph))
     assert source.count("float line0[4096];") == 2
     assert source.count("= c1_powf(") == 2  # one per cache fill, none inside the row loops
+
+
+def test_reduction_read_one_to_many_gets_its_own_phase():
+    """LayerNorm with every edge at REGISTER: 1/sqrt(var) is broadcast over the row, so inlining the
+    variance into the normalise phase would redo its 768-long sum for every element. Codegen gives the
+    chain holding the reduction its own phase (once per row), and the result still matches."""
+    from engine.codegen.kexpr import Reduce, kwalk
+    from engine.runtime.cpu import compile_program_c, run_cpu
+    from engine.runtime.reference import run_reference
+
+    graph, inputs, _ = load_sample("layernorm_residual")
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER))
+    program = generate(plan, graph)
+    (kernel,) = program.kernels
+    phases = [p for s in kernel.segments for p in s.phases]
+    last = phases[-1]
+    assert last.stage == "y" and not any(isinstance(n, Reduce) for n in kwalk(last.body))
+    assert any(any(isinstance(n, Reduce) for n in kwalk(p.body)) or p.reduce for p in phases[:-1])
+    got, _ = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights)
+    want = run_reference(graph, inputs)
+    assert np.max(np.abs(got["y"] - want["y"])) <= 1e-4 * np.max(np.abs(want["y"]))
