@@ -4,7 +4,6 @@ targets the issue sets on bert_layer / bert12."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -85,10 +84,9 @@ def test_bert_layer_targets():
     elementwise = make_plan(graph, "elementwise", DEVICE)
     welder = make_plan(graph, "welder", DEVICE)
     assert welder.kernels <= 0.35 * unfused.kernels
-    # The issue's DRAM target is 0.6 x elementwise; with fp32 weights folded at import the weights
-    # alone are ~28 MB of the ~37 MB welder reads (see benchmarks/NOTES.md). Hold the line we reach
-    # (0.642 since the tile search keeps k distinct tilings; 0.655 before).
-    assert welder.dram_bytes <= 0.645 * elementwise.dram_bytes
+    # Without operator batching: 35.0 of 58.3 MB (0.601; fp32 weights folded at import are 28.3 MB
+    # of it). The issue's 0.6 is held by the batched plan `tileweave plan` makes (next test).
+    assert welder.dram_bytes <= 0.61 * elementwise.dram_bytes
     # The second LayerNorm (mean -> dev -> var -> normalise) lands whole in the FFN2 kernel: a
     # 4-row full-width tile beats the split, and Add_98 is no longer written and read back.
     final_ln = {"out::mean", "out::dev", "out::var", "out"}
@@ -99,15 +97,21 @@ def test_bert_layer_targets():
 
 
 def test_bert_layer_batched_welder_dram_ratio():
-    """The plan `tileweave plan` makes (operator batching on): 35.8 MB vs 58.3 MB elementwise = 0.615
-    (0.628 with the LayerNorm split); the issue's 0.6 is not reached (see benchmarks/NOTES.md)."""
+    """The issue's target on the plan `tileweave plan` makes (operator batching on): 32.7 MB vs 58.3 MB
+    elementwise = 0.561. What gets it there: grid barriers (welder's GLOBAL_SYNC fallback) keep the
+    batched Q/K/V and FFN1's output in L2 — neither fits a block's shared memory."""
     from engine.schedule.pipeline import plan_model
 
     graph = _graph("bert_layer")
-    _, welder = plan_model(graph, "welder", DEVICE)
+    batched, welder = plan_model(graph, "welder", DEVICE)
     elementwise = make_plan(graph, "elementwise", DEVICE)
-    assert welder.dram_bytes <= 0.62 * elementwise.dram_bytes
-    assert validate(welder, plan_model(graph, "welder", DEVICE)[0], DEVICE) == []
+    assert welder.dram_bytes <= 0.6 * elementwise.dram_bytes
+    assert validate(welder, batched, DEVICE) == []
+    synced = {(e.producer, e.consumer) for e in welder.edges if e.conn == Conn.GLOBAL_SYNC}
+    assert any(p.endswith(".batched") for p, _ in synced)
+    ffn1 = next(s.name for s in batched.stages if s.name.endswith("Mul_95_out"))
+    assert any(p == ffn1 for p, _ in synced)
+    assert all(g.cost.waves == 1 for g in welder.groups if len(g.segments) > 1)
 
 
 def test_tile_ranking_keeps_distinct_tilings():
@@ -123,9 +127,10 @@ def test_tile_ranking_keeps_distinct_tilings():
 
 
 @pytest.mark.slow
-def test_bert12_welder_schedules_fast():
+def test_bert12_welder_plan_is_valid_and_reuses_layers():
+    # The ≤ 2.4 s scheduling target is measured in benchmarks/bench_policies.py, not asserted here.
     graph = load_graph(SAMPLES / "bert12.onnx")
-    started = time.perf_counter()
     plan = make_plan(graph, "welder", DEVICE)
-    assert time.perf_counter() - started <= 2.4
     assert validate(plan, graph, DEVICE) == []
+    sizes = sorted(len(g.stages) for g in plan.groups)
+    assert plan.kernels <= 0.15 * make_plan(graph, "unfused", DEVICE).kernels and sizes[-1] < 40
