@@ -317,35 +317,37 @@ def estimate_group(
         raise ValueError(f"{len(segs)} segments but {len(tiles)} tiles")
     uses = [segment_use(graph, seg, conns, t) for seg, t in zip(segs, tiles)]
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
-    dram = l2 = shared_traffic = 0
+    n = len(segs)
+    # Per segment: segments run one after another (grid barriers), each over its own grid.
+    dram, l2, sh, fp32, tc = ([0.0] * n for _ in range(5))
     reads = writes = 0
     read_bytes: dict[str, int] = {}  # per tensor: bytes the tiles of this kernel read (capped at its size)
     for use in uses:
         for t, lines in use.read_lines.items():
             got = lines * LINE * use.tile.blocks / max(1, use.tile.row_split)
             read_bytes[t] = min(nbytes(graph, t), read_bytes.get(t, 0) + int(got))
-    flops_fp32 = flops_tc = flops_once = 0.0
-    for use in uses:
+    flops_once = 0.0
+    for k, use in enumerate(uses):
         per_block = use.tile.blocks / max(1, use.tile.row_split)
         for tensor, lines in use.read_lines.items():
             total = int(lines * LINE * per_block)
             reads += int(lines * per_block)
             if tensor in members:  # produced by an earlier segment, behind a grid barrier
                 if nbytes(graph, tensor) <= device.l2_bytes:
-                    l2 += total
+                    l2[k] += total
                 else:
-                    dram += total
+                    dram[k] += total
             elif nbytes(graph, tensor) <= device.l2_bytes:
                 first = min(total, nbytes(graph, tensor))
-                dram += first
-                l2 += total - first
+                dram[k] += first
+                l2[k] += total - first
             else:
-                dram += total
-        shared_traffic += int(use.shared_traffic * per_block)
-        flops_fp32 += use.flops_fp32 * per_block
-        flops_tc += use.flops_tc * per_block
+                dram[k] += total
+        sh[k] += int(use.shared_traffic * per_block)
+        fp32[k] += use.flops_fp32 * per_block
+        tc[k] += use.flops_tc * per_block
         for d, l, f in _completion(graph, use, per_block, read_bytes, conns).values():
-            dram, l2, flops_fp32 = dram + d, l2 + l, flops_fp32 + f
+            dram[k], l2[k], fp32[k] = dram[k] + d, l2[k] + l, fp32[k] + f
     for name in stages:
         stage = graph.stage(name)
         flops_once += math.prod(stage.shape) * math.prod(stage.reduce) * point_flops(stage)
@@ -356,9 +358,9 @@ def estimate_group(
             sectors = -(-nbytes(graph, name) // SECTOR)
             writes += sectors
             if outside or nbytes(graph, name) > device.l2_bytes:
-                dram += sectors * SECTOR
+                dram[seg_of[name]] += sectors * SECTOR
             else:
-                l2 += sectors * SECTOR
+                l2[seg_of[name]] += sectors * SECTOR
     threads = max(t.threads for t in tiles)
     blocks = max(t.blocks for t in tiles)
     regs = max(u.regs_per_thread for u in uses)
@@ -368,25 +370,37 @@ def estimate_group(
         resident, limiter = 0, f"registers: {regs} per thread exceeds {device.max_regs_per_thread}"
     slots = max(1, resident) * device.sm_count
     waves = max(1, -(-blocks // slots))
-    # A grid smaller than one wave cannot stack more blocks per SM than it has: quantise against the
-    # slots it can fill, so a bigger footprint (fewer resident blocks) never looks cheaper.
-    fill = min(max(1, resident), -(-blocks // device.sm_count)) * device.sm_count
-    quant = max(1.0, waves * min(slots, fill) / max(1, blocks))
-    flops = flops_fp32 + flops_tc
-    terms = {
-        "dram": dram / device.dram_bw_bytes_per_s * 1e6,
-        "l2": l2 / device.l2_bw_bytes_per_s * 1e6,
-        "shared": shared_traffic / device.smem_bw_bytes_per_s * 1e6,
-        "compute": (flops_fp32 / device.peak_fp32_flops + flops_tc / device.peak_fp16_tensor_flops) * 1e6,
-    }
-    busiest = max(terms.values())
-    terms["wave_quantization"] = busiest * (quant - 1.0)
+
+    def seg_terms(k: int) -> list[float]:
+        return [dram[k] / device.dram_bw_bytes_per_s * 1e6, l2[k] / device.l2_bw_bytes_per_s * 1e6,
+                sh[k] / device.smem_bw_bytes_per_s * 1e6,
+                (fp32[k] / device.peak_fp32_flops + tc[k] / device.peak_fp16_tensor_flops) * 1e6]
+
+    busy = quantised = 0.0
+    for k, t in enumerate(tiles):
+        # A grid smaller than one wave cannot stack more blocks per SM than it has: quantise against
+        # the slots it can fill, so a bigger footprint (fewer resident blocks) never looks cheaper.
+        b = max(1, t.blocks)
+        fill = min(max(1, resident), -(-b // device.sm_count)) * device.sm_count
+        quant = max(1.0, max(1, -(-b // slots)) * min(slots, fill) / b)
+        top = max(seg_terms(k))
+        busy += top
+        quantised += top * quant
+    totals = [sum(x) for x in zip(*(seg_terms(k) for k in range(n)))]
+    terms = dict(zip(("dram", "l2", "shared", "compute"), totals))
+    busiest = max(totals)
+    # Segments run in turn, each bound by its own busiest resource (equal to `busiest` for one segment).
+    terms["segment_serialization"] = busy - busiest
+    terms["wave_quantization"] = quantised - busy
     terms["launch"] = device.launch_overhead_s * 1e6
-    terms["grid_barrier"] = (len(segs) - 1) * device.grid_barrier_s * 1e6
-    modeled = busiest * quant + terms["launch"] + terms["grid_barrier"]
+    terms["grid_barrier"] = (n - 1) * device.grid_barrier_s * 1e6
+    modeled = quantised + terms["launch"] + terms["grid_barrier"]
+    quant = quantised / busy if busy else 1.0
+    flops = sum(fp32) + sum(tc)
+    dram_t, l2_t, sh_t = sum(dram), sum(l2), sum(sh)
     return GroupCost(
         footprint={"register": int(regs), "shared": int(smem)},
-        traffic_bytes={"dram": int(dram), "l2": int(l2), "shared": int(shared_traffic)},
+        traffic_bytes={"dram": int(dram_t), "l2": int(l2_t), "shared": int(sh_t)},
         transactions={"read_lines": int(reads), "write_sectors": int(writes)},
         flops=int(flops),
         recompute_factor=round(flops / flops_once, 4) if flops_once else 1.0,

@@ -58,3 +58,36 @@ def test_waves_and_grid_barrier(attn_graph, a100):
     cost = estimate_group(attn_graph, ["sm", "out"], conns, tiles, a100)
     assert cost.waves == 1 and cost.terms_us["grid_barrier"] > 0
     assert 0 < cost.wave_efficiency <= 1
+
+
+def test_segments_behind_grid_barriers_are_quantised_each_on_its_own_grid():
+    """A kernel's segments run one after another: a one-block segment leaves the device idle however many
+    blocks the other segments have, so it pays its own wave quantisation (not the widest segment's)."""
+    import dataclasses
+
+    from support import sample_path
+
+    from engine.device import get_device
+    from engine.frontend.importer import load_graph
+    from engine.schedule.policies import make_plan
+
+    graph = load_graph(sample_path("conv_bn_relu"))
+    device = get_device("a100")
+    plan = make_plan(graph, "welder", device)
+    group = next(g for g in plan.groups if len(g.segments) > 1)
+    conns = {e.key: e.conn for e in plan.edges}
+    base = estimate_group(graph, group.stages, conns, group.segments, device)
+    assert base.terms_us["segment_serialization"] >= 0 and base.terms_us["wave_quantization"] >= 0
+    # Shrink another segment's grid to a single block: its quantisation must grow although the kernel's
+    # widest grid is unchanged.
+    k = max(range(len(group.segments)), key=lambda j: group.segments[j].blocks)
+    other = next(j for j in range(len(group.segments)) if j != k)
+    seg = group.segments[other]
+    anchor = graph.stage(seg.stage)
+    whole = dataclasses.replace(seg, shape=tuple(anchor.shape), blocks=1)
+    tiles = list(group.segments)
+    tiles[other] = whole
+    one = estimate_group(graph, group.stages, conns, tiles, device)
+    assert max(t.blocks for t in tiles) == max(t.blocks for t in group.segments)
+    assert one.terms_us["wave_quantization"] > base.terms_us["wave_quantization"]
+    assert one.wave_efficiency < base.wave_efficiency  # with the widest grid's quantisation it would not move
