@@ -4,9 +4,10 @@ and a few hooks (thread loop, tile loop, where block buffers live), never by bra
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from engine.codegen.conv import window_interior
-from engine.codegen.kexpr import Guard, Reduce, free_vars, kwalk
+from engine.codegen.kexpr import Guard, Reduce, free_vars, kwalk, substitute_body
 from engine.codegen.kir import Kernel, Phase, Program, Segment
 from engine.codegen.printer import BodyWriter, Printer
 from engine.ir import expr as E
@@ -31,18 +32,24 @@ namespace cg = cooperative_groups;
 """
 
 
-SERIAL_WORK = 1 << 19  # element-steps (elements x reduction length) below which a C segment runs serially
+# Element-steps below which a C segment runs serially. Measured (2 threads, vectorised a*x+b): an
+# OpenMP parallel loop costs ~3 us over the serial one and breaks even near 64 K element-steps.
+SERIAL_WORK = 1 << 16
+TRANSCENDENTAL_STEPS = 8  # element-steps one exp/tanh/erf/log/pow/sqrt/... counts for
 
 
 def segment_work(seg: Segment) -> int:
     """Element-steps of a segment: per phase, elements per tile times the reduction length (inlined
-    reductions and tiled GEMM k included), times the tiles."""
+    reductions and tiled GEMM k included) times the body's weight (transcendentals count
+    TRANSCENDENTAL_STEPS each), times the tiles."""
     total = 0
     for p in seg.phases:
         elems = p.region.flat or math.prod(p.region.extent)
         steps = math.prod(p.reduce) if p.reduce else 1
         steps += sum(math.prod(r.extents) for r in kwalk(p.body) if isinstance(r, Reduce))
-        total += elems * steps
+        heavy = sum(1 for n in kwalk(p.body) if (isinstance(n, E.Unary) and n.op in _EXPENSIVE)
+                    or (isinstance(n, E.Binary) and n.op == "pow"))
+        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * heavy)
     return total * seg.ntiles
 
 
@@ -89,15 +96,92 @@ def conv_chunk(cols: int) -> int:
     return 8
 
 
+def _expensive(e) -> bool:
+    return any((isinstance(n, E.Unary) and n.op in _EXPENSIVE) or (isinstance(n, E.Binary) and n.op == "pow")
+               for n in kwalk(e))
+
+
+def _occurs(body, target) -> bool:
+    """Whether `target` is a subexpression of `body` outside pad guards and inlined reductions."""
+    stack = [body]
+    while stack:
+        e = stack.pop()
+        if e == target:
+            return True
+        if not isinstance(e, (Guard, Reduce)):
+            stack.extend(E.children(e))
+    return False
+
+
+@dataclass(frozen=True)
+class RowCache:
+    """A reduction's per-term value (a softmax row's exp) that a later elementwise phase of the same
+    tile recomputes along its innermost axis: the reduction loop stores each term in a per-tile array
+    `name[rows][n]`, the later phase reads it back (same value, so the same rounding)."""
+
+    name: str
+    producer: str  # stage of the reduction phase
+    consumer: str  # stage of the elementwise phase
+    term: object  # the reduced term at the consumer's index (its innermost variable for r0)
+    row_dims: int  # leading axes both phases share; the consumer's next axis runs along the row
+    extents: tuple[int, ...]  # of the row axes
+    n: int  # row length
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.extents) * self.n
+
+    def at(self, tag: str, col: str) -> str:
+        row = ""
+        for d, ext in enumerate(self.extents):
+            term = f"(i{d} - {tag}_lo{d})"
+            row = term if not row else f"({row}) * {ext} + {term}"
+        return f"{self.name}[({row}) * {self.n} + {col}]" if row else f"{self.name}[{col}]"
+
+
+def find_row_caches(seg: Segment) -> list[RowCache]:
+    """Row caches of a segment: a one-axis reduction whose term holds a transcendental and appears
+    again, with r0 read as the innermost index, in a later elementwise phase over the same rows whose
+    innermost axis spans exactly the reduced length (softmax's max/sum/normalise phases)."""
+    out: list[RowCache] = []
+    for k, prod in enumerate(seg.phases):
+        if (prod.combine is None or len(prod.reduce) != 1 or prod.gemm is not None or prod.region.flat
+                or not prod.region.spans or not _expensive(prod.body)):
+            continue
+        n = prod.reduce[0]
+        for cons in seg.phases[k + 1:]:
+            rc = cons.region.rank
+            if cons.combine is not None or cons.gemm is not None or cons.region.flat or not cons.region.spans \
+                    or not rc or prod.region.rank not in (rc - 1, rc):
+                continue
+            last = cons.region.spans[-1]
+            if (last.base, last.ext, last.clamp, any(last.coeffs)) != (0, n, False, False) \
+                    or cons.region.shape[-1] != n:
+                continue
+            rows = rc - 1
+            if prod.region.rank == rc and prod.region.shape[-1] != 1:
+                continue
+            if any(prod.region.spans[d] != cons.region.spans[d] or prod.region.spans[d].clamp
+                   for d in range(rows)):
+                continue
+            if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))}:
+                continue
+            term = substitute_body(prod.body, {"r0": I.var(f"i{rc - 1}")})
+            extents = tuple(cons.region.spans[d].ext for d in range(rows))
+            cache = RowCache(f"row{len(out)}", prod.stage, cons.stage, term, rows, extents, n)
+            if _occurs(cons.body, term) and cache.size <= _MAX_LINE:
+                out.append(cache)
+                break
+    return out
+
+
 class CPrinter(Printer):
     """Blocks run as iterations of an OpenMP loop; each phase's threads are one loop over its elements
     (phases run one after the other, so a block barrier needs no code); a grid barrier is the end of
     one OpenMP loop and the start of the next."""
 
-    # Two clones of every kernel, picked at load time by the CPU it runs on (GCC ifunc dispatch): AVX2
-    # vectors where the host has them, the baseline elsewhere, so a cached library never dies with
-    # SIGILL. -ffp-contract=off still keeps FMA contraction out of the AVX2 clone.
-    kernel_prefix = '__attribute__((target_clones("avx2", "default"))) '
+    # No per-ISA clones: the library is built for the host's CPU (ccompile.default_options).
+    kernel_prefix = ""
     helper_prefix = "static inline"
     table_qualifier = "static const"
     restrict = "restrict"
@@ -107,8 +191,18 @@ class CPrinter(Printer):
     header = C_HEADER
     f16_type = "_Float16"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.row_caches: list[RowCache] = []  # of the segment being printed
+
     def thread_loop(self, var: str, count: str) -> str:
         return f"for (int {var} = 0; {var} < {count}; ++{var})"
+
+    def segment_scratch(self, kernel: Kernel, seg: Segment) -> list[str]:
+        self.row_caches = find_row_caches(seg)
+        types = {p.stage: self.compute_type(p.body.dtype) for p in seg.phases}
+        return [f"{types[c.producer]} {c.name}[{c.size}];  // {c.producer} terms, reread by {c.consumer}"
+                for c in self.row_caches]
 
     def storage_type(self, dtype) -> str:
         # numpy bools are bytes holding 0/1; read as unsigned char and computed as int, so a select on a
@@ -354,6 +448,12 @@ class CPrinter(Printer):
             lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
         r = phase.region.rank
         ssa = BodyWriter(self, kernel, self.phase_ranges(phase))
+        keep = ""
+        for c in self.row_caches:
+            if c.consumer == phase.stage:
+                ssa.memo[c.term] = c.at(tag, f"i{r - 1}")
+            if c.producer == phase.stage:
+                keep = f"{c.at(tag, 'r0')} = {{v}};"
         lines += ["    " + x for x in self.cache_line_values(kernel, phase, tag, ssa)]
         depth = "    "
         single = [_one_wide(phase.region, d) for d in range(r)]
@@ -363,7 +463,7 @@ class CPrinter(Printer):
             lines.append(f"{depth}{{ const int i{d} = {tag}_lo{d};" if single[d] else
                          f"{depth}for (int i{d} = {tag}_lo{d}; i{d} < {tag}_hi{d}; ++i{d}) {{")
             depth += "    "
-        value = self.render_value(phase, ssa)
+        value = self.render_value(phase, ssa, keep=keep)
         body = list(ssa.lines)
         for name in phase.stores:
             buf = kernel.buffer(name)
@@ -379,14 +479,16 @@ class CPrinter(Printer):
         return lines + ["}"]
 
     def tile_loop(self, seg: Segment) -> list[str]:
-        # Dynamic: on a shared machine one OpenMP thread may be descheduled for a whole time slice;
+        # Guided: on a shared machine one OpenMP thread may be descheduled for a whole time slice;
         # with a static split the others then wait at the loop's end for its half of the tiles
-        # (measured: ~8 ms per kernel on 2 busy cores), dynamically they take its tiles instead.
+        # (measured: ~8 ms per kernel on 2 busy cores), with guided chunks they take its tiles
+        # instead. Unlike dynamic (one tile per grab) it does not pay an atomic per tile: 512 row
+        # tiles of LayerNorm ran ~1.5x slower under dynamic.
         # A segment of little work runs on the calling thread: waking a team costs more than it saves.
         loop = f"for (int t = 0; t < {seg.ntiles}; ++t) {{"
         if segment_work(seg) < SERIAL_WORK:
             return [f"// {segment_work(seg)} element-steps: serial", loop]
-        return ["#pragma omp parallel for schedule(dynamic)", loop]
+        return ["#pragma omp parallel for schedule(guided)", loop]
 
     def tile_loop_end(self, seg: Segment, last: bool) -> list[str]:
         return ["}"] + ([] if last else [self.grid_barrier])

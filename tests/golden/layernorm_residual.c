@@ -8,9 +8,9 @@
 
 // k00_add_mean_sub_pow_etc: stages Add_1_out, ReduceMean_2_out::sum, ReduceMean_2_out, Sub_3_out, Pow_5_out, ReduceMean_6_out::sum, ReduceMean_6_out, Add_8_out, Sqrt_9_out, Div_10_out, Mul_11_out, y
 // onnx nodes: Add_1, ReduceMean_2, Sub_3, Pow_5, ReduceMean_6, Add_8, Sqrt_9, Div_10, Mul_11, Add_12
-__attribute__((target_clones("avx2", "default"))) void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g_residual, float* restrict g_y, const float* restrict g_gamma, const float* restrict g_beta) {
+void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g_residual, float* restrict g_y, const float* restrict g_gamma, const float* restrict g_beta) {
     // segment 0: anchor y, 1536 tiles
-    #pragma omp parallel for schedule(dynamic)
+    #pragma omp parallel for schedule(guided)
     for (int t = 0; t < 1536; ++t) {
         const int tc1 = t % 3;
         const int tc0 = (t / 3);
