@@ -1,0 +1,76 @@
+"""C printer choices of engine/codegen/targets.py that exist for speed: row caches (a reduction's terms
+reread by a later phase instead of recomputed), which segments run in parallel, and kernels built for
+the host CPU. Each is checked on the source and on the result against onnxruntime."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plans import fuse_all, make_test_plan, policy_plan  # noqa: E402
+from sample_io import SAMPLES, load_sample, rel_error  # noqa: E402
+
+from engine.codegen.generate import generate  # noqa: E402
+from engine.codegen.targets import SERIAL_WORK, find_row_caches, render_c, segment_work  # noqa: E402
+from engine.runtime.cpu import compile_program_c, run_cpu  # noqa: E402
+from engine.schedule.plan import Tile  # noqa: E402
+
+
+def _kernels_only(source: str) -> str:
+    """The source without the helper definitions (which spell c0_expf themselves)."""
+    return "\n".join(line for line in source.splitlines() if not line.startswith("static inline"))
+
+
+def _run(graph, program, inputs) -> dict:
+    outs, _ = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights)
+    return outs
+
+
+def test_softmax_exp_is_computed_once_and_reread_from_a_row_cache():
+    """masked_softmax under welder: the sum phase stores each exp(x - max) in a per-tile row array and
+    the normalise phase divides that, so exp runs once per element instead of twice."""
+    graph, inputs, expected = load_sample("masked_softmax")
+    program = generate(policy_plan(graph, "welder"), graph)
+    caches = [c for k in program.kernels for s in k.segments for c in find_row_caches(s)]
+    assert [(c.producer, c.consumer) for c in caches] == [("probs::sum", "probs")]
+    body = _kernels_only(render_c(program))
+    assert body.count("c0_expf(") == 1
+    assert re.search(r"row0\[.*\+ r0\] = v\d+;", body) and re.search(r"row0\[.*\+ i3\] / v\d+", body)
+    # Random logits per run, so a cache read at the wrong row or column cannot match by chance.
+    rng = np.random.default_rng(5)
+    inputs = dict(inputs, scores=rng.standard_normal(inputs["scores"].shape).astype(np.float32) * 4)
+    sess = ort.InferenceSession(str(SAMPLES / "masked_softmax.onnx"), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], want[k]) for k in want) <= 1e-5
+    assert expected.keys() == want.keys()
+
+
+def test_no_row_cache_where_the_consumer_tile_splits_the_row():
+    """The normalise phase tiled half a row wide cannot read a full-row cache: exp is recomputed there,
+    and the result still matches onnxruntime."""
+    graph, inputs, expected = load_sample("masked_softmax")
+    plan = make_test_plan(graph, fuse_all(graph), tiles={"probs": Tile("probs", (1, 1, 4, 64), 128, 0)})
+    program = generate(plan, graph)
+    assert not [c for k in program.kernels for s in k.segments for c in find_row_caches(s)]
+    assert _kernels_only(render_c(program)).count("c0_expf(") == 2
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-3
+
+
+def test_transcendental_work_runs_in_parallel_and_tiny_segments_serially():
+    """gelu_chain (tanh on 393 K elements) is worth an OpenMP team; a segment of a few elements is not."""
+    graph = load_sample("gelu_chain")[0]
+    program = generate(policy_plan(graph, "welder"), graph)
+    segs = [s for k in program.kernels for s in k.segments]
+    assert all(segment_work(s) >= SERIAL_WORK for s in segs)
+    assert _kernels_only(render_c(program)).count("#pragma omp parallel for") == len(segs)
+    lstm = load_sample("lstm")[0]
+    small = [s for k in generate(policy_plan(lstm, "welder"), lstm).kernels for s in k.segments
+             if segment_work(s) < SERIAL_WORK]
+    assert small  # the per-step gate kernels stay on the calling thread
