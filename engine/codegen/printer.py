@@ -617,6 +617,29 @@ def _invariant_reductions(body, loop_vars: set[str]) -> list:
     return found
 
 
+def invariant_values(body, loop_vars: set[str]) -> list:
+    """Maximal subexpressions of `body` that do not depend on `loop_vars` (constants aside), outermost
+    first: what a loop over those variables computes once before it. None from under a pad guard
+    (hoisted out of it, their reads could leave the tensor). Hoisting by hand matters in the C
+    backend: OpenMP outlining drops `restrict`, so GCC keeps a row's mean load, its sqrt and divide
+    inside the column loop, behind the stores."""
+    memo: dict = {}
+    found, stack = [], [(body, frozenset(loop_vars))]
+    while stack:
+        n, bound = stack.pop()
+        if isinstance(n, (Guard, E.Imm)):
+            continue
+        if not (_free_vars(n, memo) & bound):
+            if n not in found:
+                found.append(n)
+            continue
+        if isinstance(n, Reduce):  # its own loop variables are bound inside it
+            stack.append((n.body, bound | set(n.vars)))
+        else:
+            stack.extend((c, bound) for c in reversed(E.children(n)))
+    return found
+
+
 class BodyWriter:
     """SSA emission of one scalar expression tree into `lines`."""
 
@@ -724,8 +747,8 @@ class BodyWriter:
         self.lines.append(f"{ct} {acc} = {init};")
         if arg:
             self.lines.append(f"long long {acc}_arg = 0;")
-        for node in _invariant_reductions(body, set(names)):
-            self.value(node)  # loop-invariant inner reduction (a row mean inside a GEMM's k loop): once
+        for node in invariant_values(body, set(names)):
+            self.value(node)  # loop-invariant (a row mean inside a GEMM's k loop, a row's max): once
         if lanes > 1:
             # Lanes of a row split the flattened reduction: lane l takes elements l, l+lanes, ...
             total = 1

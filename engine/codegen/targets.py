@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from engine.codegen.conv import window_interior
 from engine.codegen.kexpr import Guard, Reduce, free_vars, kwalk, substitute_body
 from engine.codegen.kir import Kernel, Phase, Program, Segment
-from engine.codegen.printer import BodyWriter, Printer
+from engine.codegen.printer import BodyWriter, Printer, invariant_values
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
@@ -458,6 +458,14 @@ class CPrinter(Printer):
         depth = "    "
         single = [_one_wide(phase.region, d) for d in range(r)]
         for d in range(r):
+            if d == r - 1 and not single[d] and phase.combine is None:
+                # Values of the row (its mean, 1/sqrt(var + eps), a softmax sum): once per row.
+                pre = BodyWriter(self, kernel, ssa.ranges, ssa.counter)
+                pre.memo = dict(ssa.memo)
+                for node in invariant_values(phase.body, {f"i{d}"}):
+                    pre.value(node)
+                ssa.memo = pre.memo
+                lines += [depth + x for x in pre.lines]
             # A one-wide axis is a constant, not a loop: GCC gives up vectorising a reduction loop
             # nested in single-iteration loops with run-time bounds ("control flow in loop").
             lines.append(f"{depth}{{ const int i{d} = {tag}_lo{d};" if single[d] else

@@ -40,14 +40,14 @@ void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g
             { const int i0 = s_ReduceMean_6_out__sum_lo0;
                 { const int i1 = s_ReduceMean_6_out__sum_lo1;
                     float v1 = 0;
+                    const float v2 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
+                    const float v3 = (v2 / 768.0f);
                     #pragma omp simd reduction(+:v1)
                     for (int r0 = 0; r0 < 768; ++r0) {
-                        const float v2 = g_x[(i0) * 768 + r0];
-                        const float v3 = g_residual[(i0) * 768 + r0];
-                        const float v4 = (v2 + v3);
-                        const float v5 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
-                        const float v6 = (v5 / 768.0f);
-                        const float v7 = (v4 - v6);
+                        const float v4 = g_x[(i0) * 768 + r0];
+                        const float v5 = g_residual[(i0) * 768 + r0];
+                        const float v6 = (v4 + v5);
+                        const float v7 = (v6 - v3);
                         const float v8 = (v7 * v7);
                         v1 += v8;
                     }
@@ -60,19 +60,19 @@ void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g
             const int p_lo0 = 1 * tc0, p_hi0 = p_lo0 + 1;
             const int p_lo1 = 256 * tc1, p_hi1 = p_lo1 + 256;
             { const int i0 = p_lo0;
+                const float v1 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
+                const float v2 = (v1 / 768.0f);
+                const float v3 = s_ReduceMean_6_out__sum[((i0 - s_ReduceMean_6_out__sum_lo0)) * 1 + (0 - s_ReduceMean_6_out__sum_lo1)];
+                const float v4 = (v3 / 768.0f);
+                const float v5 = (v4 + 9.99999975e-06f);
+                const float v6 = sqrtf(v5);
                 #pragma omp simd
                 for (int i1 = p_lo1; i1 < p_hi1; ++i1) {
-                    const float v1 = g_x[(i0) * 768 + i1];
-                    const float v2 = g_residual[(i0) * 768 + i1];
-                    const float v3 = (v1 + v2);
-                    const float v4 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
-                    const float v5 = (v4 / 768.0f);
-                    const float v6 = (v3 - v5);
-                    const float v7 = s_ReduceMean_6_out__sum[((i0 - s_ReduceMean_6_out__sum_lo0)) * 1 + (0 - s_ReduceMean_6_out__sum_lo1)];
-                    const float v8 = (v7 / 768.0f);
-                    const float v9 = (v8 + 9.99999975e-06f);
-                    const float v10 = sqrtf(v9);
-                    const float v11 = (v6 / v10);
+                    const float v7 = g_x[(i0) * 768 + i1];
+                    const float v8 = g_residual[(i0) * 768 + i1];
+                    const float v9 = (v7 + v8);
+                    const float v10 = (v9 - v2);
+                    const float v11 = (v10 / v6);
                     const float v12 = g_gamma[i1];
                     const float v13 = (v11 * v12);
                     const float v14 = g_beta[i1];

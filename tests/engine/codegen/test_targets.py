@@ -74,3 +74,19 @@ def test_transcendental_work_runs_in_parallel_and_tiny_segments_serially():
     small = [s for k in generate(policy_plan(lstm, "welder"), lstm).kernels for s in k.segments
              if segment_work(s) < SERIAL_WORK]
     assert small  # the per-step gate kernels stay on the calling thread
+
+
+def test_row_invariants_are_computed_before_the_column_loop():
+    """LayerNorm's normalise phase: the row's variance load, sqrt and the mean in the centring phase
+    sit before the vectorised column loop (OpenMP outlining drops restrict, so GCC would redo them per
+    vector behind the stores); the result still matches onnxruntime."""
+    graph, inputs, expected = load_sample("layernorm_residual")
+    program = generate(policy_plan(graph, "welder"), graph)
+    lines = _kernels_only(render_c(program)).splitlines()
+    indent = {k: len(x) - len(x.lstrip()) for k, x in enumerate(lines)}
+    sqrt = next(k for k, x in enumerate(lines) if "sqrtf(" in x)
+    column = next(k for k in range(sqrt, len(lines)) if lines[k].lstrip().startswith("for ("))
+    store = next(k for k in range(column, len(lines)) if "g_y[" in lines[k])
+    assert lines[column - 1].strip() == "#pragma omp simd" and indent[sqrt] < indent[store]
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-5
