@@ -617,17 +617,17 @@ def _invariant_reductions(body, loop_vars: set[str]) -> list:
     return found
 
 
-def invariant_values(body, loop_vars: set[str]) -> list:
+def invariant_values(body, loop_vars: set[str], known: set | frozenset = frozenset()) -> list:
     """Maximal subexpressions of `body` that do not depend on `loop_vars` (constants aside), outermost
     first: what a loop over those variables computes once before it. None from under a pad guard
     (hoisted out of it, their reads could leave the tensor). Hoisting by hand matters in the C
     backend: OpenMP outlining drops `restrict`, so GCC keeps a row's mean load, its sqrt and divide
-    inside the column loop, behind the stores."""
+    inside the column loop, behind the stores. Nodes in `known` (already computed) are skipped whole."""
     memo: dict = {}
     found, stack = [], [(body, frozenset(loop_vars))]
     while stack:
         n, bound = stack.pop()
-        if isinstance(n, (Guard, E.Imm)):
+        if isinstance(n, (Guard, E.Imm)) or n in known:
             continue
         if not (_free_vars(n, memo) & bound):
             if n not in found:

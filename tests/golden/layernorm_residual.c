@@ -66,18 +66,19 @@ void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g
                 const float v4 = (v3 / 768.0f);
                 const float v5 = (v4 + 9.99999975e-06f);
                 const float v6 = sqrtf(v5);
+                const float v7 = (1.0f / v6);
                 #pragma omp simd
                 for (int i1 = p_lo1; i1 < p_hi1; ++i1) {
-                    const float v7 = g_x[(i0) * 768 + i1];
-                    const float v8 = g_residual[(i0) * 768 + i1];
-                    const float v9 = (v7 + v8);
-                    const float v10 = (v9 - v2);
-                    const float v11 = (v10 / v6);
-                    const float v12 = g_gamma[i1];
-                    const float v13 = (v11 * v12);
-                    const float v14 = g_beta[i1];
-                    const float v15 = (v13 + v14);
-                    g_y[(i0) * 768 + i1] = v15;
+                    const float v8 = g_x[(i0) * 768 + i1];
+                    const float v9 = g_residual[(i0) * 768 + i1];
+                    const float v10 = (v8 + v9);
+                    const float v11 = (v10 - v2);
+                    const float v12 = (v11 * v7);
+                    const float v13 = g_gamma[i1];
+                    const float v14 = (v12 * v13);
+                    const float v15 = g_beta[i1];
+                    const float v16 = (v14 + v15);
+                    g_y[(i0) * 768 + i1] = v16;
                 }
             }
         }

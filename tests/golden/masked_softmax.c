@@ -85,11 +85,11 @@ void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigne
             { const int i0 = p_lo0;
                 { const int i1 = p_lo1;
                     for (int i2 = p_lo2; i2 < p_hi2; ++i2) {
-                        const float v1 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
-                        const float v2 = s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (0 - s_probs__sum_lo3)];
+                        const float v1 = s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (0 - s_probs__sum_lo3)];
+                        const float v2 = (1.0f / v1);
                         #pragma omp simd
                         for (int i3 = p_lo3; i3 < p_hi3; ++i3) {
-                            const float v3 = (row0[((((i0 - p_lo0)) * 1 + (i1 - p_lo1)) * 2 + (i2 - p_lo2)) * 128 + i3] / v2);
+                            const float v3 = (row0[((((i0 - p_lo0)) * 1 + (i1 - p_lo1)) * 2 + (i2 - p_lo2)) * 128 + i3] * v2);
                             g_probs[(((i0) * 12 + i1) * 128 + i2) * 128 + i3] = v3;
                         }
                     }
