@@ -47,9 +47,7 @@ def segment_work(seg: Segment) -> int:
         elems = p.region.flat or math.prod(p.region.extent)
         steps = math.prod(p.reduce) if p.reduce else 1
         steps += sum(math.prod(r.extents) for r in kwalk(p.body) if isinstance(r, Reduce))
-        heavy = sum(1 for n in kwalk(p.body) if (isinstance(n, E.Unary) and n.op in _EXPENSIVE)
-                    or (isinstance(n, E.Binary) and n.op == "pow"))
-        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * heavy)
+        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * sum(map(_transcendental, kwalk(p.body))))
     return total * seg.ntiles
 
 
@@ -64,6 +62,10 @@ _MAX_LINE = 16384  # floats of one per-tile line cache (on the stack of an OpenM
 _EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos"}
 
 
+def _transcendental(n) -> bool:
+    return (isinstance(n, E.Unary) and n.op in _EXPENSIVE) or (isinstance(n, E.Binary) and n.op == "pow")
+
+
 def _line_values(body, var: str) -> list:
     """Maximal float subexpressions of `body` depending on `var` alone and holding a transcendental
     (none under a pad guard or inside an inlined reduction)."""
@@ -74,8 +76,7 @@ def _line_values(body, var: str) -> list:
         if isinstance(e, (Guard, Reduce)):
             continue
         if getattr(e, "dtype", None) is not None and e.dtype.is_float and free_vars(e) == {var} \
-                and any((isinstance(n, E.Unary) and n.op in _EXPENSIVE) or (isinstance(n, E.Binary) and n.op == "pow")
-                        for n in kwalk(e)) and e not in found:
+                and any(map(_transcendental, kwalk(e))) and e not in found:
             found.append(e)
             continue
         stack.extend(E.children(e))
@@ -94,11 +95,6 @@ def conv_chunk(cols: int) -> int:
         if -(-cols // v) * v - cols <= cols / 8:
             return v
     return 8
-
-
-def _expensive(e) -> bool:
-    return any((isinstance(n, E.Unary) and n.op in _EXPENSIVE) or (isinstance(n, E.Binary) and n.op == "pow")
-               for n in kwalk(e))
 
 
 def _occurs(body, target) -> bool:
@@ -131,13 +127,14 @@ def reciprocal_divisions(body, var: str):
 
 @dataclass(frozen=True)
 class RowCache:
-    """A reduction's per-term value (a softmax row's exp) that a later elementwise phase of the same
-    tile recomputes along its innermost axis: the reduction loop stores each term in a per-tile array
-    `name[rows][n]`, the later phase reads it back (same value, so the same rounding)."""
+    """A reduction's per-term value that a later phase of the same tile recomputes: softmax's exp in
+    the normalise phase (along its innermost axis), its masked logits in the sum phase (along the
+    same r0). The reduction loop stores each term in a per-tile array `name[rows][n]` (L1-resident),
+    the later phase reads it back: same value, so the same rounding."""
 
     name: str
     producer: str  # stage of the reduction phase
-    consumer: str  # stage of the elementwise phase
+    consumer: str  # stage of the later phase (elementwise, or a reduction over the same rows)
     term: object  # the reduced term at the consumer's index (its innermost variable for r0)
     row_dims: int  # leading axes both phases share; the consumer's next axis runs along the row
     extents: tuple[int, ...]  # of the row axes
@@ -155,20 +152,41 @@ class RowCache:
         return f"{self.name}[({row}) * {self.n} + {col}]" if row else f"{self.name}[{col}]"
 
 
+def _row_reread(prod: Phase, cons: Phase) -> RowCache | None:
+    """The cache of `prod`'s terms for `cons` (named later) when `cons` is a one-axis reduction over
+    the same rows and length whose body holds the same term."""
+    if cons.combine is None or cons.reduce != prod.reduce or cons.gemm is not None \
+            or cons.region.spans != prod.region.spans or cons.region.shape != prod.region.shape:
+        return None
+    rows = prod.region.rank
+    if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))} or not _occurs(cons.body, prod.body):
+        return None
+    extents = tuple(sp.ext for sp in prod.region.spans)
+    return RowCache("", prod.stage, cons.stage, prod.body, rows, extents, prod.reduce[0])
+
+
 def find_row_caches(seg: Segment) -> list[RowCache]:
-    """Row caches of a segment: a one-axis reduction whose term holds a transcendental and appears
-    again, with r0 read as the innermost index, in a later elementwise phase over the same rows whose
-    innermost axis spans exactly the reduced length (softmax's max/sum/normalise phases)."""
+    """Row caches of a segment: a one-axis reduction whose term is more than one load and appears
+    again in a later phase over the same rows, either a reduction over the same r0 or, with r0 read
+    as the innermost index, an elementwise phase whose innermost axis spans exactly the reduced length
+    (softmax's max/sum/normalise phases). At most _MAX_LINE floats per tile in all."""
     out: list[RowCache] = []
     for k, prod in enumerate(seg.phases):
         if (prod.combine is None or len(prod.reduce) != 1 or prod.gemm is not None or prod.region.flat
-                or not prod.region.spans or not _expensive(prod.body)):
+                or not prod.region.spans or isinstance(prod.body, (E.Load, E.Imm))
+                or prod.combine in (Combine.ARGMAX, Combine.ARGMIN)):
             continue
         n = prod.reduce[0]
         for cons in seg.phases[k + 1:]:
+            if cons.region.flat or not cons.region.spans:
+                continue
+            again = _row_reread(prod, cons)
+            if again is not None:
+                if again.size + sum(c.size for c in out) <= _MAX_LINE:
+                    out.append(replace(again, name=f"row{len(out)}"))
+                break
             rc = cons.region.rank
-            if cons.combine is not None or cons.gemm is not None or cons.region.flat or not cons.region.spans \
-                    or not rc or prod.region.rank not in (rc - 1, rc):
+            if cons.combine is not None or cons.gemm is not None or not rc or prod.region.rank not in (rc - 1, rc):
                 continue
             last = cons.region.spans[-1]
             if (last.base, last.ext, last.clamp, any(last.coeffs)) != (0, n, False, False) \
@@ -185,8 +203,9 @@ def find_row_caches(seg: Segment) -> list[RowCache]:
             term = substitute_body(prod.body, {"r0": I.var(f"i{rc - 1}")})
             extents = tuple(cons.region.spans[d].ext for d in range(rows))
             cache = RowCache(f"row{len(out)}", prod.stage, cons.stage, term, rows, extents, n)
-            if _occurs(cons.body, term) and cache.size <= _MAX_LINE:
-                out.append(cache)
+            if _occurs(cons.body, term):
+                if cache.size + sum(c.size for c in out) <= _MAX_LINE:
+                    out.append(cache)
                 break
     return out
 
@@ -470,7 +489,7 @@ class CPrinter(Printer):
         keep = ""
         for c in self.row_caches:
             if c.consumer == phase.stage:
-                ssa.memo[c.term] = c.at(tag, f"i{r - 1}")
+                ssa.memo[c.term] = c.at(tag, "r0" if phase.combine is not None else f"i{r - 1}")
             if c.producer == phase.stage:
                 keep = f"{c.at(tag, 'r0')} = {{v}};"
         lines += ["    " + x for x in self.cache_line_values(kernel, phase, tag, ssa)]

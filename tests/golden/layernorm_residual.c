@@ -20,6 +20,7 @@ void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g
         const int s_ReduceMean_2_out__sum_lo1 = 0, s_ReduceMean_2_out__sum_hi1 = s_ReduceMean_2_out__sum_lo1 + 1;
         const int s_ReduceMean_6_out__sum_lo0 = 1 * tc0, s_ReduceMean_6_out__sum_hi0 = s_ReduceMean_6_out__sum_lo0 + 1;
         const int s_ReduceMean_6_out__sum_lo1 = 0, s_ReduceMean_6_out__sum_hi1 = s_ReduceMean_6_out__sum_lo1 + 1;
+        float row0[768];  // ReduceMean_2_out::sum terms, reread by ReduceMean_6_out::sum
         {  // ReduceMean_2_out::sum
             { const int i0 = s_ReduceMean_2_out__sum_lo0;
                 { const int i1 = s_ReduceMean_2_out__sum_lo1;
@@ -29,6 +30,7 @@ void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g
                         const float v2 = g_x[(i0) * 768 + r0];
                         const float v3 = g_residual[(i0) * 768 + r0];
                         const float v4 = (v2 + v3);
+                        row0[(((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_2_out__sum_lo1)) * 768 + r0] = v4;
                         v1 += v4;
                     }
                     s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_2_out__sum_lo1)] = v1;
@@ -44,12 +46,9 @@ void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g
                     const float v3 = (v2 / 768.0f);
                     #pragma omp simd reduction(+:v1)
                     for (int r0 = 0; r0 < 768; ++r0) {
-                        const float v4 = g_x[(i0) * 768 + r0];
-                        const float v5 = g_residual[(i0) * 768 + r0];
-                        const float v6 = (v4 + v5);
-                        const float v7 = (v6 - v3);
-                        const float v8 = (v7 * v7);
-                        v1 += v8;
+                        const float v4 = (row0[(((i0 - s_ReduceMean_6_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_6_out__sum_lo1)) * 768 + r0] - v3);
+                        const float v5 = (v4 * v4);
+                        v1 += v5;
                     }
                     s_ReduceMean_6_out__sum[((i0 - s_ReduceMean_6_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_6_out__sum_lo1)] = v1;
                 }

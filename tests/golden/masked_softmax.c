@@ -28,7 +28,8 @@ void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigne
         const int s_probs__sum_lo1 = 1 * tc1, s_probs__sum_hi1 = s_probs__sum_lo1 + 1;
         const int s_probs__sum_lo2 = 2 * tc2, s_probs__sum_hi2 = s_probs__sum_lo2 + 2;
         const int s_probs__sum_lo3 = 0, s_probs__sum_hi3 = s_probs__sum_lo3 + 1;
-        float row0[256];  // probs::sum terms, reread by probs
+        float row0[256];  // probs::max terms, reread by probs::sum
+        float row1[256];  // probs::sum terms, reread by probs
         {  // probs::max
             { const int i0 = s_probs__max_lo0;
                 { const int i1 = s_probs__max_lo1;
@@ -42,6 +43,7 @@ void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigne
                                 const int v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
                                 const float v5 = v4 ? 0.0f : (-1e+09f);
                                 const float v6 = (v3 + v5);
+                                row0[(((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (i3 - s_probs__max_lo3)) * 128 + r0] = v6;
                                 v1 = v6 > v1 ? v6 : v1;
                             }
                             s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (i3 - s_probs__max_lo3)] = v1;
@@ -60,15 +62,10 @@ void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigne
                             const float v2 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
                             #pragma omp simd reduction(+:v1)
                             for (int r0 = 0; r0 < 128; ++r0) {
-                                const float v3 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
-                                const float v4 = (v3 * 0.125f);
-                                const int v5 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
-                                const float v6 = v5 ? 0.0f : (-1e+09f);
-                                const float v7 = (v4 + v6);
-                                const float v8 = (v7 - v2);
-                                const float v9 = c0_expf(v8);
-                                row0[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 128 + r0] = v9;
-                                v1 += v9;
+                                const float v3 = (row0[(((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (i3 - s_probs__sum_lo3)) * 128 + r0] - v2);
+                                const float v4 = c0_expf(v3);
+                                row1[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 128 + r0] = v4;
+                                v1 += v4;
                             }
                             s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (i3 - s_probs__sum_lo3)] = v1;
                         }
@@ -89,7 +86,7 @@ void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigne
                         const float v2 = (1.0f / v1);
                         #pragma omp simd
                         for (int i3 = p_lo3; i3 < p_hi3; ++i3) {
-                            const float v3 = (row0[((((i0 - p_lo0)) * 1 + (i1 - p_lo1)) * 2 + (i2 - p_lo2)) * 128 + i3] * v2);
+                            const float v3 = (row1[((((i0 - p_lo0)) * 1 + (i1 - p_lo1)) * 2 + (i2 - p_lo2)) * 128 + i3] * v2);
                             g_probs[(((i0) * 12 + i1) * 128 + i2) * 128 + i3] = v3;
                         }
                     }
