@@ -32,9 +32,12 @@ namespace cg = cooperative_groups;
 """
 
 
-# Element-steps below which a C segment runs serially. Measured (2 threads, vectorised a*x+b): an
-# OpenMP parallel loop costs ~3 us over the serial one and breaks even near 64 K element-steps.
-SERIAL_WORK = 1 << 16
+# Element-steps below which a C segment runs serially. On an idle machine (2 threads, vectorised
+# a*x+b) an OpenMP parallel loop costs ~3 us over the serial one and breaks even near 64 K
+# element-steps; but on a shared machine every parallel loop may wait a whole time slice (~8 ms) for
+# a descheduled thread at its end: at 64 K, lstm's 30 per-step segments went parallel and its median
+# run took 264 ms instead of 20 ms. So only segments well past break-even get a team.
+SERIAL_WORK = 1 << 19
 TRANSCENDENTAL_STEPS = 8  # element-steps one exp/tanh/erf/log/pow/sqrt/... counts for
 
 
