@@ -108,3 +108,24 @@ def test_division_by_a_row_value_becomes_a_reciprocal_only_there():
     row = E.Load("s", (I.var("i0"),), DType.F32)
     out = reciprocal_divisions(E.div(E.div(col, E.div(row, E.imm(3.0))), col), "i1")
     assert out == E.div(E.mul(col, E.Unary("recip", E.div(row, E.imm(3.0)), DType.F32)), col)
+
+
+def test_only_convolution_kernels_keep_to_avx2_on_x86():
+    """Kernels holding a direct convolution carry target("no-avx512f") (their register blocking is
+    sized for AVX2), the others none, and they still match onnxruntime."""
+    import platform
+
+    import pytest
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("x86-only attribute")
+    graph, inputs, expected = load_sample("conv_bn_relu")
+    program = generate(policy_plan(graph, "unfused"), graph)
+    sigs = [x for x in render_c(program).splitlines() if x.rstrip().endswith("{") and " void k" in " " + x]
+    conv = [k.name for k in program.kernels if any(p.conv for s in k.segments for p in s.phases)]
+    assert conv and len(conv) < len(sigs)
+    for line in sigs:
+        name = line.split("void ", 1)[1].split("(", 1)[0]
+        assert line.startswith('__attribute__((target("no-avx512f")))') == (name in conv), line
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-3
