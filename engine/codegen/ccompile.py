@@ -24,15 +24,34 @@ from engine.flags import cache_dir, debug
 
 # -ffp-contract=off: no fused multiply-adds, so the C backend rounds like the NumPy reference.
 # -fno-math-errno lets expf/sqrtf vectorise without changing results.
-# No -march=native by default: the cache may be shared (NFS home, CI cache) across machines, where a
-# binary built for another CPU dies with SIGILL. A caller who passes it gets the host's CPU folded
-# into the cache key (see _host_fingerprint), so such binaries never leave the CPU they were built for.
+# DEFAULT_OPTIONS are portable; compile_c adds -march=native (see default_options) unless given options.
+# A binary built for one CPU dies with SIGILL on another, so any option naming "native" folds the
+# host's CPU into the cache key (see _host_fingerprint): a shared cache (NFS home, CI cache) never
+# hands such a binary to another CPU.
 DEFAULT_OPTIONS: tuple[str, ...] = (
     "-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-std=c11", "-shared", "-fPIC",
 )
 LINK_LIBS: tuple[str, ...] = ("-lm",)  # after the source file, where the linker looks for them
 _CACHE_FORMAT = 1
 _COMPILE_TIMEOUT_S = 600
+
+
+def default_options() -> tuple[str, ...]:
+    """DEFAULT_OPTIONS plus -march=native where the compiler accepts it: loops vectorise at the host's
+    full width (AVX-512 where it has it). Per-ISA function clones (target_clones) are no substitute:
+    GCC 12 sizes an `omp simd` loop's lanes for the baseline ISA before cloning, so the AVX2 clone of a
+    row reduction ran on 16-byte vectors."""
+    return _default_options(tuple(find_compiler()))
+
+
+@functools.cache
+def _default_options(cmd: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        proc = subprocess.run([*cmd, "-march=native", "-x", "c", "-fsyntax-only", "-"], input="int x;\n",
+                              capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return DEFAULT_OPTIONS
+    return (*DEFAULT_OPTIONS, "-march=native") if proc.returncode == 0 else DEFAULT_OPTIONS
 
 
 def find_compiler() -> list[str]:
@@ -98,10 +117,11 @@ def _first_error(log: str) -> str:
     return f"{first} (+{len(errors) - 1} more)" if len(errors) > 1 else first
 
 
-def compile_c(source: str, *, name: str, options: tuple[str, ...] = DEFAULT_OPTIONS) -> Path:
-    """Compile `source` to a shared library and return its path; a cache hit runs no compiler."""
+def compile_c(source: str, *, name: str, options: tuple[str, ...] | None = None) -> Path:
+    """Compile `source` to a shared library and return its path; a cache hit runs no compiler.
+    `options` default to default_options()."""
     cmd = find_compiler()
-    options = tuple(options)
+    options = _default_options(tuple(cmd)) if options is None else tuple(options)
     key_parts = [_CACHE_FORMAT, source, list(options), list(LINK_LIBS), _compiler_version(tuple(cmd))]
     if any("native" in opt for opt in options):
         key_parts.append(_host_fingerprint())

@@ -118,6 +118,10 @@ class Printer:
     def tile_loop(self, seg: Segment) -> list[str]:
         raise NotImplementedError
 
+    def segment_scratch(self, kernel: Kernel, seg: Segment) -> list[str]:
+        """Declarations of per-tile arrays a target keeps beside the BLOCK buffers (none by default)."""
+        return []
+
     def tile_loop_end(self, seg: Segment, last: bool) -> list[str]:
         raise NotImplementedError
 
@@ -167,6 +171,7 @@ class Printer:
         for b in kernel.locals:
             if b.name in mine:
                 lines += ["    " + x for x in self.region_bounds(kernel, b.name, b.region)]
+        lines += ["    " + x for x in self.segment_scratch(kernel, seg)]
         for k, phase in enumerate(seg.phases):
             lines += ["    " + x for x in self.render_phase(kernel, phase)]
             if k < len(seg.phases) - 1:
@@ -513,11 +518,12 @@ class Printer:
                         f"{self.store_value(value, buf.dtype)};")
         return lines + ["        " + x for x in body] + ["    }", "}"]
 
-    def render_value(self, phase: Phase, ssa: BodyWriter, lanes: int = 1) -> str:
+    def render_value(self, phase: Phase, ssa: BodyWriter, lanes: int = 1, keep: str = "") -> str:
+        """The phase's value; `keep` (a reduction only) is a statement run on each reduced term `{v}`."""
         if phase.combine is None:
             return ssa.value(phase.body)
         names = tuple(f"r{k}" for k in range(len(phase.reduce)))
-        return ssa.reduction(phase.body, names, phase.reduce, phase.combine, phase.body.dtype, lanes)
+        return ssa.reduction(phase.body, names, phase.reduce, phase.combine, phase.body.dtype, lanes, keep)
 
     # ---- math spellings ----------------------------------------------------------------------
     def unary(self, op: str, x: str, dtype: DType) -> str:
@@ -608,6 +614,29 @@ def _invariant_reductions(body, loop_vars: set[str]) -> list:
             found.append(n)
             continue
         stack.extend(reversed(E.children(n)) if not isinstance(n, Reduce) else [n.body])
+    return found
+
+
+def invariant_values(body, loop_vars: set[str], known: set | frozenset = frozenset()) -> list:
+    """Maximal subexpressions of `body` that do not depend on `loop_vars` (constants aside), outermost
+    first: what a loop over those variables computes once before it. None from under a pad guard
+    (hoisted out of it, their reads could leave the tensor). Hoisting by hand matters in the C
+    backend: OpenMP outlining drops `restrict`, so GCC keeps a row's mean load, its sqrt and divide
+    inside the column loop, behind the stores. Nodes in `known` (already computed) are skipped whole."""
+    memo: dict = {}
+    found, stack = [], [(body, frozenset(loop_vars))]
+    while stack:
+        n, bound = stack.pop()
+        if isinstance(n, (Guard, E.Imm)) or n in known:
+            continue
+        if not (_free_vars(n, memo) & bound):
+            if n not in found:
+                found.append(n)
+            continue
+        if isinstance(n, Reduce):  # its own loop variables are bound inside it
+            stack.append((n.body, bound | set(n.vars)))
+        else:
+            stack.extend((c, bound) for c in reversed(E.children(n)))
     return found
 
 
@@ -705,8 +734,10 @@ class BodyWriter:
         self.memo[e] = out
         return out
 
-    def reduction(self, body, names, extents, combine: Combine, dtype: DType, lanes: int = 1) -> str:
-        """Emit the loop nest of a reduction; returns the name holding the result."""
+    def reduction(self, body, names, extents, combine: Combine, dtype: DType, lanes: int = 1,
+                  keep: str = "") -> str:
+        """Emit the loop nest of a reduction; returns the name holding the result. `keep`, a statement
+        template over `{v}`, also runs on every term (a row cache storing it for a later phase)."""
         ct = self.p.compute_type(dtype if combine not in (Combine.ARGMAX, Combine.ARGMIN) else body.dtype)
         acc = self.fresh()
         arg = combine in (Combine.ARGMAX, Combine.ARGMIN)
@@ -716,8 +747,8 @@ class BodyWriter:
         self.lines.append(f"{ct} {acc} = {init};")
         if arg:
             self.lines.append(f"long long {acc}_arg = 0;")
-        for node in _invariant_reductions(body, set(names)):
-            self.value(node)  # loop-invariant inner reduction (a row mean inside a GEMM's k loop): once
+        for node in invariant_values(body, set(names)):
+            self.value(node)  # loop-invariant (a row mean inside a GEMM's k loop, a row's max): once
         if lanes > 1:
             # Lanes of a row split the flattened reduction: lane l takes elements l, l+lanes, ...
             total = 1
@@ -742,7 +773,8 @@ class BodyWriter:
                 Combine.MAX: f"{acc} = {v} > {acc} ? {v} : {acc};", Combine.MIN: f"{acc} = {v} < {acc} ? {v} : {acc};",
                 Combine.ARGMAX: f"if ({v} > {acc}) {{ {acc} = {v}; {acc}_arg = {names[0]}; }}",
                 Combine.ARGMIN: f"if ({v} < {acc}) {{ {acc} = {v}; {acc}_arg = {names[0]}; }}"}[combine]
-        self.lines += ["    " + x for x in inner.lines + [step]]
+        kept = [keep.format(v=v)] if keep else []
+        self.lines += ["    " + x for x in inner.lines + kept + [step]]
         self.lines += ["}"] * (1 if lanes > 1 else len(extents))
         return f"{acc}_arg" if arg else acc
 

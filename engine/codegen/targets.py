@@ -4,11 +4,13 @@ and a few hooks (thread loop, tile loop, where block buffers live), never by bra
 from __future__ import annotations
 
 import math
+import platform
+from dataclasses import dataclass, replace
 
 from engine.codegen.conv import window_interior
-from engine.codegen.kexpr import Guard, Reduce, free_vars, kwalk
+from engine.codegen.kexpr import Guard, Reduce, free_vars, kmap, kwalk, substitute_body
 from engine.codegen.kir import Kernel, Phase, Program, Segment
-from engine.codegen.printer import BodyWriter, Printer
+from engine.codegen.printer import BodyWriter, Printer, invariant_values
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
@@ -31,18 +33,26 @@ namespace cg = cooperative_groups;
 """
 
 
-SERIAL_WORK = 1 << 19  # element-steps (elements x reduction length) below which a C segment runs serially
+# Element-steps below which a C segment runs serially. On an idle machine (2 threads, vectorised
+# a*x+b) an OpenMP parallel loop costs ~3 us over the serial one and breaks even near 64 K
+# element-steps; but on a shared machine every parallel loop may wait a whole time slice (~8 ms) for
+# a descheduled thread at its end: at 64 K, lstm's 30 per-step segments went parallel and its median
+# run took 264 ms instead of 20 ms. So only segments well past break-even get a team.
+SERIAL_WORK = 1 << 19
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+TRANSCENDENTAL_STEPS = 8  # element-steps one exp/tanh/erf/log/pow/sqrt/... counts for
 
 
 def segment_work(seg: Segment) -> int:
     """Element-steps of a segment: per phase, elements per tile times the reduction length (inlined
-    reductions and tiled GEMM k included), times the tiles."""
+    reductions and tiled GEMM k included) times the body's weight (transcendentals count
+    TRANSCENDENTAL_STEPS each), times the tiles."""
     total = 0
     for p in seg.phases:
         elems = p.region.flat or math.prod(p.region.extent)
         steps = math.prod(p.reduce) if p.reduce else 1
         steps += sum(math.prod(r.extents) for r in kwalk(p.body) if isinstance(r, Reduce))
-        total += elems * steps
+        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * sum(map(_transcendental, kwalk(p.body))))
     return total * seg.ntiles
 
 
@@ -57,6 +67,10 @@ _MAX_LINE = 16384  # floats of one per-tile line cache (on the stack of an OpenM
 _EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos"}
 
 
+def _transcendental(n) -> bool:
+    return (isinstance(n, E.Unary) and n.op in _EXPENSIVE) or (isinstance(n, E.Binary) and n.op == "pow")
+
+
 def _line_values(body, var: str) -> list:
     """Maximal float subexpressions of `body` depending on `var` alone and holding a transcendental
     (none under a pad guard or inside an inlined reduction)."""
@@ -67,8 +81,7 @@ def _line_values(body, var: str) -> list:
         if isinstance(e, (Guard, Reduce)):
             continue
         if getattr(e, "dtype", None) is not None and e.dtype.is_float and free_vars(e) == {var} \
-                and any((isinstance(n, E.Unary) and n.op in _EXPENSIVE) or (isinstance(n, E.Binary) and n.op == "pow")
-                        for n in kwalk(e)) and e not in found:
+                and any(map(_transcendental, kwalk(e))) and e not in found:
             found.append(e)
             continue
         stack.extend(E.children(e))
@@ -89,15 +102,126 @@ def conv_chunk(cols: int) -> int:
     return 8
 
 
+def _occurs(body, target) -> bool:
+    """Whether `target` is a subexpression of `body` outside pad guards and inlined reductions."""
+    stack = [body]
+    while stack:
+        e = stack.pop()
+        if e == target:
+            return True
+        if not isinstance(e, (Guard, Reduce)):
+            stack.extend(E.children(e))
+    return False
+
+
+def reciprocal_divisions(body, var: str):
+    """`body` with float32 divisions x / y, x varying along `var` and y not (a softmax row's sum, a
+    LayerNorm row's sqrt(var + eps)), as x * (1 / y): the reciprocal is then computed once per row
+    and the column loop multiplies; a vector divide costs several multiplies. Within 1.5 ulp of the
+    quotient (the printers' results are compared at 1e-3 relative), as onnxruntime's kernels do."""
+    memo: dict = {}
+
+    def visit(e):
+        if isinstance(e, E.Binary) and e.op == "div" and e.dtype == DType.F32 \
+                and var in free_vars(e.a, memo) and var not in free_vars(e.b, memo):
+            return E.Binary("mul", e.a, E.Unary("recip", e.b, e.dtype), e.dtype)
+        return e
+
+    return kmap(body, visit)
+
+
+@dataclass(frozen=True)
+class RowCache:
+    """A reduction's per-term value that a later phase of the same tile recomputes: softmax's exp in
+    the normalise phase (along its innermost axis), its masked logits in the sum phase (along the
+    same r0). The reduction loop stores each term in a per-tile array `name[rows][n]` (L1-resident),
+    the later phase reads it back: same value, so the same rounding."""
+
+    name: str
+    producer: str  # stage of the reduction phase
+    consumer: str  # stage of the later phase (elementwise, or a reduction over the same rows)
+    term: object  # the reduced term at the consumer's index (its innermost variable for r0)
+    row_dims: int  # leading axes both phases share; the consumer's next axis runs along the row
+    extents: tuple[int, ...]  # of the row axes
+    n: int  # row length
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.extents) * self.n
+
+    def at(self, tag: str, col: str) -> str:
+        row = ""
+        for d, ext in enumerate(self.extents):
+            term = f"(i{d} - {tag}_lo{d})"
+            row = term if not row else f"({row}) * {ext} + {term}"
+        return f"{self.name}[({row}) * {self.n} + {col}]" if row else f"{self.name}[{col}]"
+
+
+def _row_reread(prod: Phase, cons: Phase) -> RowCache | None:
+    """The cache of `prod`'s terms for `cons` (named later) when `cons` is a one-axis reduction over
+    the same rows and length whose body holds the same term."""
+    if cons.combine is None or cons.reduce != prod.reduce or cons.gemm is not None \
+            or cons.region.spans != prod.region.spans or cons.region.shape != prod.region.shape:
+        return None
+    rows = prod.region.rank
+    if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))} or not _occurs(cons.body, prod.body):
+        return None
+    extents = tuple(sp.ext for sp in prod.region.spans)
+    return RowCache("", prod.stage, cons.stage, prod.body, rows, extents, prod.reduce[0])
+
+
+def find_row_caches(seg: Segment) -> list[RowCache]:
+    """Row caches of a segment: a one-axis reduction whose term is more than one load and appears
+    again in a later phase over the same rows, either a reduction over the same r0 or, with r0 read
+    as the innermost index, an elementwise phase whose innermost axis spans exactly the reduced length
+    (softmax's max/sum/normalise phases). At most _MAX_LINE floats per tile in all."""
+    out: list[RowCache] = []
+    for k, prod in enumerate(seg.phases):
+        if (prod.combine is None or len(prod.reduce) != 1 or prod.gemm is not None or prod.region.flat
+                or not prod.region.spans or isinstance(prod.body, (E.Load, E.Imm))
+                or prod.combine in (Combine.ARGMAX, Combine.ARGMIN)):
+            continue
+        n = prod.reduce[0]
+        for cons in seg.phases[k + 1:]:
+            if cons.region.flat or not cons.region.spans:
+                continue
+            again = _row_reread(prod, cons)
+            if again is not None:
+                if again.size + sum(c.size for c in out) <= _MAX_LINE:
+                    out.append(replace(again, name=f"row{len(out)}"))
+                break
+            rc = cons.region.rank
+            if cons.combine is not None or cons.gemm is not None or not rc or prod.region.rank not in (rc - 1, rc):
+                continue
+            last = cons.region.spans[-1]
+            if (last.base, last.ext, last.clamp, any(last.coeffs)) != (0, n, False, False) \
+                    or cons.region.shape[-1] != n:
+                continue
+            rows = rc - 1
+            if prod.region.rank == rc and prod.region.shape[-1] != 1:
+                continue
+            if any(prod.region.spans[d] != cons.region.spans[d] or prod.region.spans[d].clamp
+                   for d in range(rows)):
+                continue
+            if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))}:
+                continue
+            term = substitute_body(prod.body, {"r0": I.var(f"i{rc - 1}")})
+            extents = tuple(cons.region.spans[d].ext for d in range(rows))
+            cache = RowCache(f"row{len(out)}", prod.stage, cons.stage, term, rows, extents, n)
+            if _occurs(cons.body, term):
+                if cache.size + sum(c.size for c in out) <= _MAX_LINE:
+                    out.append(cache)
+                break
+    return out
+
+
 class CPrinter(Printer):
     """Blocks run as iterations of an OpenMP loop; each phase's threads are one loop over its elements
     (phases run one after the other, so a block barrier needs no code); a grid barrier is the end of
     one OpenMP loop and the start of the next."""
 
-    # Two clones of every kernel, picked at load time by the CPU it runs on (GCC ifunc dispatch): AVX2
-    # vectors where the host has them, the baseline elsewhere, so a cached library never dies with
-    # SIGILL. -ffp-contract=off still keeps FMA contraction out of the AVX2 clone.
-    kernel_prefix = '__attribute__((target_clones("avx2", "default"))) '
+    # No per-ISA clones: the library is built for the host's CPU (ccompile.default_options).
+    kernel_prefix = ""
     helper_prefix = "static inline"
     table_qualifier = "static const"
     restrict = "restrict"
@@ -107,8 +231,18 @@ class CPrinter(Printer):
     header = C_HEADER
     f16_type = "_Float16"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.row_caches: list[RowCache] = []  # of the segment being printed
+
     def thread_loop(self, var: str, count: str) -> str:
         return f"for (int {var} = 0; {var} < {count}; ++{var})"
+
+    def segment_scratch(self, kernel: Kernel, seg: Segment) -> list[str]:
+        self.row_caches = find_row_caches(seg)
+        types = {p.stage: self.compute_type(p.body.dtype) for p in seg.phases}
+        return [f"{types[c.producer]} {c.name}[{c.size}];  // {c.producer} terms, reread by {c.consumer}"
+                for c in self.row_caches]
 
     def storage_type(self, dtype) -> str:
         # numpy bools are bytes holding 0/1; read as unsigned char and computed as int, so a select on a
@@ -353,17 +487,33 @@ class CPrinter(Printer):
         if owner is None:
             lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
         r = phase.region.rank
+        single = [_one_wide(phase.region, d) for d in range(r)]
+        if r and not single[-1] and phase.combine is None:
+            phase = replace(phase, body=reciprocal_divisions(phase.body, f"i{r - 1}"))
         ssa = BodyWriter(self, kernel, self.phase_ranges(phase))
+        keep = ""
+        for c in self.row_caches:
+            if c.consumer == phase.stage:
+                ssa.memo[c.term] = c.at(tag, "r0" if phase.combine is not None else f"i{r - 1}")
+            if c.producer == phase.stage:
+                keep = f"{c.at(tag, 'r0')} = {{v}};"
         lines += ["    " + x for x in self.cache_line_values(kernel, phase, tag, ssa)]
         depth = "    "
-        single = [_one_wide(phase.region, d) for d in range(r)]
         for d in range(r):
+            if d == r - 1 and not single[d] and phase.combine is None:
+                # Values of the row (its mean, 1/sqrt(var + eps), a softmax sum): once per row.
+                pre = BodyWriter(self, kernel, ssa.ranges, ssa.counter)
+                pre.memo = dict(ssa.memo)
+                for node in invariant_values(phase.body, {f"i{d}"}, known=set(pre.memo)):
+                    pre.value(node)
+                ssa.memo = pre.memo
+                lines += [depth + x for x in pre.lines]
             # A one-wide axis is a constant, not a loop: GCC gives up vectorising a reduction loop
             # nested in single-iteration loops with run-time bounds ("control flow in loop").
             lines.append(f"{depth}{{ const int i{d} = {tag}_lo{d};" if single[d] else
                          f"{depth}for (int i{d} = {tag}_lo{d}; i{d} < {tag}_hi{d}; ++i{d}) {{")
             depth += "    "
-        value = self.render_value(phase, ssa)
+        value = self.render_value(phase, ssa, keep=keep)
         body = list(ssa.lines)
         for name in phase.stores:
             buf = kernel.buffer(name)
@@ -379,20 +529,28 @@ class CPrinter(Printer):
         return lines + ["}"]
 
     def tile_loop(self, seg: Segment) -> list[str]:
-        # Dynamic: on a shared machine one OpenMP thread may be descheduled for a whole time slice;
+        # Guided: on a shared machine one OpenMP thread may be descheduled for a whole time slice;
         # with a static split the others then wait at the loop's end for its half of the tiles
-        # (measured: ~8 ms per kernel on 2 busy cores), dynamically they take its tiles instead.
+        # (measured: ~8 ms per kernel on 2 busy cores), with guided chunks they take its tiles
+        # instead. Unlike dynamic (one tile per grab) it does not pay an atomic per tile: 512 row
+        # tiles of LayerNorm ran ~1.5x slower under dynamic.
         # A segment of little work runs on the calling thread: waking a team costs more than it saves.
         loop = f"for (int t = 0; t < {seg.ntiles}; ++t) {{"
         if segment_work(seg) < SERIAL_WORK:
             return [f"// {segment_work(seg)} element-steps: serial", loop]
-        return ["#pragma omp parallel for schedule(dynamic)", loop]
+        return ["#pragma omp parallel for schedule(guided)", loop]
 
     def tile_loop_end(self, seg: Segment, last: bool) -> list[str]:
         return ["}"] + ([] if last else [self.grid_barrier])
 
     def signature(self, kernel: Kernel) -> str:
-        return super().signature(kernel)
+        # Direct convolutions size their register blocking (conv_chunk) for AVX2; built with AVX-512
+        # (-march=native here) conv_bn_relu ran 4.5 ms instead of 3.1 on one thread, so kernels
+        # holding one keep to AVX2 (a no-op on hosts without AVX-512, an unknown option elsewhere).
+        sig = super().signature(kernel)
+        if any(p.conv is not None for s in kernel.segments for p in s.phases) and _X86:
+            sig = '__attribute__((target("no-avx512f"))) ' + sig
+        return sig
 
 
 class CudaPrinter(Printer):

@@ -8,9 +8,9 @@
 
 // k00_add_mean_sub_pow_etc: stages Add_1_out, ReduceMean_2_out::sum, ReduceMean_2_out, Sub_3_out, Pow_5_out, ReduceMean_6_out::sum, ReduceMean_6_out, Add_8_out, Sqrt_9_out, Div_10_out, Mul_11_out, y
 // onnx nodes: Add_1, ReduceMean_2, Sub_3, Pow_5, ReduceMean_6, Add_8, Sqrt_9, Div_10, Mul_11, Add_12
-__attribute__((target_clones("avx2", "default"))) void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g_residual, float* restrict g_y, const float* restrict g_gamma, const float* restrict g_beta) {
+void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g_residual, float* restrict g_y, const float* restrict g_gamma, const float* restrict g_beta) {
     // segment 0: anchor y, 1536 tiles
-    #pragma omp parallel for schedule(dynamic)
+    #pragma omp parallel for schedule(guided)
     for (int t = 0; t < 1536; ++t) {
         const int tc1 = t % 3;
         const int tc0 = (t / 3);
@@ -20,6 +20,7 @@ __attribute__((target_clones("avx2", "default"))) void k00_add_mean_sub_pow_etc(
         const int s_ReduceMean_2_out__sum_lo1 = 0, s_ReduceMean_2_out__sum_hi1 = s_ReduceMean_2_out__sum_lo1 + 1;
         const int s_ReduceMean_6_out__sum_lo0 = 1 * tc0, s_ReduceMean_6_out__sum_hi0 = s_ReduceMean_6_out__sum_lo0 + 1;
         const int s_ReduceMean_6_out__sum_lo1 = 0, s_ReduceMean_6_out__sum_hi1 = s_ReduceMean_6_out__sum_lo1 + 1;
+        float row0[768];  // ReduceMean_2_out::sum terms, reread by ReduceMean_6_out::sum
         {  // ReduceMean_2_out::sum
             { const int i0 = s_ReduceMean_2_out__sum_lo0;
                 { const int i1 = s_ReduceMean_2_out__sum_lo1;
@@ -29,6 +30,7 @@ __attribute__((target_clones("avx2", "default"))) void k00_add_mean_sub_pow_etc(
                         const float v2 = g_x[(i0) * 768 + r0];
                         const float v3 = g_residual[(i0) * 768 + r0];
                         const float v4 = (v2 + v3);
+                        row0[(((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_2_out__sum_lo1)) * 768 + r0] = v4;
                         v1 += v4;
                     }
                     s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_2_out__sum_lo1)] = v1;
@@ -40,16 +42,13 @@ __attribute__((target_clones("avx2", "default"))) void k00_add_mean_sub_pow_etc(
             { const int i0 = s_ReduceMean_6_out__sum_lo0;
                 { const int i1 = s_ReduceMean_6_out__sum_lo1;
                     float v1 = 0;
+                    const float v2 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
+                    const float v3 = (v2 / 768.0f);
                     #pragma omp simd reduction(+:v1)
                     for (int r0 = 0; r0 < 768; ++r0) {
-                        const float v2 = g_x[(i0) * 768 + r0];
-                        const float v3 = g_residual[(i0) * 768 + r0];
-                        const float v4 = (v2 + v3);
-                        const float v5 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
-                        const float v6 = (v5 / 768.0f);
-                        const float v7 = (v4 - v6);
-                        const float v8 = (v7 * v7);
-                        v1 += v8;
+                        const float v4 = (row0[(((i0 - s_ReduceMean_6_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_6_out__sum_lo1)) * 768 + r0] - v3);
+                        const float v5 = (v4 * v4);
+                        v1 += v5;
                     }
                     s_ReduceMean_6_out__sum[((i0 - s_ReduceMean_6_out__sum_lo0)) * 1 + (i1 - s_ReduceMean_6_out__sum_lo1)] = v1;
                 }
@@ -60,24 +59,25 @@ __attribute__((target_clones("avx2", "default"))) void k00_add_mean_sub_pow_etc(
             const int p_lo0 = 1 * tc0, p_hi0 = p_lo0 + 1;
             const int p_lo1 = 256 * tc1, p_hi1 = p_lo1 + 256;
             { const int i0 = p_lo0;
+                const float v1 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
+                const float v2 = (v1 / 768.0f);
+                const float v3 = s_ReduceMean_6_out__sum[((i0 - s_ReduceMean_6_out__sum_lo0)) * 1 + (0 - s_ReduceMean_6_out__sum_lo1)];
+                const float v4 = (v3 / 768.0f);
+                const float v5 = (v4 + 9.99999975e-06f);
+                const float v6 = sqrtf(v5);
+                const float v7 = (1.0f / v6);
                 #pragma omp simd
                 for (int i1 = p_lo1; i1 < p_hi1; ++i1) {
-                    const float v1 = g_x[(i0) * 768 + i1];
-                    const float v2 = g_residual[(i0) * 768 + i1];
-                    const float v3 = (v1 + v2);
-                    const float v4 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
-                    const float v5 = (v4 / 768.0f);
-                    const float v6 = (v3 - v5);
-                    const float v7 = s_ReduceMean_6_out__sum[((i0 - s_ReduceMean_6_out__sum_lo0)) * 1 + (0 - s_ReduceMean_6_out__sum_lo1)];
-                    const float v8 = (v7 / 768.0f);
-                    const float v9 = (v8 + 9.99999975e-06f);
-                    const float v10 = sqrtf(v9);
-                    const float v11 = (v6 / v10);
-                    const float v12 = g_gamma[i1];
-                    const float v13 = (v11 * v12);
-                    const float v14 = g_beta[i1];
-                    const float v15 = (v13 + v14);
-                    g_y[(i0) * 768 + i1] = v15;
+                    const float v8 = g_x[(i0) * 768 + i1];
+                    const float v9 = g_residual[(i0) * 768 + i1];
+                    const float v10 = (v8 + v9);
+                    const float v11 = (v10 - v2);
+                    const float v12 = (v11 * v7);
+                    const float v13 = g_gamma[i1];
+                    const float v14 = (v12 * v13);
+                    const float v15 = g_beta[i1];
+                    const float v16 = (v14 + v15);
+                    g_y[(i0) * 768 + i1] = v16;
                 }
             }
         }

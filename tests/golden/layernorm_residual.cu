@@ -62,14 +62,14 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
                     const int i1 = s_ReduceMean_6_out__sum_lo1 + rem % (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1); rem /= (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1);
                     const int i0 = s_ReduceMean_6_out__sum_lo0 + rem;
                     float v1 = 0;
+                    const float v2 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
+                    const float v3 = (v2 / 768.0f);
                     for (int rf = lane; rf < 768; rf += 32) {
                         const int r0 = rf;
-                        const float v2 = g_x[(i0) * 768 + r0];
-                        const float v3 = g_residual[(i0) * 768 + r0];
-                        const float v4 = (v2 + v3);
-                        const float v5 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
-                        const float v6 = (v5 / 768.0f);
-                        const float v7 = (v4 - v6);
+                        const float v4 = g_x[(i0) * 768 + r0];
+                        const float v5 = g_residual[(i0) * 768 + r0];
+                        const float v6 = (v4 + v5);
+                        const float v7 = (v6 - v3);
                         const float v8 = (v7 * v7);
                         v1 += v8;
                     }

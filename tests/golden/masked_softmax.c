@@ -10,9 +10,9 @@ static inline float c0_expf(float x) { const float c = x < -87.33654f ? -87.3365
 
 // k00_where_mul_add_softmax_etc: stages Where_3_out, Mul_5_out, Add_6_out, probs::max, probs::exp, probs::sum, probs
 // onnx nodes: Where_3, Mul_5, Add_6, Softmax_7
-__attribute__((target_clones("avx2", "default"))) void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigned char* restrict g_mask, float* restrict g_probs) {
+void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigned char* restrict g_mask, float* restrict g_probs) {
     // segment 0: anchor probs, 768 tiles
-    #pragma omp parallel for schedule(dynamic)
+    #pragma omp parallel for schedule(guided)
     for (int t = 0; t < 768; ++t) {
         const int tc3 = t % 1;
         const int tc2 = (t / 1) % 64;
@@ -28,6 +28,8 @@ __attribute__((target_clones("avx2", "default"))) void k00_where_mul_add_softmax
         const int s_probs__sum_lo1 = 1 * tc1, s_probs__sum_hi1 = s_probs__sum_lo1 + 1;
         const int s_probs__sum_lo2 = 2 * tc2, s_probs__sum_hi2 = s_probs__sum_lo2 + 2;
         const int s_probs__sum_lo3 = 0, s_probs__sum_hi3 = s_probs__sum_lo3 + 1;
+        float row0[256];  // probs::max terms, reread by probs::sum
+        float row1[256];  // probs::sum terms, reread by probs
         {  // probs::max
             { const int i0 = s_probs__max_lo0;
                 { const int i1 = s_probs__max_lo1;
@@ -41,6 +43,7 @@ __attribute__((target_clones("avx2", "default"))) void k00_where_mul_add_softmax
                                 const int v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
                                 const float v5 = v4 ? 0.0f : (-1e+09f);
                                 const float v6 = (v3 + v5);
+                                row0[(((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (i3 - s_probs__max_lo3)) * 128 + r0] = v6;
                                 v1 = v6 > v1 ? v6 : v1;
                             }
                             s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (i3 - s_probs__max_lo3)] = v1;
@@ -56,17 +59,13 @@ __attribute__((target_clones("avx2", "default"))) void k00_where_mul_add_softmax
                     for (int i2 = s_probs__sum_lo2; i2 < s_probs__sum_hi2; ++i2) {
                         { const int i3 = s_probs__sum_lo3;
                             float v1 = 0;
+                            const float v2 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
                             #pragma omp simd reduction(+:v1)
                             for (int r0 = 0; r0 < 128; ++r0) {
-                                const float v2 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
-                                const float v3 = (v2 * 0.125f);
-                                const int v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
-                                const float v5 = v4 ? 0.0f : (-1e+09f);
-                                const float v6 = (v3 + v5);
-                                const float v7 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
-                                const float v8 = (v6 - v7);
-                                const float v9 = c0_expf(v8);
-                                v1 += v9;
+                                const float v3 = (row0[(((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (i3 - s_probs__sum_lo3)) * 128 + r0] - v2);
+                                const float v4 = c0_expf(v3);
+                                row1[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 128 + r0] = v4;
+                                v1 += v4;
                             }
                             s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (i3 - s_probs__sum_lo3)] = v1;
                         }
@@ -83,19 +82,12 @@ __attribute__((target_clones("avx2", "default"))) void k00_where_mul_add_softmax
             { const int i0 = p_lo0;
                 { const int i1 = p_lo1;
                     for (int i2 = p_lo2; i2 < p_hi2; ++i2) {
+                        const float v1 = s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (0 - s_probs__sum_lo3)];
+                        const float v2 = (1.0f / v1);
                         #pragma omp simd
                         for (int i3 = p_lo3; i3 < p_hi3; ++i3) {
-                            const float v1 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + i3];
-                            const float v2 = (v1 * 0.125f);
-                            const int v3 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + i3];
-                            const float v4 = v3 ? 0.0f : (-1e+09f);
-                            const float v5 = (v2 + v4);
-                            const float v6 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
-                            const float v7 = (v5 - v6);
-                            const float v8 = c0_expf(v7);
-                            const float v9 = s_probs__sum[((((i0 - s_probs__sum_lo0)) * 1 + (i1 - s_probs__sum_lo1)) * 2 + (i2 - s_probs__sum_lo2)) * 1 + (0 - s_probs__sum_lo3)];
-                            const float v10 = (v8 / v9);
-                            g_probs[(((i0) * 12 + i1) * 128 + i2) * 128 + i3] = v10;
+                            const float v3 = (row1[((((i0 - p_lo0)) * 1 + (i1 - p_lo1)) * 2 + (i2 - p_lo2)) * 128 + i3] * v2);
+                            g_probs[(((i0) * 12 + i1) * 128 + i2) * 128 + i3] = v3;
                         }
                     }
                 }

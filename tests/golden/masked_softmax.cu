@@ -76,15 +76,15 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
                     const int i1 = s_probs__sum_lo1 + rem % (s_probs__sum_hi1 - s_probs__sum_lo1); rem /= (s_probs__sum_hi1 - s_probs__sum_lo1);
                     const int i0 = s_probs__sum_lo0 + rem;
                     float v1 = 0;
+                    const float v2 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
                     for (int rf = lane; rf < 128; rf += 32) {
                         const int r0 = rf;
-                        const float v2 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
-                        const float v3 = (v2 * 0.125f);
-                        const bool v4 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
-                        const float v5 = v4 ? 0.0f : (-1e+09f);
-                        const float v6 = (v3 + v5);
-                        const float v7 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
-                        const float v8 = (v6 - v7);
+                        const float v3 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
+                        const float v4 = (v3 * 0.125f);
+                        const bool v5 = g_mask[(((i0) * 1 + 0) * 1 + 0) * 128 + r0];
+                        const float v6 = v5 ? 0.0f : (-1e+09f);
+                        const float v7 = (v4 + v6);
+                        const float v8 = (v7 - v2);
                         const float v9 = expf(v8);
                         v1 += v9;
                     }

@@ -123,3 +123,20 @@ def test_load_library_error_is_compile_error(tmp_path) -> None:
     junk.write_bytes(b"not an ELF file")
     with pytest.raises(CompileError, match="cannot load"):
         load_library(junk)
+
+
+def test_default_build_targets_the_host_where_the_compiler_can(monkeypatch, tmp_path) -> None:
+    """compile_c builds for the host CPU (-march=native, cache keyed on the host) when the compiler
+    accepts it, and with the portable options when it does not."""
+    opts = ccompile.default_options()
+    assert opts[:len(DEFAULT_OPTIONS)] == DEFAULT_OPTIONS and set(opts) - set(DEFAULT_OPTIONS) <= {"-march=native"}
+    picky = tmp_path / "picky-cc"  # a compiler that refuses -march=native, otherwise gcc
+    picky.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -march=native ] && exit 1; done\nexec gcc "$@"\n')
+    picky.chmod(0o755)
+    monkeypatch.setenv("CC", str(picky))
+    assert ccompile.default_options() == DEFAULT_OPTIONS
+    lib = load_library(compile_c(ADD, name="k00_add"))
+    a = np.random.default_rng(1).standard_normal(1000, dtype=np.float32)
+    out = np.full_like(a, np.nan)
+    _bind_add(lib)(a.ctypes.data_as(FLOAT_P), a.ctypes.data_as(FLOAT_P), out.ctypes.data_as(FLOAT_P), a.size)
+    np.testing.assert_array_equal(out, a + a)

@@ -1,0 +1,131 @@
+"""C printer choices of engine/codegen/targets.py that exist for speed: row caches (a reduction's terms
+reread by a later phase instead of recomputed), which segments run in parallel, and kernels built for
+the host CPU. Each is checked on the source and on the result against onnxruntime."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plans import fuse_all, make_test_plan, policy_plan  # noqa: E402
+from sample_io import SAMPLES, load_sample, rel_error  # noqa: E402
+
+from engine.codegen.generate import generate  # noqa: E402
+from engine.codegen.targets import SERIAL_WORK, find_row_caches, render_c, segment_work  # noqa: E402
+from engine.runtime.cpu import compile_program_c, run_cpu  # noqa: E402
+from engine.schedule.plan import Tile  # noqa: E402
+
+
+def _kernels_only(source: str) -> str:
+    """The source without the helper definitions (which spell c0_expf themselves)."""
+    return "\n".join(line for line in source.splitlines() if not line.startswith("static inline"))
+
+
+def _run(graph, program, inputs) -> dict:
+    outs, _ = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights)
+    return outs
+
+
+def test_softmax_exp_is_computed_once_and_reread_from_a_row_cache():
+    """masked_softmax under welder: the max phase keeps each masked logit, the sum phase reads them
+    and keeps each exp(x - max), the normalise phase scales those: the mask and scores are read once
+    and exp runs once per element instead of twice."""
+    graph, inputs, expected = load_sample("masked_softmax")
+    program = generate(policy_plan(graph, "welder"), graph)
+    caches = [c for k in program.kernels for s in k.segments for c in find_row_caches(s)]
+    assert [(c.producer, c.consumer) for c in caches] == [("probs::max", "probs::sum"), ("probs::sum", "probs")]
+    body = _kernels_only(render_c(program))
+    assert body.count("c0_expf(") == 1 and body.count("g_mask[") == 1 and body.count("g_scores[") == 1
+    assert re.search(r"row0\[.*\+ r0\] = v\d+;", body) and re.search(r"= \(row0\[.*\+ r0\] - v\d+\)", body)
+    assert re.search(r"row1\[.*\+ r0\] = v\d+;", body) and re.search(r"row1\[.*\+ i3\] \* v\d+", body)
+    # Random logits per run, so a cache read at the wrong row or column cannot match by chance.
+    rng = np.random.default_rng(5)
+    inputs = dict(inputs, scores=rng.standard_normal(inputs["scores"].shape).astype(np.float32) * 4)
+    sess = ort.InferenceSession(str(SAMPLES / "masked_softmax.onnx"), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], want[k]) for k in want) <= 1e-5
+    assert expected.keys() == want.keys()
+
+
+def test_no_row_cache_where_the_consumer_tile_splits_the_row():
+    """The normalise phase tiled half a row wide cannot read a full-row cache: exp is recomputed there
+    (the sum phase may still reread the max phase's terms), and the result still matches onnxruntime."""
+    graph, inputs, expected = load_sample("masked_softmax")
+    plan = make_test_plan(graph, fuse_all(graph), tiles={"probs": Tile("probs", (1, 1, 4, 64), 128, 0)})
+    program = generate(plan, graph)
+    assert not [c for k in program.kernels for s in k.segments for c in find_row_caches(s) if c.consumer == "probs"]
+    assert _kernels_only(render_c(program)).count("c0_expf(") == 2
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-3
+
+
+def test_transcendental_work_runs_in_parallel_and_tiny_segments_serially():
+    """gelu_chain (tanh on 393 K elements) is worth an OpenMP team; a segment of a few elements is not."""
+    graph = load_sample("gelu_chain")[0]
+    program = generate(policy_plan(graph, "welder"), graph)
+    segs = [s for k in program.kernels for s in k.segments]
+    assert all(segment_work(s) >= SERIAL_WORK for s in segs)
+    assert _kernels_only(render_c(program)).count("#pragma omp parallel for") == len(segs)
+    lstm = load_sample("lstm")[0]
+    small = [s for k in generate(policy_plan(lstm, "welder"), lstm).kernels for s in k.segments
+             if segment_work(s) < SERIAL_WORK]
+    assert small  # the per-step gate kernels stay on the calling thread
+
+
+def test_row_invariants_are_computed_before_the_column_loop():
+    """LayerNorm's normalise phase: the row's 1/sqrt(var + eps) (and the row reads behind it) sit
+    before the vectorised column loop (OpenMP outlining drops restrict, so GCC would redo them per
+    vector behind the stores); the column loop holds only per-column work. Still matches
+    onnxruntime."""
+    graph, inputs, expected = load_sample("layernorm_residual")
+    program = generate(policy_plan(graph, "welder"), graph)
+    lines = _kernels_only(render_c(program)).splitlines()
+    store = next(k for k, x in enumerate(lines) if "g_y[" in x and "] = " in x)
+    column = max(k for k in range(store) if lines[k].lstrip().startswith("for ("))
+    assert lines[column - 1].strip() == "#pragma omp simd"
+    assert not any(("1.0f /" in x or "sqrtf(" in x or " / " in x) for x in lines[column:store])
+    row = max(k for k in range(column) if lines[k].lstrip().startswith("for ("))
+    assert any("1.0f /" in x for x in lines[row:column])
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-5
+
+
+def test_division_by_a_row_value_becomes_a_reciprocal_only_there():
+    """x / y with y constant along the column becomes x * (1 / y); a column-varying divisor and a
+    division inside the divisor's own row value stay divisions."""
+    from engine.codegen.targets import reciprocal_divisions
+    from engine.ir import expr as E
+    from engine.ir import index as I
+    from engine.ir.dtypes import DType
+
+    col = E.Load("x", (I.var("i0"), I.var("i1")), DType.F32)
+    row = E.Load("s", (I.var("i0"),), DType.F32)
+    out = reciprocal_divisions(E.div(E.div(col, E.div(row, E.imm(3.0))), col), "i1")
+    assert out == E.div(E.mul(col, E.Unary("recip", E.div(row, E.imm(3.0)), DType.F32)), col)
+
+
+def test_only_convolution_kernels_keep_to_avx2_on_x86():
+    """Kernels holding a direct convolution carry target("no-avx512f") (their register blocking is
+    sized for AVX2), the others none, and they still match onnxruntime."""
+    import platform
+
+    import pytest
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("x86-only attribute")
+    graph, inputs, expected = load_sample("conv_bn_relu")
+    program = generate(policy_plan(graph, "unfused"), graph)
+    sigs = [x for x in render_c(program).splitlines() if x.rstrip().endswith("{") and " void k" in " " + x]
+    conv = [k.name for k in program.kernels if any(p.conv for s in k.segments for p in s.phases)]
+    assert conv and len(conv) < len(sigs)
+    for line in sigs:
+        name = line.split("void ", 1)[1].split("(", 1)[0]
+        assert line.startswith('__attribute__((target("no-avx512f")))') == (name in conv), line
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-3
