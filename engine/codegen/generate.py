@@ -48,6 +48,10 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100") -> Pro
         if kernel.shared_bytes > device.max_smem_per_block_bytes and (kernel.gemms or kernel.convs):
             kernel = _build_kernel(group, graph, conns, tiled=False)  # no room left to stage GEMM/conv tiles
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
+            # No room to stage chains that hold a reduction (or a contraction) once per element: inline
+            # them at every use, as the REGISTER edges say (recomputed, but within the budget).
+            kernel = _build_kernel(group, graph, conns, tiled=False, stage_heavy=False)
+        if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
                             f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",
                             hint="use a smaller tile or connect an edge at KERNEL")
@@ -156,14 +160,14 @@ def _segments(group: Group, graph: PrimGraph, conns) -> list[tuple[Tile, list[st
     return order
 
 
-def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True) -> Kernel:
+def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True, stage_heavy: bool = True) -> Kernel:
     members = set(group.stages)
     params: dict[str, Buffer] = {}
     locals_: list[Buffer] = []
     segments = []
     threads = max(t.threads for t in group.segments)
     for tile, names in _segments(group, graph, conns):
-        seg = _build_segment(tile, names, graph, conns, members, params, locals_, group.name)
+        seg = _build_segment(tile, names, graph, conns, members, params, locals_, group.name, stage_heavy)
         if tiled:
             seg = _map_conv(_map_gemm(seg, tile, threads, graph), threads, graph)
         segments.append(seg)
@@ -325,7 +329,7 @@ def _hull(a: Box | None, b: Box | None) -> Box | None:
     return tuple((min(x[0], y[0]), max(x[1], y[1])) for x, y in zip(a, b))
 
 
-def _build_segment(tile, names, graph, conns, members, params, locals_, gname) -> Segment:
+def _build_segment(tile, names, graph, conns, members, params, locals_, gname, stage_heavy: bool = True) -> Segment:
     anchor = graph.stage(tile.stage)
     seg = set(names)
     local_cons = {s: [c for c in graph.consumers.get(s, ()) if c in seg] for s in names}
@@ -341,11 +345,15 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname) -
         st = graph.stage(s)
         carries[s] = st.kind == StageKind.CONTRACTION or any(carries.get(p, False) for p in st.inputs if p in inline)
         reduces[s] = bool(st.reduce) or any(reduces.get(p, False) for p in st.inputs if p in inline)
-        if (s != anchor.name and not needs_global[s]
+        # Without room for block buffers (stage_heavy off), a stage also written to global memory is
+        # still inlined into its REGISTER consumers (recomputed there, as the cost model counts) and
+        # gets a phase of its own that only writes the global tensor.
+        if (s != anchor.name and (not needs_global[s] or (not stage_heavy and st.kind in _INLINE_KINDS
+                                                          and bool(local_cons[s])))
                 and all(conns[(s, c)] == Conn.REGISTER for c in local_cons[s])
                 and (st.kind in _INLINE_KINDS or _one_to_one(graph, s, local_cons[s]))
-                and not (carries[s] and any(_padded_read(graph.stage(c), s) for c in local_cons[s]))
-                and not (reduces[s] and not feeds[s] and not _one_to_one(graph, s, local_cons[s]))):
+                and not (stage_heavy and carries[s] and any(_padded_read(graph.stage(c), s) for c in local_cons[s]))
+                and not (stage_heavy and reduces[s] and not feeds[s] and not _one_to_one(graph, s, local_cons[s]))):
             inline.add(s)
         # A contraction chain read through a padded load (Concat, Pad) would sit under the pad's guard,
         # where it cannot become a tiled GEMM (one dot product per element); a chain holding a reduction
@@ -374,20 +382,21 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname) -
             tables[s].append(region[s] if region[s] is not None else tuple((0, 0) for _ in graph.stage(s).shape))
 
     tiles = tuple(-(-n // t) for n, t in zip(anchor.shape, tile.shape))
-    regions = {s: fit_region(graph.stage(s).shape, tiles, tables[s]) for s in names if s not in inline}
+    regions = {s: fit_region(graph.stage(s).shape, tiles, tables[s]) for s in names
+               if s not in inline or needs_global[s]}
     # A stage read outside the segment whose tiles do not cover it (the anchor reads only part of it)
     # gets a completion phase: each block recomputes its flat share of the whole tensor from globals.
-    partial = [s for s in names if s != anchor.name and needs_global[s] and s not in inline
+    partial = [s for s in names if s != anchor.name and needs_global[s]
                and not _covers(graph.stage(s), tables[s])]
 
     block_buf: dict[str, str] = {}
     phases = []
     for s in names:
-        if s in inline:
+        if s in inline and (not needs_global[s] or s in partial):
             continue
         stage = graph.stage(s)
         stores = []
-        if local_cons[s]:
+        if local_cons[s] and s not in inline:
             buf = Buffer(f"s_{_ident(s)}", s, stage.dtype, stage.shape, Scope.BLOCK, regions[s])
             locals_.append(buf)
             block_buf[s] = buf.name

@@ -234,6 +234,53 @@ class CPrinter(Printer):
     def __init__(self) -> None:
         super().__init__()
         self.row_caches: list[RowCache] = []  # of the segment being printed
+        self.launch_lines: dict = {}  # node -> (array, lo): per-launch line caches of that segment
+
+    def render_segment(self, kernel: Kernel, seg: Segment, last: bool) -> list[str]:
+        return self.launch_line_caches(kernel, seg) + super().render_segment(kernel, seg, last)
+
+    def launch_line_caches(self, kernel: Kernel, seg: Segment) -> list[str]:
+        """Expensive subexpressions of one loop variable whose range is the same in every tile, reading
+        only global tensors (a broadcast chain exp(-sqrt(|a|^2.5 + 1)) over columns every row-tile
+        spans whole): computed once per launch, before the tile loop, instead of once per tile — on
+        the CPU the blocks are iterations of one loop, so nothing is gained by each recomputing it."""
+        self.launch_lines = {}
+        if seg.ntiles < 2:
+            return []
+        globals_ = {b.name for b in kernel.params}
+        out: list[str] = []
+        made: dict = {}  # (chain over a canonical variable, lo, hi) -> array: one per chain and range
+        for phase in seg.phases:
+            if phase.gemm is not None or phase.conv is not None or phase.region.flat:
+                continue
+            r = phase.region.rank
+            if phase.combine is not None and len(phase.reduce) == 1:
+                var, lo, hi = "r0", 0, phase.reduce[0]
+            elif phase.combine is None and r and phase.region.spans:
+                span = phase.region.spans[-1]
+                if span.clamp or any(span.coeffs):
+                    continue
+                var, lo, hi = f"i{r - 1}", span.base, span.base + span.ext
+            else:
+                continue
+            if hi - lo > 4 * _MAX_LINE:
+                continue
+            for node in _line_values(phase.body, var):
+                if node in self.launch_lines or any(isinstance(x, E.Load) and x.tensor not in globals_
+                                                    for x in kwalk(node)):
+                    continue
+                key = (substitute_body(node, {var: I.var("line_")}), lo, hi)
+                if key in made:
+                    self.launch_lines[node] = (made[key], lo)
+                    continue
+                name = made[key] = f"launch_line{len(made)}"
+                inner = BodyWriter(self, kernel, {var: (lo, hi - 1)})
+                v = inner.value(node)
+                out += [f"float {name}[{hi - lo}];  // once per launch: read by every tile",
+                        "#pragma omp simd", f"for (int {var} = {lo}; {var} < {hi}; ++{var}) {{"]
+                out += ["    " + x for x in inner.lines + [f"{name}[{var} - {lo}] = {v};"]] + ["}"]
+                self.launch_lines[node] = (name, lo)
+        return out
 
     def thread_loop(self, var: str, count: str) -> str:
         return f"for (int {var} = 0; {var} < {count}; ++{var})"
@@ -461,7 +508,12 @@ class CPrinter(Printer):
         else:
             return []
         ext = phase.reduce[0] if var == "r0" else phase.region.extent[-1]
-        found = _line_values(phase.body, var) if rows > 1 and ext <= _MAX_LINE else []
+        for node in _line_values(phase.body, var):
+            if node in self.launch_lines:
+                name, at = self.launch_lines[node]
+                ssa.memo[node] = f"{name}[{var} - {at}]"
+        found = [n for n in _line_values(phase.body, var) if n not in self.launch_lines] \
+            if rows > 1 and ext <= _MAX_LINE else []
         out = []
         for k, node in enumerate(found):
             name = f"line{k}"

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -24,6 +24,9 @@ SAMPLES = ("layernorm_residual", "masked_softmax")
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Found by this test: a REGISTER edge into a 256-row reduction segment whose producer is also written
+# out — codegen staged it in a 786 KB block buffer; without room it now inlines it and writes it apart.
+@example(name="layernorm_residual", picks=[(1, Conn.REGISTER)])
 @given(name=st.sampled_from(SAMPLES), picks=st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(list(Conn))),
                                                       min_size=1, max_size=3))
 def test_random_legal_edits_keep_outputs_correct(name, picks):

@@ -150,22 +150,40 @@ def test_copies_of_one_inlined_reduction_are_structurally_equal():
     assert reduces[0].vars == ("u1",) and reduces[0].extents == (384,)
 
 
-def test_c_printer_computes_a_broadcast_chain_once_per_tile():
+def test_c_printer_computes_a_broadcast_chain_once_per_launch_or_tile():
     """pow_broadcast_add under welder adds exp(-sqrt(|a|^2.5 + 1)) (a depends on the column only) to
-    every row: the C printer evaluates that chain once per tile into a line cache, in the row
-    reduction and in the normalisation, not once per row. The reduction's input edge is pinned at
-    REGISTER (welder ties it with SHARED at the same modeled time, and SHARED stages the row instead)."""
+    every row. Every row tile spans all 4096 columns, so the C printer evaluates the chain once per
+    launch, before the tile loop (one array for the reduction's and the normalisation's copy); when
+    tiles split the columns it falls back to a per-tile line cache (once per tile), never once per row. The reduction's input edge is pinned at REGISTER so
+    the chain sits in both the reduction and the normalisation."""
     from engine.codegen.targets import render_c
     from engine.device import get_device
+    from engine.runtime.cpu import compile_program_c, run_cpu
+    from engine.runtime.reference import run_reference
     from engine.schedule.edits import apply_edit
     from engine.schedule.plan import Edit
 
     graph = load_sample("pow_broadcast_add")[0]
+    a100 = get_device("a100")
     pin = Edit.make("set_edge", producer="Add_9_out", consumer="ReduceSum_11_out", conn="register")
-    plan = apply_edit(policy_plan(graph, "welder"), graph, get_device("a100"), pin)
+    plan = apply_edit(policy_plan(graph, "welder"), graph, a100, pin)
     source = render_c(generate(plan, graph))
-    assert source.count("float line0[4096];") == 2
+    assert source.count("float launch_line0[4096];") == 1 and "float line0[" not in source
+    assert source.count("= c1_powf(") == 1
+    assert source.index("= c1_powf(") < source.index("#pragma omp parallel for")
+    split = apply_edit(plan, graph, a100, Edit.make("set_tile", stage="out", shape=[8, 512], threads=256))
+    program = generate(split, graph)
+    source = render_c(program)
+    # The row sum still spans all 4096 columns in every tile (once per launch); the normalisation's
+    # 512 columns differ per tile (once per tile).
+    assert source.count("float launch_line0[4096];") == 1 and source.count("float line0[512];") == 1
     assert source.count("= c1_powf(") == 2  # one per cache fill, none inside the row loops
+    rng = np.random.default_rng(3)
+    inputs = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in graph.inputs}
+    want = run_reference(graph, inputs)
+    for prog in (generate(plan, graph), program):
+        got, _ = run_cpu(compile_program_c(prog), graph.specs, inputs, graph.weights)
+        assert np.max(np.abs(got["out"] - want["out"])) <= 1e-4 * np.max(np.abs(want["out"]))
 
 
 def test_reduction_read_one_to_many_gets_its_own_phase():
