@@ -139,9 +139,19 @@ def can_connect(
     order = stage_order(graph)
     stages = sorted(merged, key=order.__getitem__)
     fixed = None
+    sides = [sorted(g, key=order.__getitem__) for g in ([gp] if gp == gc else [gp, gc])]
     if keep_tiles:
-        fixed = {t.stage: t for g in ([gp] if gp == gc else [gp, gc])
-                 for t in search_group(graph, sorted(g, key=order.__getitem__), conns, device, mode).tiles}
+        fixed = {t.stage: t for g in sides for t in search_group(graph, g, conns, device, mode).tiles}
+    else:
+        # Segments the merge leaves as they were (behind grid barriers) keep their tiles: only the
+        # segment the edge joins is searched again.
+        trial_segs = segments_of(graph, stages, trial)
+        if len(trial_segs) > 1:
+            before_tiles = {frozenset(seg): t for g in sides
+                            for seg, t in zip(segments_of(graph, g, conns),
+                                              search_group(graph, g, conns, device, mode).tiles)}
+            fixed = {before_tiles[frozenset(seg)].stage: before_tiles[frozenset(seg)]
+                     for seg in trial_segs if frozenset(seg) in before_tiles} or None
     sched = search_group(graph, stages, trial, device, mode, fixed)
     if sched.violations:
         v = sched.violations[0]

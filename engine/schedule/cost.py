@@ -104,9 +104,17 @@ def thread_split_axes(stage: Stage, box: Box, tile: Tile) -> frozenset[str]:
 _USE_CACHE: dict[tuple, SegmentUse] = {}
 
 
-def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile) -> SegmentUse:
+def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
+                local: dict | None = None) -> SegmentUse:
     """Per-block regions, footprint and evaluations of one segment under `tile` (memoised: the tile
-    search and the validity checks ask for the same segment many times)."""
+    search and the validity checks ask for the same segment many times). `local`: a memo for callers
+    whose `conns` stay fixed (one tile search), keyed on the segment and tile alone."""
+    if local is not None:
+        lkey = ("use", tuple(segment), tile)
+        hit = local.get(lkey)
+        if hit is None:
+            hit = local[lkey] = segment_use(graph, segment, conns, tile)
+        return hit
     members = set(segment)
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in segment for c in graph.consumers.get(p, ())))
@@ -307,15 +315,15 @@ def _ancestors_in(graph: PrimGraph, members: set[str], name: str) -> list[str]:
 
 def estimate_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
-    segs: Sequence[Sequence[str]] | None = None,
+    segs: Sequence[Sequence[str]] | None = None, local: dict | None = None,
 ) -> GroupCost:
     """Every term of one kernel's modeled time. `tiles` has one Tile per segment, in segment order
-    (`segs`: the group's segments when the caller has them already)."""
+    (`segs`: the group's segments when the caller has them already; `local`: see `segment_use`)."""
     members = set(stages)
     segs = segs if segs is not None else segments_of(graph, stages, conns)
     if len(segs) != len(tiles):
         raise ValueError(f"{len(segs)} segments but {len(tiles)} tiles")
-    uses = [segment_use(graph, seg, conns, t) for seg, t in zip(segs, tiles)]
+    uses = [segment_use(graph, seg, conns, t, local) for seg, t in zip(segs, tiles)]
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.

@@ -117,12 +117,21 @@ def search_group(
 ) -> GroupSchedule:
     """Best valid tile per segment (fixed anchors keep their tile); violations when none is valid."""
     fixed = fixed or {}
-    key = None
-    if not any(s in fixed for s in stages):
-        key, names = group_signature(graph, stages, conns), list(stages)
-        hit = _CACHE.get((key, mode, device))
-        if hit is not None:
-            return _rename(hit, [f"s{j}" for j in range(len(names))], names)
+    names = list(stages)
+    canon = {s: f"s{j}" for j, s in enumerate(names)}
+    # Fixed tiles join the key with their anchors renamed (a GLOBAL_SYNC trial keeps each side's
+    # tiles: the same structure one layer on hits the cache too).
+    pinned = tuple(sorted((canon[s], replace(fixed[s], stage=canon[s])) for s in stages if s in fixed))
+    key = (group_signature(graph, stages, conns), pinned)
+    hit = _NAMED.get((key, mode, device, tuple(names)))
+    if hit is not None:
+        return hit
+    hit = _CACHE.get((key, mode, device))
+    if hit is not None:
+        if len(_NAMED) > 20000:
+            _NAMED.clear()
+        out = _NAMED[(key, mode, device, tuple(names))] = _rename(hit, [f"s{j}" for j in range(len(names))], names)
+        return out
     segs = segments_of(graph, stages, conns)
     chosen: list[Tile] = []
     pools: list[list[Tile]] = []
@@ -135,20 +144,20 @@ def search_group(
             pool = candidate_tiles(graph, seg, anchor, device, mode) or [make_tile(graph.stage(anchor), (1,) * len(graph.stage(anchor).shape), 32)]
         pools.append(pool)
         chosen.append(pool[0])
-    best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen)
+    local: dict = {}  # this search's memo: its connections are fixed
+    best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local)
     if violations and len(segs) > 1:
         # Segments are searched one at a time against the others' current tiles; behind grid barriers
         # the one-wave rule couples them, so start again from each segment's smallest grid.
         chosen[:] = [min(pool, key=lambda t: (t.blocks, -t.threads)) for pool in pools]
-        best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen)
-    cost = estimate_group(graph, stages, conns, chosen, device, segs=segs)
+        best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local)
+    cost = estimate_group(graph, stages, conns, chosen, device, segs=segs, local=local)
     out = GroupSchedule(tuple(chosen), best_cands, cost, violations)
-    if key is not None:
-        _CACHE[(key, mode, device)] = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
+    _CACHE[(key, mode, device)] = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
     return out
 
 
-def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chosen: list[Tile]):
+def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chosen: list[Tile], local: dict):
     """One pass over the segments, each taking its best valid tile given the others' (in `chosen`,
     updated in place); the last segment's top-k candidates and the group's violations come back."""
     best_cands: tuple[Candidate, ...] = ()
@@ -156,10 +165,10 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
         scored = []
         for t in pool:
             trial = chosen[:j] + [t] + chosen[j + 1:]
-            bad = check_group(graph, stages, conns, trial, device, segs=segs)
+            bad = check_group(graph, stages, conns, trial, device, segs=segs, local=local)
             if bad and len(pool) > 1:
                 continue
-            cost = estimate_group(graph, stages, conns, trial, device, segs=segs)
+            cost = estimate_group(graph, stages, conns, trial, device, segs=segs, local=local)
             traffic = cost.traffic_bytes["dram"] + cost.traffic_bytes["l2"]
             scored.append(((traffic + 1) * cost.waves, cost.modeled_us, t, cost, traffic))
         if not scored:
@@ -170,7 +179,7 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
         chosen[j] = best[2]
         if len(segs) == 1 or j == len(pools) - 1:
             best_cands = tuple(Candidate(t, round(s, 1), int(tr), c.waves) for s, _, t, c, tr in top)
-    return best_cands, tuple(check_group(graph, stages, conns, chosen, device, segs=segs))
+    return best_cands, tuple(check_group(graph, stages, conns, chosen, device, segs=segs, local=local))
 
 
 def _distinct(scored: list) -> list:
@@ -190,9 +199,27 @@ def _distinct(scored: list) -> list:
 # ---- subgraph cache -------------------------------------------------------------------------
 
 _CACHE: dict[tuple, GroupSchedule] = {}
+_NAMED: dict[tuple, GroupSchedule] = {}  # cache hits already renamed to a group's own stage names
+
+
+_SIG_CACHE: dict[tuple, str] = {}
 
 
 def group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) -> str:
+    """`_group_signature`, memoised on the stage names and their internal connections (the walk asks
+    for the same groups' signatures over and over)."""
+    members = set(stages)
+    inner = tuple(str(conns.get((p, c), "kernel")) for p in stages for c in graph.consumers.get(p, ()) if c in members)
+    key = (graph.structural_hash, tuple(stages), inner)
+    hit = _SIG_CACHE.get(key)
+    if hit is None:
+        if len(_SIG_CACHE) > 50000:
+            _SIG_CACHE.clear()
+        hit = _SIG_CACHE[key] = _group_signature(graph, stages, conns)
+    return hit
+
+
+def _group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) -> str:
     """Structural hash of a group: stage kinds, shapes and bodies with tensor names canonicalised,
     its internal connections, and which stages are also read outside (their writes cost traffic)."""
     names: dict[str, str] = {s: f"s{j}" for j, s in enumerate(stages)}

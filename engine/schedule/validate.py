@@ -44,7 +44,7 @@ class Decision:
 
 def check_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
-    name: str = "", segs: Sequence[Sequence[str]] | None = None,
+    name: str = "", segs: Sequence[Sequence[str]] | None = None, local: dict | None = None,
 ) -> list[Violation]:
     """Rules 1, 2, 3, 4, 7 for one kernel group with one tile per segment (`segs`: the group's
     segments when the caller has them already)."""
@@ -66,7 +66,7 @@ def check_group(
             out.append(Violation("segment_sink", f"group {name}",
                                  f"tile anchors '{tile.stage}' but the segment's sink is '{sinks[0]}'"))
             continue
-        out.extend(_checked_tile(graph, seg, conns, tile, device, name))
+        out.extend(_checked_tile(graph, seg, conns, tile, device, name, local))
     inner = [(p, c) for p in stages for c in graph.consumers.get(p, ()) if c in seg_of]
     for p, c in inner:
         if conns.get((p, c), Conn.KERNEL) == Conn.KERNEL:
@@ -78,15 +78,21 @@ def check_group(
                                  "global_sync inside one segment: the consumer's block needs the whole producer, "
                                  "which other blocks compute (make every path between them global_sync)"))
     if any(conns.get(e) == Conn.GLOBAL_SYNC for e in inner):
-        out.extend(_check_wave(graph, segs, conns, tiles, device, name))
+        out.extend(_check_wave(graph, segs, conns, tiles, device, name, local))
     return out
 
 
 _TILE_CHECKS: dict[tuple, list[Violation]] = {}
 
 
-def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> list[Violation]:
-    """`_check_tile`, memoised: a tile search re-checks every segment's unchanged tile per candidate."""
+def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str, local: dict | None = None) -> list[Violation]:
+    """`_check_tile`, memoised: a tile search re-checks every segment's unchanged tile per candidate
+    (`local`: the search's own memo, keyed on segment and tile alone — its connections are fixed)."""
+    if local is not None:
+        lkey = ("check", tuple(seg), tile, name)
+        if lkey not in local:
+            local[lkey] = _checked_tile(graph, seg, conns, tile, device, name)
+        return list(local[lkey])
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in seg for c in graph.consumers.get(p, ())))
     key = (graph.structural_hash, tuple(seg), touching, tile, device, name)
@@ -152,9 +158,9 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
     return out
 
 
-def _check_wave(graph, segs, conns, tiles, device: Device, name: str) -> list[Violation]:
+def _check_wave(graph, segs, conns, tiles, device: Device, name: str, local: dict | None = None) -> list[Violation]:
     threads = max(t.threads for t in tiles)
-    uses = [segment_use(graph, s, conns, t) for s, t in zip(segs, tiles)]
+    uses = [segment_use(graph, s, conns, t, local) for s, t in zip(segs, tiles)]
     regs = min(device.max_regs_per_thread, max(u.regs_per_thread for u in uses))
     resident, _ = resident_blocks_per_sm(device, threads, regs, max(u.shared_bytes for u in uses))
     wave = resident * device.sm_count
