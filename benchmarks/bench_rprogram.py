@@ -64,7 +64,10 @@ def to_markdown(rows: list[dict], device_name: str) -> str:
         "gain of Rammer's kernel variants from the gain of co-scheduling); split/batched = kernels run at a "
         "finer split-tile variant / contraction sets batched; utilization = busy vEU-time / (vEUs × makespan). "
         "All times come from the cost model "
-        "(datasheet figures), not from a GPU.",
+        "(datasheet figures), not from a GPU. Since welder may put grid barriers inside a kernel (its "
+        "GLOBAL_SYNC fallback), the rProgram first cuts each into a kernel boundary at the same tiles "
+        "(`split_grid_barriers`): kernels here counts those rOperators (bert_layer's 4 welder kernels are 9), "
+        "and *sequential* runs them one by one.",
         "",
         "| model | policy | kernels | rTasks | vEUs | waves/steps | sequential µs | seq. same tiles µs | "
         "makespan µs | makespan/seq | critical path µs | utilization | split/batched | check |",
