@@ -33,6 +33,10 @@ HELPERS = {
     # softmax masks give exp(-1e9), and a select there keeps GCC from vectorising reduction loops;
     # NaN propagates through the polynomial): unlike libm calls they inline into a loop and vectorise. Sorted by name = dependency order (c0_ before c1_).
     "c0_bits2f": "float c0_bits2f(int i) { float f; __builtin_memcpy(&f, &i, 4); return f; }",
+    # a * b + c rounded once where the target has a fused multiply-add (FP_FAST_FMAF, from math.h),
+    # else the plain expression: fmaf without hardware support is a slow library call.
+    "c0_fmaf": "float c0_fmaf(float a, float b, float c) {\n#ifdef FP_FAST_FMAF\n    return fmaf(a, b, c);\n"
+               "#else\n    return a * b + c;\n#endif\n}",
     "c0_f2bits": "int c0_f2bits(float f) { int i; __builtin_memcpy(&i, &f, 4); return i; }",
     "c0_expf": (
         "float c0_expf(float x) { const float c = x < -87.33654f ? -87.33654f : (x > 89.0f ? 89.0f : x); "

@@ -131,3 +131,42 @@ def test_row_reduction_inside_factor_a_is_staged_once_per_row(tmp_path):
     x = rng.standard_normal((20, 40)).astype(np.float32)
     result = run_model(graph, {"x": x}, backend="cpu", plan=plan)
     assert max_rel_error(result.outputs["y"], run_ort(path, {"x": x})["y"]) <= TOL
+
+
+def test_transposed_operands_are_staged_along_their_contiguous_axis(tmp_path):
+    """y = At^T @ W^T (At [k, m] and W [n, k] inputs: both factors have their contiguous
+    axis where the plain order has its outer loop, as lstm's h @ R^T and attention's Q @ K^T do): the
+    C printer stages A with k outside and B in column bands with k inside, and with partial tiles
+    (rows past the last 4-row block, columns padded to 16) the result still matches onnxruntime.
+    An untransposed GEMM keeps the plain orders."""
+    rng = np.random.default_rng(11)
+    m, k, n = 23, 37, 45
+    nodes = [helper.make_node("Transpose", ["at"], ["a"], name="ta", perm=[1, 0]),
+             helper.make_node("Transpose", ["W"], ["b"], name="tb", perm=[1, 0]),
+             helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")]
+    graph_proto = helper.make_graph(
+        nodes, "tgemm", [helper.make_tensor_value_info("at", TensorProto.FLOAT, [k, m]),
+                         helper.make_tensor_value_info("W", TensorProto.FLOAT, [n, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])])
+    path = tmp_path / "tgemm.onnx"
+    onnx.save(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    graph = load_graph(path)
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", (12, 24), 64, 4)})
+    program = generate(plan, graph)
+    (phase,) = _phases(program)
+    assert phase.gemm is not None
+    c = render_c(program)
+    stage = c[c.index("for (int k0 = 0;"):c.index("for (int mm = 0; mm + 4 <= m_n; mm += 4)")]
+    assert stage.index("for (int kk = 0;") < stage.index("for (int mm = 0; mm < m_n; ++mm)")  # A: k outside
+    assert "for (int nb = 0; nb < n_n; nb += 16)" in stage  # B: banded, k inside
+    assert "float st_a[384], st_b[1024], acc[384];" in c  # B's rows and acc padded to 32 columns
+    feeds = {"at": rng.standard_normal((k, m)).astype(np.float32), "W": rng.standard_normal((n, k)).astype(np.float32)}
+    result = run_model(graph, feeds, backend="cpu", plan=plan)
+    assert max_rel_error(result.outputs["y"], run_ort(path, feeds)["y"]) <= TOL
+
+    plain = load_graph(_gemm_model(tmp_path / "gemm.onnx", (m, k), (k, n)))
+    plain_c = render_c(generate(make_test_plan(plain, fuse_all(plain, reduce_conn=Conn.REGISTER),
+                                               {"y": Tile("", (12, 24), 64, 4)}), plain))
+    stage = plain_c[plain_c.index("for (int k0 = 0;"):plain_c.index("for (int mm = 0; mm + 4 <= m_n; mm += 4)")]
+    assert "nb += 16" not in stage
+    assert stage.index("for (int mm = 0; mm < m_n; ++mm)") < stage.index("for (int kk = 0;")
