@@ -95,35 +95,88 @@ def _line_values(body, var: str) -> list:
 # one vector per row lose: GCC no longer keeps every partial sum in a register.
 GEMM_ROWS = 4
 GEMM_COLS = 16
+# Tiles of at most GEMV_ROWS rows with B contiguous along k run as dot products of GEMV_LANES
+# partial sums (several independent vector accumulators, so the FMA latency overlaps).
+GEMV_ROWS = 4
+GEMV_LANES = 32
 
 
-def _gemm_micro_kernel(rows: int, cols: int, bk: int, ldb: int, cond: str, init: str, step: str) -> list[str]:
-    """Lines of the register-blocked update of acc by one staged k step: for each group of `rows`
-    rows (`for (int init; cond; step)`) and each chunk of `cols` columns, the partial sums are
-    loaded into fixed-size arrays (vector registers), take k_n fused multiply-adds each, in k
-    order, and are written back."""
+def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_at: str,
+                       tail: bool = False) -> list[str]:
+    """Lines of the register-blocked update of acc by one k step: for each group of `rows` rows
+    (`for (head)`) and each chunk of `cols` columns, the partial sums are loaded into fixed-size
+    arrays (vector registers), take k_n fused multiply-adds each, in k order, and are written back.
+    `brow` is B's row at k step kk from column n0 (staged or in place), `a_at` A's element at row
+    `mm + {q}`, step kk. With `tail` the chunks stop at n_n (B read in place has no padding
+    columns): whole chunks, then one chunk of the n_n % cols columns left."""
     rs = range(rows)
-    lines = [f"for (int {init}; {cond}; {step})",
-             f"for (int n0 = 0; n0 < n_n; n0 += {cols}) {{",
-             "    " + " ".join(f"float r{q}[{cols}];" for q in rs),
-             "    #pragma omp simd",
-             f"    for (int c = 0; c < {cols}; ++c) {{",
-             *[f"        r{q}[c] = acc[(mm + {q}) * {ldb} + n0 + c];" for q in rs],
-             "    }",
-             "    for (int kk = 0; kk < k_n; ++kk) {",
-             f"        const float* restrict brow = st_b + kk * {ldb} + n0;",
-             *[f"        const float a{q} = st_a[(mm + {q}) * {bk} + kk];" for q in rs],
-             "        #pragma omp simd",
-             f"        for (int c = 0; c < {cols}; ++c) {{",
-             *[f"            r{q}[c] = c0_fmaf(a{q}, brow[c], r{q}[c]);" for q in rs],
-             "        }",
-             "    }",
-             "    #pragma omp simd",
-             f"    for (int c = 0; c < {cols}; ++c) {{",
-             *[f"        acc[(mm + {q}) * {ldb} + n0 + c] = r{q}[c];" for q in rs],
-             "    }",
-             "}"]
-    return lines
+    lines = [f"for (int {head}) {{"]
+    chunks = [("n0 = 0; n0 < n_n", str(cols))]
+    if tail:
+        chunks = [(f"n0 = 0; n0 + {cols} <= n_n", str(cols)), (f"n0 = n_n - n_n % {cols}; n0 < n_n", "n_n - n0")]
+    for loop, width in chunks:
+        lines += ["    " + x for x in [f"for (int {loop}; n0 += {cols}) {{",
+                  f"    const int nc = {width};",
+                  "    " + " ".join(f"float r{q}[{cols}];" for q in rs),
+                  "    #pragma omp simd",
+                  "    for (int c = 0; c < nc; ++c) {",
+                  *[f"        r{q}[c] = acc[(mm + {q}) * {ldb} + n0 + c];" for q in rs],
+                  "    }",
+                  "    for (int kk = 0; kk < k_n; ++kk) {",
+                  f"        const float* restrict brow = {brow};",
+                  *[f"        const float a{q} = {a_at.format(q=q)};" for q in rs],
+                  "        #pragma omp simd",
+                  "        for (int c = 0; c < nc; ++c) {",
+                  *[f"            r{q}[c] = c0_fmaf(a{q}, brow[c], r{q}[c]);" for q in rs],
+                  "        }",
+                  "    }",
+                  "    #pragma omp simd",
+                  "    for (int c = 0; c < nc; ++c) {",
+                  *[f"        acc[(mm + {q}) * {ldb} + n0 + c] = r{q}[c];" for q in rs],
+                  "    }",
+                  "}"]]
+    return lines + ["}"]
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """A GEMM factor read where it lies instead of staged: `ptr` points at its element (first row
+    or column of the tile, k = 0); `outer` and `k` are the elements one step of its row (a) /
+    column (b) axis and one step of flat k move it."""
+
+    lines: tuple[str, ...]
+    ptr: str
+    outer: int
+    k: int
+
+
+def gemm_in_place(printer: Printer, kernel: Kernel, phase: Phase, which: str) -> InPlace | None:
+    """Factor `which` as an InPlace when it is one float load with no pad guard whose address is
+    affine in its row/column axis and in flat k (nothing computed in the load, so reading it in place
+    gives the same value as staging it); else None."""
+    g = phase.gemm
+    load = g.a if which == "a" else g.b
+    if not isinstance(load, E.Load) or load.pad is not None or not load.index or load.dtype != DType.F32:
+        return None
+    buf = kernel.buffer(load.tensor)
+    if buf.dtype != DType.F32:
+        return None
+    r = phase.region.rank
+    axis = f"i{r - 2}" if which == "a" else f"i{r - 1}"
+    outer = _flat_stride(kernel, load, axis)
+    strides = [_flat_stride(kernel, load, v) for v in g.vars]
+    if outer is None or None in strides:
+        return None
+    inner = 1
+    for s, n in zip(reversed(strides), reversed(g.extents)):
+        if s != strides[-1] * inner:  # k's variables must flatten to one affine step
+            return None
+        inner *= n
+    base = {axis: I.var("m_lo" if which == "a" else "n_lo"), **{v: I.const(0) for v in g.vars}}
+    index = tuple(I.substitute(ix, base) for ix in load.index)
+    ptr = f"{which}_in"
+    at = BodyWriter(printer, kernel, printer.gemm_ranges(phase)).offset(buf, index)
+    return InPlace((f"const float* restrict {ptr} = {load.tensor} + {at};",), ptr, outer, strides[-1])
 
 
 def _flat_stride(kernel: Kernel, load: E.Load, var: str) -> int | None:
@@ -386,42 +439,44 @@ class CPrinter(Printer):
 
     def render_gemm_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         """The block's threads run one after another, so their tm x tn register micro-tiles together
-        are one block-wide accumulator array: per k step, stage A and B (each in the loop order that
-        reads its operand contiguously), then a register-blocked micro-kernel: GEMM_ROWS rows x
-        GEMM_COLS columns of partial sums held in vector registers across the k step, fused
-        multiply-adds with the rows' A values broadcast; rows past the last whole block run one at a
-        time over wider chunks. B's staging rows are padded with zero columns to whole chunks. Each
-        element still sums its k terms in order, like the per-element loop."""
+        are one block-wide accumulator array: per k step, A and B, then a register-blocked
+        micro-kernel: GEMM_ROWS rows x GEMM_COLS columns of partial sums held in vector registers
+        across the k step, fused multiply-adds with the rows' A values broadcast; rows past the last
+        whole block run one at a time over wider chunks. A factor that is a plain affine load is read
+        in place (B when its rows are contiguous); any other is staged into st_a/st_b (each in the
+        loop order that reads its operand contiguously), B's staging rows padded with zero columns
+        to whole chunks. Each element still sums its k terms in order, like the per-element loop.
+        Tiny-m tiles whose B is contiguous along k run as dot products (gemv_phase)."""
         g = phase.gemm
         r = phase.region.rank
         m, n = f"i{r - 2}", f"i{r - 1}"
+        a_in = gemm_in_place(self, kernel, phase, "a")
+        b_in = gemm_in_place(self, kernel, phase, "b")
+        if b_in is not None and b_in.k == 1 and g.bm <= GEMV_ROWS and g.bm * g.k <= _MAX_LINE:
+            return self.gemv_phase(kernel, phase, a_in, b_in)
+        b_in = b_in if b_in is not None and b_in.outer == 1 else None
         ldb = -(-g.bn // GEMM_COLS) * GEMM_COLS  # row stride of st_b and acc: whole chunks
         wide = next(c for c in (4 * GEMM_COLS, 2 * GEMM_COLS, GEMM_COLS) if ldb % c == 0)
         _, lines = self.gemm_head(kernel, phase)
-        a_pre, a_lines, a_val = self.gemm_operand(kernel, phase, "a")
         _, b_lines, b_val = self.gemm_operand(kernel, phase, "b")
         kvar = g.vars[-1]  # the k variable with flat step 1
-        a_k_outer = not a_pre and _k_inner(kernel, g.a, m, kvar)
         b_k_inner = _k_inner(kernel, g.b, kvar, n)
-        lines += [f"    float st_a[{g.bm * g.bk}], st_b[{g.bk * ldb}], acc[{g.bm * ldb}];",
+        lines += ["    " + x for x in (a_in.lines if a_in else ()) + (b_in.lines if b_in else ())]
+        staged = ([f"st_a[{g.bm * g.bk}]"] if a_in is None else []) + ([f"st_b[{g.bk * ldb}]"] if b_in is None else [])
+        lines += [f"    float {', '.join(staged + [f'acc[{g.bm * ldb}]'])};",
                   f"    for (int q = 0; q < m_n * {ldb}; ++q) acc[q] = 0.0f;"]
-        if ldb != g.bn or g.bn % wide:
+        if b_in is None and (ldb != g.bn or g.bn % wide):
             lines += ["    // columns past n_n stay zero: chunks read them, their sums are never stored",
                       f"    for (int kk = 0; kk < {g.bk}; ++kk)",
                       f"        for (int nn = n_n; nn < {ldb}; ++nn) st_b[kk * {ldb} + nn] = 0.0f;"]
         lines += [f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{",
                   f"        const int k_n = {g.k} - k0 < {g.bk} ? {g.k} - k0 : {g.bk};"]
-        k_head = ["const int kf = k0 + kk;", *self.gemm_k_vars(phase, "kf")]
-        a_row = ["for (int mm = 0; mm < m_n; ++mm) {", f"    const int {m} = m_lo + mm;"]
-        a_col = ["for (int kk = 0; kk < k_n; ++kk) {"] + ["    " + x for x in k_head]
-        store_a = a_lines + [f"st_a[mm * {g.bk} + kk] = {a_val};"]
-        if a_k_outer:  # A's rows are its contiguous axis (a transposed operand): k outside
-            stage_a = a_col + ["    " + x for x in a_row] + ["        " + x for x in store_a] + ["    }", "}"]
-        else:
-            stage_a = a_row + ["    " + x for x in a_pre + a_col] + ["        " + x for x in store_a] + ["    }", "}"]
+        a_col = ["for (int kk = 0; kk < k_n; ++kk) {"] + ["    " + x for x in self._gemm_k_head(phase)]
         b_col = ["for (int nn = 0; nn < n_n; ++nn) {", f"    const int {n} = n_lo + nn;"]
         store_b = b_lines + [f"st_b[kk * {ldb} + nn] = {b_val};"]
-        if b_k_inner:
+        if b_in is not None:
+            stage_b = []
+        elif b_k_inner:
             # k is B's contiguous axis (h @ R^T, K^T in attention): per band of GEMM_COLS columns, k
             # outside the band's columns, so each k run is read from cache lines the band keeps in
             # L1 and the writes stay contiguous. Columns outside every k run (k inside) wrote
@@ -434,18 +489,85 @@ class CPrinter(Printer):
             stage_b += ["            " + x for x in store_b] + ["        }", "    }", "}"]
         else:
             stage_b = a_col + ["    " + x for x in b_col] + ["        " + x for x in store_b] + ["    }", "}"]
+        stage_a = [] if a_in is not None else self._gemm_stage_a(kernel, phase, g.bk)
         lines += ["        " + x for x in stage_a + stage_b]
         self.helpers.add("c0_fmaf")
-        lines += ["        " + x for x in _gemm_micro_kernel(GEMM_ROWS, GEMM_COLS, g.bk, ldb, "mm + 4 <= m_n",
-                                                            "mm = 0", "mm += 4")]
-        lines += ["        " + x for x in _gemm_micro_kernel(1, wide, g.bk, ldb, "mm < m_n",
-                                                            f"mm = m_n - m_n % {GEMM_ROWS}", "++mm")]
+        if b_in is not None:
+            brow = f"b_in + (k0 + kk) * {b_in.k} + n0"
+        else:
+            brow = f"st_b + kk * {ldb} + n0"
+        if a_in is not None:
+            a_at = f"a_in[(mm + {{q}}) * {a_in.outer} + (k0 + kk) * {a_in.k}]"
+        else:
+            a_at = f"st_a[(mm + {{q}}) * {g.bk} + kk]"
+        tail = b_in is not None
+        lines += ["        " + x for x in _gemm_micro_kernel(GEMM_ROWS, GEMM_COLS, ldb, "mm = 0; mm + 4 <= m_n; mm += 4",
+                                                            brow, a_at, tail)]
+        lines += ["        " + x for x in _gemm_micro_kernel(1, wide, ldb, f"mm = m_n - m_n % {GEMM_ROWS}; mm < m_n; ++mm",
+                                                            brow, a_at, tail)]
         lines += ["    }",
                   "    for (int mm = 0; mm < m_n; ++mm) {",
                   f"        const int {m} = m_lo + mm;",
                   "        for (int nn = 0; nn < n_n; ++nn) {",
                   f"            const int {n} = n_lo + nn;"]
         lines += ["            " + x for x in self.gemm_epilogue(kernel, phase, f"acc[mm * {ldb} + nn]")]
+        lines += ["        }", "    }", "}"]
+        return lines
+
+    def _gemm_k_head(self, phase: Phase) -> list[str]:
+        return ["const int kf = k0 + kk;", *self.gemm_k_vars(phase, "kf")]
+
+    def _gemm_stage_a(self, kernel: Kernel, phase: Phase, ld: int) -> list[str]:
+        """Lines staging factor a's k_n columns from k0 into st_a (row stride `ld`): the row's
+        k-invariant reductions once per row; k outside when A's rows are its contiguous axis."""
+        g = phase.gemm
+        m = f"i{phase.region.rank - 2}"
+        a_pre, a_lines, a_val = self.gemm_operand(kernel, phase, "a")
+        a_row = ["for (int mm = 0; mm < m_n; ++mm) {", f"    const int {m} = m_lo + mm;"]
+        a_col = ["for (int kk = 0; kk < k_n; ++kk) {"] + ["    " + x for x in self._gemm_k_head(phase)]
+        store_a = a_lines + [f"st_a[mm * {ld} + kk] = {a_val};"]
+        if not a_pre and _k_inner(kernel, g.a, m, g.vars[-1]):  # A's rows are its contiguous axis (transposed)
+            return a_col + ["    " + x for x in a_row] + ["        " + x for x in store_a] + ["    }", "}"]
+        return a_row + ["    " + x for x in a_pre + a_col] + ["        " + x for x in store_a] + ["    }", "}"]
+
+    def gemv_phase(self, kernel: Kernel, phase: Phase, a_in: InPlace | None, b_in: InPlace) -> list[str]:
+        """A tile of at most GEMV_ROWS rows whose B is contiguous along k (lstm's h @ R^T): each output
+        element is a dot product over the whole of k, B's column read in place, GEMV_LANES partial
+        sums (independent vector accumulators) then their sum, so the k order differs from the
+        per-element loop. A is read in place when contiguous along k, else its rows are staged once."""
+        g = phase.gemm
+        r = phase.region.rank
+        m, n = f"i{r - 2}", f"i{r - 1}"
+        _, lines = self.gemm_head(kernel, phase)
+        lines += ["    " + x for x in b_in.lines]
+        if a_in is not None and a_in.k == 1:
+            lines += ["    " + x for x in a_in.lines]
+            arow = f"a_in + mm * {a_in.outer}"
+        else:
+            lines += [f"    float st_a[{g.bm * g.k}];", f"    {{  const int k0 = 0, k_n = {g.k};"]
+            lines += ["        " + x for x in self._gemm_stage_a(kernel, phase, g.k)] + ["    }"]
+            arow = f"st_a + mm * {g.k}"
+        self.helpers.add("c0_fmaf")
+        w, whole = GEMV_LANES, g.k - g.k % GEMV_LANES
+        lines += ["    for (int mm = 0; mm < m_n; ++mm) {",
+                  f"        const int {m} = m_lo + mm;",
+                  f"        const float* restrict arow = {arow};",
+                  "        for (int nn = 0; nn < n_n; ++nn) {",
+                  f"            const int {n} = n_lo + nn;",
+                  f"            const float* restrict brow = b_in + nn * {b_in.outer};",
+                  f"            float part[{w}];",
+                  "            #pragma omp simd",
+                  f"            for (int c = 0; c < {w}; ++c) part[c] = 0.0f;",
+                  f"            for (int k0 = 0; k0 < {whole}; k0 += {w}) {{",
+                  "                #pragma omp simd",
+                  f"                for (int c = 0; c < {w}; ++c) part[c] = c0_fmaf(arow[k0 + c], brow[k0 + c], part[c]);",
+                  "            }",
+                  "            float dot = 0.0f;",
+                  "            #pragma omp simd reduction(+:dot)",
+                  f"            for (int c = 0; c < {w}; ++c) dot += part[c];"]
+        if whole < g.k:
+            lines.append(f"            for (int kf = {whole}; kf < {g.k}; ++kf) dot = c0_fmaf(arow[kf], brow[kf], dot);")
+        lines += ["            " + x for x in self.gemm_epilogue(kernel, phase, "dot")]
         lines += ["        }", "    }", "}"]
         return lines
 

@@ -134,14 +134,16 @@ def test_row_reduction_inside_factor_a_is_staged_once_per_row(tmp_path):
 
 
 def test_transposed_operands_are_staged_along_their_contiguous_axis(tmp_path):
-    """y = At^T @ W^T (At [k, m] and W [n, k] inputs: both factors have their contiguous
+    """y = relu(At)^T @ W^T (At [k, m] and W [n, k] inputs: both factors have their contiguous
     axis where the plain order has its outer loop, as lstm's h @ R^T and attention's Q @ K^T do): the
-    C printer stages A with k outside and B in column bands with k inside, and with partial tiles
-    (rows past the last 4-row block, columns padded to 16) the result still matches onnxruntime.
-    An untransposed GEMM keeps the plain orders."""
+    C printer stages A (computed: the relu is inlined into the load) with k outside and B (rows of
+    12 > GEMV_ROWS, so no dot products) in column bands with k inside, and with partial tiles (rows
+    past the last 4-row block, columns padded to 16) the result still matches onnxruntime. An
+    untransposed GEMM of a computed A keeps the plain orders."""
     rng = np.random.default_rng(11)
     m, k, n = 23, 37, 45
-    nodes = [helper.make_node("Transpose", ["at"], ["a"], name="ta", perm=[1, 0]),
+    nodes = [helper.make_node("Relu", ["at"], ["ra"], name="relu"),
+             helper.make_node("Transpose", ["ra"], ["a"], name="ta", perm=[1, 0]),
              helper.make_node("Transpose", ["W"], ["b"], name="tb", perm=[1, 0]),
              helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")]
     graph_proto = helper.make_graph(
@@ -160,13 +162,105 @@ def test_transposed_operands_are_staged_along_their_contiguous_axis(tmp_path):
     assert stage.index("for (int kk = 0;") < stage.index("for (int mm = 0; mm < m_n; ++mm)")  # A: k outside
     assert "for (int nb = 0; nb < n_n; nb += 16)" in stage  # B: banded, k inside
     assert "float st_a[384], st_b[1024], acc[384];" in c  # B's rows and acc padded to 32 columns
+    assert "a_in" not in c and "b_in" not in c
     feeds = {"at": rng.standard_normal((k, m)).astype(np.float32), "W": rng.standard_normal((n, k)).astype(np.float32)}
     result = run_model(graph, feeds, backend="cpu", plan=plan)
     assert max_rel_error(result.outputs["y"], run_ort(path, feeds)["y"]) <= TOL
 
-    plain = load_graph(_gemm_model(tmp_path / "gemm.onnx", (m, k), (k, n)))
+    plain = load_graph(_computed_model(tmp_path / "gemm.onnx", (m, k), (k, n)))
     plain_c = render_c(generate(make_test_plan(plain, fuse_all(plain, reduce_conn=Conn.REGISTER),
                                                {"y": Tile("", (12, 24), 64, 4)}), plain))
     stage = plain_c[plain_c.index("for (int k0 = 0;"):plain_c.index("for (int mm = 0; mm + 4 <= m_n; mm += 4)")]
-    assert "nb += 16" not in stage
+    assert "nb += 16" not in stage and "b_in" not in plain_c  # a staged B (computed) keeps k outside
     assert stage.index("for (int mm = 0; mm < m_n; ++mm)") < stage.index("for (int kk = 0;")
+
+
+def _computed_model(path: Path, a_shape, b_shape) -> Path:
+    """y = exp(a) @ tanh(b), a and b inputs: both factors computed in their loads."""
+    nodes = [helper.make_node("Exp", ["a"], ["ea"], name="exp"),
+             helper.make_node("Tanh", ["b"], ["tb"], name="tanh"),
+             helper.make_node("MatMul", ["ea", "tb"], ["y"], name="mm")]
+    graph = helper.make_graph(
+        nodes, "cgemm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a_shape)),
+                         helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*a_shape[:-1], b_shape[-1]])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    return path
+
+
+@pytest.mark.parametrize("a_shape,b_shape,tile", [
+    ((37, 45), (45, 29), (16, 8)),  # 8-column tiles: no whole chunk of 16, only the tail
+    ((23, 70), (70, 53), (12, 40)),  # whole chunks and a tail; 4-row blocks and single rows
+    ((2, 9, 33), (33, 50), (1, 5, 24)),  # batched A, B shared by the batch
+])
+def test_plain_factors_are_read_in_place(tmp_path, a_shape, b_shape, tile):
+    """relu(A @ B + bias) with A an input and B a row-major constant: both are plain affine loads,
+    so the C printer stages neither (no st_a/st_b, no copy per k step), reads B's rows in place and
+    stops its column chunks at n_n (no padding columns to read past B's end), and still matches
+    onnxruntime. The same GEMM with both factors computed stages both; CUDA still stages and compiles."""
+    path = _gemm_model(tmp_path / "gemm.onnx", a_shape, b_shape)
+    graph = load_graph(path)
+    blocks = int(np.prod([-(-n // t) for n, t in zip(graph.stage("y").shape, tile)]))
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", tile, 64, blocks)})
+    program = generate(plan, graph)
+    (phase,) = _phases(program)
+    assert phase.gemm is not None
+    c = render_c(program)
+    assert "st_a" not in c and "st_b" not in c
+    assert "const float* restrict brow = b_in + (k0 + kk) * " in c and "a_in[(mm + 3) * " in c
+    assert "n0 + 16 <= n_n" in c and "n0 = n_n - n_n % 16" in c
+    x = np.random.default_rng(3).standard_normal(a_shape).astype(np.float32)
+    result = run_model(graph, {"a": x}, backend="cpu", plan=plan)
+    assert max_rel_error(result.outputs["y"], run_ort(path, {"a": x})["y"]) <= TOL
+    cuda = render_cuda(program)
+    assert "a_in" not in cuda and "float* st_b = (float*)(smem" in cuda
+    assert f".entry {program.kernels[0].name}(" in compile_cuda(cuda, name=program.name, arch="sm_80").ptx
+
+    path = _computed_model(tmp_path / "cgemm.onnx", a_shape, b_shape)
+    graph = load_graph(path)
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", tile, 64, blocks)})
+    c = render_c(generate(plan, graph))
+    assert "st_a[" in c and "st_b[" in c and "a_in" not in c and "b_in" not in c
+    rng = np.random.default_rng(4)
+    feeds = {"a": 0.5 * rng.standard_normal(a_shape).astype(np.float32),
+             "b": rng.standard_normal(b_shape).astype(np.float32)}
+    result = run_model(graph, feeds, backend="cpu", plan=plan)
+    assert max_rel_error(result.outputs["y"], run_ort(path, feeds)["y"]) <= TOL
+
+
+@pytest.mark.parametrize("m,k,n,tile,computed", [
+    (1, 256, 96, (1, 64), False),  # lstm's h @ R^T: k a multiple of the lanes; a partial column tile
+    (3, 75, 40, (3, 16), False),  # k past the last 32 lanes; three rows
+    (2, 50, 33, (2, 32), True),  # A computed: its rows are staged once over the whole of k
+])
+def test_tiny_m_with_k_contiguous_b_runs_as_dot_products(tmp_path, m, k, n, tile, computed):
+    """y = A @ W^T with W [n, k] (B contiguous along k) and tiles of at most GEMV_ROWS rows: each
+    output is a dot product over the whole of k with 32 lane partial sums, B read in place (no
+    staging, no k steps); the k order differs from onnxruntime's, and the result still matches it
+    to 1e-4 relative (an error in the lanes or the k remainder would be of the order of the values)."""
+    rng = np.random.default_rng(17)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    nodes = [helper.make_node("Transpose", ["W"], ["wt"], name="tw", perm=[1, 0])]
+    nodes += [helper.make_node("Sigmoid", ["h"], ["hs"], name="sig")] if computed else []
+    nodes += [helper.make_node("MatMul", ["hs" if computed else "h", "wt"], ["y"], name="mm")]
+    graph_proto = helper.make_graph(  # W an input: a constant's transpose would be folded
+        nodes, "gemv", [helper.make_tensor_value_info("h", TensorProto.FLOAT, [m, k]),
+                        helper.make_tensor_value_info("W", TensorProto.FLOAT, [n, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])])
+    path = tmp_path / "gemv.onnx"
+    onnx.save(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    graph = load_graph(path)
+    blocks = int(np.prod([-(-s // t) for s, t in zip((m, n), tile)]))
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", tile, 64, blocks)})
+    program = generate(plan, graph)
+    (phase,) = _phases(program)
+    assert phase.gemm is not None
+    c = render_c(program)
+    assert "float part[32];" in c and "b_in + nn * " in c and "st_b" not in c and "k0 += 32" in c
+    assert ("kf = 64; kf < 75" in c) == (k == 75)
+    assert (f"float st_a[{tile[0] * k}];" in c) == computed
+    feeds = {"h": rng.standard_normal((m, k)).astype(np.float32), "W": w}
+    result = run_model(graph, feeds, backend="cpu", plan=plan)
+    assert max_rel_error(result.outputs["y"], run_ort(path, feeds)["y"]) <= TOL
+    cuda = render_cuda(program)
+    assert f".entry {program.kernels[0].name}(" in compile_cuda(cuda, name=program.name, arch="sm_80").ptx
