@@ -1,6 +1,9 @@
 """CPU backend (generated C, OpenMP) vs onnxruntime on every sample, same thread count, both in one run.
 
-`OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_cpu_vs_ort.py [--runs 20] [--samples a,b]`
+`OMP_NUM_THREADS=2 GOMP_SPINCOUNT=10000 OPENBLAS_THREAD_TIMEOUT=4 .venv/bin/python benchmarks/bench_cpu_vs_ort.py
+[--runs 20] [--samples a,b] [--no-library]` — the two settings make libgomp's and OpenBLAS's idle threads sleep
+soon after a parallel region, so the library rows (OpenMP kernels and BLAS calls alternating) do not run with
+each pool's spinning threads holding the cores the other needs.
 Prints a Markdown table (median of --runs after warm-up) and the achieved bandwidth of the fused
 memory-bound kernels against a STREAM-like copy measured in the same run. Whole-model samples get two
 rows: the policy's generated kernels (contractions as generated tiled GEMM/conv code, what the CUDA path
