@@ -239,16 +239,22 @@ class Printer:
         lines += ["    }", "}"]
         return lines
 
+    def open_phase(self, kernel: Kernel, phase: Phase, title: str) -> tuple[str, list[str]]:
+        """The tag naming a phase's region bounds (its block buffer's, already declared for the tile, or
+        "p" declared here) and the opening lines of its block."""
+        owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
+        tag = owner.name if owner is not None else "p"
+        lines = [f"{{  // {title}"]
+        if owner is None:
+            lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
+        return tag, lines
+
     # ---- tiled GEMM ------------------------------------------------------------------------
     def gemm_head(self, kernel: Kernel, phase: Phase) -> tuple[str, list[str]]:
         """Region bounds of a tiled phase, batch axes fixed at the tile's (one-wide) box, and the
         live row/column counts m_n, n_n."""
         g = phase.gemm
-        owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
-        tag = owner.name if owner is not None else "p"
-        lines = [f"{{  // {phase.stage}: {g.describe()}"]
-        if owner is None:
-            lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
+        tag, lines = self.open_phase(kernel, phase, f"{phase.stage}: {g.describe()}")
         r = phase.region.rank
         lines += [f"    const int i{d} = {tag}_lo{d};" for d in range(r - 2)]
         lines.append(f"    const int m_lo = {tag}_lo{r - 2}, m_n = {tag}_hi{r - 2} - m_lo;")
@@ -386,11 +392,7 @@ class Printer:
         """Region bounds of a convolution phase: the batch index, the first and live count of the
         block's channels (c_lo, c_n), output rows and columns, and the live window rows/columns."""
         c = phase.conv
-        owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
-        tag = owner.name if owner is not None else "p"
-        lines = [f"{{  // {phase.stage}: {c.describe()}"]
-        if owner is None:
-            lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
+        tag, lines = self.open_phase(kernel, phase, f"{phase.stage}: {c.describe()}")
         (sh, sw), (kh, kw), (dh, dw) = c.strides, c.taps, c.dilations
         return lines + [
             f"    const int i0 = {tag}_lo0;",

@@ -754,11 +754,7 @@ class CPrinter(Printer):
             return self.render_conv_phase(kernel, phase)
         if phase.region.flat:
             return super().render_phase(kernel, phase)
-        owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
-        tag = owner.name if owner is not None else "p"
-        lines = [f"{{  // {phase.stage}"]
-        if owner is None:
-            lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
+        tag, lines = self.open_phase(kernel, phase, phase.stage)
         r = phase.region.rank
         single = [_one_wide(phase.region, d) for d in range(r)]
         if r and not single[-1] and phase.combine is None:
@@ -862,11 +858,7 @@ class CudaPrinter(Printer):
         lanes = phase.threads_per_row
         if lanes <= 1 or phase.region.flat or phase.gemm is not None or phase.conv is not None:
             return super().render_phase(kernel, phase)
-        owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
-        tag = owner.name if owner is not None else "p"
-        lines = [f"{{  // {phase.stage}: {lanes} lanes per row, warp-shuffle combine"]
-        if owner is None:
-            lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
+        tag, lines = self.open_phase(kernel, phase, f"{phase.stage}: {lanes} lanes per row, warp-shuffle combine")
         r = phase.region.rank
         sizes = [f"({tag}_hi{d} - {tag}_lo{d})" for d in range(r)]
         lines += [f"    const int n_e = {' * '.join(sizes) or '1'};",
