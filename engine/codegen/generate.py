@@ -179,7 +179,8 @@ def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True, sta
 
 def _map_lanes(seg: Segment, threads: int) -> Segment:
     """Lanes per row for each reduction phase: the block's threads spread over the rows of the phase's
-    region (a power of two up to a warp, so lanes combine with shuffles). Float sum/max/min/prod only."""
+    region (a power of two up to the block: within a warp the lanes combine with shuffles, across warps
+    through a shared-memory tree). Float sum/max/min/prod only."""
     phases = []
     for p in seg.phases:
         lanes = 1
@@ -187,7 +188,7 @@ def _map_lanes(seg: Segment, threads: int) -> Segment:
                 and p.combine.value in ("sum", "max", "min", "prod"):
             rows = int(np.prod(p.region.extent, dtype=np.int64))
             want = max(1, threads // max(rows, 1))
-            while lanes * 2 <= min(32, want, int(np.prod(p.reduce, dtype=np.int64))):
+            while lanes * 2 <= min(threads, want, int(np.prod(p.reduce, dtype=np.int64))):
                 lanes *= 2
         phases.append(dataclasses.replace(p, threads_per_row=lanes))
     return dataclasses.replace(seg, phases=tuple(phases))

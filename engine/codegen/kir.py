@@ -261,9 +261,16 @@ class Kernel:
         return sum(-(-b.nbytes // 16) * 16 for b in self.locals)
 
     @property
+    def reduce_scratch_bytes(self) -> int:
+        """Shared memory for cross-warp reduction partials (one 8-byte slot per warp) when a reduction
+        phase spreads a row over more than a warp's lanes."""
+        wide = any(p.threads_per_row > 32 for s in self.segments for p in s.phases)
+        return -(-8 * (-(-self.threads // 32)) // 16) * 16 if wide else 0
+
+    @property
     def shared_bytes(self) -> int:
         a, b = self.staging
-        return self.locals_bytes + -(-4 * a // 16) * 16 + -(-4 * b // 16) * 16
+        return self.locals_bytes + -(-4 * a // 16) * 16 + -(-4 * b // 16) * 16 + self.reduce_scratch_bytes
 
     @property
     def ntiles(self) -> int:

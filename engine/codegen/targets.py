@@ -854,11 +854,13 @@ class CudaPrinter(Printer):
 
     def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         """A reduction whose rows are shared by `threads_per_row` lanes: each lane reduces a strided
-        part of the row, then the lanes combine with warp shuffles (a tree within the row's lanes)."""
+        part of the row, then the lanes combine with warp shuffles (a tree within each warp) and, when a
+        row spans several warps, through one shared-memory slot per warp (a block-level tree)."""
         lanes = phase.threads_per_row
         if lanes <= 1 or phase.region.flat or phase.gemm is not None or phase.conv is not None:
             return super().render_phase(kernel, phase)
-        tag, lines = self.open_phase(kernel, phase, f"{phase.stage}: {lanes} lanes per row, warp-shuffle combine")
+        how = "warp-shuffle combine" + (", then a shared-memory tree across warps" if lanes > 32 else "")
+        tag, lines = self.open_phase(kernel, phase, f"{phase.stage}: {lanes} lanes per row, {how}")
         r = phase.region.rank
         sizes = [f"({tag}_hi{d} - {tag}_lo{d})" for d in range(r)]
         lines += [f"    const int n_e = {' * '.join(sizes) or '1'};",
@@ -877,10 +879,24 @@ class CudaPrinter(Printer):
         body += ["    " + x for x in inner] + ["}"]
         combine = {Combine.SUM: "part += o;", Combine.PROD: "part *= o;",
                    Combine.MAX: "part = o > part ? o : part;", Combine.MIN: "part = o < part ? o : part;"}
-        body += [f"for (int off = {lanes // 2}; off > 0; off >>= 1) {{",
-                 f"    const {ct} o = __shfl_down_sync(0xffffffffu, part, off, {lanes});",
-                 f"    {combine[phase.combine]}", "}",
-                 "if (e < n_e && lane == 0) {"]
+        width = min(lanes, 32)
+        body += [f"for (int off = {width // 2}; off > 0; off >>= 1) {{",
+                 f"    const {ct} o = __shfl_down_sync(0xffffffffu, part, off, {width});",
+                 f"    {combine[phase.combine]}", "}"]
+        if lanes > 32:
+            # A row spans several warps: each warp's lane 0 leaves its partial in shared memory, then the
+            # row's first warp combines the partials (a tree again) — every thread reaches both barriers.
+            warps = lanes // 32
+            body += [f"{ct}* red = ({ct}*)tw_red;",
+                     "if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = part;",
+                     "__syncthreads();",
+                     "if (lane < 32) {",
+                     f"    part = lane < {warps} ? red[grp * {warps} + lane] : {ident};",
+                     f"    for (int off = {min(warps, 32) // 2 or 1}; off > 0; off >>= 1) {{",
+                     f"        const {ct} o = __shfl_down_sync(0xffffffffu, part, off, 32);",
+                     f"        {combine[phase.combine]}", "    }", "}",
+                     "__syncthreads();"]
+        body += ["if (e < n_e && lane == 0) {"]
         store = self.element_coords(tag, sizes)
         for name in phase.stores:
             buf = kernel.buffer(name)
@@ -901,9 +917,12 @@ class CudaPrinter(Printer):
         # Dynamic shared memory: blocks may use more than the 48 KiB a static __shared__ array allows
         # (the launcher opts in with cudaFuncAttributeMaxDynamicSharedMemorySize).
         a, b = kernel.staging
-        if not kernel.locals and not a:
+        if not kernel.locals and not a and not kernel.reduce_scratch_bytes:
             return []
         lines = ["extern __shared__ __align__(16) unsigned char smem[];"]
+        if kernel.reduce_scratch_bytes:  # cross-warp reduction partials, after everything else
+            at = kernel.shared_bytes - kernel.reduce_scratch_bytes
+            lines.append(f"unsigned char* tw_red = smem + {at};  // a slot per warp")
         for buf, off in zip(kernel.locals, kernel.shared_offsets):
             t = self.storage_type(buf.dtype)
             lines.append(f"{t}* {buf.name} = ({t}*)(smem + {off});  // {buf.capacity} elements")

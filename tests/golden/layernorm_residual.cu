@@ -8,6 +8,7 @@ namespace cg = cooperative_groups;
 // onnx nodes: Add_1, ReduceMean_2, Sub_3, Pow_5, ReduceMean_6, Add_8, Sqrt_9, Div_10, Mul_11, Add_12
 extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const float* __restrict__ g_x, const float* __restrict__ g_residual, float* __restrict__ g_y, const float* __restrict__ g_gamma, const float* __restrict__ g_beta) {
     extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* tw_red = smem + 32;  // a slot per warp
     float* s_ReduceMean_2_out__sum = (float*)(smem + 0);  // 1 elements
     float* s_ReduceMean_6_out__sum = (float*)(smem + 16);  // 1 elements
     // segment 0: anchor y, 1536 tiles
@@ -18,9 +19,9 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
         const int s_ReduceMean_2_out__sum_lo1 = 0, s_ReduceMean_2_out__sum_hi1 = s_ReduceMean_2_out__sum_lo1 + 1;
         const int s_ReduceMean_6_out__sum_lo0 = 1 * tc0, s_ReduceMean_6_out__sum_hi0 = s_ReduceMean_6_out__sum_lo0 + 1;
         const int s_ReduceMean_6_out__sum_lo1 = 0, s_ReduceMean_6_out__sum_hi1 = s_ReduceMean_6_out__sum_lo1 + 1;
-        {  // ReduceMean_2_out::sum: 32 lanes per row, warp-shuffle combine
+        {  // ReduceMean_2_out::sum: 128 lanes per row, warp-shuffle combine, then a shared-memory tree across warps
             const int n_e = (s_ReduceMean_2_out__sum_hi0 - s_ReduceMean_2_out__sum_lo0) * (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1);
-            const int lane = threadIdx.x % 32, grp = threadIdx.x / 32, ngrp = blockDim.x / 32;
+            const int lane = threadIdx.x % 128, grp = threadIdx.x / 128, ngrp = blockDim.x / 128;
             for (int base = 0; base < n_e; base += ngrp) {
                 const int e = base + grp;
                 float part = 0.0f;
@@ -29,7 +30,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
                     const int i1 = s_ReduceMean_2_out__sum_lo1 + rem % (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1); rem /= (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1);
                     const int i0 = s_ReduceMean_2_out__sum_lo0 + rem;
                     float v1 = 0;
-                    for (int rf = lane; rf < 768; rf += 32) {
+                    for (int rf = lane; rf < 768; rf += 128) {
                         const int r0 = rf;
                         const float v2 = g_x[(i0) * 768 + r0];
                         const float v3 = g_residual[(i0) * 768 + r0];
@@ -42,6 +43,17 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
                     const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
                     part += o;
                 }
+                float* red = (float*)tw_red;
+                if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = part;
+                __syncthreads();
+                if (lane < 32) {
+                    part = lane < 4 ? red[grp * 4 + lane] : 0.0f;
+                    for (int off = 2; off > 0; off >>= 1) {
+                        const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
+                        part += o;
+                    }
+                }
+                __syncthreads();
                 if (e < n_e && lane == 0) {
                     int rem = e;
                     const int i1 = s_ReduceMean_2_out__sum_lo1 + rem % (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1); rem /= (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1);
@@ -51,9 +63,9 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
             }
         }
         __syncthreads();
-        {  // ReduceMean_6_out::sum: 32 lanes per row, warp-shuffle combine
+        {  // ReduceMean_6_out::sum: 128 lanes per row, warp-shuffle combine, then a shared-memory tree across warps
             const int n_e = (s_ReduceMean_6_out__sum_hi0 - s_ReduceMean_6_out__sum_lo0) * (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1);
-            const int lane = threadIdx.x % 32, grp = threadIdx.x / 32, ngrp = blockDim.x / 32;
+            const int lane = threadIdx.x % 128, grp = threadIdx.x / 128, ngrp = blockDim.x / 128;
             for (int base = 0; base < n_e; base += ngrp) {
                 const int e = base + grp;
                 float part = 0.0f;
@@ -64,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
                     float v1 = 0;
                     const float v2 = s_ReduceMean_2_out__sum[((i0 - s_ReduceMean_2_out__sum_lo0)) * 1 + (0 - s_ReduceMean_2_out__sum_lo1)];
                     const float v3 = (v2 / 768.0f);
-                    for (int rf = lane; rf < 768; rf += 32) {
+                    for (int rf = lane; rf < 768; rf += 128) {
                         const int r0 = rf;
                         const float v4 = g_x[(i0) * 768 + r0];
                         const float v5 = g_residual[(i0) * 768 + r0];
@@ -79,6 +91,17 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
                     const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
                     part += o;
                 }
+                float* red = (float*)tw_red;
+                if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = part;
+                __syncthreads();
+                if (lane < 32) {
+                    part = lane < 4 ? red[grp * 4 + lane] : 0.0f;
+                    for (int off = 2; off > 0; off >>= 1) {
+                        const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
+                        part += o;
+                    }
+                }
+                __syncthreads();
                 if (e < n_e && lane == 0) {
                     int rem = e;
                     const int i1 = s_ReduceMean_6_out__sum_lo1 + rem % (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1); rem /= (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1);

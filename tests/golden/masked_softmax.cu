@@ -8,6 +8,7 @@ namespace cg = cooperative_groups;
 // onnx nodes: Where_3, Mul_5, Add_6, Softmax_7
 extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(const float* __restrict__ g_scores, const bool* __restrict__ g_mask, float* __restrict__ g_probs) {
     extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* tw_red = smem + 32;  // a slot per warp
     float* s_probs__max = (float*)(smem + 0);  // 2 elements
     float* s_probs__sum = (float*)(smem + 16);  // 2 elements
     // segment 0: anchor probs, 768 tiles
@@ -24,9 +25,9 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
         const int s_probs__sum_lo1 = 1 * tc1, s_probs__sum_hi1 = s_probs__sum_lo1 + 1;
         const int s_probs__sum_lo2 = 2 * tc2, s_probs__sum_hi2 = s_probs__sum_lo2 + 2;
         const int s_probs__sum_lo3 = 0, s_probs__sum_hi3 = s_probs__sum_lo3 + 1;
-        {  // probs::max: 32 lanes per row, warp-shuffle combine
+        {  // probs::max: 64 lanes per row, warp-shuffle combine, then a shared-memory tree across warps
             const int n_e = (s_probs__max_hi0 - s_probs__max_lo0) * (s_probs__max_hi1 - s_probs__max_lo1) * (s_probs__max_hi2 - s_probs__max_lo2) * (s_probs__max_hi3 - s_probs__max_lo3);
-            const int lane = threadIdx.x % 32, grp = threadIdx.x / 32, ngrp = blockDim.x / 32;
+            const int lane = threadIdx.x % 64, grp = threadIdx.x / 64, ngrp = blockDim.x / 64;
             for (int base = 0; base < n_e; base += ngrp) {
                 const int e = base + grp;
                 float part = (-__int_as_float(0x7f800000));
@@ -37,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
                     const int i1 = s_probs__max_lo1 + rem % (s_probs__max_hi1 - s_probs__max_lo1); rem /= (s_probs__max_hi1 - s_probs__max_lo1);
                     const int i0 = s_probs__max_lo0 + rem;
                     float v1 = (-__int_as_float(0x7f800000));
-                    for (int rf = lane; rf < 128; rf += 32) {
+                    for (int rf = lane; rf < 128; rf += 64) {
                         const int r0 = rf;
                         const float v2 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
                         const float v3 = (v2 * 0.125f);
@@ -52,6 +53,17 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
                     const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
                     part = o > part ? o : part;
                 }
+                float* red = (float*)tw_red;
+                if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = part;
+                __syncthreads();
+                if (lane < 32) {
+                    part = lane < 2 ? red[grp * 2 + lane] : (-__int_as_float(0x7f800000));
+                    for (int off = 1; off > 0; off >>= 1) {
+                        const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
+                        part = o > part ? o : part;
+                    }
+                }
+                __syncthreads();
                 if (e < n_e && lane == 0) {
                     int rem = e;
                     const int i3 = s_probs__max_lo3 + rem % (s_probs__max_hi3 - s_probs__max_lo3); rem /= (s_probs__max_hi3 - s_probs__max_lo3);
@@ -63,9 +75,9 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
             }
         }
         __syncthreads();
-        {  // probs::sum: 32 lanes per row, warp-shuffle combine
+        {  // probs::sum: 64 lanes per row, warp-shuffle combine, then a shared-memory tree across warps
             const int n_e = (s_probs__sum_hi0 - s_probs__sum_lo0) * (s_probs__sum_hi1 - s_probs__sum_lo1) * (s_probs__sum_hi2 - s_probs__sum_lo2) * (s_probs__sum_hi3 - s_probs__sum_lo3);
-            const int lane = threadIdx.x % 32, grp = threadIdx.x / 32, ngrp = blockDim.x / 32;
+            const int lane = threadIdx.x % 64, grp = threadIdx.x / 64, ngrp = blockDim.x / 64;
             for (int base = 0; base < n_e; base += ngrp) {
                 const int e = base + grp;
                 float part = 0.0f;
@@ -77,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
                     const int i0 = s_probs__sum_lo0 + rem;
                     float v1 = 0;
                     const float v2 = s_probs__max[((((i0 - s_probs__max_lo0)) * 1 + (i1 - s_probs__max_lo1)) * 2 + (i2 - s_probs__max_lo2)) * 1 + (0 - s_probs__max_lo3)];
-                    for (int rf = lane; rf < 128; rf += 32) {
+                    for (int rf = lane; rf < 128; rf += 64) {
                         const int r0 = rf;
                         const float v3 = g_scores[(((i0) * 12 + i1) * 128 + i2) * 128 + r0];
                         const float v4 = (v3 * 0.125f);
@@ -94,6 +106,17 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
                     const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
                     part += o;
                 }
+                float* red = (float*)tw_red;
+                if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = part;
+                __syncthreads();
+                if (lane < 32) {
+                    part = lane < 2 ? red[grp * 2 + lane] : 0.0f;
+                    for (int off = 1; off > 0; off >>= 1) {
+                        const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
+                        part += o;
+                    }
+                }
+                __syncthreads();
                 if (e < n_e && lane == 0) {
                     int rem = e;
                     const int i3 = s_probs__sum_lo3 + rem % (s_probs__sum_hi3 - s_probs__sum_lo3); rem /= (s_probs__sum_hi3 - s_probs__sum_lo3);

@@ -54,3 +54,22 @@ def test_cooperative_kernels_compile(case):
     source = _compile_all(program)
     assert "cg::this_grid().sync();" in source and "__syncthreads();" in source
     assert program.launches[0].cooperative
+
+
+def test_rows_wider_than_a_warp_reduce_through_a_block_level_tree():
+    """layernorm_residual's welder kernel gives a 768-long row more than 32 lanes: each warp combines
+    with shuffles, the warps' partials meet in shared memory (a slot per warp, counted in the kernel's
+    shared bytes) and the row's first warp combines them. Compile-only: no GPU here."""
+    from engine.codegen.targets import render_c
+
+    graph = _graph("layernorm_residual")
+    program = generate(policy_plan(graph, "welder"), graph)
+    wide = [(k, p) for k in program.kernels for s in k.segments for p in s.phases if p.threads_per_row > 32]
+    assert wide
+    kernel, phase = wide[0]
+    assert kernel.reduce_scratch_bytes >= 8 * (kernel.threads // 32)
+    assert kernel.shared_bytes >= kernel.locals_bytes + kernel.reduce_scratch_bytes
+    source = _compile_all(program)
+    assert "shared-memory tree across warps" in source and "red[threadIdx.x >> 5] = part;" in source
+    assert source.count("__shfl_down_sync") >= 2
+    assert "tw_red" not in render_c(program)  # the C backend's threads are loops: no cross-warp step
