@@ -234,6 +234,14 @@ def conv_chunk(cols: int) -> int:
     return 8
 
 
+def conv_rows(cols: int, out_rows: int) -> int:
+    """Output rows a C convolution updates together per chunk of `cols` columns: enough independent
+    partial-sum vectors (rows x ceil(cols / 8)) to cover the FMA latency x throughput (4 x 2 on
+    current x86 cores), at most 12 of the 16 AVX2 registers (the broadcast weight and loads need
+    the rest), and no more rows than the tile has."""
+    return max(1, min(4, 12 // -(-cols // 8), out_rows))
+
+
 def _occurs(body, target) -> bool:
     """Whether `target` is a subexpression of `body` outside pad guards and inlined reductions."""
     stack = [body]
@@ -608,39 +616,63 @@ class CPrinter(Printer):
         step = 1 if c.depthwise else c.bc
         if direct is not None and not c.depthwise and co * c.channels * kk <= _MAX_LINE:
             step = c.channels  # nothing staged but weights: one step, partial sums stay in registers
-        lines += [f"    float st_w[{co * step * kk}], st_x[{step * wh * wwp}], acc[{co * oh * owp}];",
-                  f"    for (int q = 0; q < {step * wh * wwp}; ++q) st_x[q] = 0.0f;",
+        if direct is None:  # padding columns/rows of the staged window are read by whole chunks: zeros
+            lines += [f"    float st_x[{step * wh * wwp}];",
+                      f"    for (int q = 0; q < {step * wh * wwp}; ++q) st_x[q] = 0.0f;"]
+        lines += [f"    float st_w[{co * step * kk}], acc[{co * oh * owp}];",
                   f"    for (int q = 0; q < c_n * {oh * owp}; ++q) acc[q] = 0.0f;"]
         window = self.conv_stage_window(kernel, phase, wwp)
         taps = [f"for (int kh = 0; kh < {kh}; ++kh) {{", f"    for (int kw = 0; kw < {kw}; ++kw) {{"]
         taps += ["        " + x for x in self.conv_tap_vars(phase) + w_lines
                  + [f"st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw] = {w_val};"]] + ["    }", "}"]
         if direct is None:
-            xrow = (f"st_x + (cl * {wh} + oh * {sh} + kh * {dh}) * {wwp} + kw * {dw} + q0 * {sw}", [])
+            def xrow(rr: int) -> list[str]:
+                return [f"const float* restrict x{rr} = st_x + (cl * {wh} + (oh + {rr}) * {sh} + kh * {dh}) * {wwp}"
+                        f" + kw * {dw} + q0 * {sw};"]
         else:  # an unpadded plain load: window rows are rows of the tensor, read in place
             (h, w), chans = c.window_vars, [] if c.depthwise else self.conv_chan_vars(phase, "c0 + cl")
-            xrow = (direct, chans + [f"const int {h} = (oh_lo + oh) * {sh} + kh * {dh}, "
-                                     f"{w} = (ow_lo + q0) * {sw} + kw * {dw};"])
+
+            def xrow(rr: int) -> list[str]:
+                return [f"const float* restrict x{rr};", "{"] + ["    " + x for x in chans] + [
+                    f"    const int {h} = (oh_lo + oh + {rr}) * {sh} + kh * {dh}, {w} = (ow_lo + q0) * {sw} + kw * {dw};",
+                    f"    x{rr} = {direct};", "}"]
+        # a * x + r, not c0_fmaf: GCC contracts it to one FMA, and the helper (built for the host's
+        # full ISA) cannot be inlined into a kernel held to AVX2 (a call per element: ~10x slower).
+        rows = conv_rows(v, oh)
+
+        def micro(nr: int, width: int, var: bool = False) -> list[str]:
+            """nr output rows x `width` columns from (oh, q0): partial sums in fixed-size arrays (vector
+            registers: every loop on them has a constant trip count) across the step's (channel, tap)
+            loop; `var` reads only the qn live columns (memory-resident sums: the narrow tail)."""
+            n = "qn" if var else str(width)
+            body = [f"float* restrict arow{rr} = acc + (col * {oh} + oh + {rr}) * {owp} + q0;" for rr in range(nr)]
+            body += [" ".join(f"float r{rr}[{width}];" for rr in range(nr)), "#pragma omp simd",
+                     f"for (int q = 0; q < {n}; ++q) {{"] + [f"    r{rr}[q] = arow{rr}[q];" for rr in range(nr)]
+            body += ["}"] + ([] if c.depthwise else ["for (int cl = 0; cl < c_k; ++cl)"])
+            body += [f"for (int kh = 0; kh < {kh}; ++kh)", f"for (int kw = 0; kw < {kw}; ++kw) {{",
+                     f"    const float a = st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw];"]
+            for rr in range(nr):
+                body += ["    " + x for x in xrow(rr)]
+            body += ["    #pragma omp simd", f"    for (int q = 0; q < {n}; ++q) {{"]
+            body += [f"        r{rr}[q] += a * x{rr}[{mul}];" for rr in range(nr)]
+            body += ["    }", "}", "#pragma omp simd", f"for (int q = 0; q < {n}; ++q) {{"]
+            body += [f"    arow{rr}[q] = r{rr}[q];" for rr in range(nr)] + ["}"]
+            return ["{"] + ["    " + x for x in body] + ["}"]
+
+        def chunks(nr: int) -> list[str]:
+            if direct is None:  # the staged window is padded: whole chunks are safe to read
+                return [f"for (int q0 = 0; q0 < ow_n; q0 += {v})"] + micro(nr, v)
+            # The tensor is not: whole chunks, then chunks of 8, then the last few live columns.
+            out = ["int q0 = 0;", f"for (; q0 + {v} <= ow_n; q0 += {v})"] + micro(nr, v)
+            if v > 8:
+                out += ["for (; q0 + 8 <= ow_n; q0 += 8)"] + micro(nr, 8)
+            return out + ["if (q0 < ow_n) {", "    const int qn = ow_n - q0;"] + ["    " + x for x in micro(nr, 8, True)] + ["}"]
+
         mul = f"q * {sw}" if sw != 1 else "q"
-        update = ["for (int oh = 0; oh < oh_n; ++oh)",
-                  f"for (int q0 = 0; q0 < ow_n; q0 += {v}) {{",
-                  f"    float* restrict arow = acc + (col * {oh} + oh) * {owp} + q0;",
-                  f"    const int qn = ow_n - q0 < {v} ? ow_n - q0 : {v};",
-                  f"    float r[{v}];",
-                  f"    for (int q = 0; q < {v}; ++q) r[q] = arow[q];"]
-        update += [] if c.depthwise else ["    for (int cl = 0; cl < c_k; ++cl)"]
-        update += [f"    for (int kh = 0; kh < {kh}; ++kh)",
-                   f"    for (int kw = 0; kw < {kw}; ++kw) {{",
-                   f"        const float a = st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw];"]
-        update += ["        " + x for x in xrow[1]]
-        update += [f"        const float* restrict xrow = {xrow[0]};"]
-        if direct is None:  # the staged window is padded: whole chunks are safe to read
-            update += ["        #pragma omp simd", f"        for (int q = 0; q < {v}; ++q) r[q] += a * xrow[{mul}];"]
-        else:  # the tensor is not: a partial last chunk reads only its live columns
-            update += [f"        if (qn == {v}) {{", "            #pragma omp simd",
-                       f"            for (int q = 0; q < {v}; ++q) r[q] += a * xrow[{mul}];", "        } else {",
-                       "            #pragma omp simd", f"            for (int q = 0; q < qn; ++q) r[q] += a * xrow[{mul}];", "        }"]
-        update += ["    }", f"    for (int q = 0; q < {v}; ++q) arow[q] = r[q];", "}"]
+        update = ["int oh = 0;"]
+        if rows > 1:
+            update += [f"for (; oh + {rows} <= oh_n; oh += {rows}) {{"] + ["    " + x for x in chunks(rows)] + ["}"]
+        update += ["for (; oh < oh_n; ++oh) {"] + ["    " + x for x in chunks(1)] + ["}"]
         if direct is not None:
             window = []
         if c.depthwise:

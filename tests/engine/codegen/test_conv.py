@@ -22,7 +22,7 @@ from support import max_rel_error  # noqa: E402
 from engine.api import load_graph  # noqa: E402
 from engine.codegen.generate import generate  # noqa: E402
 from engine.codegen.nvrtc import compile_cuda  # noqa: E402
-from engine.codegen.targets import render_c, render_cuda  # noqa: E402
+from engine.codegen.targets import conv_rows, render_c, render_cuda  # noqa: E402
 from engine.runtime.cpu import _im2col_call, _library_call, bind_buffers, compile_program_c, run_cpu  # noqa: E402
 from engine.runtime.reference import run_reference  # noqa: E402
 from engine.schedule.plan import Conn, Tile  # noqa: E402
@@ -70,6 +70,8 @@ CASES = {
     "2x3_stride_1x2_same": ((1, 6, 9, 14), 4, (2, 3), {"strides": [1, 2], "auto_pad": "SAME_UPPER"}, (1, 3, 4, 3)),
     "1x1_two_channel_steps": ((1, 70, 6, 9), 5, (1, 1), {}, (1, 3, 4, 9)),
     "1x1_stride2": ((1, 8, 9, 11), 6, (1, 1), {"strides": [2, 2]}, (1, 6, 2, 3)),
+    # read in place: 32-wide chunks, a last tile of 13 columns (one chunk of 8, then 5), rows 3 + 1 + 1
+    "1x1_in_place_column_tails": ((1, 6, 11, 45), 4, (1, 1), {}, (1, 2, 5, 32)),
     "depthwise_3x3": ((1, 6, 10, 13), 6, (3, 3), {"group": 6, "pads": [1, 1, 1, 1]}, (1, 4, 5, 6)),
     "depthwise_stride2_same": ((1, 5, 12, 12), 5, (3, 3), {"group": 5, "strides": [2, 2], "auto_pad": "SAME_UPPER"},
                                (1, 2, 3, 6)),
@@ -123,7 +125,8 @@ def test_grouped_conv_keeps_the_per_element_loop(tmp_path):
 @pytest.mark.parametrize("name", ["conv_bn_relu", "mobilenetv2_block"])
 def test_sample_convs_are_direct_and_vectorised(name, policy):
     """Every 3x3 / 1x1 / depthwise conv of the samples that is not inside a pooling window runs as a
-    direct conv; the C form keeps a chunk of output columns in registers (a simd loop over it)."""
+    direct conv; the C form keeps chunks of output columns of several rows in registers (simd loops
+    over fixed-size arrays, rows updated together)."""
     graph = load_sample(name)[0]
     program = generate(policy_plan(graph, policy), graph)
     convs = [p for p in _phases(program) if p.conv is not None]
@@ -131,7 +134,13 @@ def test_sample_convs_are_direct_and_vectorised(name, policy):
     if name == "mobilenetv2_block":
         assert any(p.conv.depthwise for p in convs)
     c = render_c(program)
-    assert "#pragma omp simd\n" in c and "r[q] += a * xrow[q" in c
+    assert "#pragma omp simd\n" in c and "r0[q] += a * x0[q" in c and "r1[q] += a * x1[q" in c
+
+
+def test_conv_rows_fill_the_registers():
+    """Rows per micro-tile: ceil(cols / 8) AVX2 vectors each, at most 12 vectors, 4 rows, the tile's rows."""
+    assert [conv_rows(v, 16) for v in (8, 16, 24, 28, 32)] == [4, 4, 4, 3, 3]
+    assert conv_rows(32, 2) == 2 and conv_rows(32, 1) == 1
 
 
 def _library_kernels(program, graph, env):
