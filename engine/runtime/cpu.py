@@ -157,6 +157,7 @@ def _im2col_call(kernel, conv, env: dict, out: str):
     pads = [(max(0, -o), max(0, o + s - size)) for o, s, size in zip(offsets, span, (h, wd))]
     starts = [o + p[0] for o, p in zip(offsets, pads)]
     wmat = np.ascontiguousarray(w.reshape(co, -1))
+    out = y.reshape(n, co, ho * wo) if y.flags.c_contiguous else None  # a view of y, or None
 
     def call():
         xp = np.pad(x, ((0, 0), (0, 0), *pads)) if any(a or b for a, b in pads) else x
@@ -164,5 +165,8 @@ def _im2col_call(kernel, conv, env: dict, out: str):
         win = sliding_window_view(xp, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
         win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # [n, c, ho, wo, kh, kw]
         cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, c_in * kh * kw, ho * wo)
-        y[...] = np.matmul(wmat, cols).reshape(n, co, ho, wo)
+        if out is not None:  # straight into the output (a 1x1 conv's columns are the input itself)
+            np.matmul(wmat, cols, out=out)
+        else:
+            y[...] = np.matmul(wmat, cols).reshape(n, co, ho, wo)
     return call
