@@ -277,6 +277,7 @@ def _completion(graph: PrimGraph, use: SegmentUse, per_block: float, read_bytes:
     stage's loads of outside tensors go through L2 and its flops are spent again (× its reduce size)."""
     out = {}
     seg = set(use.stages)
+    charged: set[str] = set()  # an input's unread bytes come from DRAM once, however many stages load it
     for name in use.stages:
         box = use.regions.stages.get(name)
         if box is None or name == use.tile.stage:
@@ -297,7 +298,9 @@ def _completion(graph: PrimGraph, use: SegmentUse, per_block: float, read_bytes:
                     continue
                 _, loads = load_axes(stage, t)
                 l2 += size * per_elem * loads * graph.specs[t].dtype.itemsize
-                d += max(0, nbytes(graph, t) - read_bytes.get(t, 0))
+                if t not in charged:
+                    charged.add(t)
+                    d += max(0, nbytes(graph, t) - read_bytes.get(t, 0))
         out[name] = (int(d), int(l2), float(flops))
     return out
 
