@@ -182,8 +182,8 @@ def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str,
                        keep_tiles=level == Conn.GLOBAL_SYNC)
 
 
-MAX_SEGMENTS = 6  # grid-barrier segments per kernel a greedy walk may build (bounds the search: every
-#                   trial re-searches the tiles of the whole merged group)
+MAX_SEGMENTS = 6  # grid-barrier segments per kernel a greedy walk may build (bounds the work of every
+#                   later trial on that kernel, which costs and checks all of its segments)
 
 
 def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelChoice,
@@ -191,14 +191,14 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
     """Walk edges in topological order; per edge try each allowed level (with why it is allowed),
     keep the legal one with the lowest modeled time (ties go to the closer level). When none is
     kept, the `fallback` levels get the same test. Returns (conns, reasons, scores, log, kept): `kept`
-    holds the tiles of groups a GLOBAL_SYNC merge built without a new search — pass them to `assemble`
-    as `fixed` so the plan has the tiles the decision was made with."""
+    holds the tiles of groups whose last merge kept some segments' tiles instead of searching them
+    again — pass them to `assemble` as `fixed` so the plan has the tiles the decision was made with."""
     conns: dict[Edge, Conn] = {e: Conn.KERNEL for e in graph.edges}
     reasons: dict[Edge, str] = {}
     scores: dict[Edge, float | None] = {}
     log: list[str] = []
     group_of_stage: dict[str, set[str]] = {s.name: {s.name} for s in graph.stages}
-    kept: dict[str, Tile] = {}  # segment anchor -> tile of groups whose merge kept each side's tiles
+    kept: dict[str, Tile] = {}  # segment anchor -> tile, for groups whose last merge kept tiles
     for edge in graph.edges:
         if conns[edge].fused:
             log.append(f"{edge[0]} -> {edge[1]}: {conns[edge].value} (kept: fused with its group)")
