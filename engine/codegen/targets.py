@@ -616,9 +616,8 @@ class CPrinter(Printer):
         step = 1 if c.depthwise else c.bc
         if direct is not None and not c.depthwise and co * c.channels * kk <= _MAX_LINE:
             step = c.channels  # nothing staged but weights: one step, partial sums stay in registers
-        if direct is None:  # padding columns/rows of the staged window are read by whole chunks: zeros
-            lines += [f"    float st_x[{step * wh * wwp}];",
-                      f"    for (int q = 0; q < {step * wh * wwp}; ++q) st_x[q] = 0.0f;"]
+        if direct is None:  # the staging loop zeroes each row's columns past the window (read by whole chunks)
+            lines += [f"    float st_x[{step * wh * wwp}];"]
         lines += [f"    float st_w[{co * step * kk}], acc[{co * oh * owp}];",
                   f"    for (int q = 0; q < c_n * {oh * owp}; ++q) acc[q] = 0.0f;"]
         window = self.conv_stage_window(kernel, phase, wwp)
@@ -730,7 +729,10 @@ class CPrinter(Printer):
         x_lines, x_val = self.conv_operand(kernel, phase, "x")
         store = f"st_x[(cl * {wh} + hh) * {wwp} + ww] = "
         checked = [f"const int {w} = ow_lo * {sw} + ww;"] + x_lines + [store + x_val + ";"]
-        lines = ["for (int hh = 0; hh < wh_n; ++hh) {", f"    const int {h} = oh_lo * {sh} + hh;"]
+        lines = ["for (int hh = 0; hh < wh_n; ++hh) {", f"    const int {h} = oh_lo * {sh} + hh;",
+                 # Columns past this tile's window up to the padded row width are read by the last
+                 # chunk of output columns (whose extra lanes are never stored): zeros, not garbage.
+                 f"    for (int ww = ww_n; ww < {wwp}; ++ww) st_x[(cl * {wh} + hh) * {wwp} + ww] = 0.0f;"]
         if inner is None:
             lines += ["    for (int ww = 0; ww < ww_n; ++ww) {"] + ["        " + x for x in checked] + ["    }", "}"]
             return lines
