@@ -70,7 +70,7 @@ def bench(name: str, policy: str, runs: int, threads: int, library: bool = False
 
     graph, inputs, expected = load_sample(name)
     plan = policy_plan(graph, policy)
-    program = generate(plan, graph, "a100")
+    program = generate(plan, graph, "a100", target="c")
     module = compile_program_c(program)
     library = graph.stage_map if library else None
     outs, _ = run_cpu(module, graph.specs, inputs, graph.weights, library=library)

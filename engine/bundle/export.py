@@ -61,7 +61,7 @@ def export_bundle(
     compiled = compile_program(program, "cuda", archs=tuple(archs))
     cuda_files = compiled_files(program, compiled)
     files = {f"cuda/{name}": data for name, data in cuda_files.items()}
-    files[f"c/{program.name}.c"] = render_c(program).encode()
+    files[f"c/{program.name}.c"] = render_c(generate(plan, graph, device, target="c")).encode()
     files["program.json"] = _json(program_json(program, compiled, cuda_files, prefix="cuda/"))
     files["plan.json"] = _json(plan_to_json(plan))
     files["trace.json"] = _json(trace)

@@ -53,7 +53,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             check_arch(arch)
     device, graph, plan = planned_model(args)
     check_plan(plan, graph, device.name)
-    program = generate(plan, graph, device)
+    program = generate(plan, graph, device, target=args.target)
     archs = tuple(dict.fromkeys(args.arch or (device.nvrtc_arch,)))
     compiled = compile_program(program, args.target, archs=archs)
     paths = write_compiled(program, compiled, out)

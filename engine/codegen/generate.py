@@ -27,9 +27,11 @@ from engine.tilegraph.propagate import Box, propagate
 _INLINE_KINDS = (StageKind.ELEMENTWISE, StageKind.LAYOUT)
 
 
-def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100") -> Program:
+def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target: str = "cuda") -> Program:
     """Realise every group of `plan` as a kernel; refuses a plan for another model or one whose
-    groups do not match its edges."""
+    groups do not match its edges. `target="c"` first coarsens convolution blocks along output
+    channels (`coarsen.coarsen_for_c`: a CPU block is an OpenMP iteration); the Program keeps the
+    hash of the plan it was given."""
     device = get_device(device) if isinstance(device, str) else device
     if plan.model_hash != graph.structural_hash:
         raise PlanError(f"plan is for model hash {plan.model_hash}, not {graph.structural_hash}",
@@ -42,15 +44,14 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100") -> Pro
     missing = [e for e in graph.edges if e not in conns]
     if missing:
         raise PlanError(f"plan has no connection for edge {missing[0][0]} -> {missing[0][1]}")
+    given = plan
+    if target == "c":
+        from engine.codegen.coarsen import coarsen_for_c
+
+        plan = coarsen_for_c(plan, graph, device)
     kernels, launches = [], []
     for group in _launch_order(plan, graph):
-        kernel = _build_kernel(group, graph, conns)
-        if kernel.shared_bytes > device.max_smem_per_block_bytes and (kernel.gemms or kernel.convs):
-            kernel = _build_kernel(group, graph, conns, tiled=False)  # no room left to stage GEMM/conv tiles
-        if kernel.shared_bytes > device.max_smem_per_block_bytes:
-            # No room to stage chains that hold a reduction (or a contraction) once per element: inline
-            # them at every use, as the REGISTER edges say (recomputed, but within the budget).
-            kernel = _build_kernel(group, graph, conns, tiled=False, stage_heavy=False)
+        kernel = build_kernel(group, graph, conns, device)
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
                             f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",
@@ -60,7 +61,7 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100") -> Pro
     memory = _memory(graph, kernels)
     return Program(
         name=graph.name, model_hash=graph.structural_hash,
-        plan_hash=_plan_hash(plan), policy=plan.policy, device=device.name,
+        plan_hash=_plan_hash(given), policy=given.policy, device=device.name,
         kernels=tuple(kernels), launches=tuple(launches), memory=memory,
         inputs=tuple(t.name for t in graph.inputs), constants=tuple(t.name for t in graph.constants),
         outputs=graph.outputs, output_names=graph.output_names,
@@ -158,6 +159,19 @@ def _segments(group: Group, graph: PrimGraph, conns) -> list[tuple[Tile, list[st
         if not progressed:
             raise PlanError(f"group {group.name}: its segments depend on each other in a cycle")
     return order
+
+
+def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = None) -> Kernel:
+    """One group's kernel, falling back when its block buffers do not fit the device's shared memory:
+    first without staged GEMM/conv tiles, then with reduction-holding chains inlined at every use
+    (recomputed, as the REGISTER edges say, but within the budget)."""
+    limit = (device or get_device("a100")).max_smem_per_block_bytes
+    kernel = _build_kernel(group, graph, conns)
+    if kernel.shared_bytes > limit and (kernel.gemms or kernel.convs):
+        kernel = _build_kernel(group, graph, conns, tiled=False)  # no room left to stage GEMM/conv tiles
+    if kernel.shared_bytes > limit:
+        kernel = _build_kernel(group, graph, conns, tiled=False, stage_heavy=False)
+    return kernel
 
 
 def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True, stage_heavy: bool = True) -> Kernel:

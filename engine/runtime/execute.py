@@ -60,7 +60,7 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
     else:
         graph = graph_for_plan(plan, graph)
         check_plan(plan, graph, device)
-    program = generate(plan, graph, device)
+    program = generate(plan, graph, device, target="c" if backend == "cpu" else "cuda")
     _dump_trail(plan, program)
     if backend == "cpu":
         from engine.runtime.cpu import compile_program_c, run_cpu

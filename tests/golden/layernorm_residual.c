@@ -4,6 +4,13 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
+/* a * b + c rounded once where the target has a fused multiply-add; a macro, so it inlines into
+   kernels built for a narrower ISA than the helpers (the direct convolutions) */
+#ifdef FP_FAST_FMAF
+#define C0_FMA(a, b, c) __builtin_fmaf((a), (b), (c))
+#else
+#define C0_FMA(a, b, c) ((a) * (b) + (c))
+#endif
 
 
 // k00_add_mean_sub_pow_etc: stages Add_1_out, ReduceMean_2_out::sum, ReduceMean_2_out, Sub_3_out, Pow_5_out, ReduceMean_6_out::sum, ReduceMean_6_out, Add_8_out, Sqrt_9_out, Div_10_out, Mul_11_out, y

@@ -20,12 +20,18 @@ from sample_io import load_sample, rel_error  # noqa: E402
 from support import max_rel_error  # noqa: E402
 
 from engine.api import load_graph  # noqa: E402
+from engine.codegen.coarsen import CHANNELS as COARSE_CHANNELS  # noqa: E402
+from engine.codegen.coarsen import coarsen_for_c  # noqa: E402
 from engine.codegen.generate import generate  # noqa: E402
 from engine.codegen.nvrtc import compile_cuda  # noqa: E402
 from engine.codegen.targets import conv_rows, render_c, render_cuda  # noqa: E402
+from engine.device import get_device  # noqa: E402
 from engine.runtime.cpu import _im2col_call, _library_call, bind_buffers, compile_program_c, run_cpu  # noqa: E402
 from engine.runtime.reference import run_reference  # noqa: E402
 from engine.schedule.plan import Conn, Tile  # noqa: E402
+from engine.schedule.validate import validate  # noqa: E402
+
+A100 = get_device("a100")
 
 TOL = 1e-4
 
@@ -125,22 +131,52 @@ def test_grouped_conv_keeps_the_per_element_loop(tmp_path):
 @pytest.mark.parametrize("name", ["conv_bn_relu", "mobilenetv2_block"])
 def test_sample_convs_are_direct_and_vectorised(name, policy):
     """Every 3x3 / 1x1 / depthwise conv of the samples that is not inside a pooling window runs as a
-    direct conv; the C form keeps chunks of output columns of several rows in registers (simd loops
-    over fixed-size arrays, rows updated together)."""
+    direct conv; the C form keeps chunks of output columns in registers (simd loops over fixed-size
+    arrays): a lone channel several rows at a time, and the C target's coarsened blocks several
+    channels at a time, each loaded window vector feeding every channel's FMA."""
     graph = load_sample(name)[0]
-    program = generate(policy_plan(graph, policy), graph)
+    plan = policy_plan(graph, policy)
+    program = generate(plan, graph)
     convs = [p for p in _phases(program) if p.conv is not None]
     assert len(convs) >= (2 if name == "conv_bn_relu" else 3)
     if name == "mobilenetv2_block":
         assert any(p.conv.depthwise for p in convs)
     c = render_c(program)
-    assert "#pragma omp simd\n" in c and "r0[q] += a * x0[q" in c and "r1[q] += a * x1[q" in c
+    assert "#pragma omp simd\n" in c and "r0_0[q] = C0_FMA(a0, x0[q" in c and "r0_1[q] = C0_FMA(a0, x1[q" in c
+    coarse = generate(plan, graph, target="c")
+    assert coarse.plan_hash == program.plan_hash
+    if policy == "welder":  # one output channel per block in the plan: coarsened to several
+        dense = [p.conv for p in _phases(coarse) if p.conv is not None and not p.conv.depthwise]
+        assert all(cv.out[0] >= COARSE_CHANNELS for cv in dense)
+        assert "r1_0[q] = C0_FMA(a1, x0[q" in render_c(coarse)
 
 
-def test_conv_rows_fill_the_registers():
-    """Rows per micro-tile: ceil(cols / 8) AVX2 vectors each, at most 12 vectors, 4 rows, the tile's rows."""
+def test_coarsened_plans_validate_and_keep_their_kernels():
+    """The C target's coarsened plan is a legal plan: fewer blocks in the conv segments, the same
+    kernels, stages and connections."""
+    for name in ("conv_bn_relu", "mobilenetv2_block"):
+        graph = load_sample(name)[0]
+        plan = policy_plan(graph, "welder")
+        coarse = coarsen_for_c(plan, graph, A100)
+        assert validate(coarse, graph, A100) == []
+        assert [g.stages for g in coarse.groups] == [g.stages for g in plan.groups] and coarse.edges == plan.edges
+        before = [t.blocks for g in plan.groups for t in g.segments]
+        after = [t.blocks for g in coarse.groups for t in g.segments]
+        assert all(a <= b for a, b in zip(after, before)) and sum(after) < sum(before)
+
+
+def test_conv_rows_fill_the_registers(monkeypatch):
+    """AVX2: ceil(cols / 8) vectors per row, at most 12 vectors, 4 rows, the tile's rows. AVX-512:
+    one row for a multi-channel micro-tile, up to 8 vectors for a lone channel."""
+    import engine.codegen.targets as T
+
+    monkeypatch.setattr(T, "conv_vector", lambda: 8)
     assert [conv_rows(v, 16) for v in (8, 16, 24, 28, 32)] == [4, 4, 4, 3, 3]
-    assert conv_rows(32, 2) == 2 and conv_rows(32, 1) == 1
+    assert conv_rows(32, 2) == 2 and conv_rows(32, 1) == 1 and conv_rows(16, 16, 4) == 1
+    assert T.conv_channels(32, 4) == 2 and T.conv_channels(16, 4) == 4 and T.conv_channels(16, 1) == 1
+    monkeypatch.setattr(T, "conv_vector", lambda: 16)
+    assert [conv_rows(v, 16) for v in (16, 32)] == [4, 4] and conv_rows(16, 16, 4) == 1
+    assert T.conv_chunk(56) == 32 and T.conv_chunk(16) == 16 and T.conv_chunk(6) == 8
 
 
 def _library_kernels(program, graph, env):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plans import fuse_all, make_test_plan, policy_plan  # noqa: E402
@@ -110,15 +111,17 @@ def test_division_by_a_row_value_becomes_a_reciprocal_only_there():
     assert out == E.div(E.mul(col, E.Unary("recip", E.div(row, E.imm(3.0)), DType.F32)), col)
 
 
-def test_only_convolution_kernels_keep_to_avx2_on_x86():
-    """Kernels holding a direct convolution carry target("no-avx512f") (their register blocking is
-    sized for AVX2), the others none, and they still match onnxruntime."""
+@pytest.mark.parametrize("vector", [8, 16])
+def test_convolution_kernels_keep_to_avx2_unless_blocked_for_avx512(vector, monkeypatch):
+    """Blocked for AVX2 (conv_vector 8), kernels holding a direct convolution carry
+    target("no-avx512f") and the others none; blocked for AVX-512 none does. Both match onnxruntime."""
     import platform
 
-    import pytest
+    import engine.codegen.targets as T
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("x86-only attribute")
+    monkeypatch.setattr(T, "conv_vector", lambda: vector)
     graph, inputs, expected = load_sample("conv_bn_relu")
     program = generate(policy_plan(graph, "unfused"), graph)
     sigs = [x for x in render_c(program).splitlines() if x.rstrip().endswith("{") and " void k" in " " + x]
@@ -126,6 +129,6 @@ def test_only_convolution_kernels_keep_to_avx2_on_x86():
     assert conv and len(conv) < len(sigs)
     for line in sigs:
         name = line.split("void ", 1)[1].split("(", 1)[0]
-        assert line.startswith('__attribute__((target("no-avx512f")))') == (name in conv), line
+        assert line.startswith('__attribute__((target("no-avx512f")))') == (name in conv and vector == 8), line
     got = _run(graph, program, inputs)
     assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-3

@@ -1,0 +1,84 @@
+"""Block coarsening for the C target: on a CPU a block is one iteration of an OpenMP loop, so a plan
+whose convolution tiles hold one output channel per block restages the same input window once per
+channel and runs a micro-kernel that can reuse each loaded input value for one channel only. Here
+neighbouring blocks along the output-channel axis are merged into one (the tile widened along that
+axis), as GPU-to-CPU translators coarsen blocks: the window is staged once for `CHANNELS` output
+channels and the C convolution's micro-kernel keeps several channels' partial sums in registers.
+
+The coarsened plan is still a plan `validate` accepts for the device (a tile that is not is left as
+it was), so it is checked by the same rules; only the grid of the C program differs from the CUDA
+program of the same plan. Pure: a Plan in, a Plan out."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine.device import Device
+from engine.ir.graph import PrimGraph
+from engine.schedule.plan import Group, Plan, Tile
+from engine.schedule.tiles import tile_counts
+from engine.schedule.validate import check_group
+
+CHANNELS = 4  # output channels per coarsened block: the C conv micro-kernel's channel blocking
+MIN_TILES = 8  # keep at least this many blocks (both OpenMP threads, guided balancing) when there were
+
+
+def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device) -> Plan:
+    """`plan` with each segment that holds a dense convolution of fewer than CHANNELS output channels
+    per block widened along its anchor's channel axis (axis 1 of a rank-4 NCHW anchor), where the
+    widened group still validates and the convolution's channel count per block actually grows."""
+    from engine.codegen.generate import build_kernel
+
+    conns = {e.key: e.conn for e in plan.edges}
+    groups = []
+    for group in plan.groups:
+        kernel = build_kernel(group, graph, conns, device)
+        by_anchor = {t.stage: t for t in group.segments}
+        tiles = list(group.segments)
+        for seg in kernel.segments:
+            chans = _dense_conv_channels(seg)
+            tile = by_anchor.get(seg.anchor)
+            if chans is None or tile is None or chans >= CHANNELS:
+                continue
+            k = tiles.index(tile)
+            for wider in _wider(graph, tile, chans):
+                trial = tiles[:k] + [wider] + tiles[k + 1:]
+                if check_group(graph, group.stages, conns, trial, device, group.name):
+                    continue
+                built = build_kernel(dataclasses.replace(group, segments=tuple(trial)), graph, conns, device)
+                grown = next((s for s in built.segments if s.anchor == seg.anchor), None)
+                if grown is not None and (_dense_conv_channels(grown) or 0) > chans \
+                        and built.shared_bytes <= device.max_smem_per_block_bytes:
+                    tiles = trial
+                    break
+        groups.append(group if tiles == list(group.segments) else _with_tiles(group, tiles))
+    return dataclasses.replace(plan, groups=tuple(groups))
+
+
+def _dense_conv_channels(seg) -> int | None:
+    """Output channels per block of the segment's first dense (not depthwise) convolution, or None."""
+    convs = [p.conv for p in seg.phases if p.conv is not None and not p.conv.depthwise]
+    return convs[0].out[0] if convs else None
+
+
+def _wider(graph: PrimGraph, tile: Tile, chans: int) -> list[Tile]:
+    """Candidate tiles, widest first: the anchor's channel axis multiplied towards CHANNELS output
+    channels per block, keeping MIN_TILES blocks where the plan had that many."""
+    anchor = graph.stage(tile.stage)
+    if len(tile.shape) != 4 or tile.shape[1] >= anchor.shape[1]:
+        return []
+    out = []
+    factor = -(-CHANNELS // chans)
+    while factor >= 2:
+        shape = list(tile.shape)
+        shape[1] = min(anchor.shape[1], tile.shape[1] * factor)
+        blocks = tile_counts(anchor.shape, tuple(shape)) * tile.row_split
+        if blocks >= min(MIN_TILES, tile.blocks):
+            out.append(dataclasses.replace(tile, shape=tuple(shape), blocks=blocks))
+        factor //= 2
+    return out
+
+
+def _with_tiles(group: Group, tiles: list[Tile]) -> Group:
+    return dataclasses.replace(group, segments=tuple(tiles), cost=None, candidates=(),
+                               reason=group.reason + "; C target: conv blocks coarsened along output channels")
