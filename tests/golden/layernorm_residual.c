@@ -11,6 +11,9 @@
 #else
 #define C0_FMA(a, b, c) ((a) * (b) + (c))
 #endif
+/* vector registers of 8 / 16 floats for the direct convolutions' micro-tiles */
+typedef float c0_v8 __attribute__((vector_size(32)));
+typedef float c0_v16 __attribute__((vector_size(64)));
 
 
 // k00_add_mean_sub_pow_etc: stages Add_1_out, ReduceMean_2_out::sum, ReduceMean_2_out, Sub_3_out, Pow_5_out, ReduceMean_6_out::sum, ReduceMean_6_out, Add_8_out, Sqrt_9_out, Div_10_out, Mul_11_out, y
