@@ -51,6 +51,7 @@ namespace cg = cooperative_groups;
 # a descheduled thread at its end: at 64 K, lstm's 30 per-step segments went parallel and its median
 # run took 264 ms instead of 20 ms. So only segments well past break-even get a team.
 SERIAL_WORK = 1 << 19
+STREAM_WORK = 1 << 17  # element-steps from which a weight-streaming GEMV segment splits statically
 
 
 
@@ -69,6 +70,11 @@ def conv_vector() -> int:
     return 16 if "avx512f" in flags else 8
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 TRANSCENDENTAL_STEPS = 8  # element-steps one exp/tanh/erf/log/pow/sqrt/... counts for
+
+
+def _streams_weight(seg: Segment) -> bool:
+    """A segment holding a tiled GEMM of at most GEMV_ROWS rows per block (run as dot products)."""
+    return any(p.gemm is not None and p.gemm.bm <= GEMV_ROWS for p in seg.phases) and seg.ntiles > 1
 
 
 def segment_work(seg: Segment) -> int:
@@ -948,6 +954,12 @@ class CPrinter(Printer):
         # tiles of LayerNorm ran ~1.5x slower under dynamic.
         # A segment of little work runs on the calling thread: waking a team costs more than it saves.
         loop = f"for (int t = 0; t < {seg.ntiles}; ++t) {{"
+        if _streams_weight(seg) and segment_work(seg) >= STREAM_WORK:
+            # A matrix-vector product streaming a weight too big for one core's L1 but not for the
+            # cores' L2s together (lstm's 1 MB recurrent weight, once per step): a static split, so
+            # every step each thread reads the same part of the weight, from its own L2.
+            return [f"// {segment_work(seg)} element-steps streaming a weight: static split",
+                    "#pragma omp parallel for schedule(static)", loop]
         if segment_work(seg) < SERIAL_WORK:
             return [f"// {segment_work(seg)} element-steps: serial", loop]
         return ["#pragma omp parallel for schedule(guided)", loop]

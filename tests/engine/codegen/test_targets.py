@@ -17,7 +17,14 @@ from plans import fuse_all, make_test_plan, policy_plan  # noqa: E402
 from sample_io import SAMPLES, load_sample, rel_error  # noqa: E402
 
 from engine.codegen.generate import generate  # noqa: E402
-from engine.codegen.targets import SERIAL_WORK, find_row_caches, render_c, segment_work  # noqa: E402
+from engine.codegen.targets import (  # noqa: E402
+    SERIAL_WORK,
+    STREAM_WORK,
+    _streams_weight,
+    find_row_caches,
+    render_c,
+    segment_work,
+)
 from engine.runtime.cpu import compile_program_c, run_cpu  # noqa: E402
 from engine.schedule.plan import Tile  # noqa: E402
 
@@ -77,6 +84,19 @@ def test_transcendental_work_runs_in_parallel_and_tiny_segments_serially():
     small = [s for k in generate(policy_plan(lstm, "welder"), lstm).kernels for s in k.segments
              if segment_work(s) < SERIAL_WORK]
     assert small  # the per-step gate kernels stay on the calling thread
+
+
+def test_weight_streaming_gemv_segments_split_statically():
+    """lstm's per-step h @ R^T segments (dot products over a 1 MB weight) run as a static OpenMP
+    split, so each thread rereads the same part of R from its own L2 every step; the gate-only
+    segments stay serial."""
+    lstm = load_sample("lstm")[0]
+    program = generate(policy_plan(lstm, "welder"), lstm)
+    source = _kernels_only(render_c(program))
+    steps = [s for k in program.kernels for s in k.segments if _streams_weight(s) and segment_work(s) >= STREAM_WORK]
+    assert len(steps) >= 30
+    assert source.count("#pragma omp parallel for schedule(static)") == len(steps)
+    assert "element-steps: serial" in source
 
 
 def test_row_invariants_are_computed_before_the_column_loop():
