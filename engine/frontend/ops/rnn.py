@@ -22,13 +22,14 @@ class _Lstm:
 
     d: int
     hidden: int
-    xw: str  # [seq, batch, 4H] input projection
+    xw: str  # [seq * batch, 4H] input projection (row t * batch + b)
     w_r: str
     bias: str | None
     peep: str | None
     clip: float | None
     acts: tuple[str, str, str]
     dtype: DType
+    batch: int
 
 
 def _activate(name: str, x: E.Expr, ctx: LowerCtx) -> E.Expr:
@@ -45,7 +46,7 @@ def _gate(ctx: LowerCtx, p: _Lstm, g: str, t: int, hr: str | None, c: E.Expr | N
     """Pre-activation of gate g at step t over the (batch=i0, hidden=i1) grid."""
     b, h = I.out_vars(2)
     row = h + GATES[g] * p.hidden
-    x = ctx.load(p.xw, (I.const(t), b, row))
+    x = ctx.load(p.xw, (b + t * p.batch, row))
     if hr is not None:
         x = E.add(x, ctx.load(hr, (b, row)))
     if p.bias is not None:
@@ -124,16 +125,20 @@ def convert_lstm(ctx: LowerCtx, node: OnnxNode) -> None:
     clip = ctx.attr(node, "clip", None)
     dt = ctx.dtype(x)
     out = next(o for o in node.outputs if o)
-    b3 = I.out_vars(3)
     rv = I.var("r0")
     hs_all, cs_all = {}, {}
     for d in range(ndir):
-        xidx = (b3[0], b3[1], rv) if layout == 0 else (b3[1], b3[0], rv)
-        xw = ctx.emit(ctx.tmp(out, f"d{d}.xw"), (seq, batch, 4 * H), dt,
-                      E.mul(ctx.load(x, xidx), ctx.load(w, (I.const(d), b3[2], rv))),
+        # The input projection of every step at once, as one (seq * batch) x 4H GEMM (row t * batch
+        # + b): a 2-D contraction tiles as a GEMM, a (seq, batch, 4H) one as seq products of a
+        # batch-row matrix (one-row dot products at batch 1).
+        j, g = I.out_vars(2)
+        step, row = (I.floordiv(j, batch), I.mod(j, batch)) if batch > 1 else (j, I.const(0))
+        xidx = (step, row, rv) if layout == 0 else (row, step, rv)
+        xw = ctx.emit(ctx.tmp(out, f"d{d}.xw"), (seq * batch, 4 * H), dt,
+                      E.mul(ctx.load(x, xidx), ctx.load(w, (I.const(d), g, rv))),
                       kind=StageKind.CONTRACTION, op="lstm.input", reduce=(isz,), combine=Combine.SUM)
         p = _Lstm(d, H, xw, r, inp[3] or None, inp[7] or None, None if clip is None else float(clip),
-                  tuple(acts[3 * d:3 * d + 3]), dt)
+                  tuple(acts[3 * d:3 * d + 3]), dt, batch)
 
         def init(name: str, d: int = d):
             if not name:
