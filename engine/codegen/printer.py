@@ -795,6 +795,31 @@ class BodyWriter:
         self.lines.append("}")
         return name
 
+    def _pick_tensor(self, e) -> str | None:
+        """A select chain over loads of the same element of several tensors (a concatenation over
+        steps: lstm's y picks one of 32 per-step h buffers) as one load through a pointer chosen by the
+        conditions, instead of loading every candidate and selecting: the pointer choice does not
+        depend on the element when the conditions do not (hoisted out of the loop by the compiler)."""
+        chain, cur = [], e
+        while isinstance(cur, E.Select) and isinstance(cur.a, E.Load):
+            chain.append((cur.cond, cur.a))
+            cur = cur.b
+        if not isinstance(cur, E.Load) or len(chain) < 2:
+            return None
+        loads = [ld for _, ld in chain] + [cur]
+        bufs = [self.kernel.buffer(ld.tensor) for ld in loads]
+        if any(ld.pad is not None or ld.dtype != e.dtype for ld in loads) or len({b.dtype for b in bufs}) != 1:
+            return None
+        offsets = {self.offset(b, ld.index) for b, ld in zip(bufs, loads)}
+        if len(offsets) != 1:
+            return None
+        choice = loads[-1].tensor
+        for cond, ld in reversed(chain):
+            choice = f"{self.value(cond)} ? {ld.tensor} : ({choice})"
+        ptr = self.fresh()
+        self.lines.append(f"const {self.p.storage_type(bufs[0].dtype)}* {ptr} = {choice};")
+        return self.p.load_value(f"{ptr}[{offsets.pop()}]", bufs[0].dtype)
+
     def _text(self, e) -> str:
         if isinstance(e, E.Load):
             buf = self.kernel.buffer(e.tensor)
@@ -817,6 +842,9 @@ class BodyWriter:
                 return {1.0: x, 2.0: f"({x} * {x})", 3.0: f"({x} * {x} * {x})", 0.5: f"sqrtf({x})"}[e.b.value]
             return self.p.binary(e.op, self.value(e.a), self.value(e.b), e.a.dtype)
         if isinstance(e, E.Select):
+            picked = self._pick_tensor(e)
+            if picked is not None:
+                return picked
             return f"{self.value(e.cond)} ? {self.value(e.a)} : {self.value(e.b)}"
         if isinstance(e, E.Cast):
             x = self.value(e.x)

@@ -152,3 +152,17 @@ def test_convolution_kernels_keep_to_avx2_unless_blocked_for_avx512(vector, monk
         assert line.startswith('__attribute__((target("no-avx512f")))') == (name in conv and vector == 8), line
     got = _run(graph, program, inputs)
     assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-3
+
+
+def test_select_chain_over_tensors_loads_through_one_pointer():
+    """lstm's y picks one of 32 per-step h buffers per element: printed as one load through a
+    pointer chosen by the (element-independent) step conditions, not 32 loads and a select chain;
+    the CUDA printer shares it. Still matches onnxruntime."""
+    graph, inputs, expected = load_sample("lstm")
+    program = generate(policy_plan(graph, "welder"), graph)
+    c = _kernels_only(render_c(program))
+    picks = [x for x in c.splitlines() if x.lstrip().startswith("const float* v") and "g_y__d0_t0_h :" in x]
+    assert picks and all(x.count(" ? ") == 31 for x in picks)
+    assert not any(x.strip().startswith("const float v") and "g_y__d0_t7_h[" in x for x in c.splitlines())
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-4
