@@ -28,6 +28,9 @@ class _TaskHooks:
     def tile_loop_end(self, seg: Segment, last: bool) -> list[str]:
         return ["}"]
 
+    def panel_phases(self, kernel: Kernel, seg: Segment) -> dict[str, str]:
+        return {}  # one tile per call: nothing to keep across tiles
+
     def signature(self, kernel: Kernel) -> str:
         sig = super().signature(kernel)  # type: ignore[misc]
         return sig.replace(f"{kernel.name}(", f"{kernel.name}(int task_t, ", 1)

@@ -166,3 +166,19 @@ def test_select_chain_over_tensors_loads_through_one_pointer():
     assert not any(x.strip().startswith("const float v") and "g_y__d0_t7_h[" in x for x in c.splitlines())
     got = _run(graph, program, inputs)
     assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-4
+
+
+def test_weight_panels_are_staged_once_per_column_tile():
+    """bert's LayerNorm + FFN1 segment (16-row tiles): B, a weight, is staged whole per column tile
+    into a per-thread panel kept across tiles walked column tile by column tile, not per tile; every
+    panel is freed; matches onnxruntime. A GEMM whose B depends on the row's batch/head (attention's
+    K) keeps per-tile staging."""
+    graph, inputs, expected = load_sample("bert_layer")
+    program = generate(policy_plan(graph, "welder"), graph, target="c")
+    c = _kernels_only(render_c(program))
+    assert "stage B's k x 256 panel once" in c
+    assert c.count("malloc(") == c.count("free(") > 0
+    assert "const int tc2 = t / " in c  # column tiles outermost in the panel segments
+    assert "st_b[" in c  # per-tile staging where B is not a weight
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-3
