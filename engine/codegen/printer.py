@@ -656,6 +656,7 @@ class BodyWriter:
         self.lines: list[str] = []
         self.memo: dict = {}
         self.counter = counter if counter is not None else [0]
+        self.picks = 0  # pointer picks emitted (_pick_tensor)
 
     def fresh(self) -> str:
         self.counter[0] += 1
@@ -817,6 +818,7 @@ class BodyWriter:
         for cond, ld in reversed(chain):
             choice = f"{self.value(cond)} ? {ld.tensor} : ({choice})"
         ptr = self.fresh()
+        self.picks += 1
         self.lines.append(f"const {self.p.storage_type(bufs[0].dtype)}* {ptr} = {choice};")
         return self.p.load_value(f"{ptr}[{offsets.pop()}]", bufs[0].dtype)
 

@@ -1022,7 +1022,10 @@ class CPrinter(Printer):
             buf = kernel.buffer(name)
             idx = tuple(I.var(f"i{d}") for d in range(r))
             body.append(f"{name}[{ssa.offset(buf, idx)}] = {self.store_value(value, buf.dtype)};")
-        if r and not single[-1] and not any(x.lstrip().startswith(("for (", "#pragma")) for x in body):
+        # Not over a pointer pick: under `omp simd` the pointer, declared in the body, is private to
+        # each lane (loads become gathers, lstm's y ran 3x slower); left alone GCC hoists it and
+        # vectorises the plain loop.
+        if r and not single[-1] and not ssa.picks and not any(x.lstrip().startswith(("for (", "#pragma")) for x in body):
             # Elements of a phase are independent (a stage never reads itself): the innermost,
             # contiguous loop vectorises.
             lines.insert(len(lines) - 1, lines[-1][:len(lines[-1]) - len(lines[-1].lstrip())] + "#pragma omp simd")
