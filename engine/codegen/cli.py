@@ -14,9 +14,10 @@ Plan MODEL (or load --plan-in), refuse an illegal plan, generate the kernels and
 --target cuda writes into DIR: NAME.cu (every kernel, for reading); per kernel KERNEL.cu (its own
 translation unit: prelude, helpers, kernel) and, per arch, KERNEL.ARCH.ptx and KERNEL.ARCH.cubin
 (NVRTC; --arch, default the device's arch); program.json. --target c writes NAME.c (compiled with
-the system C compiler to check it) and program.json. program.json holds the launch list (kernel,
-source, per-arch ptx/cubin files with sha256, grid, block, shared bytes, cooperative, args), the
-buffers with their arena offsets, and the arena peak beside the naive sum."""
+the system C compiler to check it, built for this host's CPU; convolution blocks coarsened along
+output channels, so its grids can be smaller than CUDA's) and program.json. program.json holds the
+launch list (kernel, source, per-arch ptx/cubin files with sha256, grid, block, shared bytes,
+cooperative, args), the buffers with their arena offsets, and the arena peak beside the naive sum."""
 
 
 def add_compile_command(sub) -> None:
