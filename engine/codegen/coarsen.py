@@ -13,6 +13,7 @@ count (min_tiles), like the rest of the C build (-march=native)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from engine.device import Device
 from engine.ir.graph import PrimGraph
@@ -29,17 +30,18 @@ def min_tiles() -> int:
     leave a thread idle. Measured on conv_bn_relu (two threads, same process, min of 9 batches): one
     block per thread 168-170 us, two per thread 192-198 us; mobilenetv2_block unchanged (~800 us).
     Earlier, before the vector micro-tiles: 16 channels / 4 blocks 200 us, 8 / 8 233 us."""
-    import os
 
     threads = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]
     n = int(threads) if threads.isdigit() and int(threads) > 0 else (os.cpu_count() or 1)
     return n
 
 
-def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device) -> Plan:
+def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device, built_out: dict | None = None) -> Plan:
     """`plan` with each segment that holds a dense convolution of fewer than CHANNELS output channels
     per block widened along its anchor's channel axis (axis 1 of a rank-4 NCHW anchor), where the
-    widened group still validates and the convolution's channel count per block actually grows."""
+    widened group still validates and the convolution's channel count per block actually grows.
+    `built_out` (group name -> Kernel) receives each group's kernel at its final tiles, so the caller
+    need not build it again."""
     from engine.codegen.generate import build_kernel
 
     conns = {e.key: e.conn for e in plan.edges}
@@ -62,9 +64,11 @@ def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device) -> Plan:
                 grown = next((s for s in built.segments if s.anchor == seg.anchor), None)
                 if grown is not None and (_dense_conv_channels(grown) or 0) > chans \
                         and built.shared_bytes <= device.max_smem_per_block_bytes:
-                    tiles = trial
+                    tiles, kernel = trial, built
                     break
         groups.append(group if tiles == list(group.segments) else _with_tiles(group, tiles))
+        if built_out is not None:
+            built_out[group.name] = kernel
     return dataclasses.replace(plan, groups=tuple(groups))
 
 

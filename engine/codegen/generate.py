@@ -25,6 +25,7 @@ from engine.schedule.plan import Conn, Group, Plan, Tile, plan_to_json
 from engine.tilegraph.propagate import Box, propagate
 
 _INLINE_KINDS = (StageKind.ELEMENTWISE, StageKind.LAYOUT)
+TARGETS = ("cuda", "c")  # generate(): the CUDA program at the plan's tiles, or the C target's
 
 
 def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target: str = "cuda") -> Program:
@@ -44,14 +45,16 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
     missing = [e for e in graph.edges if e not in conns]
     if missing:
         raise PlanError(f"plan has no connection for edge {missing[0][0]} -> {missing[0][1]}")
-    given = plan
+    if target not in TARGETS:
+        raise CompileError(f"unknown target '{target}' (choose one of {', '.join(TARGETS)})")
+    given, built = plan, {}
     if target == "c":
         from engine.codegen.coarsen import coarsen_for_c
 
-        plan = coarsen_for_c(plan, graph, device)
+        plan = coarsen_for_c(plan, graph, device, built)
     kernels, launches = [], []
     for group in _launch_order(plan, graph):
-        kernel = build_kernel(group, graph, conns, device)
+        kernel = built.get(group.name) or build_kernel(group, graph, conns, device)
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
                             f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",
