@@ -38,8 +38,10 @@ def min_tiles() -> int:
 
 def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device, built_out: dict | None = None) -> Plan:
     """`plan` with each segment that holds a dense convolution of fewer than CHANNELS output channels
-    per block widened along its anchor's channel axis (axis 1 of a rank-4 NCHW anchor), where the
-    widened group still validates and the convolution's channel count per block actually grows.
+    per block widened along its anchor's channel axis (axis 1 of a rank-4 NCHW anchor), and each
+    segment of dot products against a weight (a GEMM of at most GEMV_ROWS rows: lstm's h @ R^T)
+    widened along its columns to one block per thread, where the widened group still validates and
+    the convolution's channels / the GEMM's columns per block actually grow.
     `built_out` (group name -> Kernel) receives each group's kernel at its final tiles, so the caller
     need not build it again."""
     from engine.codegen.generate import build_kernel
@@ -51,18 +53,28 @@ def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device, built_out: dict 
         by_anchor = {t.stage: t for t in group.segments}
         tiles = list(group.segments)
         for seg in kernel.segments:
-            chans = _dense_conv_channels(seg)
             tile = by_anchor.get(seg.anchor)
-            if chans is None or tile is None or chans >= CHANNELS:
+            chans, cols = _dense_conv_channels(seg), _gemv_cols(seg)
+            if tile is None:
+                continue
+            if chans is not None and chans < CHANNELS:
+                measure, have = _dense_conv_channels, chans
+                options = _wider(graph, tile, 1, -(-CHANNELS // chans)) if len(tile.shape) == 4 else []
+            elif cols is not None and seg.ntiles > min_tiles():
+                # Dot products streaming a weight (split statically by the C printer): one block per
+                # thread, so each thread recomputes the row the products read once, not per block.
+                measure, have = _gemv_cols, cols
+                options = _wider(graph, tile, len(tile.shape) - 1, seg.ntiles // min_tiles())
+            else:
                 continue
             k = tiles.index(tile)
-            for wider in _wider(graph, tile, chans):
+            for wider in options:
                 trial = tiles[:k] + [wider] + tiles[k + 1:]
                 if check_group(graph, group.stages, conns, trial, device, group.name):
                     continue
                 built = build_kernel(dataclasses.replace(group, segments=tuple(trial)), graph, conns, device)
                 grown = next((s for s in built.segments if s.anchor == seg.anchor), None)
-                if grown is not None and (_dense_conv_channels(grown) or 0) > chans \
+                if grown is not None and (measure(grown) or 0) > have \
                         and built.shared_bytes <= device.max_smem_per_block_bytes:
                     tiles, kernel = trial, built
                     break
@@ -78,17 +90,26 @@ def _dense_conv_channels(seg) -> int | None:
     return convs[0].out[0] if convs else None
 
 
-def _wider(graph: PrimGraph, tile: Tile, chans: int) -> list[Tile]:
-    """Candidate tiles, widest first: the anchor's channel axis multiplied towards CHANNELS output
-    channels per block, keeping min_tiles() blocks where the plan had that many."""
+def _gemv_cols(seg) -> int | None:
+    """Columns per block of the segment's tiled GEMM of at most GEMV_ROWS rows (the C printer runs it
+    as dot products against a weight, its tiles split statically over the threads), or None."""
+    from engine.codegen.targets import GEMV_ROWS
+
+    gemms = [p.gemm for p in seg.phases if p.gemm is not None]
+    return gemms[0].bn if gemms and gemms[0].bm <= GEMV_ROWS and len(gemms) == 1 else None
+
+
+def _wider(graph: PrimGraph, tile: Tile, axis: int, factor: int) -> list[Tile]:
+    """Candidate tiles, widest first: the anchor's `axis` (the channel axis of an NCHW anchor, or the
+    last axis) multiplied by `factor`, then by halves of it, keeping min_tiles() blocks where the plan
+    had that many."""
     anchor = graph.stage(tile.stage)
-    if len(tile.shape) != 4 or tile.shape[1] >= anchor.shape[1]:
+    if tile.shape[axis] >= anchor.shape[axis]:
         return []
     out, least = [], min_tiles()
-    factor = -(-CHANNELS // chans)
     while factor >= 2:
         shape = list(tile.shape)
-        shape[1] = min(anchor.shape[1], tile.shape[1] * factor)
+        shape[axis] = min(anchor.shape[axis], tile.shape[axis] * factor)
         blocks = tile_counts(anchor.shape, tuple(shape)) * tile.row_split
         if blocks >= min(least, tile.blocks):
             out.append(dataclasses.replace(tile, shape=tuple(shape), blocks=blocks))

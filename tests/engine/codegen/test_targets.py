@@ -99,6 +99,21 @@ def test_weight_streaming_gemv_segments_split_statically():
     assert "element-steps: serial" in source
 
 
+def test_c_target_runs_weight_streaming_gemv_one_block_per_thread(monkeypatch):
+    """The C target coarsens lstm's per-step dot-product segments to one block per OpenMP thread (each
+    thread then recomputes the hidden state the products read once per step, not once per block); the
+    CUDA program keeps the plan's four blocks. Still matches onnxruntime."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    graph, inputs, expected = load_sample("lstm")
+    plan = policy_plan(graph, "welder")
+    cuda, c = generate(plan, graph), generate(plan, graph, target="c")
+    steps = [(a.ntiles, b.ntiles) for ka, kb in zip(cuda.kernels, c.kernels) for a, b in zip(ka.segments, kb.segments)
+             if _streams_weight(a) and a.ntiles == 4]
+    assert len(steps) >= 30 and all(n == 2 for _, n in steps)
+    got = _run(graph, c, inputs)
+    assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-4
+
+
 def test_row_invariants_are_computed_before_the_column_loop():
     """LayerNorm's normalise phase: the row's 1/sqrt(var + eps) (and the row reads behind it) sit
     before the vectorised column loop (OpenMP outlining drops restrict, so GCC would redo them per
