@@ -8,12 +8,25 @@ inlined into their consumers, everything else becomes a phase writing a BLOCK an
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+from collections.abc import Mapping
 
 import numpy as np
 
 from engine.codegen.conv import conv_of
-from engine.codegen.kexpr import Guard, InBounds, Reduce, free_vars, kmap, kwalk, map_indices, substitute_body
+from engine.codegen.kexpr import (
+    Guard,
+    InBounds,
+    Inlined,
+    Reduce,
+    free_vars,
+    kchildren,
+    kmap,
+    kwalk,
+    map_indices,
+    substitute_body,
+)
 from engine.codegen.kir import Buffer, Gemm, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
 from engine.device import Device, get_device, resident_blocks_per_sm
 from engine.errors import CompileError, PlanError
@@ -164,27 +177,28 @@ def _segments(group: Group, graph: PrimGraph, conns) -> list[tuple[Tile, list[st
     return order
 
 
-def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = None) -> Kernel:
-    """One group's kernel, falling back when its block buffers do not fit the device's shared memory:
-    first without staged GEMM/conv tiles, then with reduction-holding chains inlined at every use
-    (recomputed, as the REGISTER edges say, but within the budget)."""
+def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = None,
+                 sample: bool | Mapping = False) -> Kernel:
+    """One group's kernel; without room in the device's shared memory to stage GEMM/conv tiles, the
+    contractions keep per-element loops (the same values, computed once, at a slower rate).
+    `sample`: each segment realised at its first tile only, that box standing for every tile of the
+    grid (the cost model counts this; `generate` never uses it) — a mapping gives that tile's region
+    per stage, propagated already (one-segment groups)."""
     limit = (device or get_device("a100")).max_smem_per_block_bytes
-    kernel = _build_kernel(group, graph, conns)
+    kernel = _build_kernel(group, graph, conns, sample=sample)
     if kernel.shared_bytes > limit and (kernel.gemms or kernel.convs):
-        kernel = _build_kernel(group, graph, conns, tiled=False)  # no room left to stage GEMM/conv tiles
-    if kernel.shared_bytes > limit:
-        kernel = _build_kernel(group, graph, conns, tiled=False, stage_heavy=False)
+        kernel = _build_kernel(group, graph, conns, tiled=False, sample=sample)
     return kernel
 
 
-def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True, stage_heavy: bool = True) -> Kernel:
+def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True, sample: bool | Mapping = False) -> Kernel:
     members = set(group.stages)
     params: dict[str, Buffer] = {}
     locals_: list[Buffer] = []
     segments = []
     threads = max(t.threads for t in group.segments)
     for tile, names in _segments(group, graph, conns):
-        seg = _build_segment(tile, names, graph, conns, members, params, locals_, group.name, stage_heavy)
+        seg = _build_segment(tile, names, graph, conns, members, params, locals_, group.name, sample)
         if tiled:
             seg = _map_conv(_map_gemm(seg, tile, threads, graph), threads, graph)
         segments.append(seg)
@@ -247,7 +261,7 @@ def _top_reduces(body) -> list[Reduce]:
         if isinstance(n, Reduce):
             found.append(n)
         elif not isinstance(n, Guard):
-            stack.extend(E.children(n))
+            stack.extend(kchildren(n))
     return found
 
 
@@ -329,10 +343,12 @@ def _global(params: dict[str, Buffer], graph: PrimGraph, tensor: str) -> str:
     return params[tensor].name
 
 
-def _tile_boxes(stage: Stage, tile: Tile) -> list[Box]:
+def _tile_boxes(stage: Stage, tile: Tile, first_only: bool = False) -> list[Box]:
     if len(tile.shape) != len(stage.shape) or any(t <= 0 for t in tile.shape):
         raise PlanError(f"tile {list(tile.shape)} does not fit stage {stage.name} of shape {list(stage.shape)}")
     tiles = tuple(-(-n // t) for n, t in zip(stage.shape, tile.shape))
+    if first_only:
+        return [tuple((0, min(t, s)) for t, s in zip(tile.shape, stage.shape))]
     boxes = []
     for idx in np.ndindex(*tiles):
         boxes.append(tuple((i * t, min((i + 1) * t, s)) for i, t, s in zip(idx, tile.shape, stage.shape)))
@@ -347,45 +363,31 @@ def _hull(a: Box | None, b: Box | None) -> Box | None:
     return tuple((min(x[0], y[0]), max(x[1], y[1])) for x, y in zip(a, b))
 
 
-def _build_segment(tile, names, graph, conns, members, params, locals_, gname, stage_heavy: bool = True) -> Segment:
+def _build_segment(tile, names, graph, conns, members, params, locals_, gname, sample=False) -> Segment:
+    """One segment's phases: every stage computed once per element of its region per tile, in a phase
+    of its own (stored to a block buffer for in-segment consumers, to global memory for the others), or
+    — every in-segment consumer connected at REGISTER and nothing outside reading it — inlined into
+    its consumers' expressions (validate bounds how often that evaluates it: a reduction once)."""
     anchor = graph.stage(tile.stage)
     seg = set(names)
     local_cons = {s: [c for c in graph.consumers.get(s, ()) if c in seg] for s in names}
     needs_global = {s: s in graph.outputs or any(c not in seg for c in graph.consumers.get(s, ())) for s in names}
-    feeds: dict[str, bool] = {}  # the stage reaches a contraction through REGISTER elementwise stages
-    for s in reversed(names):
-        feeds[s] = any(conns[(s, c)] == Conn.REGISTER and (graph.stage(c).kind == StageKind.CONTRACTION or (
-            feeds.get(c, False) and graph.stage(c).kind in _INLINE_KINDS)) for c in local_cons[s])
-    inline: set[str] = set()
-    carries: dict[str, bool] = {}  # the stage's inlined body holds a contraction
-    reduces: dict[str, bool] = {}  # ... or any reduction
-    for s in names:
-        st = graph.stage(s)
-        carries[s] = st.kind == StageKind.CONTRACTION or any(carries.get(p, False) for p in st.inputs if p in inline)
-        reduces[s] = bool(st.reduce) or any(reduces.get(p, False) for p in st.inputs if p in inline)
-        # Without room for block buffers (stage_heavy off), a stage also written to global memory is
-        # still inlined into its REGISTER consumers (recomputed there, as the cost model counts) and
-        # gets a phase of its own that only writes the global tensor.
-        if (s != anchor.name and (not needs_global[s] or (not stage_heavy and st.kind in _INLINE_KINDS
-                                                          and bool(local_cons[s])))
-                and all(conns[(s, c)] == Conn.REGISTER for c in local_cons[s])
-                and (st.kind in _INLINE_KINDS or _one_to_one(graph, s, local_cons[s]))
-                and not (stage_heavy and carries[s] and any(_padded_read(graph.stage(c), s) for c in local_cons[s]))
-                and not (stage_heavy and reduces[s] and not feeds[s] and not _one_to_one(graph, s, local_cons[s]))):
-            inline.add(s)
-        # A contraction chain read through a padded load (Concat, Pad) would sit under the pad's guard,
-        # where it cannot become a tiled GEMM (one dot product per element); a chain holding a reduction
-        # read one-to-many (1/sqrt(var) broadcast over a row) would redo the reduction per element —
-        # unless it ends in a GEMM's factor, which stages it once per row. Either gets its own phase:
-        # computed once per element of its region, as the cost model counts.
+    inline = {s for s in names if s != anchor.name and not needs_global[s]
+              and all(conns[(s, c)] == Conn.REGISTER for c in local_cons[s])}
     for s in names:
         if s != anchor.name and not local_cons[s] and not needs_global[s]:
             raise PlanError(f"group {gname}: stage {s} feeds nothing in its segment or outside it")
 
     # Regions per tile, propagated back from the anchor (union over in-segment consumers).
     shapes = dict((k, v.shape) for k, v in graph.specs.items())
-    boxes = _tile_boxes(anchor, tile)
+    tiles = tuple(-(-n // t) for n, t in zip(anchor.shape, tile.shape))
+    boxes = _tile_boxes(anchor, tile, first_only=bool(sample))
+    ntiles = math.prod(tiles)
     tables: dict[str, list[Box]] = {s: [] for s in names}
+    if isinstance(sample, Mapping):  # the first tile's regions, propagated by the caller already
+        zero = {s: tuple((0, 0) for _ in graph.stage(s).shape) for s in names}
+        tables = {s: [sample.get(s) or zero[s]] for s in names}
+        boxes = []
     for box in boxes:
         region = {anchor.name: box}
         for s in reversed(names):
@@ -399,37 +401,101 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
         for s in names:
             tables[s].append(region[s] if region[s] is not None else tuple((0, 0) for _ in graph.stage(s).shape))
 
-    tiles = tuple(-(-n // t) for n, t in zip(anchor.shape, tile.shape))
-    regions = {s: fit_region(graph.stage(s).shape, tiles, tables[s]) for s in names
-               if s not in inline or needs_global[s]}
+    if sample:  # one box stands for every tile of the grid
+        zeros = (0,) * len(tiles)
+        regions = {s: Region(graph.stage(s).shape, tiles, tuple(Span(lo, hi - lo, zeros) for lo, hi in tables[s][0]))
+                   for s in names if s not in inline}
+    else:
+        regions = {s: fit_region(graph.stage(s).shape, tiles, tables[s]) for s in names if s not in inline}
     # A stage read outside the segment whose tiles do not cover it (the anchor reads only part of it)
     # gets a completion phase: each block recomputes its flat share of the whole tensor from globals.
     partial = [s for s in names if s != anchor.name and needs_global[s]
-               and not _covers(graph.stage(s), tables[s])]
+               and not (_sample_covers(graph, names, conns, tile, s, tables[s][0], ntiles, inline) if sample
+                        else _covers(graph.stage(s), tables[s]))]
 
     block_buf: dict[str, str] = {}
     phases = []
     for s in names:
-        if s in inline and (not needs_global[s] or s in partial):
+        if s in inline:
             continue
         stage = graph.stage(s)
         stores = []
-        if local_cons[s] and s not in inline:
+        if local_cons[s]:
             buf = Buffer(f"s_{_ident(s)}", s, stage.dtype, stage.shape, Scope.BLOCK, regions[s])
             locals_.append(buf)
             block_buf[s] = buf.name
             stores.append(buf.name)
         if needs_global[s] and s not in partial:
             stores.append(_global(params, graph, s))
+        if not stores:
+            continue
         body = _resolve(stage, graph, inline, block_buf, params)
         phases.append(Phase(s, stage.dtype, body, regions[s], tuple(stores), stage.reduce, stage.combine))
     for s in partial:
         stage = graph.stage(s)
         body = _resolve(stage, graph, set(names) - {s}, {}, params)
-        region = Region(stage.shape, tiles, flat=-(-stage.size // len(boxes)))
+        region = Region(stage.shape, tiles, flat=-(-stage.size // ntiles))
         phases.append(Phase(s, stage.dtype, body, region, (_global(params, graph, s),), stage.reduce,
                             stage.combine))
-    return Segment(anchor.name, len(boxes), tuple(phases))
+    return Segment(anchor.name, ntiles, tuple(phases))
+
+
+def _sample_covers(graph: PrimGraph, names, conns, tile: Tile, stage: str, box, ntiles: int, inline) -> bool:
+    """Coverage for a sampled segment (one tile's box standing for all): the tiles cannot cover more
+    than their boxes add up to; when they add up to the tensor, exact propagation makes a gap unlikely,
+    so only a stage computing a contraction (costly to finish twice) is checked tile by tile."""
+    if math.prod(hi - lo for lo, hi in box) * ntiles < graph.stage(stage).size:
+        return False
+    seen, todo = set(), [stage]
+    while todo:  # does the stage carry a contraction (itself or inlined into it)?
+        s = todo.pop()
+        if s in seen:
+            continue
+        seen.add(s)
+        if graph.stage(s).kind == StageKind.CONTRACTION:
+            return covers(graph, names, conns, tile, stage)
+        todo += [p for p in graph.stage(s).inputs if p in inline]
+    return True
+
+
+def covers(graph: PrimGraph, names, conns, tile: Tile, stage: str) -> bool:
+    """Whether the blocks' regions of `stage` together cover the whole tensor under `tile` — every
+    block's region propagated from its own anchor tile (memoised: the cost model asks per candidate)."""
+    from engine.tilegraph.tilegraph import anchor_box, propagate_group
+
+    members = set(names)
+    inner = tuple((p, c, str(conns.get((p, c)))) for p in names for c in graph.consumers.get(p, ()) if c in members)
+    key = (graph.structural_hash, tuple(names), inner, tile.stage, tile.shape, stage)
+    hit = _COVER.get(key)
+    if hit is None:
+        anchor = graph.stage(tile.stage)
+        counts = [-(-d // t) for d, t in zip(anchor.shape, tile.shape)]
+        first = propagate_group(graph, names, conns, tile.stage, anchor_box(anchor.shape, tile.shape))
+        box = first.stages.get(stage)
+        hit = box is not None and first.exact and math.prod(hi - lo for lo, hi in box) * math.prod(counts) \
+            == math.prod(graph.stage(stage).shape) and _first_is_translate(anchor, tile, box, graph.stage(stage))
+        if not hit:
+            mask = np.zeros(graph.stage(stage).shape, dtype=bool)
+            for index in np.ndindex(*counts):
+                b = propagate_group(graph, names, conns, tile.stage,
+                                    anchor_box(anchor.shape, tile.shape, index)).stages.get(stage)
+                if b is not None:
+                    mask[tuple(slice(lo, hi) for lo, hi in b)] = True
+            hit = bool(mask.all())
+        if len(_COVER) > 50000:
+            _COVER.clear()
+        _COVER[key] = hit
+    return hit
+
+
+_COVER: dict[tuple, bool] = {}
+
+
+def _first_is_translate(anchor: Stage, tile: Tile, box, stage: Stage) -> bool:
+    """The cheap coverage test holds only when the stage's box is the anchor's tile itself (same
+    shape, same box): then the tiles partition it."""
+    return stage.shape == anchor.shape and tuple(hi - lo for lo, hi in box) == tuple(
+        min(t, n) for t, n in zip(tile.shape, anchor.shape))
 
 
 def fit_region(shape: tuple[int, ...], tiles: tuple[int, ...], boxes: list[Box]) -> Region:
@@ -483,8 +549,26 @@ def _covers(stage: Stage, boxes: list[Box]) -> bool:
     return bool(mask.all())
 
 
+_RESOLVED: dict[tuple, tuple[E.Expr, tuple[str, ...]]] = {}
+
+
 def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[str, str], params) -> E.Expr:
-    """Inline REGISTER producers into the body and point every load at a buffer name."""
+    """Inline REGISTER producers into the body and point every load at a buffer name (memoised: the
+    cost model realises the same segments for many candidate tiles; the body does not depend on them)."""
+    key = (graph.structural_hash, stage.name, frozenset(inline), tuple(sorted(block_buf.items())))
+    hit = _RESOLVED.get(key)
+    if hit is None:
+        used: dict[str, Buffer] = {}
+        body = _resolve_body(stage, graph, inline, block_buf, used)
+        if len(_RESOLVED) > 20000:
+            _RESOLVED.clear()
+        hit = _RESOLVED[key] = (body, tuple(used))
+    for t in hit[1]:
+        _global(params, graph, t)
+    return hit[0]
+
+
+def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[str, str], params) -> E.Expr:
     ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(stage.shape)}
     ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(stage.reduce)})
 
@@ -508,6 +592,7 @@ def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[s
             depth[0] -= bool(producer.reduce)
             if producer.reduce:
                 value = Reduce(value, tuple(names), producer.reduce, producer.combine, producer.dtype)
+            value = Inlined(producer.name, value)
             if e.pad is not None:
                 return Guard(InBounds(e.index, producer.shape), value, E.imm(e.pad, e.dtype))
             return value

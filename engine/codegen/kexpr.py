@@ -2,6 +2,8 @@
 
 `Guard` is an inlined padded read: the producer's value where the index is inside its tensor, the pad
 elsewhere; printers evaluate the value only inside the guard (it may read out of bounds otherwise).
+`Inlined` marks where a REGISTER producer's value was inlined (provenance for the work count,
+engine/codegen/count.py); printers see through it (`strip`).
 """
 
 from __future__ import annotations
@@ -45,8 +47,59 @@ class Reduce:
     dtype: DType
 
 
+@dataclass(frozen=True)
+class Inlined:
+    """Stage `stage`'s value, inlined at a use by a REGISTER edge: the same value as `x`, with its origin
+    kept so the work count can say how often each producer is evaluated."""
+
+    stage: str
+    x: object  # Expr (or Reduce / Guard)
+
+    @property
+    def dtype(self) -> DType:
+        return self.x.dtype
+
+
+def kchildren(e) -> tuple:
+    """Children of a kernel-IR node, Guard values (and conditions), inlined reductions and values included."""
+    if isinstance(e, Guard):
+        return (e.cond, e.x)
+    if isinstance(e, (Reduce, Inlined)):
+        return (e.body if isinstance(e, Reduce) else e.x,)
+    return E.children(e)
+
+
+def strip(e, memo: dict | None = None):
+    """`e` without Inlined markers (what printers render); shared subtrees stay shared."""
+    memo = {} if memo is None else memo
+    key = id(e)
+    hit = memo.get(key)
+    if hit is not None and hit[0] is e:
+        return hit[1]
+    if isinstance(e, Inlined):
+        out = strip(e.x, memo)
+    elif isinstance(e, Guard):
+        out = Guard(e.cond, strip(e.x, memo), e.pad)
+    elif isinstance(e, Reduce):
+        out = Reduce(strip(e.body, memo), e.vars, e.extents, e.combine, e.dtype)
+    elif isinstance(e, E.Unary):
+        out = E.Unary(e.op, strip(e.x, memo), e.dtype)
+    elif isinstance(e, E.Cast):
+        out = E.Cast(strip(e.x, memo), e.dtype)
+    elif isinstance(e, E.Binary):
+        out = E.Binary(e.op, strip(e.a, memo), strip(e.b, memo), e.dtype)
+    elif isinstance(e, E.Select):
+        out = E.Select(strip(e.cond, memo), strip(e.a, memo), strip(e.b, memo), e.dtype)
+    else:
+        out = e
+    memo[key] = (e, out)
+    return out
+
+
 def kmap(e, fn: Callable):
     """Bottom-up rebuild like `expr.map_expr`, also descending into Guard values and inlined reductions."""
+    if isinstance(e, Inlined):
+        return fn(Inlined(e.stage, kmap(e.x, fn)))
     if isinstance(e, Guard):
         return fn(Guard(fn(e.cond), kmap(e.x, fn), e.pad))
     if isinstance(e, Reduce):
@@ -88,12 +141,7 @@ def kwalk(e):
     while stack:
         n = stack.pop()
         yield n
-        if isinstance(n, Guard):
-            stack.extend((n.x, n.cond))
-        elif isinstance(n, Reduce):
-            stack.append(n.body)
-        else:
-            stack.extend(reversed(E.children(n)))
+        stack.extend(reversed(kchildren(n)))
 
 
 def free_vars(e, memo: dict | None = None) -> frozenset[str]:
@@ -110,6 +158,8 @@ def free_vars(e, memo: dict | None = None) -> frozenset[str]:
         out = free_vars(e.cond, memo) | free_vars(e.x, memo)
     elif isinstance(e, Reduce):
         out = free_vars(e.body, memo) - set(e.vars)
+    elif isinstance(e, Inlined):
+        out = free_vars(e.x, memo)
     else:
         kids = E.children(e)
         out = frozenset().union(*(free_vars(c, memo) for c in kids)) if kids else frozenset()
@@ -119,6 +169,8 @@ def free_vars(e, memo: dict | None = None) -> frozenset[str]:
 
 def kformat(e) -> str:
     """Text of a kernel-IR body (expr.format_expr plus guards and inlined reductions)."""
+    if isinstance(e, Inlined):
+        return kformat(e.x)
     if isinstance(e, Guard):
         return f"guard({kformat(e.x)}, pad={e.pad.value})"
     if isinstance(e, Reduce):

@@ -7,6 +7,7 @@ that cross a barrier live in explicit buffers: BLOCK scope (shared memory / per-
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -281,6 +282,27 @@ class Kernel:
             if b.name == name:
                 return b
         raise KeyError(name)
+
+    def stripped(self) -> Kernel:
+        """This kernel without the Inlined provenance markers in its bodies: what printers render."""
+        from engine.codegen.kexpr import strip
+
+        memo: dict = {}
+
+        def tiled(t):
+            if t is None:
+                return None
+            fields = {"target": strip(t.target, memo) if t.target is not None else None}
+            if isinstance(t, Gemm):
+                fields.update(a=strip(t.a, memo), b=strip(t.b, memo))
+            else:
+                fields.update(x=strip(t.x, memo), w=strip(t.w, memo))
+            return dataclasses.replace(t, **fields)
+
+        segments = tuple(dataclasses.replace(s, phases=tuple(
+            dataclasses.replace(p, body=strip(p.body, memo), gemm=tiled(p.gemm), conv=tiled(p.conv))
+            for p in s.phases)) for s in self.segments)
+        return dataclasses.replace(self, segments=segments)
 
 
 @dataclass(frozen=True)

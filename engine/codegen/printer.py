@@ -150,6 +150,7 @@ class Printer:
         return "\n".join([self.header, *helpers, "", *bodies])
 
     def render_kernel(self, kernel: Kernel) -> str:
+        kernel = kernel.stripped()
         lines = [f"// {kernel.name}: stages {', '.join(kernel.stages)}",
                  f"// onnx nodes: {', '.join(kernel.origin) or '-'}"]
         for b in kernel.locals:

@@ -8,15 +8,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.device import Device, resident_blocks_per_sm
 from engine.ir import expr as E
-from engine.ir.dtypes import DType
 from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.schedule.plan import Conn, GroupCost, Tile
-from engine.tilegraph.propagate import Box, box_size, propagate
-from engine.tilegraph.tilegraph import GroupRegions, anchor_box, propagate_group, segments_of, stage_order
+from engine.tilegraph.propagate import Box, box_size
+from engine.tilegraph.tilegraph import GroupRegions, anchor_box, propagate_group, segments_of
 
 LINE = 128  # bytes per read transaction (L1/L2 line)
 SECTOR = 32  # bytes per write transaction
@@ -37,6 +34,9 @@ class SegmentUse:
     shared_traffic: int  # bytes per block through shared memory
     flops_fp32: float  # per block
     flops_tc: float  # per block, on tensor cores (fp16 contractions)
+    global_bytes: float = 0.0  # per block: the kernel IR's global loads and stores
+    work: object = None  # engine.codegen.count.Work of the whole segment (every tile)
+    completion: tuple[str, ...] = ()  # stages finished by a completion phase (read outside, not covered)
 
 
 _FLOPS_CACHE: dict[int, tuple[E.Expr, int]] = {}
@@ -135,22 +135,9 @@ def _memo(cache: dict, key, compute):
 def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members) -> SegmentUse:
     anchor = graph.stage(tile.stage)
     regions = _regions(graph, segment, conns, tile.stage, anchor_box(anchor.shape, tile.shape))
-    evals = _evaluations(graph, segment, conns, regions, tile)
-    shared = 0
-    for name in segment:
-        box = regions.stages.get(name)
-        if box is None:
-            continue
-        stage = graph.stage(name)
-        if any(conns.get((name, c)) == Conn.SHARED for c in graph.consumers.get(name, ())):
-            shared += box_size(box) * stage.dtype.itemsize
-        if stage.kind == StageKind.CONTRACTION:
-            step = tile.reduce_step if name == tile.stage and tile.reduce_step else tuple(min(32, r) for r in stage.reduce)
-            rbox = tuple((0, min(s, r)) for s, r in zip(step, stage.reduce))
-            prop = propagate(stage, box, None, rbox)
-            shared += sum(box_size(r.box) * graph.specs[t].dtype.itemsize for t, r in prop.regions.items())
-        elif stage.kind == StageKind.REDUCE and tile.threads_per_row > 1:
-            shared += tile.threads * 4  # cross-thread partials of a split row
+    kernel, work = segment_work(graph, segment, conns, tile, regions.stages)
+    per = max(1, kernel.ntiles)
+    evals = {s: work.evals.get(s, 0.0) / per for s in segment}
     anchor_elems = box_size(regions.stages.get(tile.stage, ()))
     if anchor.kind == StageKind.CONTRACTION:
         acc = -(-anchor_elems // max(1, tile.threads))
@@ -158,25 +145,25 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     else:
         regs = BASE_REGS + 2 * len(segment)
     lines = {t: lines_of(box, graph.specs[t].dtype.itemsize) for t, box in regions.inputs.items()}
-    traffic = 0
-    fp32 = tc = 0.0
-    for name in segment:
-        box = regions.stages.get(name)
-        if box is None:
-            continue
-        stage = graph.stage(name)
-        if any(conns.get((name, c)) == Conn.SHARED for c in graph.consumers.get(name, ())):
-            traffic += 2 * box_size(box) * stage.dtype.itemsize
-        if stage.kind == StageKind.CONTRACTION:
-            for t, r in propagate(stage, box).regions.items():
-                traffic += 2 * box_size(r.box) * graph.specs[t].dtype.itemsize
-        per_point = point_flops(stage)
-        f = evals.get(name, 0) * math.prod(stage.reduce) * per_point
-        if stage.kind == StageKind.CONTRACTION and stage.dtype == DType.F16:
-            tc += f
-        else:
-            fp32 += f
-    return SegmentUse(tuple(segment), tile, regions, shared, min(regs, 999), evals, lines, traffic, fp32, tc)
+    completion = tuple(p.stage for seg in kernel.segments for p in seg.phases if p.region.flat)
+    return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes, min(regs, 999), evals, lines,
+                      int(work.shared_bytes / per), work.flops / per, 0.0, work.global_bytes / per, work,
+                      completion)
+
+
+def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
+                 regions: Mapping | None = None):
+    """(kernel, Work): the segment realised by codegen at its first tile (standing for every tile of
+    its grid; `regions`, that tile's box per stage when the caller has them) and the kernel IR's count
+    of it — the flops and accesses of the code that would print."""
+    from engine.codegen.count import count_kernel
+    from engine.codegen.generate import build_kernel
+    from engine.schedule.plan import Group
+
+    group = Group(0, "segment", tuple(segment), (tile,), "")
+    full = {e: conns.get(e, Conn.KERNEL) for p in segment for e in ((p, c) for c in graph.consumers.get(p, ()))}
+    kernel = build_kernel(group, graph, full, sample=regions if regions is not None else True)
+    return kernel, count_kernel(kernel)
 
 
 _REGION_CACHE: dict[tuple, GroupRegions] = {}
@@ -190,119 +177,20 @@ def _regions(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: s
     return _memo(_REGION_CACHE, key, lambda: propagate_group(graph, segment, conns, anchor, box))
 
 
-def _evaluations(graph, segment, conns, regions: GroupRegions, tile: Tile) -> dict[str, int]:
-    """Element evaluations per block of each segment stage: once per region element when it is
-    materialised (anchor, SHARED, written out), plus once per use through each REGISTER edge —
-    divided by the reuse a thread gets when the load ignores axes that thread owns entirely."""
-    members = set(segment)
-    order = stage_order(graph)
-    n: dict[str, int] = {}
-    for name in sorted(members, key=order.__getitem__, reverse=True):
-        box = regions.stages.get(name)
-        if box is None:
-            n[name] = 0
-            continue
-        total = 0
-        materialised = name == tile.stage
-        for c in graph.consumers.get(name, ()):
-            conn = conns.get((name, c), Conn.KERNEL)
-            if c not in members or conn != Conn.REGISTER:
-                materialised = True
-                continue
-            cons = graph.stage(c)
-            cbox = regions.stages.get(c)
-            if cbox is None:
-                continue
-            used, loads = load_axes(cons, name)
-            split = thread_split_axes(cons, cbox, tile)
-            reuse = 1
-            for k, (lo, hi) in enumerate(cbox):
-                if f"i{k}" not in used and f"i{k}" not in split:
-                    reuse *= hi - lo
-            red = math.prod(r for k, r in enumerate(cons.reduce) if f"r{k}" in used) if cons.reduce else 1
-            total += n.get(c, box_size(cbox)) * red * loads // max(1, reuse)
-        if materialised:
-            total += box_size(box)
-        n[name] = total
-    return n
-
-
-_COVER_CACHE: dict[tuple, bool] = {}
-
-
-def _carries_contraction(graph: PrimGraph, segment: Sequence[str], conns: Mapping, name: str) -> bool:
-    """`name` is a contraction or computes one inline (a REGISTER producer chain in its segment)."""
-    members, todo, seen = set(segment), [name], set()
-    while todo:
-        s = todo.pop()
-        if s in seen:
-            continue
-        seen.add(s)
-        if graph.stage(s).kind == StageKind.CONTRACTION:
-            return True
-        todo += [p for p in graph.stage(s).inputs if p in members and conns.get((p, s)) == Conn.REGISTER]
-    return False
-
-
-def _covered(graph: PrimGraph, use: SegmentUse, conns: Mapping, name: str) -> bool:
-    """Whether the blocks' regions of `name` together cover the whole tensor — every block's region
-    propagated from its own anchor tile, as codegen does (one block's box times the block count is
-    only an upper bound: a hull over a reshape can be wide where the union of the tiles is not)."""
-    tile = use.tile
-    members = set(use.stages)
-    inner = tuple((p, c, str(conns.get((p, c)))) for p in use.stages for c in graph.consumers.get(p, ()) if c in members)
-    key = (graph.structural_hash, use.stages, inner, tile.stage, tile.shape, name)
-
-    def compute() -> bool:
-        anchor = graph.stage(tile.stage)
-        stage = graph.stage(name)
-        counts = [-(-d // t) for d, t in zip(anchor.shape, tile.shape)]
-        mask = np.zeros(stage.shape, dtype=bool)
-        for index in np.ndindex(*counts):
-            box = propagate_group(graph, use.stages, conns, tile.stage,
-                                  anchor_box(anchor.shape, tile.shape, index)).stages.get(name)
-            if box is not None:
-                mask[tuple(slice(lo, hi) for lo, hi in box)] = True
-        return bool(mask.all())
-    return _memo(_COVER_CACHE, key, compute)
-
-
-def _completion(graph: PrimGraph, use: SegmentUse, per_block: float, read_bytes: Mapping[str, int],
-                conns: Mapping) -> dict:
-    """A stage read outside its segment (later segments, other kernels) whose tiles do not cover it —
-    only part of it feeds the anchor — is finished by the generated code in a completion phase: the
-    blocks share the whole tensor flat, each element recomputed from global memory with every segment
-    stage it depends on inlined (codegen's `partial` stages). Charged per stage (dram, l2, flops): the
-    part of each outside input the kernel has not read yet comes from DRAM; per element, every inlined
-    stage's loads of outside tensors go through L2 and its flops are spent again (× its reduce size)."""
-    out = {}
+def _completion_dram(graph: PrimGraph, use: SegmentUse, read_bytes: Mapping[str, int], charged: set) -> int:
+    """A stage read outside its segment whose tiles do not cover it is finished by a completion phase
+    (the whole tensor, flat, from global memory; its flops and accesses are in the kernel IR's count):
+    the part of each outside input the kernel's tiles have not read comes from DRAM, once."""
     seg = set(use.stages)
-    charged: set[str] = set()  # an input's unread bytes come from DRAM once, however many stages load it
-    for name in use.stages:
-        box = use.regions.stages.get(name)
-        if box is None or name == use.tile.stage:
-            continue
-        if not (name in graph.outputs or any(c not in seg for c in graph.consumers.get(name, ()))):
-            continue
-        size = math.prod(graph.stage(name).shape)
-        if box_size(box) * per_block >= size and (use.regions.exact or not _carries_contraction(
-                graph, use.stages, conns, name) or _covered(graph, use, conns, name)):
-            continue  # covered (a cheap stage's recompute is small: only contractions get the exact test)
-        d = l2 = flops = 0.0
+    d = 0
+    for name in use.completion:
         for x in _ancestors_in(graph, seg, name):
-            stage = graph.stage(x)
-            per_elem = math.prod(stage.reduce)
-            flops += size * per_elem * point_flops(stage)
-            for t in stage.inputs:
-                if t in seg or t not in graph.specs:
+            for t in graph.stage(x).inputs:
+                if t in seg or t not in graph.specs or t in charged:
                     continue
-                _, loads = load_axes(stage, t)
-                l2 += size * per_elem * loads * graph.specs[t].dtype.itemsize
-                if t not in charged:
-                    charged.add(t)
-                    d += max(0, nbytes(graph, t) - read_bytes.get(t, 0))
-        out[name] = (int(d), int(l2), float(flops))
-    return out
+                charged.add(t)
+                d += max(0, nbytes(graph, t) - read_bytes.get(t, 0))
+    return d
 
 
 def _ancestors_in(graph: PrimGraph, members: set[str], name: str) -> list[str]:
@@ -338,27 +226,25 @@ def estimate_group(
             got = lines * LINE * use.tile.blocks / max(1, use.tile.row_split)
             read_bytes[t] = min(nbytes(graph, t), read_bytes.get(t, 0) + int(got))
     flops_once = 0.0
+    charged: set[str] = set()  # an input's unread bytes come from DRAM once per kernel
     for k, use in enumerate(uses):
         per_block = use.tile.blocks / max(1, use.tile.row_split)
         for tensor, lines in use.read_lines.items():
             total = int(lines * LINE * per_block)
             reads += int(lines * per_block)
             if tensor in members:  # produced by an earlier segment, behind a grid barrier
-                if nbytes(graph, tensor) <= device.l2_bytes:
-                    l2[k] += total
-                else:
+                if nbytes(graph, tensor) > device.l2_bytes:
                     dram[k] += total
             elif nbytes(graph, tensor) <= device.l2_bytes:
-                first = min(total, nbytes(graph, tensor))
-                dram[k] += first
-                l2[k] += total - first
+                dram[k] += min(total, nbytes(graph, tensor))  # first touch; re-reads hit L2
             else:
                 dram[k] += total
+        # Every global load and store the kernel IR counts goes through L2 (DRAM misses included).
+        l2[k] += use.global_bytes * per_block
         sh[k] += int(use.shared_traffic * per_block)
         fp32[k] += use.flops_fp32 * per_block
         tc[k] += use.flops_tc * per_block
-        for d, l, f in _completion(graph, use, per_block, read_bytes, conns).values():
-            dram[k], l2[k], fp32[k] = dram[k] + d, l2[k] + l, fp32[k] + f
+        dram[k] += _completion_dram(graph, use, read_bytes, charged)
     for name in stages:
         stage = graph.stage(name)
         flops_once += math.prod(stage.shape) * math.prod(stage.reduce) * point_flops(stage)
@@ -370,8 +256,6 @@ def estimate_group(
             writes += sectors
             if outside or nbytes(graph, name) > device.l2_bytes:
                 dram[seg_of[name]] += sectors * SECTOR
-            else:
-                l2[seg_of[name]] += sectors * SECTOR
     threads = max(t.threads for t in tiles)
     blocks = max(t.blocks for t in tiles)
     regs = max(u.regs_per_thread for u in uses)

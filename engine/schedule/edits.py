@@ -63,7 +63,15 @@ def _tile_from(graph: PrimGraph, edit: Edit) -> Tile:
 
 
 def apply_edit(plan: Plan, graph: PrimGraph, device: Device, edit: Edit) -> Plan:
-    """Apply one edit, re-derive groups, tiles and costs, validate; PlanError names the broken rule."""
+    """Apply one edit, re-derive groups, tiles and costs, validate; PlanError names the broken rule.
+    The plan's own options (its recompute bound) hold throughout."""
+    from engine.schedule.validate import bounded
+
+    with bounded(dict(plan.options)):
+        return _apply_edit(plan, graph, device, edit)
+
+
+def _apply_edit(plan: Plan, graph: PrimGraph, device: Device, edit: Edit) -> Plan:
     started = time.perf_counter()
     if plan.model_hash != graph.structural_hash:
         raise PlanError(f"plan was made for model '{plan.model_name}', not '{graph.name}'")

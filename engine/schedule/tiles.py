@@ -18,7 +18,7 @@ from engine.ir import expr as E
 from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.schedule.cost import estimate_group
 from engine.schedule.plan import Candidate, GroupCost, Tile
-from engine.schedule.validate import Violation, check_group
+from engine.schedule.validate import Violation, check_group, recompute_bound
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
 
 TOP_K = 6
@@ -122,7 +122,7 @@ def search_group(
     # Fixed tiles join the key with their anchors renamed (a GLOBAL_SYNC trial keeps each side's
     # tiles: the same structure one layer on hits the cache too).
     pinned = tuple(sorted((canon[s], replace(fixed[s], stage=canon[s])) for s in stages if s in fixed))
-    key = (group_signature(graph, stages, conns), pinned)
+    key = (group_signature(graph, stages, conns), pinned, recompute_bound())
     hit = _NAMED.get((key, mode, device, tuple(names)))
     if hit is not None:
         return hit
@@ -173,7 +173,7 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
             scored.append(((traffic + 1) * cost.waves, cost.modeled_us, t, cost, traffic))
         if not scored:
             continue  # no valid tile: keep the default and report its violations below
-        scored.sort(key=lambda x: (x[0], x[1]))
+        scored.sort(key=lambda x: (x[1], x[0]))
         top = _distinct(scored)[:k]
         best = min(top, key=lambda x: x[1])
         chosen[j] = best[2]

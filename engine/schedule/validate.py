@@ -2,24 +2,49 @@
 out as a Violation naming the edge or group and the rule — never an exception.
 
 Rules: 1 footprint, 2 register_one_to_many, 3 shared_locality, 4 global_sync_wave, 5 group_cycle,
-6 foreign_plan, 7 segment_sink, 8 stage_coverage (numbers as in the issue)."""
+6 foreign_plan, 7 segment_sink, 8 stage_coverage, 9 recompute. Rules 2 and 9 read the kernel IR's
+work count of the segment (engine/codegen/count.py): a value inlined at REGISTER is evaluated as often
+as the printed code evaluates it — a reduction exactly once per element, anything else at most
+`recompute_bound` times (a plan option, default 2)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from engine.device import Device, resident_blocks_per_sm
+from engine.errors import PlanError
 from engine.ir.graph import PrimGraph, StageKind
-from engine.schedule.cost import load_axes, segment_use, thread_split_axes
+from engine.schedule.cost import point_flops, segment_use
 from engine.schedule.plan import SCHEMA_VERSION, Conn, Plan, Tile, components
 from engine.tilegraph.propagate import box_size
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
 
 RULES = {
     "footprint": 1, "register_one_to_many": 2, "shared_locality": 3, "global_sync_wave": 4,
-    "group_cycle": 5, "foreign_plan": 6, "segment_sink": 7, "stage_coverage": 8,
+    "group_cycle": 5, "foreign_plan": 6, "segment_sink": 7, "stage_coverage": 8, "recompute": 9,
 }
+RECOMPUTE_BOUND = 2.0  # default: a value inlined at REGISTER may be evaluated at most twice per element
+_BOUND: ContextVar[float] = ContextVar("recompute_bound", default=RECOMPUTE_BOUND)
+
+
+def recompute_bound() -> float:
+    """The bound in force: the plan option `recompute_bound` while a plan with it is made or checked."""
+    return _BOUND.get()
+
+
+@contextmanager
+def bounded(options: Mapping | None):
+    """Plan and validate under the plan's `recompute_bound` option (default RECOMPUTE_BOUND)."""
+    value = (options or {}).get("recompute_bound", RECOMPUTE_BOUND)
+    token = _BOUND.set(float(value))
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
 
 
 @dataclass(frozen=True)
@@ -89,13 +114,13 @@ def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str, loca
     """`_check_tile`, memoised: a tile search re-checks every segment's unchanged tile per candidate
     (`local`: the search's own memo, keyed on segment and tile alone — its connections are fixed)."""
     if local is not None:
-        lkey = ("check", tuple(seg), tile, name)
+        lkey = ("check", tuple(seg), tile, name, recompute_bound())
         if lkey not in local:
             local[lkey] = _checked_tile(graph, seg, conns, tile, device, name)
         return list(local[lkey])
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in seg for c in graph.consumers.get(p, ())))
-    key = (graph.structural_hash, tuple(seg), touching, tile, device, name)
+    key = (graph.structural_hash, tuple(seg), touching, tile, device, name, recompute_bound())
     hit = _TILE_CHECKS.get(key)
     if hit is None:
         if len(_TILE_CHECKS) > 50000:
@@ -118,7 +143,10 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
     if not 1 <= tile.threads <= device.max_threads_per_block:
         return out + [Violation("footprint", subject, f"{tile.threads} threads per block (limit "
                                 f"{device.max_threads_per_block})")]
-    use = segment_use(graph, seg, conns, tile)
+    try:
+        use = segment_use(graph, seg, conns, tile)
+    except PlanError as err:
+        return out + [Violation("segment_sink", subject, err.message)]
     if use.shared_bytes > device.max_smem_per_block_bytes:
         out.append(Violation("footprint", subject, f"needs {use.shared_bytes} B of shared memory per block, "
                              f"device has {device.max_smem_per_block_bytes} B (use a smaller tile)"))
@@ -129,25 +157,16 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
     for p in seg:
         for c in graph.consumers.get(p, ()):
             conn = conns.get((p, c))
-            if c not in members or conn not in (Conn.REGISTER, Conn.SHARED):
+            if c not in members or conn != Conn.SHARED:
                 continue
             pbox = use.regions.stages.get(p)
-            cbox = use.regions.stages.get(c)
-            if conn == Conn.SHARED and pbox is not None:
+            if pbox is not None:
                 size = box_size(pbox) * graph.stage(p).dtype.itemsize
                 if size > device.max_smem_per_block_bytes:
                     out.append(Violation("shared_locality", f"edge {p} -> {c}",
                                          f"the block needs {size} B of '{p}', more than fits in shared memory "
                                          f"({device.max_smem_per_block_bytes} B)"))
-            if conn == Conn.REGISTER and cbox is not None and graph.stage(p).kind in (
-                    StageKind.REDUCE, StageKind.CONTRACTION):
-                used, _ = load_axes(graph.stage(c), p)
-                spread = sorted(thread_split_axes(graph.stage(c), cbox, tile) - used)
-                if spread:
-                    out.append(Violation("register_one_to_many", f"edge {p} -> {c}",
-                                         f"'{c}' reads each element of {graph.stage(p).kind.value} '{p}' from "
-                                         f"threads spread over axes {', '.join(spread)}; each would redo the "
-                                         "reduction (use shared, or threads_per_row=1)"))
+    out.extend(_recompute(graph, seg, conns, tile, use))
     if tile.row_split > 1:
         ok_split = anchor.kind == StageKind.REDUCE and tile.stage not in graph.outputs and all(
             conns.get((tile.stage, c)) == Conn.GLOBAL_SYNC for c in graph.consumers.get(tile.stage, ()))
@@ -156,6 +175,76 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
                                  f"row_split {tile.row_split} splits rows of '{tile.stage}' across blocks; only a "
                                  "reduction whose every consumer is behind a grid barrier may do that"))
     return out
+
+
+def inlined_stages(graph: PrimGraph, seg: Sequence[str], conns: Mapping, anchor: str) -> list[str]:
+    """Stages of a segment codegen inlines into their consumers: every in-segment consumer connected at
+    REGISTER, nothing outside the segment reading them (engine/codegen/generate.py)."""
+    members = set(seg)
+    out = []
+    for p in seg:
+        cons = graph.consumers.get(p, ())
+        if p == anchor or p in graph.outputs or any(c not in members for c in cons):
+            continue
+        if all(conns.get((p, c)) == Conn.REGISTER for c in cons):
+            out.append(p)
+    return out
+
+
+def _recompute(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile, use) -> list[Violation]:
+    """Rules 2 and 9 from the kernel IR's count of the segment. Rule 2: a value holding a reduction (the
+    stage reduces, or one inlined into it does) that is inlined at REGISTER is evaluated once per
+    element its block needs — never again inside a consumer's per-element loop. Rule 9: the segment's
+    stages are not computed more than recompute_bound() times over (their evaluations over the whole
+    grid weighted by each stage's work per element, against each stage computed once): inlined uses
+    and overlapping tiles (halos, broadcasts, rows split across blocks) count alike. The edge named is
+    the one out of the stage whose recompute costs the most."""
+    inlined = set(inlined_stages(graph, seg, conns, tile.stage))
+    heavy: dict[str, bool] = {}
+    for p in seg:  # stage order: producers first
+        st = graph.stage(p)
+        heavy[p] = bool(st.reduce) or any(heavy.get(q, False) for q in st.inputs if q in inlined)
+    members = set(seg)
+    blocks = tile.blocks / max(1, tile.row_split)
+    out, done, once, worst = [], 0.0, 0.0, None
+    for p in seg:
+        st = graph.stage(p)
+        evals = use.evaluations.get(p, 0.0)
+        weight = max(1, point_flops(st)) * math.prod(st.reduce)
+        once += st.size * weight
+        done += evals * blocks * weight
+        cons = [c for c in graph.consumers.get(p, ()) if c in members]
+        c = next((c for c in cons if conns.get((p, c)) == Conn.REGISTER), cons[0] if cons else None)
+        if c is None:
+            continue
+        box = use.regions.stages.get(p)
+        if p in inlined and heavy[p] and box is not None and box_size(box):
+            per_tile = evals / box_size(box)
+            if per_tile > 1 + 1e-9:
+                what = "a reduction" if st.reduce else "a value holding a reduction"
+                out.append(Violation("register_one_to_many", f"edge {p} -> {c}",
+                                     f"recompute {_times(per_tile)} > 1x: '{p}' is {what}, and the threads of "
+                                     f"'{c}' would evaluate each of its elements {_times(per_tile)} (a reduction "
+                                     "is computed once: connect at shared)"))
+        extra = (evals * blocks - st.size) * weight
+        if worst is None or extra > worst[0]:
+            worst = (extra, p, c, evals * blocks / max(1, st.size))
+    bound = recompute_bound()
+    factor = done / once if once else 1.0
+    if factor > bound * (1 + 1e-9) and worst is not None:
+        _, p, c, own = worst
+        how = ("inlined at every use" if p in inlined else
+               "on the overlapping regions of its blocks (halos, broadcasts, rows split across blocks)")
+        out.append(Violation("recompute", f"edge {p} -> {c}",
+                             f"recompute {_times(factor)} > {bound:g}x: the segment's stages would cost "
+                             f"{_times(factor)} their work done once, most of it '{p}' computed "
+                             f"{_times(own)} its size, {how} (connect at shared, use a larger tile, cut the "
+                             "edge, or raise the plan's recompute_bound)"))
+    return out
+
+
+def _times(f: float) -> str:
+    return f"{f:,.0f}x" if f >= 10 else f"{f:.2g}x"
 
 
 def _check_wave(graph, segs, conns, tiles, device: Device, name: str, local: dict | None = None) -> list[Violation]:
@@ -194,7 +283,13 @@ def find_group_cycle(graph: PrimGraph, groups: Sequence[Sequence[str]]) -> list[
 
 
 def validate(plan: Plan, graph: PrimGraph, device: Device) -> list[Violation]:
-    """Every violation of the eight rules (empty list: the plan is legal)."""
+    """Every violation of the nine rules (empty list: the plan is legal), under the plan's own
+    recompute bound."""
+    with bounded(dict(plan.options)):
+        return _validate(plan, graph, device)
+
+
+def _validate(plan: Plan, graph: PrimGraph, device: Device) -> list[Violation]:
     out: list[Violation] = []
     if plan.schema != SCHEMA_VERSION:
         out.append(Violation("foreign_plan", "plan", f"schema {plan.schema}, this tileweave reads {SCHEMA_VERSION}"))

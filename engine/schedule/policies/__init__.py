@@ -35,8 +35,11 @@ def make_plan(graph: PrimGraph, policy: str, device: Device | str, *, edits: Seq
         return replay(base, edits, graph, device, options=options)
     if policy not in fns:
         raise PlanError(f"unknown policy '{policy}'", hint=f"use one of {', '.join(POLICIES)}, user")
+    from engine.schedule.validate import bounded
+
     started = time.perf_counter()
-    plan = fns[policy](graph, device, options or {}, started)
+    with bounded(options):
+        plan = fns[policy](graph, device, options or {}, started)
     debug(1, f"{policy} on {device.name}: {plan.kernels} kernels, DRAM {plan.dram_bytes} B, "
              f"modeled {plan.modeled_us:.1f} us, scheduled in {plan.schedule_seconds:.2f} s")
     for g in plan.groups:

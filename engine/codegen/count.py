@@ -1,0 +1,452 @@
+"""Work count of the kernel IR: a Kernel (or one Segment of it) in, the arithmetic and the global and
+shared-memory accesses of the code the CUDA printer renders for it out, summed over every tile — with
+how often each stage's value is evaluated (Inlined provenance) and the deepest loop nest per element.
+
+It walks the IR as the base printer does (engine/codegen/printer.py): one SSA value per distinct
+subexpression per element, loop-invariant values hoisted out of reduction loops, guarded values
+evaluated inside their guard, tiled GEMMs and direct convolutions staged per k step, threads padded to
+the micro-tile grid. The cost model (engine/schedule/cost.py) reads these counts instead of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.codegen.kexpr import Guard, InBounds, Inlined, Reduce, kchildren, strip
+from engine.codegen.kir import Kernel, Phase, Region, Scope, Segment
+from engine.ir import expr as E
+
+
+@dataclass
+class Work:
+    """Counts of one kernel (or segment) over all its tiles. `evals[stage]`: elements of `stage`
+    computed (a value inlined at every use counts once per use); `nest`: the largest product of loop
+    extents around one statement per element of its phase (the phase's own reduction or k loop
+    included) — the work one thread spends on one output element."""
+
+    flops: float = 0.0
+    global_load: float = 0.0  # bytes
+    global_store: float = 0.0
+    shared_load: float = 0.0
+    shared_store: float = 0.0
+    evals: dict = field(default_factory=dict)
+    nest: int = 1
+
+    def add(self, other: Work, times: float = 1.0) -> None:
+        self.flops += other.flops * times
+        self.global_load += other.global_load * times
+        self.global_store += other.global_store * times
+        self.shared_load += other.shared_load * times
+        self.shared_store += other.shared_store * times
+        for k, v in other.evals.items():
+            self.evals[k] = self.evals.get(k, 0.0) + v * times
+        self.nest = max(self.nest, other.nest)
+
+    @property
+    def global_bytes(self) -> float:
+        return self.global_load + self.global_store
+
+    @property
+    def shared_bytes(self) -> float:
+        return self.shared_load + self.shared_store
+
+    def to_json(self) -> dict:
+        return {"flops": int(self.flops), "global_load_bytes": int(self.global_load),
+                "global_store_bytes": int(self.global_store), "shared_load_bytes": int(self.shared_load),
+                "shared_store_bytes": int(self.shared_store), "nest": int(self.nest),
+                "evals": {k: int(v) for k, v in sorted(self.evals.items())}}
+
+
+def count_kernel(kernel: Kernel) -> Work:
+    """Work of every segment of `kernel` over all its tiles."""
+    total = Work()
+    for seg in kernel.segments:
+        total.add(count_segment(kernel, seg))
+    return total
+
+
+def count_program(program) -> dict[str, Work]:
+    return {k.name: count_kernel(k) for k in program.kernels}
+
+
+def count_segment(kernel: Kernel, seg: Segment, tiles: slice | None = None) -> Work:
+    """Work of one segment over all its tiles (or the tiles `tiles` selects, numbered row-major)."""
+    total = Work()
+    for phase in seg.phases:
+        total.add(_phase(kernel, phase, kernel.threads, tiles))
+    return total
+
+
+# ---- per-tile sizes ---------------------------------------------------------------------------
+
+
+def region_extents(region: Region, tiles: slice | None = None) -> np.ndarray:
+    """(ntiles, rank) live extent of `region` on each tile (row-major tile order)."""
+    n = region.ntiles
+    idx = np.arange(n, dtype=np.int64)[tiles if tiles is not None else slice(None)]
+    if region.table:
+        rows = np.asarray(region.table, dtype=np.int64)[idx]
+        r = region.rank
+        return np.maximum(rows[:, r:] - rows[:, :r], 0)
+    if all(not any(sp.coeffs) and not sp.clamp for sp in region.spans):  # one box for every tile
+        return np.broadcast_to(np.asarray([sp.ext for sp in region.spans], dtype=np.int64), (len(idx), region.rank))
+    coords = []
+    rest = idx.copy()
+    for k in reversed(region.tiles):
+        coords.append(rest % k)
+        rest = rest // k
+    coords = coords[::-1]
+    out = np.empty((len(idx), region.rank), dtype=np.int64)
+    for d, span in enumerate(region.spans):
+        lo = np.full(len(idx), span.base, dtype=np.int64)
+        for c, tc in zip(span.coeffs, coords):
+            if c:
+                lo = lo + c * tc
+        hi = lo + span.ext
+        if span.clamp:
+            lo, hi = np.maximum(lo, 0), np.minimum(hi, region.shape[d])
+        out[:, d] = np.maximum(hi - lo, 0)
+    return out
+
+
+def _flat_sizes(region: Region, tiles: slice | None) -> np.ndarray:
+    size = math.prod(region.shape)
+    idx = np.arange(region.ntiles, dtype=np.int64)[tiles if tiles is not None else slice(None)]
+    return np.clip(size - idx * region.flat, 0, region.flat)
+
+
+# ---- one phase ----------------------------------------------------------------------------------
+
+
+def _phase(kernel: Kernel, phase: Phase, threads: int, tiles: slice | None) -> Work:
+    if phase.region.flat:
+        elems = float(_flat_sizes(phase.region, tiles).sum())
+        return _elementwise(kernel, phase, elems)
+    ext = region_extents(phase.region, tiles)
+    if phase.gemm is not None:
+        return _gemm(kernel, phase, ext, threads)
+    if phase.conv is not None:
+        return _conv(kernel, phase, ext, threads)
+    elems = float(np.prod(ext, axis=1).sum()) if ext.shape[1] else float(len(ext))
+    return _elementwise(kernel, phase, elems)
+
+
+_MEMO: dict[tuple, tuple[object, Work]] = {}
+
+
+def _memo(kernel: Kernel, root, key: tuple, compute) -> Work:
+    """Per-element counts depend only on the expression and the buffers it names (their scope and
+    dtype): memoised on the expression object (kept alive beside its entry) — the cost model counts
+    the same bodies for many candidate tiles."""
+    full = (id(root), key, _scopes(kernel))
+    hit = _MEMO.get(full)
+    if hit is None or hit[0] is not root:
+        if len(_MEMO) > 50000:
+            _MEMO.clear()
+        hit = _MEMO[full] = (root, compute())
+    return hit[1]
+
+
+_SCOPES: dict[int, tuple[Kernel, tuple]] = {}
+
+
+def _scopes(kernel: Kernel) -> tuple:
+    """What a load's bytes depend on besides the expression: each buffer's scope and dtype."""
+    hit = _SCOPES.get(id(kernel))
+    if hit is None or hit[0] is not kernel:
+        if len(_SCOPES) > 1000:
+            _SCOPES.clear()
+        hit = _SCOPES[id(kernel)] = (kernel, tuple(sorted((b.name, b.scope.value, b.dtype.value)
+                                                            for b in kernel.params + kernel.locals)))
+    return hit[1]
+
+
+def _elementwise(kernel: Kernel, phase: Phase, elems: float) -> Work:
+    """Per element: the body (or the phase's reduction over its reduce axes) and the stores."""
+
+    def compute() -> Work:
+        c = _Counter(kernel)
+        if phase.combine is None:
+            c.value(phase.body, 1.0, {})
+        else:
+            names = tuple(f"r{k}" for k in range(len(phase.reduce)))
+            c.reduction(phase.body, names, phase.reduce, 1.0, {})
+        c.stores(phase)
+        c.work.evals[phase.stage] = c.work.evals.get(phase.stage, 0.0) + 1.0
+        return c.work
+
+    one = _memo(kernel, phase.body, ("elem", phase.stage, phase.reduce, phase.combine, phase.stores), compute)
+    out = Work()
+    out.add(one, elems)
+    out.nest = one.nest
+    return out
+
+
+def _gemm(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
+    """Per k step the block stages A (ty*tm rows x bk, live rows evaluate factor a) and B (bk x tx*tn,
+    live columns evaluate b) into shared memory; every thread runs its tm x tn micro-tile over the
+    step; after the k loop each live element runs the epilogue and its stores."""
+    g = phase.gemm
+    m_n, n_n = ext[:, -2].astype(float), ext[:, -1].astype(float)
+    ntiles = len(ext)
+    steps = -(-g.k // g.bk)
+    pm, pn = g.ty * g.tm, g.tx * g.tn
+    out = Work()
+    # Factor a: k-invariant reductions once per staged row (all pm rows) per k step, the rest per
+    # live element.
+    def factor_a() -> tuple[Work, Work, bool]:
+        a_pre, a_rest = _Counter(kernel), _Counter(kernel)
+        memo: dict = {}
+        hoisted = _invariant_reductions(g.a, set(g.vars))
+        for node in hoisted:
+            a_pre.value(node, 1.0, memo)
+        a_rest.value(g.a, 1.0, dict(memo))
+        a_rest.work.evals["  hoisted"] = float(bool(hoisted))
+        return a_pre.work, a_rest.work
+
+    pre = _memo(kernel, g.a, ("a_pre", g.vars), lambda: factor_a()[0])
+    rest = _memo(kernel, g.a, ("a_rest", g.vars), lambda: factor_a()[1])
+    hoisted = rest.evals.get("  hoisted", 0.0) > 0
+    out.add(pre, float(ntiles * steps * pm) if hoisted else 0.0)
+    out.add(rest, float(m_n.sum()) * g.k)
+    out.evals.pop("  hoisted", None)
+    out.add(_memo(kernel, g.b, ("b",), lambda: _value_work(kernel, g.b)), float(n_n.sum()) * g.k)
+    per_step = ntiles * steps
+    out.shared_store += per_step * (pm * g.bk + g.bk * pn) * 4
+    out.shared_load += per_step * g.bk * (g.tm + g.tn) * 4 * (g.tx * g.ty)
+    out.flops += per_step * g.bk * 2 * g.tm * g.tn * (g.tx * g.ty)
+    epi = _epilogue(kernel, phase)
+    out.add(epi, float((m_n * n_n).sum()))
+    out.nest = max(out.nest, g.k, epi.nest)
+    return out
+
+
+def _conv(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
+    """Per channel step the block stages the input window (live rows x columns of live channels
+    evaluate factor x) and its channels' weights (factor w), then every thread accumulates its tm
+    channels x tn pixels over the step's channels and taps; the epilogue runs per live element."""
+    c = phase.conv
+    (sh, sw), (kh, kw), (dh, dw) = c.strides, c.taps, c.dilations
+    c_n, oh_n, ow_n = (ext[:, 1].astype(float), ext[:, 2].astype(float), ext[:, 3].astype(float))
+    wh_n = (oh_n - 1) * sh + (kh - 1) * dh + 1
+    ww_n = (ow_n - 1) * sw + (kw - 1) * dw + 1
+    ntiles = len(ext)
+    dense = not c.depthwise
+    step = c.bc if dense else 1
+    total = c.channels if dense else 1
+    steps = -(-total // step)
+    out = Work()
+    x = _memo(kernel, c.x, ("x",), lambda: _value_work(kernel, c.x))
+    w = _memo(kernel, c.w, ("w",), lambda: _value_work(kernel, c.w))
+    # Live staged entries summed over the steps: every channel of the reduction once (dense), or the
+    # block's own channels (depthwise).
+    chans = np.full(ntiles, float(total)) if dense else c_n
+    out.add(x, float((chans * wh_n * ww_n).sum()))
+    out.add(w, float((c_n * (total if dense else 1) * kh * kw).sum()))
+    per_step = ntiles * steps
+    out.shared_store += per_step * (c.b_elems + c.a_elems) * 4
+    thr = c.tx * c.ty
+    inner = step * kh * kw
+    if dense:
+        out.shared_load += per_step * inner * (c.tm + c.tn) * 4 * thr
+    else:
+        out.shared_load += per_step * inner * (c.tm + c.tm * c.tn) * 4 * thr
+    out.flops += per_step * inner * 2 * c.tm * c.tn * thr
+    epi = _epilogue(kernel, phase)
+    out.add(epi, float((c_n * oh_n * ow_n).sum()))
+    out.nest = max(out.nest, total * kh * kw, epi.nest)
+    return out
+
+
+def _value_work(kernel: Kernel, e) -> Work:
+    cnt = _Counter(kernel)
+    cnt.value(e, 1.0, {})
+    return cnt.work
+
+
+def _epilogue(kernel: Kernel, phase: Phase) -> Work:
+    """One element of a tiled phase after its k loop: the body with the contraction replaced by the
+    accumulator (or the accumulator itself), and the stores."""
+    t = phase.gemm or phase.conv
+
+    def compute() -> Work:
+        cnt = _Counter(kernel)
+        if t.target is not None:
+            cnt.value(phase.body, 1.0, {strip(t.target): True})
+        cnt.stores(phase)
+        cnt.work.evals[phase.stage] = cnt.work.evals.get(phase.stage, 0.0) + 1.0
+        return cnt.work
+
+    return _memo(kernel, phase.body, ("epilogue", phase.stage, phase.stores, t.target is None), compute)
+
+
+# ---- one element ----------------------------------------------------------------------------
+
+
+def _invariant_reductions(body, loop_vars: set[str]) -> list:
+    """Inlined reductions of `body` that do not depend on `loop_vars`, not under a pad guard: what
+    the printer hoists per staged row (printer._invariant_reductions, on the marked body)."""
+    from engine.codegen.printer import _invariant_reductions as hoistable
+
+    found = hoistable(strip(body), loop_vars)
+    if not found:
+        return []
+    want = set(found)
+    out, stack = [], [body]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Guard):
+            continue
+        if isinstance(n, (Reduce, Inlined)) and strip(n) in want:
+            out.append(n)
+            want.discard(strip(n))
+            continue
+        stack.extend(reversed(kchildren(n)))
+    return out
+
+
+class _Counter:
+    """Counts one element's SSA evaluation of expressions, as BodyWriter emits them: a memo (keyed
+    on the printed, unmarked node) per scope; a reduction's invariant values hoisted into the scope
+    around its loop; a guard's value in a scope of its own."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.work = Work()
+        self.scopes: dict[str, bool] = {}
+
+    def _bytes(self, tensor: str, load: bool, times: float) -> None:
+        buf = self.kernel.buffer(tensor)
+        n = buf.dtype.itemsize * times
+        if buf.scope == Scope.GLOBAL:
+            if load:
+                self.work.global_load += n
+            else:
+                self.work.global_store += n
+        elif load:
+            self.work.shared_load += n
+        else:
+            self.work.shared_store += n
+
+    def stores(self, phase: Phase) -> None:
+        for name in phase.stores:
+            self._bytes(name, False, 1.0)
+
+    def index_loads(self, index, mult: float) -> None:
+        for ix in index:
+            for t in ix.indirect_tensors():
+                self._bytes(t, True, mult)
+
+    def value(self, e, mult: float, memo: dict) -> None:
+        """Count `e` evaluated `mult` times per element (unless `memo` already holds it)."""
+        if isinstance(e, E.Imm):
+            return
+        key = strip(e)
+        if key in memo:
+            return
+        memo[key] = True
+        self.work.nest = max(self.work.nest, int(round(mult)))
+        if isinstance(e, Inlined):
+            self.work.evals[e.stage] = self.work.evals.get(e.stage, 0.0) + mult
+            memo.pop(key)
+            self.value(e.x, mult, memo)
+            memo[key] = True
+            return
+        if isinstance(e, Guard):
+            self.value(e.cond, mult, memo)
+            self.value(e.x, mult, dict(memo))
+            return
+        if isinstance(e, Reduce):
+            self.reduction(e.body, e.vars, e.extents, mult, memo)
+            return
+        if isinstance(e, E.Load):
+            self._bytes(e.tensor, True, mult)
+            self.index_loads(e.index, mult)
+            return
+        if isinstance(e, InBounds):
+            self.index_loads(e.index, mult)
+            return
+        if isinstance(e, E.IndexVal):
+            self.index_loads((e.expr,), mult)
+            return
+        if isinstance(e, E.Select) and self._picked(e, mult, memo):
+            return
+        if isinstance(e, (E.Unary, E.Binary)):
+            small_pow = (isinstance(e, E.Binary) and e.op == "pow" and e.a.dtype.is_float
+                         and isinstance(e.b, E.Imm) and e.b.value in (1.0, 2.0, 3.0, 0.5))
+            self.work.flops += mult * ({1.0: 0, 2.0: 1, 3.0: 2, 0.5: 2}[e.b.value] if small_pow
+                                       else E.OP_FLOPS.get(e.op, 1))
+            if small_pow:
+                self.value(e.a, mult, memo)
+                return
+        elif isinstance(e, E.Select):
+            self.work.flops += mult
+        for c in kchildren(e):
+            self.value(c, mult, memo)
+
+    def reduction(self, body, names, extents, mult: float, memo: dict) -> None:
+        """A reduction loop: invariant values once in this scope, the rest once per term."""
+        from engine.codegen.printer import invariant_values
+
+        stripped = strip(body)
+        hoist = set(invariant_values(stripped, set(names)))
+        for node in _marked(body, hoist):
+            self.value(node, mult, memo)
+        inner = mult * math.prod(extents)
+        self.work.nest = max(self.work.nest, int(round(inner)))
+        self.value(body, inner, dict(memo))
+        self.work.flops += inner  # the combine
+
+    def _picked(self, e, mult: float, memo: dict) -> bool:
+        """BodyWriter._pick_tensor: a select chain over loads of one element of several tensors loads
+        once, through a pointer the conditions choose."""
+        chain, cur = [], strip(e)
+        while isinstance(cur, E.Select) and isinstance(cur.a, E.Load):
+            chain.append((cur.cond, cur.a))
+            cur = cur.b
+        if not isinstance(cur, E.Load) or len(chain) < 2:
+            return False
+        loads = [ld for _, ld in chain] + [cur]
+        bufs = [self.kernel.buffer(ld.tensor) for ld in loads]
+        if any(ld.pad is not None or ld.dtype != e.dtype for ld in loads) or len({b.dtype for b in bufs}) != 1:
+            return False
+        # The printer compares offset texts: equal for global buffers of one shape read at one index;
+        # a block buffer's offset names the buffer.
+        if len({(b.scope, b.shape, b.name if b.scope == Scope.BLOCK else "", ld.index)
+                for b, ld in zip(bufs, loads)}) != 1:
+            return False
+        for cond, _ in chain:
+            self.value(cond, mult, memo)
+            self.work.flops += mult  # the pointer choice
+        self._bytes(loads[-1].tensor, True, mult)
+        return True
+
+
+def _marked(body, targets: set) -> list:
+    """The nodes of marked `body` whose unmarked form is in `targets` (outermost first)."""
+    if not targets:
+        return []
+    out, seen, stack = [], set(), [body]
+    while stack:
+        n = stack.pop()
+        s = strip(n)
+        if s in targets and s not in seen:
+            seen.add(s)
+            out.append(n)
+            continue
+        if isinstance(n, Guard) or isinstance(n, E.Imm):
+            continue
+        stack.extend(reversed(kchildren(n)))
+    return out
+
+
+def stage_factors(work: Work, sizes: Mapping[str, int]) -> dict[str, float]:
+    """Per stage, evaluations over its size: how often each element is computed (1.0: once)."""
+    return {s: work.evals[s] / sizes[s] for s in work.evals if sizes.get(s)}
+
+
+__all__ = ["Work", "count_kernel", "count_program", "count_segment", "region_extents", "stage_factors"]
