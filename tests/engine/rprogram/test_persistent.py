@@ -15,7 +15,8 @@ from engine.codegen.generate import generate
 from engine.device import get_device
 from engine.frontend.importer import load_graph
 from engine.rprogram.model import RProgramError, rprogram_from_json, rprogram_to_json
-from engine.rprogram.persistent import compile_persistent_cuda, persistent_c, run_persistent_c
+from engine.rprogram.persistent import compile_persistent_cuda, persistent_c
+from engine.rprogram.persistent_run import run_persistent_c
 from engine.rprogram.trace import export_trace, validate_trace
 from engine.rprogram.wavefront import build_rprogram, check_rprogram, plan_for_rprogram, split_grid_barriers
 from engine.schedule.policies import make_plan
