@@ -35,7 +35,8 @@ class FakeDriver:
         self.driver, self.cooperative, self.ptx_registers = driver, cooperative, ptx_registers
         self.fail = dict(fail or {})  # function name -> CUresult it returns instead of success
         self.log: list[tuple[str, int, tuple]] = []
-        self.memory: dict[int, bytearray] = {}
+        self.memory: dict[int, bytearray] = {}  # live allocations
+        self.freed: dict[int, bytearray] = {}  # kept, so a test can read what a finished run left
         self.functions: dict[int, dict] = {}
         self.modules: dict[int, bytes] = {}
         self._tls = threading.local()
@@ -58,8 +59,9 @@ class FakeDriver:
         return [c for c in self.log if name is None or c[0] == name]
 
     def bytes_at(self, ptr: int, nbytes: int) -> bytes:
-        base = max(b for b in self.memory if b <= ptr)
-        return bytes(self.memory[base][ptr - base:ptr - base + nbytes])
+        both = {**self.freed, **self.memory}
+        base = max(b for b in both if b <= ptr)
+        return bytes(both[base][ptr - base:ptr - base + nbytes])
 
     # ---- device and context --------------------------------------------------------------------
     def cuInit(self, flags):
@@ -188,7 +190,7 @@ class FakeDriver:
 
     def cuMemFree(self, dptr):
         result = self._enter("cuMemFree", dptr)
-        self.memory.pop(int(dptr))
+        self.freed[int(dptr)] = self.memory.pop(int(dptr))
         return (result,)
 
     def cuMemcpyHtoD(self, dstDevice, srcHost, ByteCount):

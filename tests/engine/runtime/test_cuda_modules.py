@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -164,6 +165,6 @@ def test_bundled_runner_without_cuda_python_is_one_line(tmp_path):
     (shadow / "cuda" / "__init__.py").write_text("raise ImportError('cuda-bindings is not installed')\n")
     proc = subprocess.run([sys.executable, "run_bundle.py", "--inputs", "in.npz", "--outputs", "out.npz",
                            "--backend", "cuda"], cwd=folder, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(shadow), "PATH": "/usr/bin:/bin"})
+                          env={**os.environ, "PYTHONPATH": str(shadow)})
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(err) == 1 and err[0].startswith("error: cuda-python is not installed"), err
