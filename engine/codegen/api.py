@@ -116,9 +116,10 @@ def program_json(program: Program, compiled: CompiledProgram, files: dict[str, b
     for k in compiled.kernels:
         per_kernel[k.name] = {
             "source": entry(f"{k.name}.cu"),
-            "binaries": {b.arch: {"ptx": entry(f"{k.name}.{b.arch}.ptx"), "cubin": entry(f"{k.name}.{b.arch}.cubin"),
-                                  "resources": b.resources(k.name).to_json()}
+            "binaries": {b.arch: {"ptx": entry(f"{k.name}.{b.arch}.ptx"), "cubin": entry(f"{k.name}.{b.arch}.cubin")}
                          for b in k.binaries},
+            # What NVRTC allotted per arch (registers, local and static shared bytes), from each CUBIN.
+            "resources": {b.arch: b.resources(k.name).to_json() for b in k.binaries},
         }
     for item in meta["kernels"] + meta["launches"]:
         item.update(per_kernel.get(item.get("kernel", item.get("name")), {}))

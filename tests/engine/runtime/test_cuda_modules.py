@@ -57,7 +57,8 @@ def test_each_kernel_gets_its_own_module_cubin_else_older_ptx(compiled, device_a
         if kind == "cubin":
             assert data == files[f"{k.name}.{built}.cubin"]
             # The driver's register count is the compiled one program.json records.
-            assert functions[k.name].registers == meta["kernels"][0]["binaries"][built]["resources"]["registers"]
+            by_name = {m["name"]: m for m in meta["kernels"]}
+            assert functions[k.name].registers == by_name[k.name]["resources"][built]["registers"]
         else:  # PTX goes in NUL-terminated, from the newest arch the GPU can JIT forward from
             assert data == files[f"{k.name}.{built}.ptx"] + b"\0" and f".target {built}".encode() in data
         assert functions[k.name].name == k.name
