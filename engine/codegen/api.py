@@ -78,8 +78,9 @@ def fit_launches(program: Program, compiled: CompiledProgram, device) -> Program
     for ln in program.launches:
         k = kernels[ln.kernel]
         if ln.cooperative:
-            grid, why = wave_grid(device, k.ntiles, k.threads, binaries[k.name].resources(k.name).registers,
-                                  k.shared_bytes)
+            used = binaries[k.name].resources(k.name)  # the grid barrier itself may take static shared memory
+            grid, why = wave_grid(device, k.ntiles, k.threads, used.registers,
+                                  k.shared_bytes + used.static_shared_bytes)
             if grid == 0:
                 raise CompileError(f"kernel {k.name} as compiled cannot be resident on {device.name}: {why}",
                                    hint="use a smaller tile or connect its GLOBAL_SYNC edges at KERNEL")

@@ -306,5 +306,5 @@ def modeled_grid(src: PersistentSource, binary, device: Device) -> tuple[int, st
     """Blocks of the persistent kernel one wave of `device` holds at the registers NVRTC compiled it to
     (modeled from the device's figures: what `run_persistent_cuda` gets from the driver on a GPU), and
     why. 0 when a block cannot be resident at all."""
-    registers = binary.resources(src.entry).registers
-    return wave_grid(device, src.grid, src.block, registers, src.shared_bytes)
+    used = binary.resources(src.entry)
+    return wave_grid(device, src.grid, src.block, used.registers, src.shared_bytes + used.static_shared_bytes)

@@ -72,7 +72,6 @@ class Gpu:
 
     def __init__(self, drv, ordinal=0, need_driver=0):
         self.drv = drv
-        self._lock = threading.Lock()
         self._call("cuInit", 0)
         self.driver_version = self._call("cuDriverGetVersion")
         reason = driver_check(self.driver_version, need_driver)
@@ -91,7 +90,7 @@ class Gpu:
         self.cooperative = bool(get(attr.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH))
         self.max_shared_optin = get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.context = self._call("cuDevicePrimaryCtxRetain", self.device)
-        self._events = None
+        self._local = threading.local()  # per thread: its pair of timing events
 
     @property
     def arch(self):
@@ -148,14 +147,16 @@ class Gpu:
         """Blocks of `fn` resident per SM at `threads` threads and `shared` B of dynamic shared memory,
         as the driver computes it from the compiled registers (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
         self.activate()
-        if shared > SHARED_OPT_IN:
+        if shared + fn.static_shared > SHARED_OPT_IN:
             self.allow_shared(fn, shared)
         return self._call("cuOccupancyMaxActiveBlocksPerMultiprocessor", fn.handle, threads, shared,
                           what=f"occupancy of kernel {fn.name}")
 
     # ---- launches and timing --------------------------------------------------------------------
     def launch(self, fn, grid, block, shared, pointers, cooperative=False):
-        """One launch on the default stream; `pointers` are device addresses, one per kernel parameter."""
+        """One launch on the default stream; `pointers` are device addresses, one per kernel parameter.
+        No cuCtxSetCurrent here (it would sit between the timing events): call it through
+        `time_launches`, or after `activate()` on this thread."""
         params = (tuple(int(p) for p in pointers), tuple(ctypes.c_void_p for _ in pointers))
         if cooperative:
             self._call("cuLaunchCooperativeKernel", fn.handle, grid, 1, 1, block, 1, 1, shared, 0, params,
@@ -172,10 +173,10 @@ class Gpu:
         for _ in range(warmup):
             run()
         self._call("cuCtxSynchronize", what=f"kernel {name}")
-        if self._events is None:
+        if getattr(self._local, "events", None) is None:
             flags = self.drv.CUevent_flags.CU_EVENT_DEFAULT
-            self._events = (self._call("cuEventCreate", flags), self._call("cuEventCreate", flags))
-        start, end = self._events
+            self._local.events = (self._call("cuEventCreate", flags), self._call("cuEventCreate", flags))
+        start, end = self._local.events
         samples = []
         for _ in range(max(1, repeat)):
             self._call("cuEventRecord", start, 0, what=f"timing kernel {name}")

@@ -73,7 +73,7 @@ def prepare_launch(gpu, fn, launch):
     if block > fn.max_threads:
         raise LoadError(f"kernel {fn.name} runs {block} threads per block but its compiled code allows "
                         f"{fn.max_threads} ({fn.registers} registers per thread): use a smaller tile")
-    if shared > 48 * 1024:
+    if shared + fn.static_shared > 48 * 1024:  # static + dynamic over 48 KiB needs the opt-in
         gpu.allow_shared(fn, shared)
     per_sm = gpu.resident_blocks(fn, block, shared)
     if per_sm <= 0:

@@ -213,9 +213,10 @@ def test_cooperative_grids_are_refit_to_the_compiled_registers():
         if not before.cooperative:
             assert after == before
             continue
-        regs = units[kernel.name].binaries[0].resources(kernel.name).registers
-        assert regs > 0
-        assert after.grid == wave_grid(device, kernel.ntiles, kernel.threads, regs, kernel.shared_bytes)[0]
+        used = units[kernel.name].binaries[0].resources(kernel.name)
+        assert used.registers > 0
+        assert after.grid == wave_grid(device, kernel.ntiles, kernel.threads, used.registers,
+                                       kernel.shared_bytes + used.static_shared_bytes)[0]
         assert before.grid == wave_grid(device, kernel.ntiles, kernel.threads, 0, kernel.shared_bytes)[0]
         assert after.grid <= before.grid
     meta = api.program_json(fitted, compiled, api.compiled_files(fitted, compiled))

@@ -202,7 +202,8 @@ def test_persistent_grid_is_what_the_compiled_registers_leave_resident() -> None
     # compiled persistent kernel needs far more, so one wave holds fewer blocks and the vEUs fold.
     _, _, program, rp = _built("vit_block")
     src, binary = compile_persistent_cuda(program, rp, arch="sm_80")
-    regs = binary.resources("tw_persistent").registers
+    used = binary.resources("tw_persistent")
+    regs = used.registers
     grid, why = modeled_grid(src, binary, A100)
-    assert (grid, why) == wave_grid(A100, rp.vdevice.veus, src.block, regs, src.shared_bytes)
+    assert (grid, why) == wave_grid(A100, rp.vdevice.veus, src.block, regs, src.shared_bytes + used.static_shared_bytes)
     assert regs > rp.vdevice.regs_per_thread and grid < rp.vdevice.veus and f"{regs} registers" in why
