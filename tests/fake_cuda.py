@@ -18,7 +18,7 @@ from engine.codegen.cubin import cubin_resources
 from engine.device import get_device, resident_blocks_per_sm
 
 OK = real.CUresult.CUDA_SUCCESS
-NEEDS_CONTEXT = {"cuModuleLoadData", "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuLaunchKernel",
+NEEDS_CONTEXT = {"cuModuleLoadData", "cuModuleUnload", "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuLaunchKernel",
                  "cuLaunchCooperativeKernel", "cuCtxSynchronize", "cuEventCreate", "cuEventRecord",
                  "cuEventSynchronize", "cuMemAlloc", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemsetD8", "cuMemFree"}
 
@@ -39,6 +39,7 @@ class FakeDriver:
         self.freed: dict[int, bytearray] = {}  # kept, so a test can read what a finished run left
         self.functions: dict[int, dict] = {}
         self.modules: dict[int, bytes] = {}
+        self.unloaded: list[int] = []
         self._tls = threading.local()
         self._next = 0x1000
 
@@ -112,6 +113,11 @@ class FakeDriver:
         handle = self._handle()
         self.modules[handle] = bytes(image)
         return result, handle
+
+    def cuModuleUnload(self, hmod):
+        result = self._enter("cuModuleUnload", hmod)
+        self.unloaded.append(hmod)
+        return (result,)
 
     def cuModuleGetFunction(self, hmod, name):
         result = self._enter("cuModuleGetFunction", hmod, name)

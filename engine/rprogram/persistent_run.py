@@ -116,6 +116,7 @@ def run_persistent_cuda(program: Program, rp: RProgram, graph: PrimGraph, inputs
         for name, t in zip(program.output_names, program.outputs):
             outs[name] = np.empty_like(env[t])
             gpu.download(outs[name], ptrs[t])
+        gpu.unload(fn)
     except CudaError as err:
         raise BackendError(str(err)) from None
     finally:

@@ -56,6 +56,8 @@ def run_cuda(program: Program, graph_specs: Mapping, inputs: Mapping[str, np.nda
     tensors = {**{k: v for k, v in weights.items() if k in program.constants}, **inputs}
     try:
         outs, times = run_launches(gpu, meta, functions, tensors, repeat=repeat)
+        for fn in functions.values():
+            gpu.unload(fn)
     except (LoadError, CudaError) as err:
         raise BackendError(str(err)) from None
     profile = Profile(f"measured on {gpu.name} (CUDA backend, planned for {device})", "cuda",

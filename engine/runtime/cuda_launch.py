@@ -132,6 +132,11 @@ class Gpu:
                         get(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES), get(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
                         get(attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK))
 
+    def unload(self, fn):
+        """Unload `fn`'s module (a long-lived process, such as the app, loads a program per run)."""
+        self.activate()
+        self._call("cuModuleUnload", fn.module, what=f"unloading the module of kernel {fn.name}")
+
     def allow_shared(self, fn, nbytes):
         """Opt `fn` in to `nbytes` of dynamic shared memory (needed above 48 KiB)."""
         if nbytes + fn.static_shared > self.max_shared_optin:

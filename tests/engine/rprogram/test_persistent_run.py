@@ -59,7 +59,7 @@ def test_launcher_sizes_the_grid_from_occupancy_and_folds_the_veus(vit):
     x = src.tensors.index(graph.inputs[0].name)
     got = np.frombuffer(drv.bytes_at(int(table[x]), feeds[graph.inputs[0].name].nbytes), np.float32)
     assert np.array_equal(got, feeds[graph.inputs[0].name].ravel())  # buf[i] points at tensor i's data
-    assert not drv.memory  # every allocation freed
+    assert not drv.memory and drv.unloaded == list(drv.modules)  # every allocation freed, the module unloaded
 
 
 def test_a_persistent_block_that_cannot_be_resident_is_refused_in_one_line(vit):

@@ -114,6 +114,7 @@ def test_executor_runs_a_cooperative_program_with_grids_from_the_attached_device
         per_sm, _ = resident_blocks_per_sm(h100, block, regs[name], shared)
         assert grid == min(kernel.ntiles, per_sm * h100.sm_count)
         assert len(params[0]) == len(kernel.params)
+    assert sorted(drv.unloaded) == sorted(drv.modules)  # a long-lived app does not pile up modules
     # Inputs reached the device as given.
     uploads = [c for c in drv.calls("cuMemcpyHtoD")]
     assert len(uploads) == len(program.inputs) + len(program.constants)
