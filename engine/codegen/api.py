@@ -126,6 +126,9 @@ def program_json(program: Program, compiled: CompiledProgram, files: dict[str, b
         item.update(per_kernel.get(item.get("kernel", item.get("name")), {}))
     for item in meta["launches"]:  # a cooperative kernel's blocks loop over its tiles: any grid up to this
         item["tiles"] = program.kernel(item["kernel"]).ntiles
+        item["grid_source"] = (f"modeled: one resident wave of {program.device} (fit_launches: at the compiled "
+                               "registers); on a GPU the launcher re-caps it by the driver's occupancy"
+                               if item["cooperative"] else "one block per tile")
     meta |= {"target": compiled.target, "arch": compiled.arch, "archs": list(compiled.archs),
              "source": prefix + f"{program.name}.{ext}", "buffers": _buffers(program)}
     if compiled.kernels:

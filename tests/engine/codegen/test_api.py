@@ -221,3 +221,4 @@ def test_cooperative_grids_are_refit_to_the_compiled_registers():
         assert after.grid <= before.grid
     meta = api.program_json(fitted, compiled, api.compiled_files(fitted, compiled))
     assert [ln["tiles"] for ln in meta["launches"]] == [program.kernel(ln.kernel).ntiles for ln in program.launches]
+    assert all(ln["grid_source"].startswith("modeled") == ln["cooperative"] for ln in meta["launches"])
