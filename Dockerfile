@@ -1,6 +1,6 @@
 # tileweave workbench on the CPU: import, plan, generate C/CUDA (CUDA compiled with NVRTC), run with gcc+OpenMP.
-# GPU use needs the NVIDIA container runtime (docker run --gpus all ...) and the `gpu` extra:
-#   pip install -e '.[gpu]'   (pycuda; builds against the CUDA toolkit of the base image you choose)
+# GPU use needs only the NVIDIA container runtime (docker run --gpus all ...) and a host driver R580+:
+# the CUDA path is cuda-python (a core dependency), no CUDA toolkit in the image (docs/gpu.md).
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 TILEWEAVE_CACHE=/tmp/tileweave-cache

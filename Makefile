@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 JOBS    ?= auto
 
-.PHONY: run test test-fast test-slow test-browser lint venv install install-dev sys-deps samples clean
+.PHONY: run test test-fast test-slow test-gpu test-browser lint venv install install-dev sys-deps samples clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,12 @@ test: install-dev sys-deps
 
 test-slow: install-dev
 	$(BIN)/python -m pytest -q -n $(JOBS) -m slow
+
+# The first thing to run on a machine with an NVIDIA GPU (driver R580+, docs/gpu.md): every sample x policy
+# and the persistent kernel on the device, against onnxruntime. One process: the tests share the GPU.
+test-gpu: install-dev
+	$(BIN)/python -c "from engine.runtime.cuda_driver import require_cuda; print('GPU:', require_cuda())"
+	$(BIN)/python -m pytest -q -p no:xdist -m gpu -rs
 
 lint: install-dev
 	$(BIN)/ruff check .

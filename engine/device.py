@@ -379,3 +379,16 @@ def resident_blocks_per_sm(
     blocks = min(limits.values())
     limiter = next(name for name, value in limits.items() if value == blocks)
     return blocks, limiter
+
+
+def wave_grid(device: Device, blocks: int, threads: int, regs_per_thread: int, smem_bytes: int) -> tuple[int, str]:
+    """Grid of a kernel whose blocks must all be resident at once (a grid barrier, a persistent kernel):
+    min(blocks, resident blocks per SM x SMs), and how that was decided. (0, why) when no block fits.
+    Modeled from the device's figures; with a GPU attached the launcher asks the driver instead."""
+    per_sm, why = resident_blocks_per_sm(device, threads, regs_per_thread, smem_bytes)
+    if per_sm == 0:
+        return 0, why
+    regs = f"{regs_per_thread} registers" if regs_per_thread else "registers not yet compiled"
+    wave = per_sm * device.sm_count
+    return min(blocks, wave), (f"one wave of {wave} = {per_sm}/SM (limited by {why}) x {device.sm_count} SMs "
+                               f"at {regs}, modeled for {device.name}")

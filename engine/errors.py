@@ -44,4 +44,4 @@ class CompileError(TileweaveError):
 
 
 class BackendError(TileweaveError):
-    """A backend cannot run here (no CUDA device, pycuda missing, ...)."""
+    """A backend cannot run here (no CUDA device, a driver too old for the kernels, a launch refused, ...)."""

@@ -30,4 +30,5 @@ with guarded("Building the kernel bundle"):
                                                      state.device),
                        file_name=f"{stem}_bundle.zip", mime="application/zip", key="export_bundle",
                        help="CUDA + PTX/CUBIN for sm_80 and sm_90, C, program/plan/trace JSON, weights, "
-                            "a pycuda runner and a hashed manifest (engine.bundle.export_bundle)")
+                            "a standalone runner (run_bundle.py: CPU or GPU) and a hashed manifest "
+                            "(engine.bundle.export_bundle)")

@@ -12,7 +12,8 @@ def add_export_command(sub) -> None:
     p = sub.add_parser("export", help="write a kernel bundle (CUDA + per-kernel PTX/CUBIN, C, program/plan/trace JSON)",
                        description="Plan MODEL (or load --plan-in), generate and compile its kernels with NVRTC "
                                    "for each --arch, and write a zip: sources, PTX/CUBIN per kernel, program.json, "
-                                   "plan.json, trace.json, weights.npz, run_cuda.py and a manifest.")
+                                   "plan.json, trace.json, weights.npz, run_bundle.py (runs it without tileweave: "
+                                   "--backend cpu or cuda) and a manifest.")
     add_plan_args(p)
     p.add_argument("--arch", action="append", help="NVRTC target, repeatable (default sm_80 and sm_90)")
     p.add_argument("--no-weights", action="store_true", help="leave weights.npz out of the bundle")

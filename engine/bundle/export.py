@@ -3,7 +3,8 @@
 In: a PrimGraph, its Plan and a device. Out: bytes of a zip holding the CUDA sources with PTX and
 CUBIN per kernel and architecture, the C source, program.json (launch list, grids, buffers, arena), plan.json,
 the rProgram trace (Perfetto), weights, a manifest with hashes and tool versions, and a standalone
-`run_cuda.py` that loads one module per kernel with pycuda and runs the launch list on an attached GPU.
+`run_bundle.py` that runs the launch list on the CPU (the C source, NumPy + a C compiler) or on a GPU
+(the CUBIN/PTX through cuda-python, with the CUDA executor's own launch rules).
 """
 
 from __future__ import annotations
@@ -44,7 +45,15 @@ def export_bundle(
     trace: dict | None = None,
 ) -> bytes:
     """Generate, compile (NVRTC for every arch in `archs`) and pack the plan's kernels."""
-    from engine.codegen.api import compile_program, compiled_files, program_json
+    from engine.codegen.api import (
+        CompiledProgram,
+        compile_program,
+        compiled_files,
+        fit_launches,
+        program_json,
+    )
+    from engine.codegen.ccompile import DEFAULT_OPTIONS as C_OPTIONS
+    from engine.codegen.ccompile import LINK_LIBS
     from engine.codegen.generate import generate
     from engine.codegen.targets import render_c
     from engine.runtime.execute import check_plan
@@ -59,10 +68,16 @@ def export_bundle(
         trace = export_trace(build_rprogram(plan, device))
 
     compiled = compile_program(program, "cuda", archs=tuple(archs))
+    program = fit_launches(program, compiled, device)  # cooperative grids at the compiled registers
     cuda_files = compiled_files(program, compiled)
     files = {f"cuda/{name}": data for name, data in cuda_files.items()}
-    files[f"c/{program.name}.c"] = render_c(generate(plan, graph, device, target="c")).encode()
     files["program.json"] = _json(program_json(program, compiled, cuda_files, prefix="cuda/"))
+    c_program = generate(plan, graph, device, target="c")
+    c_compiled = CompiledProgram("c", render_c(c_program))
+    c_files = compiled_files(c_program, c_compiled)
+    files.update({f"c/{name}": data for name, data in c_files.items()})
+    files["c/program.json"] = _json(program_json(c_program, c_compiled, c_files, prefix="c/")
+                                    | {"c_options": list(C_OPTIONS), "c_libs": list(LINK_LIBS)})
     files["plan.json"] = _json(plan_to_json(plan))
     files["trace.json"] = _json(trace)
     files["device.json"] = device.to_json().encode()
@@ -70,7 +85,7 @@ def export_bundle(
         buf = io.BytesIO()
         np.savez(buf, **{name: np.ascontiguousarray(v) for name, v in graph.weights.items()})
         files["weights.npz"] = buf.getvalue()
-    files["run_cuda.py"] = runner_source().encode()
+    files["run_bundle.py"] = runner_source().encode()
     files["README.md"] = _readme(program, plan, device, archs).encode()
     files["manifest.json"] = _json(_manifest(program, plan, device, archs, files))
     return _zip(files)
@@ -110,7 +125,7 @@ def _manifest(program, plan: Plan, device: Device, archs, files: dict[str, bytes
         "model_hash": plan.model_hash, "plan_hash": plan.plan_hash, "policy": plan.policy,
         "device": device.name, "archs": list(archs), "kernels": len(program.kernels),
         "launches": len(program.launches), "modeled_us": round(plan.modeled_us, 3),
-        "timings": "modeled (cost model); measure with run_cuda.py on a GPU",
+        "timings": "modeled (cost model); measure with run_bundle.py --backend cuda on a GPU",
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
     }
 
@@ -124,12 +139,12 @@ Policy `{plan.policy}` on device `{device.name}`; model hash `{plan.model_hash}`
 Modeled program time {plan.modeled_us:.1f} µs (cost model, not measured).
 
 - `cuda/{program.name}.cu` — the CUDA C of every kernel, for reading; `cuda/KERNEL.cu` — each kernel's own translation unit, compiled with NVRTC to `cuda/KERNEL.ARCH.ptx` and `cuda/KERNEL.ARCH.cubin` per arch ({", ".join(archs)}).
-- `c/*.c` — the same kernels printed as C (OpenMP), as tileweave's CPU backend runs them.
-- `program.json` — launch list (kernel, source, per-arch PTX/CUBIN files with sha256, grid, block, shared bytes, cooperative launch, args), buffers and the static arena.
+- `c/{program.name}.c` — the same kernels printed as C (OpenMP), as tileweave's CPU backend runs them; `c/program.json` — their launch list, buffers, arena and compiler options.
+- `program.json` — launch list (kernel, source, per-arch PTX/CUBIN files with sha256 and compiled registers, grid, tiles, block, shared bytes, cooperative launch, args), buffers and the static arena.
 - `plan.json` — the plan (edge connections, tiles, reasons); load it with `tileweave run --plan-in plan.json`.
 - `trace.json` — the rProgram timeline; open it in https://ui.perfetto.dev.
 - `weights.npz` — the model's constant tensors by name.
-- `run_cuda.py` — runs the launch list on a GPU with pycuda: `python run_cuda.py inputs.npz outputs.npz`.
+- `run_bundle.py` — runs the launch list without tileweave: `python run_bundle.py --inputs IN.npz --outputs OUT.npz --backend cpu` (NumPy and a C compiler with OpenMP) or `--backend cuda` (NumPy, `pip install cuda-bindings`, an NVIDIA driver for CUDA 13.0, i.e. R580 or newer). On a GPU a kernel with grid barriers is launched cooperatively with its grid capped to what the device keeps resident at its compiled registers, so the grids below may shrink.
 
 | kernel | grid | block | shared B | cooperative |
 |---|---|---|---|---|
@@ -138,81 +153,41 @@ Modeled program time {plan.modeled_us:.1f} µs (cost model, not measured).
 
 
 def runner_source() -> str:
-    """run_cuda.py: a header, engine/runtime/cuda_modules.py's code (the loader the CUDA executor uses,
-    so the two load kernels the same way) and the runner's main."""
+    """run_bundle.py: a header, then the code of engine/runtime/cuda_launch.py, cuda_modules.py (the
+    launch layer the CUDA executor uses, so the two launch kernels the same way) and bundle/runner.py."""
+    from engine.bundle import runner
+    from engine.runtime import cuda_launch, cuda_modules
+
+    parts = [_RUNNER_HEAD]
+    for module in (cuda_launch, cuda_modules, runner):
+        name = module.__name__.replace(".", "/") + ".py"
+        parts.append(f"# ---- {name} (shared with tileweave) ----\n{_module_body(module)}")
+    return "\n\n".join(parts) + '\n\nif __name__ == "__main__":\n    sys.exit(main())\n'
+
+
+def _module_body(module) -> str:
+    """A module's source without its docstring, `from __future__` and engine imports (whose names the
+    runner defines itself, earlier in the file), located through the module's syntax tree."""
     import ast
     import inspect
 
-    from engine.runtime import cuda_modules
-
-    text = inspect.getsource(cuda_modules)
-    body = "\n".join(text.splitlines()[ast.parse(text).body[0].end_lineno:])  # drop its docstring
-    return _RUNNER_HEAD + "\n# ---- engine/runtime/cuda_modules.py (shared with tileweave's CUDA executor) ----\n" + \
-        body.strip("\n") + "\n\n" + _RUNNER_MAIN
-
-
-# A standalone runner: reads program.json, loads one module per kernel (the CUBIN for the GPU's arch, else
-# PTX), allocates every tensor, launches in order (cooperative launches for kernels with grid barriers)
-# and writes the outputs.
-_RUNNER_HEAD = '''"""Run this bundle's kernels on a CUDA GPU: python run_cuda.py inputs.npz outputs.npz (needs pycuda)."""
-import json
-import sys
-from pathlib import Path
-
-import numpy as np
-
-HERE = Path(__file__).resolve().parent
-
-'''
-
-_RUNNER_MAIN = '''
-def main(argv):
-    if len(argv) != 2:
-        print("usage: python run_cuda.py inputs.npz outputs.npz", file=sys.stderr)
-        return 2
-    try:
-        import pycuda.autoinit  # noqa: F401
-        import pycuda.driver as cuda
-    except Exception as err:  # no pycuda or no device: say so in one line
-        print(f"error: pycuda with a CUDA device is needed ({' '.join(str(err).split())})", file=sys.stderr)
-        return 2
-    prog = json.loads((HERE / "program.json").read_text())
-    major, minor = cuda.Device(0).compute_capability()
-    try:
-        functions = load_kernels(cuda, prog, lambda name: (HERE / name).read_bytes(), f"sm_{major}{minor}")
-    except LoadError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    tensors = dict(np.load(argv[0]))
-    weights = HERE / "weights.npz"
-    if weights.exists():
-        tensors.update(dict(np.load(weights)))
-    device = {}
-    for buf in prog["buffers"]:
-        name, shape, dtype = buf["tensor"], tuple(buf["shape"]), np.dtype(buf["dtype"])
-        host = np.ascontiguousarray(tensors[name], dtype=dtype) if name in tensors else np.empty(shape, dtype)
-        device[name] = cuda.to_device(host)
-    start, end = cuda.Event(), cuda.Event()
-    start.record()
-    for ln in prog["launches"]:
-        args = [np.uintp(int(device[a])) for a in ln["args"]]
-        try:
-            launch_kernel(cuda, functions[ln["kernel"]], ln, args)
-        except LoadError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-    end.record()
-    end.synchronize()
-    print(f"{len(prog['launches'])} launches in {start.time_till(end) * 1e3:.1f} us (measured, CUDA events)")
-    shapes = {b["tensor"]: (tuple(b["shape"]), np.dtype(b["dtype"])) for b in prog["buffers"]}
-    outs = {}
-    for tensor, name in zip(prog["outputs"], prog["output_names"]):
-        shape, dtype = shapes[tensor]
-        outs[name] = cuda.from_device(device[tensor], shape, dtype)
-    np.savez(argv[1], **outs)
-    return 0
+    text = inspect.getsource(module)
+    lines = text.splitlines()
+    drop = set()
+    for node in ast.parse(text).body:
+        docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and \
+            isinstance(node.value.value, str)
+        if docstring or (isinstance(node, ast.ImportFrom) and node.module and
+                         (node.module == "__future__" or node.module.split(".")[0] == "engine")):
+            drop.update(range(node.lineno - 1, node.end_lineno))
+    return "\n".join(line for k, line in enumerate(lines) if k not in drop).strip("\n")
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-'''
+_RUNNER_HEAD = '''"""Run this tileweave bundle without tileweave:
+
+    python run_bundle.py --inputs IN.npz --outputs OUT.npz --backend {cpu,cuda}
+
+cpu: NumPy and a C compiler with OpenMP (builds c/*.c into build/); cuda: NumPy, cuda-python
+(pip install cuda-bindings) and an NVIDIA driver for the CUDA release in program.json ("nvrtc").
+Generated by tileweave; the code below is tileweave's own launch layer, copied verbatim."""
+import sys'''

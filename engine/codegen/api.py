@@ -64,6 +64,31 @@ def compile_program(program: Program, target: str, *, arch: str = "sm_80",
     raise CompileError(f"unknown target '{target}' (choose one of {', '.join(TARGETS)})")
 
 
+def fit_launches(program: Program, compiled: CompiledProgram, device) -> Program:
+    """`program` with each cooperative launch's grid re-capped to one wave of `device` at the registers
+    its kernel was compiled to (the first arch's CUBIN): modeled, since no GPU need be attached. The
+    CUDA launcher caps it again with the attached device's own occupancy."""
+    from engine.device import wave_grid
+
+    if compiled.target != "cuda":
+        return program
+    kernels = {k.name: k for k in program.kernels}
+    binaries = {k.name: k.binaries[0] for k in compiled.kernels}
+    launches = []
+    for ln in program.launches:
+        k = kernels[ln.kernel]
+        if ln.cooperative:
+            used = binaries[k.name].resources(k.name)  # the grid barrier itself may take static shared memory
+            grid, why = wave_grid(device, k.ntiles, k.threads, used.registers,
+                                  k.shared_bytes + used.static_shared_bytes)
+            if grid == 0:
+                raise CompileError(f"kernel {k.name} as compiled cannot be resident on {device.name}: {why}",
+                                   hint="use a smaller tile or connect its GLOBAL_SYNC edges at KERNEL")
+            ln = dataclasses.replace(ln, grid=grid)
+        launches.append(ln)
+    return dataclasses.replace(program, launches=tuple(launches))
+
+
 def compiled_files(program: Program, compiled: CompiledProgram) -> dict[str, bytes]:
     """File name -> bytes: the program source (NAME.cu or NAME.c) and, for CUDA, per kernel
     KERNEL.cu, KERNEL.ARCH.ptx and KERNEL.ARCH.cubin."""
@@ -94,9 +119,16 @@ def program_json(program: Program, compiled: CompiledProgram, files: dict[str, b
             "source": entry(f"{k.name}.cu"),
             "binaries": {b.arch: {"ptx": entry(f"{k.name}.{b.arch}.ptx"), "cubin": entry(f"{k.name}.{b.arch}.cubin")}
                          for b in k.binaries},
+            # What NVRTC allotted per arch (registers, local and static shared bytes), from each CUBIN.
+            "resources": {b.arch: b.resources(k.name).to_json() for b in k.binaries},
         }
     for item in meta["kernels"] + meta["launches"]:
         item.update(per_kernel.get(item.get("kernel", item.get("name")), {}))
+    for item in meta["launches"]:  # a cooperative kernel's blocks loop over its tiles: any grid up to this
+        item["tiles"] = program.kernel(item["kernel"]).ntiles
+        item["grid_source"] = (f"modeled: one resident wave of {program.device} (fit_launches: at the compiled "
+                               "registers); on a GPU the launcher re-caps it by the driver's occupancy"
+                               if item["cooperative"] else "one block per tile")
     meta |= {"target": compiled.target, "arch": compiled.arch, "archs": list(compiled.archs),
              "source": prefix + f"{program.name}.{ext}", "buffers": _buffers(program)}
     if compiled.kernels:

@@ -17,7 +17,10 @@ translation unit: prelude, helpers, kernel) and, per arch, KERNEL.ARCH.ptx and K
 the system C compiler to check it, built for this host's CPU; convolution blocks coarsened along
 output channels, so its grids can be smaller than CUDA's) and program.json. program.json holds the
 launch list (kernel, source, per-arch ptx/cubin files with sha256, grid, block, shared bytes,
-cooperative, args), the buffers with their arena offsets, and the arena peak beside the naive sum."""
+cooperative, args; a cooperative grid is one wave of the device at the registers the first --arch's
+CUBIN uses, re-capped on a GPU by the driver's occupancy), per kernel and arch the compiled registers,
+local and static shared bytes, the buffers with their arena offsets, and the arena peak beside the
+naive sum."""
 
 
 def add_compile_command(sub) -> None:
@@ -37,7 +40,7 @@ def add_compile_command(sub) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from engine.codegen.api import TARGETS, compile_program, write_compiled
+    from engine.codegen.api import TARGETS, compile_program, fit_launches, write_compiled
     from engine.codegen.generate import generate
     from engine.commands import planned_model
     from engine.runtime.execute import check_plan
@@ -57,6 +60,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     program = generate(plan, graph, device, target=args.target)
     archs = tuple(dict.fromkeys(args.arch or (device.nvrtc_arch,)))
     compiled = compile_program(program, args.target, archs=archs)
+    program = fit_launches(program, compiled, device)  # cooperative grids at the compiled registers
     paths = write_compiled(program, compiled, out)
     what = f"{args.target} {', '.join(compiled.archs)}" if compiled.archs else args.target
     print(f"{len(program.kernels)} kernels ({what}), arena {program.memory.arena_bytes} B "

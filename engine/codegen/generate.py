@@ -28,7 +28,7 @@ from engine.codegen.kexpr import (
     substitute_body,
 )
 from engine.codegen.kir import Buffer, Gemm, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
-from engine.device import Device, get_device, resident_blocks_per_sm
+from engine.device import Device, get_device, wave_grid
 from engine.errors import CompileError, PlanError
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -106,14 +106,17 @@ def _plan_hash(plan: Plan) -> str:
     return hashlib.sha256(json.dumps(plan_to_json(plan), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _launch(kernel: Kernel, device: Device) -> Launch:
+def _launch(kernel: Kernel, device: Device, registers: int = 0) -> Launch:
+    """The kernel's launch on `device`. A grid barrier needs every block resident at once, so a
+    cooperative kernel's grid is capped to one wave (its blocks loop over the tiles). `registers` per
+    thread are the compiled count (`api.fit_launches` passes it after NVRTC); 0 before compiling, when
+    threads and shared memory alone cap the grid. On a GPU the launcher re-caps it with the driver's
+    occupancy for the attached device."""
     grid = kernel.ntiles
     if kernel.cooperative:
-        # A grid barrier needs every block resident at once: cap the grid to one wave.
-        per_sm, why = resident_blocks_per_sm(device, kernel.threads, 0, kernel.shared_bytes)
-        if per_sm == 0:
+        grid, why = wave_grid(device, kernel.ntiles, kernel.threads, registers, kernel.shared_bytes)
+        if grid == 0:
             raise PlanError(f"kernel {kernel.name} cannot run on {device.name}: {why}")
-        grid = min(grid, per_sm * device.sm_count)
     args = tuple(b.tensor for b in kernel.params)
     return Launch(kernel.name, grid, kernel.threads, kernel.shared_bytes, kernel.cooperative, args)
 

@@ -56,6 +56,16 @@ class CudaBinary:
     def ptx_isa(self) -> str:
         return ptx_isa_version(self.ptx)
 
+    def resources(self, kernel: str):
+        """What the compiler gave `kernel` in this CUBIN (registers, local and static shared bytes)."""
+        from engine.codegen.cubin import cubin_resources
+
+        found = cubin_resources(self.cubin)
+        if kernel not in found:
+            raise CompileError(f"CUBIN {self.name} ({self.arch}) has no kernel {kernel} (it has "
+                               f"{', '.join(sorted(found)) or 'none'})")
+        return found[kernel]
+
 
 def _load_nvrtc():
     """The cuda.bindings.nvrtc module with libnvrtc loaded, or a CompileError saying what to install."""

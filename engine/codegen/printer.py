@@ -131,11 +131,19 @@ class Printer:
 
     def signature(self, kernel: Kernel) -> str:
         written = {n for s in kernel.segments for p in s.phases for n in p.stores}
-        args = []
+        args = self.leading_params(kernel)
         for b in kernel.params:
             const = "" if b.name in written else "const "
             args.append(f"{const}{self.storage_type(b.dtype)}* {self.restrict} {b.name}")
-        return f"{self.kernel_prefix}void {kernel.name}({', '.join(args)})"
+        return f"{self.kernel_prefix}void {self.kernel_qualifiers(kernel)}{kernel.name}({', '.join(args)})"
+
+    def kernel_qualifiers(self, kernel: Kernel) -> str:
+        """Text between `void` and the kernel's name (CUDA: its launch bounds)."""
+        return ""
+
+    def leading_params(self, kernel: Kernel) -> list[str]:
+        """Parameters before the tensors (a persistent kernel's task functions take their tile first)."""
+        return []
 
     def kernel_locals(self, kernel: Kernel) -> list[str]:
         return [self.local_decl(b) for b in kernel.locals]

@@ -1091,6 +1091,7 @@ class CudaPrinter(Printer):
     header = CUDA_HEADER
     f16_type = "__half"
     thread_id = "threadIdx.x"
+    block_dim = "blockDim.x"  # threads of the block the kernel was generated for (a constant in a task)
     inf = "__int_as_float(0x7f800000)"  # NVRTC has no math.h, so no INFINITY/NAN macros
     nan = "__int_as_float(0x7fffffff)"
 
@@ -1105,7 +1106,7 @@ class CudaPrinter(Printer):
         return f"__float2half({text})" if dtype == DType.F16 else text
 
     def thread_loop(self, var: str, count: str) -> str:
-        return f"for (int {var} = threadIdx.x; {var} < {count}; {var} += blockDim.x)"
+        return f"for (int {var} = threadIdx.x; {var} < {count}; {var} += {self.block_dim})"
 
     def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         """A reduction whose rows are shared by `threads_per_row` lanes: each lane reduces a strided
@@ -1119,7 +1120,7 @@ class CudaPrinter(Printer):
         r = phase.region.rank
         sizes = [f"({tag}_hi{d} - {tag}_lo{d})" for d in range(r)]
         lines += [f"    const int n_e = {' * '.join(sizes) or '1'};",
-                  f"    const int lane = threadIdx.x % {lanes}, grp = threadIdx.x / {lanes}, ngrp = blockDim.x / {lanes};",
+                  f"    const int lane = threadIdx.x % {lanes}, grp = threadIdx.x / {lanes}, ngrp = {self.block_dim} / {lanes};",
                   # Every thread runs the same trip count, so the full-mask shuffles below are legal.
                   "    for (int base = 0; base < n_e; base += ngrp) {",
                   "        const int e = base + grp;"]
@@ -1144,13 +1145,13 @@ class CudaPrinter(Printer):
             warps = lanes // 32
             body += [f"{ct}* red = ({ct}*)tw_red;",
                      "if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = part;",
-                     "__syncthreads();",
+                     self.block_barrier,
                      "if (lane < 32) {",
                      f"    part = lane < {warps} ? red[grp * {warps} + lane] : {ident};",
                      f"    for (int off = {min(warps, 32) // 2 or 1}; off > 0; off >>= 1) {{",
                      f"        const {ct} o = __shfl_down_sync(0xffffffffu, part, off, 32);",
                      f"        {combine[phase.combine]}", "    }", "}",
-                     "__syncthreads();"]
+                     self.block_barrier]
         body += ["if (e < n_e && lane == 0) {"]
         store = self.element_coords(tag, sizes)
         for name in phase.stores:
@@ -1187,9 +1188,8 @@ class CudaPrinter(Printer):
             lines.append(f"float* st_b = (float*)(smem + {at + -(-4 * a // 16) * 16});  // {b} elements")
         return lines
 
-    def signature(self, kernel: Kernel) -> str:
-        sig = super().signature(kernel)
-        return sig.replace("void ", f"void __launch_bounds__({kernel.threads}) ", 1)
+    def kernel_qualifiers(self, kernel: Kernel) -> str:
+        return f"__launch_bounds__({kernel.threads}) "
 
 
 def render_c(program: Program) -> str:

@@ -1,26 +1,27 @@
 """Persistent-kernel codegen: a Program and its RProgram in, one kernel that walks per-vEU task lists out.
 
-CUDA: one block per vEU (the grid is the vDevice, one resident wave, so a block waiting on a dependency
-counter never waits on a block that cannot be scheduled). C: OpenMP threads take the rTasks in start-time
-order (a valid topological order) and wait on the same counters, so no thread waits on unstarted work."""
+CUDA: each block walks the task lists of the vEUs folded onto it (grid = what one resident wave of the
+device holds at the compiled registers, so a block waiting on a dependency counter never waits on a
+block that cannot be scheduled); each task runs on the threads it was generated for. C: OpenMP threads
+take the rTasks in the same order (start time, then topological), so no thread waits on unstarted work.
+Running them: engine/rprogram/persistent_run.py."""
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.codegen.kir import Kernel, Program, Segment
 from engine.codegen.targets import CPrinter, CudaPrinter
-from engine.ir.graph import PrimGraph
-from engine.rprogram.model import RProgram, RProgramError
+from engine.device import Device, wave_grid
+from engine.rprogram.model import RProgram, RProgramError, RTask
+from engine.rprogram.wavefront import check_rprogram
 
 
 class _TaskHooks:
-    """Turns a one-segment kernel into `void name(int task_t, params...)` running tile `task_t` only."""
+    """Turns a one-segment kernel into `name(int task_t, params...)` running tile `task_t` only."""
 
     def tile_loop(self, seg: Segment) -> list[str]:
         return [f"if (task_t < {seg.ntiles}) {{", "    const int t = task_t;"]
@@ -31,9 +32,8 @@ class _TaskHooks:
     def panel_phases(self, kernel: Kernel, seg: Segment) -> dict[str, str]:
         return {}  # one tile per call: nothing to keep across tiles
 
-    def signature(self, kernel: Kernel) -> str:
-        sig = super().signature(kernel)  # type: ignore[misc]
-        return sig.replace(f"{kernel.name}(", f"{kernel.name}(int task_t, ", 1)
+    def leading_params(self, kernel: Kernel) -> list[str]:
+        return ["const int task_t"]
 
 
 class CTaskPrinter(_TaskHooks, CPrinter):
@@ -41,32 +41,46 @@ class CTaskPrinter(_TaskHooks, CPrinter):
 
 
 class CudaTaskPrinter(_TaskHooks, CudaPrinter):
-    """Block buffers live in the one dynamic shared-memory array of the persistent kernel (static
-    `__shared__` arrays of every task function would add up instead of overlapping)."""
+    """A task of `threads` threads inside a persistent block of `block` threads: threads beyond the
+    task's own skip its body (its thread mapping, strides and shared buffers were generated for
+    `threads`) and its block barriers become a named barrier over the task's warps, so the idle warps
+    go straight to the persistent kernel's own barriers around the task. Block buffers sit in the one
+    dynamic shared-memory array at the offsets the kernel alone would use."""
 
     kernel_prefix = "__device__ "
 
-    def __init__(self) -> None:
+    def __init__(self, block: int) -> None:
         super().__init__()
-        self._offset = 0
+        self.block = block
+        self.threads = block
 
     def render_kernel(self, kernel: Kernel) -> str:
-        self._offset = 0
+        if kernel.threads < self.block and kernel.threads % 32:
+            raise RProgramError(f"kernel {kernel.name} runs {kernel.threads} threads per block, not whole warps: "
+                                f"as a task of a {self.block}-thread persistent block its barriers cannot "
+                                "leave the other warps out", hint="use a tile with a multiple of 32 threads")
+        self.threads = kernel.threads
+        self.block_dim = str(kernel.threads)
+        # Barrier 0 is __syncthreads (every thread of the block); 1 counts the task's warps only.
+        self.block_barrier = ("__syncthreads();" if kernel.threads == self.block else
+                              f'asm volatile("bar.sync 1, {kernel.threads};" ::: "memory");')
         return super().render_kernel(kernel)
 
-    def local_decl(self, buf) -> str:
-        ctype = self.storage_type(buf.dtype)
-        line = f"{ctype}* {buf.name} = ({ctype}*)(tw_smem + {self._offset});"
-        self._offset += -(-buf.capacity * buf.dtype.itemsize // 16) * 16
-        return line
+    def tile_loop(self, seg: Segment) -> list[str]:
+        if self.threads == self.block:
+            return super().tile_loop(seg)
+        return [f"if (task_t < {seg.ntiles} && threadIdx.x < {self.threads}) {{", "    const int t = task_t;"]
 
-    def signature(self, kernel: Kernel) -> str:
-        return super().signature(kernel).replace(f" __launch_bounds__({kernel.threads})", "")
+    def kernel_qualifiers(self, kernel: Kernel) -> str:
+        return ""  # a __device__ function: the persistent kernel carries the launch bounds
 
 
 @dataclass(frozen=True)
 class PersistentSource:
-    """Generated source of the persistent program and the tensor order of its `void** buffers` argument."""
+    """Generated source of the persistent program and the tensor order of its `void** buf` argument.
+
+    CUDA: `grid` is the rProgram's vEU count (what it was placed on), `block` the largest task's threads,
+    `shared_bytes` the largest task's dynamic shared memory, `counters` the `done` words it needs."""
 
     source: str
     entry: str
@@ -74,6 +88,7 @@ class PersistentSource:
     grid: int
     block: int
     shared_bytes: int
+    counters: int = 0
 
 
 def _checked(program: Program, rp: RProgram) -> tuple[dict[str, Kernel], dict[str, int]]:
@@ -88,6 +103,44 @@ def _checked(program: Program, rp: RProgram) -> tuple[dict[str, Kernel], dict[st
             raise RProgramError(f"rOperator {op.name} runs {rp.chosen(op.name).blocks} blocks but kernel has "
                                 f"{k.ntiles} tiles", hint="build the rProgram with variants=False")
     return kernels, index
+
+
+def task_order(rp: RProgram) -> list[tuple[int, RTask]]:
+    """Every (vEU, rTask) in one order that every waiting thread or block follows: by start time, ties by
+    the rOperators' topological rank. An rTask's inputs end before it starts, so they come strictly
+    earlier; a worker that runs its tasks in this order never waits on a task that cannot progress
+    (the earliest unfinished task always can). Refuses an rProgram whose timeline breaks that."""
+    problems = check_rprogram(rp)
+    if problems:
+        raise RProgramError(f"rProgram cannot run as one kernel: {problems[0]}",
+                            hint="rebuild it with build_rprogram")
+    rank, pending = {}, list(rp.operators)
+    while pending:
+        ready = [op for op in pending if all(d in rank for d in op.deps)]
+        if not ready:
+            raise RProgramError("the rOperators' dependencies form a cycle")
+        for op in ready:
+            rank[op.name] = len(rank)
+        pending = [op for op in pending if op.name not in rank]
+    tasks = [(v, t) for v, ts in enumerate(rp.veus) for t in ts]
+    return sorted(tasks, key=lambda vt: (vt[1].start_us, rank[vt[1].op], vt[1].block, vt[0]))
+
+
+def persistent_schedule(rp: RProgram, grid: int) -> np.ndarray:
+    """The `sched` argument of the CUDA persistent kernel for `grid` blocks (int32): block b runs the
+    rTasks of vEUs b, b + grid, ... in `task_order`, so an rProgram placed on more vEUs than the device
+    keeps resident is re-placed on fewer blocks without losing its order. Layout: grid + 1 block starts,
+    then the tasks' rOperator indices, then their block (tile) indices."""
+    if grid <= 0:
+        raise RProgramError(f"a persistent kernel needs at least one block, got grid {grid}")
+    index = {op.name: j for j, op in enumerate(rp.operators)}
+    lists: list[list[RTask]] = [[] for _ in range(min(grid, max(1, rp.vdevice.veus)))]
+    for v, t in task_order(rp):
+        lists[v % len(lists)].append(t)
+    starts = np.cumsum([0] + [len(ts) for ts in lists])
+    ops = [index[t.op] for ts in lists for t in ts]
+    blocks = [t.block for ts in lists for t in ts]
+    return np.ascontiguousarray(np.concatenate([starts, ops, blocks]), dtype=np.int32)
 
 
 def _tensors(program: Program) -> tuple[str, ...]:
@@ -113,10 +166,13 @@ def _helpers(printer) -> list[str]:
     return [HELPERS[h] for h in sorted(printer.helpers)]
 
 
-def _call(fn: str, kernel: Kernel, tensors: tuple[str, ...], launch_args: tuple[str, ...], block: str,
-          cast) -> str:
-    args = [cast(p, f"buf[{tensors.index(t)}]") for p, t in zip(kernel.params, launch_args)]
-    return f"{fn}({block}, {', '.join(args)});"
+def _call(printer, fn: str, kernel: Kernel, tensors: tuple[str, ...], launch_args: tuple[str, ...],
+          tile: str) -> str:
+    """`fn(tile, (T*)buf[i], ...)`: the task function of one segment on the tensors the launch binds."""
+    written = _written(kernel)
+    args = [f"({'' if p.name in written else 'const '}{printer.storage_type(p.dtype)}*)buf[{tensors.index(t)}]"
+            for p, t in zip(kernel.params, launch_args)]
+    return f"{fn}({', '.join([tile, *args])});"
 
 
 def _tables(rp: RProgram, index: dict[str, int]) -> dict[str, list[int]]:
@@ -124,41 +180,41 @@ def _tables(rp: RProgram, index: dict[str, int]) -> dict[str, list[int]]:
     for op in rp.operators:
         deps += [index[d] for d in op.deps]
         deps_start.append(len(deps))
-    return {"op_blocks": [rp.chosen(op.name).blocks for op in rp.operators], "dep_start": deps_start,
-            "deps": deps or [0]}
+    return {"tw_op_blocks": [rp.chosen(op.name).blocks for op in rp.operators], "tw_dep_start": deps_start,
+            "tw_deps": deps or [0]}
 
 
-def _array(ctype: str, name: str, values: list[int]) -> str:
-    return f"static const {ctype} {name}[{max(1, len(values))}] = {{{', '.join(map(str, values or [0]))}}};"
+def _array(printer, name: str, values: list[int]) -> str:
+    values = list(values) or [0]
+    return f"{printer.table_qualifier} int {name}[{len(values)}] = {{{', '.join(map(str, values))}}};"
 
 
 def persistent_c(program: Program, rp: RProgram) -> PersistentSource:
-    """C: `void tw_persistent(void** buf)` runs every rTask in start-time order on OpenMP threads."""
+    """C: `void tw_persistent(void** buf)` runs every rTask in `task_order` on OpenMP threads."""
     kernels, index = _checked(program, rp)
     tensors = _tensors(program)
     printer = CTaskPrinter()
     funcs, names = _task_functions(printer, program, kernels)
-    order = sorted(((t.start_us, v, t.op, t.block) for v, ts in enumerate(rp.veus) for t in ts))
-    tab = _tables(rp, index)
+    order = task_order(rp)
     launch_args = {ln.kernel: ln.args for ln in program.launches}
     cases = []
     for op in rp.operators:
         k = kernels[op.name]
-        calls = [_call(fn, k, tensors, launch_args[k.name], "b", lambda p, x: x) for fn in names[k.name]]
-        if len(calls) == 1:
-            cases.append(f"        case {index[op.name]}: {calls[0]} return 1;")
+        if len(k.segments) == 1:
+            call = _call(printer, names[k.name][0], k, tensors, launch_args[k.name], "b")
+            cases.append(f"        case {index[op.name]}: {call} return 1;")
         else:
             # Grid barriers inside one kernel cannot be met by rTasks run one at a time: its first rTask
             # runs every segment over all tiles and counts for all blocks; the others count for none.
-            segs = " ".join(f"for (int s = 0; s < {seg.ntiles}; ++s) {c.replace('(b,', '(s,', 1)}"
-                            for seg, c in zip(k.segments, calls))
+            segs = " ".join(f"for (int s = 0; s < {seg.ntiles}; ++s) "
+                            f"{_call(printer, fn, k, tensors, launch_args[k.name], 's')}"
+                            for seg, fn in zip(k.segments, names[k.name]))
             cases.append(f"        case {index[op.name]}: if (b != 0) return 0; {segs} return {k.ntiles};")
     source = "\n".join([
         printer.header, "#include <stdatomic.h>", funcs,
-        _array("int", "tw_task_op", [index[o] for _, _, o, _ in order]),
-        _array("int", "tw_task_block", [b for _, _, _, b in order]),
-        _array("int", "tw_op_blocks", tab["op_blocks"]), _array("int", "tw_dep_start", tab["dep_start"]),
-        _array("int", "tw_deps", tab["deps"]),
+        _array(printer, "tw_task_op", [index[t.op] for _, t in order]),
+        _array(printer, "tw_task_block", [t.block for _, t in order]),
+        *(_array(printer, name, values) for name, values in _tables(rp, index).items()),
         "static int tw_run(int op, int b, void** buf) {", "    switch (op) {", *cases, "    }", "    return 0;", "}",
         "void tw_persistent(void** buf) {",
         f"    atomic_int next = 0; atomic_int done[{len(rp.operators)}];",
@@ -178,44 +234,40 @@ def persistent_c(program: Program, rp: RProgram) -> PersistentSource:
 
 
 def persistent_cuda(program: Program, rp: RProgram) -> PersistentSource:
-    """CUDA: `tw_persistent(void** buf, unsigned* done)`, one block per vEU walking its task list.
+    """CUDA: `tw_persistent(void** buf, unsigned* done, const int* sched)`, each block walking its list.
 
-    Launch with `grid` blocks of `block` threads, `shared_bytes` of dynamic shared memory (above 48 KiB
-    set cudaFuncAttributeMaxDynamicSharedMemorySize), `buf` the device pointers in `tensors` order and
-    `done` one zeroed counter per rOperator. Kernels with grid barriers are refused."""
+    Launch (cooperatively, so the driver refuses rather than deadlocks a grid that is not co-resident)
+    with a grid no larger than one resident wave at the compiled registers, `block` threads,
+    `shared_bytes` of dynamic shared memory (opted in above 48 KiB), `buf` the device pointers in
+    `tensors` order, `done` `counters` zeroed words (the last block to finish zeroes them again for the
+    next launch) and `sched` = `persistent_schedule(rp, grid)`. Kernels with grid barriers are refused:
+    build the rProgram with the graph, which turns each barrier into a dependency between rOperators."""
     kernels, index = _checked(program, rp)
     coop = [k.name for k in program.kernels if len(k.segments) > 1]
     if coop:
         raise RProgramError(f"kernel {coop[0]} has grid barriers (GLOBAL_SYNC): its blocks cannot be rTasks "
-                            "of a persistent kernel", hint="connect that edge at KERNEL, or run it apart")
+                            "of a persistent kernel", hint="build the rProgram with the graph, which splits "
+                            "them into kernels, or connect that edge at KERNEL")
     tensors = _tensors(program)
-    printer = CudaTaskPrinter()
-    funcs, names = _task_functions(printer, program, kernels)
-    tab = _tables(rp, index)
-    launch_args = {ln.kernel: ln.args for ln in program.launches}
-    starts, ops, blocks = [0], [], []
-    for ts in rp.veus:
-        ops += [index[t.op] for t in ts]
-        blocks += [t.block for t in ts]
-        starts.append(len(ops))
     threads = max(k.threads for k in program.kernels)
+    printer = CudaTaskPrinter(threads)
+    funcs, names = _task_functions(printer, program, kernels)
     smem = max(k.shared_bytes for k in program.kernels)
-    cases = []
-    for op in rp.operators:
-        k = kernels[op.name]
-        call = _call(names[k.name][0], k, tensors, launch_args[k.name], "b",
-                     lambda p, x, k=k: f"({'' if p.name in _written(k) else 'const '}"
-                                       f"{printer.storage_type(p.dtype)}*){x}")
-        cases.append(f"        case {index[op.name]}: {call} break;")
-    arr = lambda c, n, v: _array(c, n, v).replace("static const", "__device__ const")  # noqa: E731
+    launch_args = {ln.kernel: ln.args for ln in program.launches}
+    cases = [f"        case {index[op.name]}: "
+             f"{_call(printer, names[op.name][0], kernels[op.name], tensors, launch_args[op.name], 'b')} break;"
+             for op in rp.operators]
+    nops = len(rp.operators)
     source = "\n".join([
         printer.header, "extern __shared__ __align__(16) unsigned char tw_smem[];", funcs,
-        arr("int", "tw_veu_start", starts), arr("int", "tw_task_op", ops), arr("int", "tw_task_block", blocks),
-        arr("int", "tw_op_blocks", tab["op_blocks"]), arr("int", "tw_dep_start", tab["dep_start"]),
-        arr("int", "tw_deps", tab["deps"]),
-        f'extern "C" __global__ void __launch_bounds__({threads}) tw_persistent(void** buf, unsigned* done) {{',
-        "    for (int i = tw_veu_start[blockIdx.x]; i < tw_veu_start[blockIdx.x + 1]; ++i) {",
-        "        const int op = tw_task_op[i], b = tw_task_block[i];",
+        *(_array(printer, name, values) for name, values in _tables(rp, index).items()),
+        f'extern "C" __global__ void __launch_bounds__({threads}) '
+        "tw_persistent(void** buf, unsigned* done, const int* sched) {",
+        "    // sched: gridDim.x + 1 list starts, then each task's rOperator, then its tile",
+        "    const int* ops = sched + gridDim.x + 1;",
+        "    const int* tiles = ops + sched[gridDim.x];",
+        "    for (int i = sched[blockIdx.x]; i < sched[blockIdx.x + 1]; ++i) {",
+        "        const int op = ops[i], b = tiles[i];",
         "        if (threadIdx.x == 0)",
         "            for (int d = tw_dep_start[op]; d < tw_dep_start[op + 1]; ++d)",
         "                while (atomicAdd(&done[tw_deps[d]], 0u) < (unsigned)tw_op_blocks[tw_deps[d]]) { }",
@@ -225,9 +277,17 @@ def persistent_cuda(program: Program, rp: RProgram) -> PersistentSource:
         "        __syncthreads();  // every thread's stores precede the counter update",
         "        if (threadIdx.x == 0) { __threadfence(); atomicAdd(&done[op], 1u); }",
         "    }",
+        "    // The last block out zeroes the counters, so the next launch needs no memset.",
+        "    if (threadIdx.x == 0) {",
+        "        __threadfence();",
+        f"        if (atomicAdd(&done[{nops}], 1u) == gridDim.x - 1) {{",
+        f"            for (int j = 0; j <= {nops}; ++j) done[j] = 0u;",
+        "            __threadfence();",
+        "        }",
+        "    }",
         "}",
     ])
-    return PersistentSource(source, "tw_persistent", tensors, rp.vdevice.veus, threads, smem)
+    return PersistentSource(source, "tw_persistent", tensors, rp.vdevice.veus, threads, smem, nops + 1)
 
 
 def _written(k: Kernel) -> set[str]:
@@ -242,23 +302,9 @@ def compile_persistent_cuda(program: Program, rp: RProgram, arch: str = "sm_80")
     return src, compile_cuda(src.source, name=f"{program.name}_persistent", arch=arch)
 
 
-def run_persistent_c(program: Program, rp: RProgram, graph: PrimGraph,
-                     inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Compile and run the persistent program on the CPU; outputs by ONNX output name.
-
-    Every tensor gets its own buffer: the Program's arena reuses memory by liveness over the launch
-    order, which rTasks of different kernels running side by side do not follow."""
-    from engine.codegen.ccompile import compile_c, load_library
-    from engine.runtime.cpu import bind_buffers
-
-    src = persistent_c(program, rp)
-    lib = load_library(compile_c(src.source, name=f"{program.name}_persistent"))
-    bound = bind_buffers(dataclasses.replace(program, memory=dataclasses.replace(program.memory, allocations=())),
-                         graph.specs, inputs, graph.weights)
-    env = {t: bound[t] if t in bound else np.empty(graph.specs[t].shape, graph.specs[t].dtype.np)
-           for t in src.tensors}
-    ptrs = (ctypes.c_void_p * len(src.tensors))(*[env[t].ctypes.data for t in src.tensors])
-    fn = lib.tw_persistent
-    fn.restype, fn.argtypes = None, [ctypes.c_void_p]
-    fn(ptrs)
-    return {name: env[t].copy() for name, t in zip(program.output_names, program.outputs)}
+def modeled_grid(src: PersistentSource, binary, device: Device) -> tuple[int, str]:
+    """Blocks of the persistent kernel one wave of `device` holds at the registers NVRTC compiled it to
+    (modeled from the device's figures: what `run_persistent_cuda` gets from the driver on a GPU), and
+    why. 0 when a block cannot be resident at all."""
+    used = binary.resources(src.entry)
+    return wave_grid(device, src.grid, src.block, used.registers, src.shared_bytes + used.static_shared_bytes)

@@ -1,11 +1,10 @@
-"""CUDA backend: a Program in, its kernels compiled one by one with NVRTC for the attached GPU, one
-module per kernel loaded through pycuda exactly as the bundle's run_cuda.py loads them (CUBIN for the
-GPU's arch, else PTX), run in launch order; outputs and a Profile timed with CUDA events out.
-Without a device or pycuda: BackendError from require_cuda(), never an ImportError."""
+"""CUDA backend: a Program in, its kernels compiled one by one with NVRTC for the attached GPU, one module
+per kernel loaded through cuda-python exactly as the bundle's run_bundle.py loads them (CUBIN for the
+GPU's arch, else PTX), run in launch order with the same launch rules; outputs and a Profile timed with
+CUDA events around the launches alone out. Without a device: BackendError (one line), never an ImportError."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 
 import numpy as np
@@ -14,9 +13,9 @@ from engine.codegen.api import compile_program, compiled_files, program_json
 from engine.codegen.kir import Program
 from engine.errors import BackendError
 from engine.profile.profile import KernelTime, Profile
-from engine.runtime.cpu import bind_buffers
-from engine.runtime.cuda_driver import require_cuda
-from engine.runtime.cuda_modules import LoadError, arch_number, launch_kernel, load_kernels
+from engine.runtime.cuda_driver import attached_gpu
+from engine.runtime.cuda_launch import CudaError
+from engine.runtime.cuda_modules import LoadError, arch_number, load_kernels, run_launches
 
 
 def build_arch(device_arch: str, supported: tuple[str, ...]) -> str:
@@ -31,59 +30,45 @@ def build_arch(device_arch: str, supported: tuple[str, ...]) -> str:
     return max(older, key=arch_number)
 
 
-def load_program(drv, program: Program, device_arch: str) -> tuple[dict, dict]:
-    """(program.json dict, {kernel: pycuda function}): compile per kernel and load one module each."""
+def load_program(gpu, program: Program, device_arch: str) -> tuple[dict, dict]:
+    """(program.json dict, {kernel: Function}): compile per kernel and load one module each."""
     from engine.codegen.nvrtc import supported_archs
 
     compiled = compile_program(program, "cuda", archs=(build_arch(device_arch, supported_archs()),))
     files = compiled_files(program, compiled)
     meta = program_json(program, compiled, files)
     try:
-        return meta, load_kernels(drv, meta, files.__getitem__, device_arch)
-    except LoadError as err:
+        return meta, load_kernels(gpu, meta, files.__getitem__, device_arch)
+    except (LoadError, CudaError) as err:
         raise BackendError(str(err)) from None
 
 
 def run_cuda(program: Program, graph_specs: Mapping, inputs: Mapping[str, np.ndarray],
-             weights: Mapping[str, np.ndarray], *, device: str = "a100",
-             repeat: int = 1) -> tuple[dict[str, np.ndarray], Profile]:
-    name = require_cuda()
-    import pycuda.autoinit  # noqa: F401  (creates the context on device 0)
-    import pycuda.driver as drv
+             weights: Mapping[str, np.ndarray], *, device: str = "a100", repeat: int = 1,
+             gpu=None) -> tuple[dict[str, np.ndarray], Profile]:
+    """Run `program` on the attached GPU (or `gpu`); outputs by ONNX output name and a measured Profile
+    (per kernel: median of `repeat` launches after one warm-up launch). `device` names the preset the
+    program was planned for; launches are sized for the GPU actually attached."""
+    gpu = gpu or attached_gpu()
+    for name in program.inputs:
+        _check_input(name, graph_specs[name], inputs)
+    meta, functions = load_program(gpu, program, gpu.arch)
+    tensors = {**{k: v for k, v in weights.items() if k in program.constants}, **inputs}
+    try:
+        outs, times = run_launches(gpu, meta, functions, tensors, repeat=repeat)
+        for fn in functions.values():
+            gpu.unload(fn)
+    except (LoadError, CudaError) as err:
+        raise BackendError(str(err)) from None
+    profile = Profile(f"measured on {gpu.name} (CUDA backend, planned for {device})", "cuda",
+                      tuple(KernelTime(k, us, n) for k, us, n, _ in times))
+    return {onnx: outs[t] for onnx, t in zip(program.output_names, program.outputs)}, profile
 
-    major, minor = drv.Device(0).compute_capability()
-    meta, functions = load_program(drv, program, f"sm_{major}{minor}")
-    host = bind_buffers(program, graph_specs, inputs, weights)
-    dev = {}
-    arena = drv.mem_alloc(max(program.memory.arena_bytes, 1))
-    offsets = {a.tensor: a.offset for a in program.memory.allocations}
-    for tensor, arr in host.items():
-        if tensor in offsets:
-            dev[tensor] = int(arena) + offsets[tensor]
-        else:
-            buf = drv.mem_alloc(max(arr.nbytes, 1))
-            if tensor not in program.outputs:
-                drv.memcpy_htod(buf, arr)
-            dev[tensor] = buf
-    times = []
-    start, end = drv.Event(), drv.Event()
-    for launch in meta["launches"]:
-        fn = functions[launch["kernel"]]
-        args = [np.uintp(int(dev[t])) for t in launch["args"]]
-        samples = []
-        for _ in range(max(1, repeat)):
-            start.record()
-            try:
-                launch_kernel(drv, fn, launch, args)
-            except LoadError as err:
-                raise BackendError(str(err)) from None
-            end.record()
-            end.synchronize()
-            samples.append(start.time_till(end) * 1e3)
-        times.append(KernelTime(launch["kernel"], statistics.median(samples), len(samples)))
-    outs = {}
-    for onnx_name, tensor in zip(program.output_names, program.outputs):
-        arr = np.empty_like(host[tensor])
-        drv.memcpy_dtoh(arr, dev[tensor])
-        outs[onnx_name] = arr
-    return outs, Profile(f"measured on {name} (CUDA backend)", "cuda", tuple(times))
+
+def _check_input(name: str, spec, inputs: Mapping[str, np.ndarray]) -> None:
+    from engine.errors import ShapeError
+
+    if name not in inputs:
+        raise ShapeError(f"missing input '{name}' (shape {list(spec.shape)})")
+    if tuple(np.shape(inputs[name])) != tuple(spec.shape):
+        raise ShapeError(f"input '{name}' has shape {list(np.shape(inputs[name]))}, expected {list(spec.shape)}")

@@ -1,42 +1,51 @@
-"""Is a CUDA device usable here? Nothing in, (ok, device name or one-line reason) out.
+"""Is a CUDA device usable here? Nothing in, (ok, device name or one-line reason) out; `attached_gpu()`
+gives the Gpu (engine/runtime/cuda_launch.py) once the driver is known to load what our NVRTC emits.
 
-pycuda is optional (`pip install 'tileweave[gpu]'`) and imported only inside these functions, so
-importing the engine never needs a GPU, a driver or pycuda.
+Needs only the NVIDIA driver and the pinned pip packages (cuda-bindings, nvidia-cuda-nvrtc); the driver
+library is opened on first use, so importing the engine never needs a GPU.
 """
 
 from __future__ import annotations
 
 from engine.errors import BackendError
 
-PYCUDA_MISSING = "pycuda is not installed: pip install 'tileweave[gpu]' (needs a CUDA driver)"
 NO_DEVICE = "no CUDA device found"
 
 
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
+def required_driver() -> int:
+    """The driver version (cuDriverGetVersion encoding, 13000 = CUDA 13.0) that loads this NVRTC's output."""
+    from engine.codegen.nvrtc import nvrtc_version
+    from engine.runtime.cuda_launch import driver_needed
+
+    major, minor = nvrtc_version()
+    return driver_needed(f"{major}.{minor}")
 
 
-def cuda_available() -> tuple[bool, str]:
+def attached_gpu(drv=None):
+    """The Gpu for device 0, current on the calling thread; BackendError (one line) without one or with
+    a driver older than the pinned NVRTC needs. `drv` replaces cuda.bindings.driver (tests)."""
+    from engine.errors import CompileError
+    from engine.runtime.cuda_launch import CudaError, open_gpu
+
+    try:
+        return open_gpu(drv, 0, required_driver())
+    except CompileError as err:
+        raise BackendError(f"{NO_DEVICE} usable: {err}") from None
+    except CudaError as err:
+        text = str(err)
+        if "CUDA_ERROR_NO_DEVICE" in text or text.startswith(NO_DEVICE):
+            raise BackendError(text if text.startswith(NO_DEVICE) else f"{NO_DEVICE} ({text})") from None
+        raise BackendError(text) from None
+
+
+def cuda_available(drv=None) -> tuple[bool, str]:
     """(True, name of device 0) or (False, why not, in one line). Never raises."""
     try:
-        import pycuda.driver as drv
-    except ModuleNotFoundError as err:
-        if err.name is not None and err.name.split(".")[0] == "pycuda":
-            return False, PYCUDA_MISSING
-        return False, f"pycuda cannot be imported ({_one_line(err)}): reinstall it with pip install 'tileweave[gpu]'"
-    except ImportError as err:
-        # pycuda's extension links libcuda.so.1: without an NVIDIA driver its import fails here.
-        return False, f"{NO_DEVICE}: pycuda cannot load the CUDA driver ({_one_line(err)}); install an NVIDIA driver"
+        return True, attached_gpu(drv).name
+    except BackendError as err:
+        return False, str(err)
     except Exception as err:  # a broken install must not take the CPU backend down with it
-        return False, f"pycuda failed to import ({_one_line(err)}): reinstall it with pip install 'tileweave[gpu]'"
-    try:
-        drv.init()
-        count = drv.Device.count()
-        if count == 0:
-            return False, NO_DEVICE
-        return True, str(drv.Device(0).name())
-    except Exception as err:  # pycuda._driver.Error and friends: cuInit fails without a device
-        return False, f"{NO_DEVICE} ({_one_line(err)})"
+        return False, f"{NO_DEVICE}: the CUDA driver bindings failed ({' '.join(str(err).split())})"
 
 
 def require_cuda() -> str:

@@ -1,5 +1,5 @@
 """Executors: a PrimGraph (+ Plan) and inputs in, outputs and a Profile out, on one backend:
-`reference` (NumPy over stages), `cpu` (generated C) or `cuda` (generated CUDA through pycuda)."""
+`reference` (NumPy over stages), `cpu` (generated C) or `cuda` (generated CUDA through cuda-python)."""
 
 from __future__ import annotations
 

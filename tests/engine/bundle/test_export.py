@@ -38,7 +38,8 @@ def test_bundle_holds_every_artifact_with_matching_hashes(bundle):
         with zipfile.ZipFile(io.BytesIO(data)) as z:
             assert z.read(cubin[0])[:4] == b"\x7fELF"
             assert f".target {arch}" in z.read(ptx[0]).decode()
-    assert {"program.json", "plan.json", "trace.json", "weights.npz", "run_cuda.py", "README.md"} <= names
+    assert {"program.json", "plan.json", "trace.json", "weights.npz", "run_bundle.py", "README.md",
+            "c/program.json", f"c/{graph.name}.c"} <= names
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         program = json.loads(z.read("program.json"))
     assert len(program["kernels"]) == info.kernels
@@ -46,17 +47,21 @@ def test_bundle_holds_every_artifact_with_matching_hashes(bundle):
         files = [item["source"]] + [f for arch in info.archs for f in item["binaries"][arch].values()]
         assert {f["file"] for f in files} <= names
         assert all(manifest_hash(data, f["file"]) == f["sha256"] for f in files)
+    for kernel in program["kernels"]:  # the compiled registers, per arch, read from each CUBIN
+        for arch in info.archs:
+            assert kernel["resources"][arch]["registers"] > 0
 
 
 def test_bundle_plan_loads_back_for_its_model_and_runner_is_valid_python(bundle):
     graph, plan, data = bundle
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         back = plan_from_json(json.loads(z.read("plan.json")), graph)
-        runner = z.read("run_cuda.py").decode()
+        runner = z.read("run_bundle.py").decode()
         program = json.loads(z.read("program.json"))
         trace = json.loads(z.read("trace.json"))
     assert back.edges == plan.edges
-    compile(runner, "run_cuda.py", "exec")
+    compile(runner, "run_bundle.py", "exec")
+    assert "from engine" not in runner and "import engine" not in runner
     assert sorted(ln["kernel"] for ln in program["launches"]) == sorted(g.name for g in plan.groups)
     assert trace["traceEvents"]
 

@@ -194,3 +194,31 @@ def test_changing_one_kernel_recompiles_only_that_kernel(monkeypatch, tmp_path):
     monkeypatch.setattr(nvrtc, "_run_nvrtc", counted)
     compile_program(program, "cuda", archs=ARCHS)
     assert calls == [changed, changed]  # once per arch; every other unit is a cache hit
+
+
+def test_cooperative_grids_are_refit_to_the_compiled_registers():
+    # Before NVRTC the grid of a kernel with grid barriers is capped by threads and shared memory alone;
+    # after it, by the registers its CUBIN uses (modeled for the plan's device; a GPU asks its driver).
+    from engine.device import get_device, wave_grid
+
+    program = _program("layernorm_residual", "stitch")
+    device = get_device("a100")
+    coop = [ln for ln in program.launches if ln.cooperative]
+    assert coop
+    compiled = compile_program(program, "cuda", archs=("sm_80",))
+    fitted = api.fit_launches(program, compiled, device)
+    units = {k.name: k for k in compiled.kernels}
+    for before, after in zip(program.launches, fitted.launches):
+        kernel = program.kernel(before.kernel)
+        if not before.cooperative:
+            assert after == before
+            continue
+        used = units[kernel.name].binaries[0].resources(kernel.name)
+        assert used.registers > 0
+        assert after.grid == wave_grid(device, kernel.ntiles, kernel.threads, used.registers,
+                                       kernel.shared_bytes + used.static_shared_bytes)[0]
+        assert before.grid == wave_grid(device, kernel.ntiles, kernel.threads, 0, kernel.shared_bytes)[0]
+        assert after.grid <= before.grid
+    meta = api.program_json(fitted, compiled, api.compiled_files(fitted, compiled))
+    assert [ln["tiles"] for ln in meta["launches"]] == [program.kernel(ln.kernel).ntiles for ln in program.launches]
+    assert all(ln["grid_source"].startswith("modeled") == ln["cooperative"] for ln in meta["launches"])

@@ -12,10 +12,17 @@ import numpy as np
 import pytest
 
 from engine.codegen.generate import generate
-from engine.device import get_device
+from engine.device import get_device, wave_grid
 from engine.frontend.importer import load_graph
 from engine.rprogram.model import RProgramError, rprogram_from_json, rprogram_to_json
-from engine.rprogram.persistent import compile_persistent_cuda, persistent_c, run_persistent_c
+from engine.rprogram.persistent import (
+    compile_persistent_cuda,
+    modeled_grid,
+    persistent_c,
+    persistent_cuda,
+    persistent_schedule,
+)
+from engine.rprogram.persistent_run import run_persistent_c
 from engine.rprogram.trace import export_trace, validate_trace
 from engine.rprogram.wavefront import build_rprogram, check_rprogram, plan_for_rprogram, split_grid_barriers
 from engine.schedule.policies import make_plan
@@ -132,3 +139,72 @@ def test_refuses_an_rprogram_of_another_shape() -> None:
     renamed = dataclasses.replace(rp, operators=(dataclasses.replace(op, name="nope"), *rp.operators[1:]))
     with pytest.raises(RProgramError, match="has no kernel"):
         persistent_c(program, renamed)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_folded_schedules_cannot_deadlock(seed: int) -> None:
+    # Blocks walking their lists in task order, waiting on dependency counters. Counters only grow, so a
+    # block that can go on stays able to: sweeping the blocks until none moves reaches the state every
+    # interleaving of resident blocks reaches. Every rTask must be done there, for every grid.
+    from rprogram_plans import random_plan
+
+    rp = build_rprogram(random_plan(seed), A100, variants=False)
+    blocks = {op.name: rp.chosen(op.name).blocks for op in rp.operators}
+    deps = {op.name: op.deps for op in rp.operators}
+    names = [op.name for op in rp.operators]
+    for grid in sorted({1, 2, 7, max(1, rp.vdevice.veus // 3), rp.vdevice.veus}):
+        sched = persistent_schedule(rp, grid)
+        starts, n = sched[:grid + 1], int(sched[grid])
+        ops, tiles = sched[grid + 1:grid + 1 + n], sched[grid + 1 + n:]
+        seen = sorted((names[o], int(b)) for o, b in zip(ops, tiles))
+        assert seen == sorted((t.op, t.block) for ts in rp.veus for t in ts)  # every rTask once
+        at = [int(starts[b]) for b in range(grid)]
+        done = dict.fromkeys(names, 0)
+        moved = True
+        while moved:
+            moved = False
+            for b in range(grid):
+                while at[b] < starts[b + 1] and all(done[d] == blocks[d] for d in deps[names[ops[at[b]]]]):
+                    done[names[ops[at[b]]]] += 1
+                    at[b] += 1
+                    moved = True
+        stuck = [b for b in range(grid) if at[b] < starts[b + 1]]
+        assert not stuck, f"grid {grid}: blocks {stuck[:5]} wait on tasks no block can reach"
+
+
+def _task_bodies(source: str) -> dict[str, str]:
+    parts = source.split("__device__ void ")[1:]
+    return {p.split("(", 1)[0]: p.split("\n}\n", 1)[0] for p in parts}  # up to the closing brace
+
+
+def test_each_task_runs_on_the_threads_it_was_generated_for() -> None:
+    # vit_block mixes 32-, 128- and 256-thread kernels in one 256-thread persistent block: the smaller
+    # tasks skip their extra threads and synchronise only their own warps.
+    _, _, program, rp = _built("vit_block")
+    src = persistent_cuda(program, rp)
+    assert src.block == 256 and {k.threads for k in program.kernels} >= {32, 256}
+    bodies = _task_bodies(src.source)
+    for k in program.kernels:
+        body = bodies[f"{k.name}_s0"]
+        assert "blockDim.x" not in body
+        if k.threads < src.block:
+            assert f"threadIdx.x < {k.threads})" in body and "__syncthreads" not in body
+            if "bar.sync" in body:
+                assert all(f"bar.sync 1, {k.threads};" in line for line in body.splitlines() if "bar.sync" in line)
+        else:
+            assert "threadIdx.x < " not in body.split("{", 2)[1] and "bar.sync" not in body
+    odd = dataclasses.replace(program.kernels[0], threads=48)
+    with pytest.raises(RProgramError, match="48 threads per block, not whole warps"):
+        persistent_cuda(dataclasses.replace(program, kernels=(odd, *program.kernels[1:])), rp)
+
+
+def test_persistent_grid_is_what_the_compiled_registers_leave_resident() -> None:
+    # vit_block's rProgram assumed a small register count (two blocks per SM: 216 vEUs on an A100); the
+    # compiled persistent kernel needs far more, so one wave holds fewer blocks and the vEUs fold.
+    _, _, program, rp = _built("vit_block")
+    src, binary = compile_persistent_cuda(program, rp, arch="sm_80")
+    used = binary.resources("tw_persistent")
+    regs = used.registers
+    grid, why = modeled_grid(src, binary, A100)
+    assert (grid, why) == wave_grid(A100, rp.vdevice.veus, src.block, regs, src.shared_bytes + used.static_shared_bytes)
+    assert regs > rp.vdevice.regs_per_thread and grid < rp.vdevice.veus and f"{regs} registers" in why

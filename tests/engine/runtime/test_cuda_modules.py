@@ -1,68 +1,37 @@
-"""engine/runtime/cuda_modules.py, the CUDA executor and the bundle's run_cuda.py load one module per
-kernel the same way: CUBIN for the GPU's arch, else the newest older PTX; hashes checked; launches with
-dynamic shared memory and cooperative launch. No GPU: a stand-in driver records what would happen."""
+"""engine/runtime/cuda_modules.py, the CUDA executor and the bundle's run_bundle.py load one module per
+kernel the same way (CUBIN for the GPU's arch, else the newest older PTX; hashes checked) and run the
+launch list with the same rules. No GPU: the stand-in driver (tests/fake_cuda.py) records what happens."""
 
 from __future__ import annotations
 
 import io
+import json
+import os
 import subprocess
 import sys
-import types
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fake_cuda import FakeDriver
 
 from engine.codegen.api import compile_program, compiled_files, program_json
 from engine.codegen.generate import generate
+from engine.device import get_device, resident_blocks_per_sm
 from engine.errors import BackendError
 from engine.frontend.importer import load_graph
 from engine.runtime import cuda as cuda_runtime
-from engine.runtime.cuda_modules import LoadError, choose_binary, launch_kernel, load_kernels
+from engine.runtime.cuda_launch import open_gpu
+from engine.runtime.cuda_modules import LoadError, choose_binary, load_kernels, run_launches
 from engine.schedule.policies import make_plan
 
 SAMPLES = Path(__file__).resolve().parents[3] / "samples"
 
 
-class FakeFunction:
-    def __init__(self, name, data):
-        self.name, self.data, self.calls, self.attributes = name, data, [], {}
-
-    def set_attribute(self, attr, value):
-        self.attributes[attr] = value
-
-    def __call__(self, *args, grid, block, shared):
-        self.calls.append(("launch", len(args), grid, block, shared))
-
-
-class FakeModule:
-    def __init__(self, data):
-        self.data = data
-
-    def get_function(self, name):
-        # A real module only has the kernels its binary defines.
-        marker = f".entry {name}(".encode() if self.data[:4] != b"\x7fELF" else name.encode()
-        if marker not in self.data:
-            raise KeyError(f"no function {name} in this module")
-        return FakeFunction(name, self.data)
-
-
-class FakeDriver(types.SimpleNamespace):
-    """What the loader needs of pycuda.driver."""
-
-    def __init__(self, cooperative=True):
-        super().__init__(loaded=[], function_attribute=types.SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES="max_dyn"))
-        if cooperative:
-            self.launch_cooperative_kernel = self._coop
-
-    def module_from_buffer(self, data):
-        self.loaded.append(bytes(data))
-        return FakeModule(bytes(data))
-
-    @staticmethod
-    def _coop(fn, grid, block, args, shared_mem_bytes):
-        fn.calls.append(("cooperative", len(args), grid, block, shared_mem_bytes))
+def _gpu(device: str = "a100"):
+    drv = FakeDriver(device=device)
+    return open_gpu(drv, 0, 13000), drv
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +49,16 @@ def compiled():
 ])
 def test_each_kernel_gets_its_own_module_cubin_else_older_ptx(compiled, device_arch, kind, built):
     program, files, meta = compiled
-    drv = FakeDriver()
-    functions = load_kernels(drv, meta, files.__getitem__, device_arch)
+    gpu, drv = _gpu()
+    functions = load_kernels(gpu, meta, files.__getitem__, device_arch)
     assert list(functions) == [k.name for k in program.kernels]
-    assert len(drv.loaded) == len(program.kernels)  # one module per kernel
-    for k, data in zip(program.kernels, drv.loaded):
+    assert len(drv.modules) == len(program.kernels)  # one module per kernel
+    for k, data in zip(program.kernels, drv.modules.values()):
         if kind == "cubin":
             assert data == files[f"{k.name}.{built}.cubin"]
+            # The driver's register count is the compiled one program.json records.
+            by_name = {m["name"]: m for m in meta["kernels"]}
+            assert functions[k.name].registers == by_name[k.name]["resources"][built]["registers"]
         else:  # PTX goes in NUL-terminated, from the newest arch the GPU can JIT forward from
             assert data == files[f"{k.name}.{built}.ptx"] + b"\0" and f".target {built}".encode() in data
         assert functions[k.name].name == k.name
@@ -101,27 +73,15 @@ def test_choose_binary_never_picks_newer_ptx_or_a_suffixed_arch():
 
 def test_no_loadable_binary_or_a_changed_file_is_one_line(compiled):
     program, files, meta = compiled
+    gpu, _ = _gpu()
     with pytest.raises(LoadError) as info:
-        load_kernels(FakeDriver(), meta, files.__getitem__, "sm_75")
+        load_kernels(gpu, meta, files.__getitem__, "sm_75")
     message = str(info.value)
     assert "\n" not in message and program.kernels[0].name in message and "--arch sm_75" in message
     name = f"{program.kernels[0].name}.sm_80.cubin"
     tampered = dict(files, **{name: files[name][:-1] + b"\1"})
     with pytest.raises(LoadError, match=f"{name} does not match its sha256"):
-        load_kernels(FakeDriver(), meta, tampered.__getitem__, "sm_80")
-
-
-def test_launch_passes_shared_bytes_opts_in_above_48k_and_launches_cooperatively():
-    fn = FakeFunction("k", b"")
-    drv = FakeDriver()
-    launch_kernel(drv, fn, {"kernel": "k", "grid": 7, "block": 128, "shared_bytes": 1024, "cooperative": False}, [1, 2])
-    assert fn.calls[-1] == ("launch", 2, (7, 1), (128, 1, 1), 1024) and not fn.attributes
-    launch_kernel(drv, fn, {"kernel": "k", "grid": 7, "block": 128, "shared_bytes": 64 * 1024, "cooperative": True}, [1])
-    assert fn.calls[-1] == ("cooperative", 1, (7, 1, 1), (128, 1, 1), 64 * 1024)
-    assert fn.attributes == {"max_dyn": 64 * 1024}
-    with pytest.raises(LoadError, match="k needs a cooperative launch"):
-        launch_kernel(FakeDriver(cooperative=False), fn, {"kernel": "k", "grid": 1, "block": 32, "shared_bytes": 0,
-                                                           "cooperative": True}, [])
+        load_kernels(gpu, meta, tampered.__getitem__, "sm_80")
 
 
 def test_executor_builds_for_the_gpu_or_the_newest_older_arch():
@@ -132,13 +92,42 @@ def test_executor_builds_for_the_gpu_or_the_newest_older_arch():
         cuda_runtime.build_arch("sm_70", supported)
 
 
-def test_executor_loads_per_kernel_modules_like_the_bundle(compiled, monkeypatch):
-    program, _, _ = compiled
-    monkeypatch.setattr("engine.codegen.nvrtc.supported_archs", lambda: ("sm_75", "sm_80", "sm_90"))
-    drv = FakeDriver()
-    meta, functions = cuda_runtime.load_program(drv, program, "sm_86")  # no sm_86 build: sm_80 PTX
-    assert list(functions) == [k.name for k in program.kernels] == [k["name"] for k in meta["kernels"]]
-    assert all(b"\n.target sm_80" in data and data.endswith(b"\0") for data in drv.loaded)
+def test_executor_runs_a_cooperative_program_with_grids_from_the_attached_devices_occupancy():
+    # Stitch puts layernorm_residual's reductions behind grid barriers: cooperative kernels. Planned for
+    # a100 but run on an "h100": the grid follows the attached device and the compiled registers.
+    graph = load_graph(SAMPLES / "layernorm_residual.onnx")
+    program = generate(make_plan(graph, "stitch", "a100"), graph)
+    assert any(ln.cooperative for ln in program.launches)
+    gpu, drv = _gpu("h100")
+    rng = np.random.default_rng(5)
+    inputs = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in graph.inputs}
+    outs, profile = cuda_runtime.run_cuda(program, graph.specs, inputs, graph.weights, gpu=gpu, repeat=2)
+    assert set(outs) == set(graph.output_names) and profile.label.startswith("measured on Fake H100")
+    assert [k.kernel for k in profile.kernels] == [ln.kernel for ln in program.launches]
+    assert all(k.runs == 2 for k in profile.kernels)
+    coop = drv.calls("cuLaunchCooperativeKernel")
+    assert coop  # every launch of a cooperative kernel went through cuLaunchCooperativeKernel
+    h100 = get_device("h100")
+    regs = {f["name"]: f["registers"] for f in drv.functions.values()}
+    for _, _, (name, grid, block, shared, params) in coop:
+        kernel = program.kernel(name)
+        per_sm, _ = resident_blocks_per_sm(h100, block, regs[name], shared)
+        assert grid == min(kernel.ntiles, per_sm * h100.sm_count)
+        assert len(params[0]) == len(kernel.params)
+    assert sorted(drv.unloaded) == sorted(drv.modules)  # a long-lived app does not pile up modules
+    # Inputs reached the device as given.
+    uploads = [c for c in drv.calls("cuMemcpyHtoD")]
+    assert len(uploads) == len(program.inputs) + len(program.constants)
+
+
+def test_run_launches_refuses_a_missing_or_misshapen_input_in_one_line(compiled):
+    program, files, meta = compiled
+    gpu, _ = _gpu()
+    functions = load_kernels(gpu, meta, files.__getitem__, "sm_80")
+    with pytest.raises(LoadError, match="missing input 'x'"):
+        run_launches(gpu, meta, functions, {})
+    with pytest.raises(LoadError, match=r"input 'x' has shape \[3\]"):
+        run_launches(gpu, meta, functions, {"x": np.ones(3, np.float32)})
 
 
 def _bundle_dir(tmp_path):
@@ -151,29 +140,33 @@ def _bundle_dir(tmp_path):
     return tmp_path
 
 
-def test_bundled_runner_embeds_the_same_loader(compiled, tmp_path):
+def test_bundled_runner_embeds_the_same_launch_layer(compiled, tmp_path):
     folder = _bundle_dir(tmp_path)
-    namespace = {"__name__": "run_cuda", "__file__": str(folder / "run_cuda.py")}
-    exec(compile((folder / "run_cuda.py").read_text(), "run_cuda.py", "exec"), namespace)
-    import json
-
+    namespace = {"__name__": "run_bundle", "__file__": str(folder / "run_bundle.py")}
+    exec(compile((folder / "run_bundle.py").read_text(), "run_bundle.py", "exec"), namespace)
     meta = json.loads((folder / "program.json").read_text())
     for arch in ("sm_80", "sm_86", "sm_90"):
-        drv = FakeDriver()
-        namespace["load_kernels"](drv, meta, lambda name: (folder / name).read_bytes(), arch)
+        theirs = FakeDriver()
+        namespace["load_kernels"](namespace["open_gpu"](theirs, 0, 13000), meta,
+                                  lambda name: (folder / name).read_bytes(), arch)
         ours = FakeDriver()
-        load_kernels(ours, compiled[2], compiled[1].__getitem__, arch)
-        assert drv.loaded == ours.loaded  # the same bytes per kernel, in the same order
+        load_kernels(open_gpu(ours, 0, 13000), compiled[2], compiled[1].__getitem__, arch)
+        assert list(theirs.modules.values()) == list(ours.modules.values())  # same bytes, same order
+    from engine.runtime import cuda_launch, cuda_modules
+
+    for fn in ("prepare_launch", "run_launches", "choose_binary"):
+        assert namespace[fn].__code__.co_code == getattr(cuda_modules, fn).__code__.co_code
+    assert namespace["Gpu"].launch.__code__.co_code == cuda_launch.Gpu.launch.__code__.co_code
 
 
-def test_bundled_runner_without_pycuda_is_one_line(tmp_path):
+def test_bundled_runner_without_cuda_python_is_one_line(tmp_path):
     folder = _bundle_dir(tmp_path)
     np.savez(folder / "in.npz", x=np.random.default_rng(0).standard_normal(4).astype(np.float32))
-    env_path = tmp_path / "nopycuda"
-    env_path.mkdir()
-    (env_path / "pycuda").mkdir()
-    (env_path / "pycuda" / "__init__.py").write_text("raise ImportError('libcuda.so.1: cannot open shared object file')\n")
-    proc = subprocess.run([sys.executable, "run_cuda.py", "in.npz", "out.npz"], cwd=folder, capture_output=True,
-                          text=True, env={"PYTHONPATH": str(env_path), "PATH": "/usr/bin:/bin"})
+    shadow = tmp_path / "nocuda"
+    (shadow / "cuda").mkdir(parents=True)
+    (shadow / "cuda" / "__init__.py").write_text("raise ImportError('cuda-bindings is not installed')\n")
+    proc = subprocess.run([sys.executable, "run_bundle.py", "--inputs", "in.npz", "--outputs", "out.npz",
+                           "--backend", "cuda"], cwd=folder, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(shadow)})
     err = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(err) == 1 and err[0].startswith("error: pycuda with a CUDA device"), err
+    assert proc.returncode == 2 and len(err) == 1 and err[0].startswith("error: cuda-python is not installed"), err
