@@ -181,12 +181,13 @@ def _segments(group: Group, graph: PrimGraph, conns) -> list[tuple[Tile, list[st
 
 
 def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = None,
-                 sample: bool | Mapping = False) -> Kernel:
+                 sample: bool | str | Mapping = False) -> Kernel:
     """One group's kernel; without room in the device's shared memory to stage GEMM/conv tiles, the
     contractions keep per-element loops (the same values, computed once, at a slower rate).
     `sample`: each segment realised at its first tile only, that box standing for every tile of the
     grid (the cost model counts this; `generate` never uses it) — a mapping gives that tile's region
-    per stage, propagated already (one-segment groups)."""
+    per stage, propagated already (one-segment groups); "fit": regions fitted to a few tiles (first,
+    second and last along each axis), so edge tiles count as they print."""
     limit = (device or get_device("a100")).max_smem_per_block_bytes
     kernel = _build_kernel(group, graph, conns, sample=sample)
     if kernel.shared_bytes > limit and (kernel.gemms or kernel.convs):
@@ -194,7 +195,8 @@ def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = 
     return kernel
 
 
-def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True, sample: bool | Mapping = False) -> Kernel:
+def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True,
+                  sample: bool | str | Mapping = False) -> Kernel:
     members = set(group.stages)
     params: dict[str, Buffer] = {}
     locals_: list[Buffer] = []
@@ -346,14 +348,14 @@ def _global(params: dict[str, Buffer], graph: PrimGraph, tensor: str) -> str:
     return params[tensor].name
 
 
-def _tile_boxes(stage: Stage, tile: Tile, first_only: bool = False) -> list[Box]:
+def _tile_boxes(stage: Stage, tile: Tile, first_only: bool = False, coords=None) -> list[Box]:
     if len(tile.shape) != len(stage.shape) or any(t <= 0 for t in tile.shape):
         raise PlanError(f"tile {list(tile.shape)} does not fit stage {stage.name} of shape {list(stage.shape)}")
     tiles = tuple(-(-n // t) for n, t in zip(stage.shape, tile.shape))
-    if first_only:
+    if first_only and coords is None:
         return [tuple((0, min(t, s)) for t, s in zip(tile.shape, stage.shape))]
     boxes = []
-    for idx in np.ndindex(*tiles):
+    for idx in (coords if coords is not None else np.ndindex(*tiles)):
         boxes.append(tuple((i * t, min((i + 1) * t, s)) for i, t, s in zip(idx, tile.shape, stage.shape)))
     return boxes
 
@@ -384,7 +386,8 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
     # Regions per tile, propagated back from the anchor (union over in-segment consumers).
     shapes = dict((k, v.shape) for k, v in graph.specs.items())
     tiles = tuple(-(-n // t) for n, t in zip(anchor.shape, tile.shape))
-    boxes = _tile_boxes(anchor, tile, first_only=bool(sample))
+    coords = _sample_coords(tiles) if sample == "fit" else None
+    boxes = _tile_boxes(anchor, tile, first_only=bool(sample), coords=coords)
     ntiles = math.prod(tiles)
     tables: dict[str, list[Box]] = {s: [] for s in names}
     if isinstance(sample, Mapping):  # the first tile's regions, propagated by the caller already
@@ -404,7 +407,14 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
         for s in names:
             tables[s].append(region[s] if region[s] is not None else tuple((0, 0) for _ in graph.stage(s).shape))
 
-    if sample:  # one box stands for every tile of the grid
+    fitted = None
+    if coords is not None:  # spans fitted to a few tiles stand for the grid (None: not affine)
+        fitted = {s: fit_region(graph.stage(s).shape, tiles, tables[s], coords) for s in names if s not in inline}
+        if any(r is None for r in fitted.values()):
+            return _build_segment(tile, names, graph, conns, members, params, locals_, gname, False)
+    if fitted is not None:
+        regions = fitted
+    elif sample:  # one box stands for every tile of the grid
         zeros = (0,) * len(tiles)
         regions = {s: Region(graph.stage(s).shape, tiles, tuple(Span(lo, hi - lo, zeros) for lo, hi in tables[s][0]))
                    for s in names if s not in inline}
@@ -501,18 +511,27 @@ def _first_is_translate(anchor: Stage, tile: Tile, box, stage: Stage) -> bool:
         min(t, n) for t, n in zip(tile.shape, anchor.shape))
 
 
-def fit_region(shape: tuple[int, ...], tiles: tuple[int, ...], boxes: list[Box]) -> Region:
+def fit_region(shape: tuple[int, ...], tiles: tuple[int, ...], boxes: list[Box],
+               coords: list[tuple[int, ...]] | None = None) -> Region | None:
     """Express per-tile boxes as affine spans of the tile coordinates (clamped to the tensor) when
-    they are; else keep the explicit table."""
-    coords = list(np.ndindex(*tiles)) if tiles else [()]
-    strides = [int(np.prod(tiles[k + 1:], dtype=np.int64)) for k in range(len(tiles))]
+    they are; else keep the explicit table. With `coords`, `boxes` are those tiles' only (the first,
+    the second along each axis, the last...): spans fitted to them stand for the grid (None when they
+    are not affine)."""
+    sampled = coords is not None
+    if not sampled:
+        coords = list(np.ndindex(*tiles)) if tiles else [()]
+        strides = [int(np.prod(tiles[k + 1:], dtype=np.int64)) for k in range(len(tiles))]
+        at = [strides[k] for k in range(len(tiles))]
+    else:
+        where = {tc: j for j, tc in enumerate(coords)}
+        at = [where.get(tuple(int(k == a) for a in range(len(tiles))), 0) for k in range(len(tiles))]
     spans = []
     for d, n in enumerate(shape):
         lo = [b[d][0] for b in boxes]
         hi = [b[d][1] for b in boxes]
         span = None
         for side in (lo, hi):
-            coeffs = tuple(side[strides[k]] - side[0] if tiles[k] > 1 else 0 for k in range(len(tiles)))
+            coeffs = tuple(side[at[k]] - side[0] if tiles[k] > 1 else 0 for k in range(len(tiles)))
             shift = [sum(c * x for c, x in zip(coeffs, tc)) for tc in coords]
             base = min(a - s for a, s in zip(lo, shift))
             top = max(b - s for b, s in zip(hi, shift))
@@ -522,10 +541,28 @@ def fit_region(shape: tuple[int, ...], tiles: tuple[int, ...], boxes: list[Box])
                 span = Span(base, top - base, coeffs, clamp)
                 break
         if span is None:
+            if sampled:
+                return None
             rows = tuple(tuple(lo for lo, _ in b) + tuple(hi for _, hi in b) for b in boxes)
             return Region(tuple(shape), tuple(tiles), (), rows)
         spans.append(span)
     return Region(tuple(shape), tuple(tiles), tuple(spans))
+
+
+def _sample_coords(tiles: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Tiles whose boxes fix an affine fit: the first, the second and the last along each axis, and
+    the last tile of the grid."""
+    out = [(0,) * len(tiles)]
+    for k, n in enumerate(tiles):
+        for i in (1, n - 1):
+            if 0 < i < n:
+                tc = tuple(i if a == k else 0 for a in range(len(tiles)))
+                if tc not in out:
+                    out.append(tc)
+    last = tuple(n - 1 for n in tiles)
+    if last not in out:
+        out.append(last)
+    return out
 
 
 def _one_to_one(graph: PrimGraph, producer: str, consumers: list[str]) -> bool:

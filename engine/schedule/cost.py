@@ -105,21 +105,23 @@ _USE_CACHE: dict[tuple, SegmentUse] = {}
 
 
 def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
-                local: dict | None = None) -> SegmentUse:
+                local: dict | None = None, exact: bool = False) -> SegmentUse:
     """Per-block regions, footprint and evaluations of one segment under `tile` (memoised: the tile
     search and the validity checks ask for the same segment many times). `local`: a memo for callers
-    whose `conns` stay fixed (one tile search), keyed on the segment and tile alone."""
+    whose `conns` stay fixed (one tile search), keyed on the segment and tile alone. The work counts
+    come from the kernel IR realised at the first tile (standing for all), or with `exact` at regions
+    fitted to the grid (edge tiles count as they print: the figure a chosen tile's cost reports)."""
     if local is not None:
-        lkey = ("use", tuple(segment), tile)
+        lkey = ("use", tuple(segment), tile, exact)
         hit = local.get(lkey)
         if hit is None:
-            hit = local[lkey] = segment_use(graph, segment, conns, tile)
+            hit = local[lkey] = segment_use(graph, segment, conns, tile, exact=exact)
         return hit
     members = set(segment)
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in segment for c in graph.consumers.get(p, ())))
-    key = (graph.structural_hash, tuple(segment), touching, tile)
-    return _memo(_USE_CACHE, key, lambda: _segment_use(graph, segment, conns, tile, members))
+    key = (graph.structural_hash, tuple(segment), touching, tile, exact)
+    return _memo(_USE_CACHE, key, lambda: _segment_use(graph, segment, conns, tile, members, exact))
 
 
 def _memo(cache: dict, key, compute):
@@ -132,10 +134,11 @@ def _memo(cache: dict, key, compute):
     return hit
 
 
-def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members) -> SegmentUse:
+def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members,
+                 exact: bool = False) -> SegmentUse:
     anchor = graph.stage(tile.stage)
     regions = _regions(graph, segment, conns, tile.stage, anchor_box(anchor.shape, tile.shape))
-    kernel, work = segment_work(graph, segment, conns, tile, regions.stages)
+    kernel, work = segment_work(graph, segment, conns, tile, "fit" if exact else regions.stages)
     per = max(1, kernel.ntiles)
     evals = {s: work.evals.get(s, 0.0) / per for s in segment}
     anchor_elems = box_size(regions.stages.get(tile.stage, ()))
@@ -152,10 +155,10 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
 
 
 def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
-                 regions: Mapping | None = None):
+                 regions: Mapping | str | None = None):
     """(kernel, Work): the segment realised by codegen at its first tile (standing for every tile of
-    its grid; `regions`, that tile's box per stage when the caller has them) and the kernel IR's count
-    of it — the flops and accesses of the code that would print."""
+    its grid; `regions`, that tile's box per stage when the caller has them, or "fit": regions fitted
+    to the grid) and the kernel IR's count of it — the flops and accesses of the code that would print."""
     from engine.codegen.count import count_kernel
     from engine.codegen.generate import build_kernel
     from engine.schedule.plan import Group
@@ -206,15 +209,16 @@ def _ancestors_in(graph: PrimGraph, members: set[str], name: str) -> list[str]:
 
 def estimate_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
-    segs: Sequence[Sequence[str]] | None = None, local: dict | None = None,
+    segs: Sequence[Sequence[str]] | None = None, local: dict | None = None, exact: bool = False,
 ) -> GroupCost:
     """Every term of one kernel's modeled time. `tiles` has one Tile per segment, in segment order
-    (`segs`: the group's segments when the caller has them already; `local`: see `segment_use`)."""
+    (`segs`: the group's segments when the caller has them already; `local` and `exact`: see
+    `segment_use`)."""
     members = set(stages)
     segs = segs if segs is not None else segments_of(graph, stages, conns)
     if len(segs) != len(tiles):
         raise ValueError(f"{len(segs)} segments but {len(tiles)} tiles")
-    uses = [segment_use(graph, seg, conns, t, local) for seg, t in zip(segs, tiles)]
+    uses = [segment_use(graph, seg, conns, t, local, exact) for seg, t in zip(segs, tiles)]
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.

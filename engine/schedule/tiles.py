@@ -151,7 +151,7 @@ def search_group(
         # the one-wave rule couples them, so start again from each segment's smallest grid.
         chosen[:] = [min(pool, key=lambda t: (t.blocks, -t.threads)) for pool in pools]
         best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local)
-    cost = estimate_group(graph, stages, conns, chosen, device, segs=segs, local=local)
+    cost = estimate_group(graph, stages, conns, chosen, device, segs=segs, local=local, exact=True)
     out = GroupSchedule(tuple(chosen), best_cands, cost, violations)
     _CACHE[(key, mode, device)] = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
     return out

@@ -192,18 +192,14 @@ def inlined_stages(graph: PrimGraph, seg: Sequence[str], conns: Mapping, anchor:
 
 
 def _recompute(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile, use) -> list[Violation]:
-    """Rules 2 and 9 from the kernel IR's count of the segment. Rule 2: a value holding a reduction (the
-    stage reduces, or one inlined into it does) that is inlined at REGISTER is evaluated once per
-    element its block needs — never again inside a consumer's per-element loop. Rule 9: the segment's
+    """Rules 2 and 9 from the kernel IR's count of the segment. Rule 2: a reduction inlined at REGISTER
+    is evaluated once per element its block needs — never again inside a consumer's per-element loop
+    (however far the value holding it is inlined). Rule 9: the segment's
     stages are not computed more than recompute_bound() times over (their evaluations over the whole
     grid weighted by each stage's work per element, against each stage computed once): inlined uses
     and overlapping tiles (halos, broadcasts, rows split across blocks) count alike. The edge named is
     the one out of the stage whose recompute costs the most."""
     inlined = set(inlined_stages(graph, seg, conns, tile.stage))
-    heavy: dict[str, bool] = {}
-    for p in seg:  # stage order: producers first
-        st = graph.stage(p)
-        heavy[p] = bool(st.reduce) or any(heavy.get(q, False) for q in st.inputs if q in inlined)
     members = set(seg)
     blocks = tile.blocks / max(1, tile.row_split)
     out, done, once, worst = [], 0.0, 0.0, None
@@ -218,14 +214,15 @@ def _recompute(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile,
         if c is None:
             continue
         box = use.regions.stages.get(p)
-        if p in inlined and heavy[p] and box is not None and box_size(box):
+        if p in inlined and st.reduce and box is not None and box_size(box):
             per_tile = evals / box_size(box)
             if per_tile > 1 + 1e-9:
-                what = "a reduction" if st.reduce else "a value holding a reduction"
+                via = next((d for d in graph.consumers.get(c, ()) if c in inlined and d in members), None)
+                where = f"'{c}'" + (f" (inlined into '{via}')" if via else "")
                 out.append(Violation("register_one_to_many", f"edge {p} -> {c}",
-                                     f"recompute {_times(per_tile)} > 1x: '{p}' is {what}, and the threads of "
-                                     f"'{c}' would evaluate each of its elements {_times(per_tile)} (a reduction "
-                                     "is computed once: connect at shared)"))
+                                     f"recompute {_times(per_tile)} > 1x: '{p}' is a reduction, and {where} would "
+                                     f"evaluate each of its elements {_times(per_tile)} (a reduction is computed "
+                                     "once: connect it, or the value that spreads it, at shared)"))
         extra = (evals * blocks - st.size) * weight
         if worst is None or extra > worst[0]:
             worst = (extra, p, c, evals * blocks / max(1, st.size))

@@ -8,6 +8,7 @@ from engine.ir.graph import PrimGraph
 from engine.schedule.build import assemble, component_of, creates_cycle, trial_conns
 from engine.schedule.plan import Conn, Plan
 from engine.schedule.stitch import CHEAP, broadcast_axes, is_expensive
+from engine.schedule.tiles import search_group
 from engine.tilegraph.tilegraph import segment_sinks, stage_order
 
 
@@ -30,6 +31,9 @@ def plan_elementwise(graph: PrimGraph, device: Device, options: dict, started: f
                 reasons[(p, c)] = "fusing would put a stage outside the kernel between two of its stages"
             elif len(segment_sinks(graph, sorted(merged, key=stage_order(graph).__getitem__), trial)) != 1:
                 reasons[(p, c)] = "fusing would give the kernel two sinks"
+            elif (bad := search_group(graph, sorted(merged, key=stage_order(graph).__getitem__), trial, device,
+                                      "elementwise").violations):
+                reasons[(p, c)] = f"register: rule {bad[0].rule}: {bad[0].message}"
             else:
                 conns = trial
                 reasons[(p, c)] = "register: elementwise chain"

@@ -22,9 +22,9 @@ def default_tile(shape: tuple[int, ...], target: int = 256, threads: int = 128) 
 
 
 def make_test_plan(graph: PrimGraph, conns: dict | None = None, tiles: dict | None = None,
-                   policy: str = "test") -> Plan:
+                   policy: str = "test", options: dict | None = None) -> Plan:
     """Edges in `conns` get their level (others KERNEL); each segment's anchor gets `tiles[stage]` or a
-    default tile."""
+    default tile; `options` become the plan's (e.g. a recompute_bound)."""
     b = PlanBuilder(graph)
     for (p, c), conn in (conns or {}).items():
         b.set(p, c, conn, "test")
@@ -41,7 +41,8 @@ def make_test_plan(graph: PrimGraph, conns: dict | None = None, tiles: dict | No
             t = (tiles or {}).get(a) or default_tile(graph.stage(a).shape)
             segs.append(Tile(a, t.shape, t.threads, t.blocks))
         groups.append(Group(k, kernel_name(k, graph, names), tuple(names), tuple(segs), "test"))
-    return Plan(graph.structural_hash, graph.name, policy, "a100", edges, tuple(groups))
+    return Plan(graph.structural_hash, graph.name, policy, "a100", edges, tuple(groups),
+                options=tuple(sorted((options or {}).items())))
 
 
 def fuse_all(graph: PrimGraph, conn: Conn = Conn.REGISTER, reduce_conn: Conn = Conn.SHARED) -> dict:

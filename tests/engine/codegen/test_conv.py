@@ -148,7 +148,7 @@ def test_sample_convs_are_direct_and_vectorised(name, policy):
     assert coarse.plan_hash == program.plan_hash
     if policy == "welder":  # one output channel per block in the plan: coarsened to several
         dense = [p.conv for p in _phases(coarse) if p.conv is not None and not p.conv.depthwise]
-        assert all(cv.out[0] >= 4 for cv in dense)
+        assert all(cv.out[0] >= 2 for cv in dense)
         cc = render_c(coarse)
         assert "r1_0[q] = C0_FMA(a1, x0[q" in cc or "r1_0_0 += a1 * x0_0;" in cc
 

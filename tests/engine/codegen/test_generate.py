@@ -154,8 +154,10 @@ def test_c_printer_computes_a_broadcast_chain_once_per_launch_or_tile():
     """pow_broadcast_add under welder adds exp(-sqrt(|a|^2.5 + 1)) (a depends on the column only) to
     every row. Every row tile spans all 4096 columns, so the C printer evaluates the chain once per
     launch, before the tile loop (one array for the reduction's and the normalisation's copy); when
-    tiles split the columns it falls back to a per-tile line cache (once per tile), never once per row. The reduction's input edge is pinned at REGISTER so
-    the chain sits in both the reduction and the normalisation."""
+    tiles split the columns it falls back to a per-tile line cache (once per tile), never once per row.
+    The reduction's input edge is pinned at REGISTER so the chain sits in both the reduction and the
+    normalisation. On a GPU every row tile would recompute the chain (175x its work): the plan is made
+    with a recompute_bound that allows it — the C printer's caches are what this test is about."""
     from engine.codegen.targets import render_c
     from engine.device import get_device
     from engine.runtime.cpu import compile_program_c, run_cpu
@@ -166,7 +168,9 @@ def test_c_printer_computes_a_broadcast_chain_once_per_launch_or_tile():
     graph = load_sample("pow_broadcast_add")[0]
     a100 = get_device("a100")
     pin = Edit.make("set_edge", producer="Add_9_out", consumer="ReduceSum_11_out", conn="register")
-    plan = apply_edit(policy_plan(graph, "welder"), graph, a100, pin)
+    from engine.schedule.policies import make_plan
+
+    plan = apply_edit(make_plan(graph, "welder", a100, options={"recompute_bound": 1e6}), graph, a100, pin)
     source = render_c(generate(plan, graph))
     assert source.count("float launch_line0[4096];") == 1 and "float line0[" not in source
     assert source.count("= c1_powf(") == 1
@@ -186,22 +190,30 @@ def test_c_printer_computes_a_broadcast_chain_once_per_launch_or_tile():
         assert np.max(np.abs(got["out"] - want["out"])) <= 1e-4 * np.max(np.abs(want["out"]))
 
 
-def test_reduction_read_one_to_many_gets_its_own_phase():
+def test_reduction_read_one_to_many_is_refused_at_register_and_computed_once_at_shared():
     """LayerNorm with every edge at REGISTER: 1/sqrt(var) is broadcast over the row, so inlining the
-    variance into the normalise phase would redo its 768-long sum for every element. Codegen gives the
-    chain holding the reduction its own phase (once per row), and the result still matches."""
-    from engine.codegen.kexpr import Reduce, kwalk
+    variance into the normalise phase would redo its 768-long sum for every element — validate refuses
+    it, naming the edge and the count. With the reductions' edges at SHARED every reduction is computed
+    once per row (the kernel IR's count), nothing nests, and the result matches."""
+    from engine.codegen.count import count_kernel
+    from engine.device import get_device
     from engine.runtime.cpu import compile_program_c, run_cpu
     from engine.runtime.reference import run_reference
+    from engine.schedule.validate import validate
 
     graph, inputs, _ = load_sample("layernorm_residual")
-    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER))
+    bad = validate(make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER)), graph, get_device("a100"))
+    assert any(v.rule == "register_one_to_many" and "ReduceMean_6_out::sum -> " in v.subject and "256x" in v.message
+               for v in bad)  # each of the tile's 256 elements would redo the sum
+    rows = graph.stage("y").shape[0]
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.SHARED),
+                          tiles={"y": Tile("y", (2, 768), 256, rows // 2)})  # whole rows: nothing redone
+    assert not [v for v in validate(plan, graph, get_device("a100")) if v.rule in ("register_one_to_many", "recompute")]
     program = generate(plan, graph)
     (kernel,) = program.kernels
-    phases = [p for s in kernel.segments for p in s.phases]
-    last = phases[-1]
-    assert last.stage == "y" and not any(isinstance(n, Reduce) for n in kwalk(last.body))
-    assert any(any(isinstance(n, Reduce) for n in kwalk(p.body)) or p.reduce for p in phases[:-1])
+    work = count_kernel(kernel)
+    assert all(work.evals[s.name] == rows for s in graph.stages if s.reduce)  # each row's sums once
+    assert work.nest <= 768
     got, _ = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights)
     want = run_reference(graph, inputs)
     assert np.max(np.abs(got["y"] - want["y"])) <= 1e-4 * np.max(np.abs(want["y"]))

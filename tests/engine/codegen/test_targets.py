@@ -45,17 +45,17 @@ def _run(graph, program, inputs) -> dict:
 
 
 def test_softmax_exp_is_computed_once_and_reread_from_a_row_cache():
-    """masked_softmax under welder: the max phase keeps each masked logit, the sum phase reads them
-    and keeps each exp(x - max), the normalise phase scales those: the mask and scores are read once
-    and exp runs once per element instead of twice."""
+    """masked_softmax under welder: exp(x - max) has a phase of its own (a block buffer the sum and the
+    normalise phases read), and the max phase keeps each masked logit in a row cache the exp phase
+    rereads: the mask and scores are read once and exp runs once per element."""
     graph, inputs, expected = load_sample("masked_softmax")
     program = generate(policy_plan(graph, "welder"), graph)
     caches = [c for k in _printed(program) for s in k.segments for c in find_row_caches(s)]
-    assert [(c.producer, c.consumer) for c in caches] == [("probs::max", "probs::sum"), ("probs::sum", "probs")]
+    assert [(c.producer, c.consumer) for c in caches] == [("probs::max", "probs::exp")]
     body = _kernels_only(render_c(program))
     assert body.count("c0_expf(") == 1 and body.count("g_mask[") == 1 and body.count("g_scores[") == 1
-    assert re.search(r"row0\[.*\+ r0\] = v\d+;", body) and re.search(r"= \(row0\[.*\+ r0\] - v\d+\)", body)
-    assert re.search(r"row1\[.*\+ r0\] = v\d+;", body) and re.search(r"row1\[.*\+ i3\] \* v\d+", body)
+    assert re.search(r"row0\[.*\+ r0\] = v\d+;", body) and re.search(r"= \(row0\[.*\+ i3\] - v\d+\)", body)
+    assert re.search(r"s_probs__exp\[.*\] = v\d+;", body)
     # Random logits per run, so a cache read at the wrong row or column cannot match by chance.
     rng = np.random.default_rng(5)
     inputs = dict(inputs, scores=rng.standard_normal(inputs["scores"].shape).astype(np.float32) * 4)
@@ -189,14 +189,14 @@ def test_select_chain_over_tensors_loads_through_one_pointer():
 
 
 def test_weight_panels_are_staged_once_per_column_tile():
-    """bert's LayerNorm + FFN1 segment (16-row tiles): B, a weight, is staged whole per column tile
+    """bert's GEMMs against weights (the FFN's, the projections): B is staged whole per column tile
     into a per-thread panel kept across tiles walked column tile by column tile, not per tile; every
     panel is freed; matches onnxruntime. A GEMM whose B depends on the row's batch/head (attention's
     K) keeps per-tile staging."""
     graph, inputs, expected = load_sample("bert_layer")
     program = generate(policy_plan(graph, "welder"), graph, target="c")
     c = _kernels_only(render_c(program))
-    assert "stage B's k x 256 panel once" in c
+    assert re.search(r"stage B's k x \d+ panel once", c)
     assert c.count("malloc(") == c.count("free(") > 0
     assert "const int tc2 = t / " in c  # column tiles outermost in the panel segments
     assert "st_b[" in c  # per-tile staging where B is not a weight

@@ -98,27 +98,39 @@ def test_non_gemm_contractions_keep_the_per_element_loop():
     assert all(p.gemm is None for p in _phases(program) if "conv" in p.stage.lower())
 
 
-def test_row_reduction_inside_factor_a_is_staged_once_per_row(tmp_path):
-    """y = (x * sqrt(sum_row(x^2))) @ W with every edge at REGISTER: the row sum is an inlined,
-    k-invariant reduction inside factor a, computed per staged row before its k loop (both printers),
-    and the result still matches onnxruntime."""
-    from engine.codegen.kexpr import Reduce, kwalk
-
+def _row_gemm(tmp_path, k: int):
+    """y = (x * sqrt(sum_row(x^2))) @ W for x [20, k], W [k, 24]."""
     rng = np.random.default_rng(5)
-    w = rng.standard_normal((40, 24)).astype(np.float32)
+    w = rng.standard_normal((k, 24)).astype(np.float32)
     nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="sq"),
              helper.make_node("ReduceSum", ["sq", "axes"], ["s"], name="sum", keepdims=1),
              helper.make_node("Sqrt", ["s"], ["r"], name="sqrt"),
              helper.make_node("Mul", ["x", "r"], ["xs"], name="scale"),
              helper.make_node("MatMul", ["xs", "W"], ["y"], name="mm")]
     graph_proto = helper.make_graph(
-        nodes, "rowgemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [20, 40])],
+        nodes, "rowgemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [20, k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [20, 24])],
         [onnx.numpy_helper.from_array(w, "W"), onnx.numpy_helper.from_array(np.array([1], np.int64), "axes")])
-    path = tmp_path / "rowgemm.onnx"
+    path = tmp_path / f"rowgemm{k}.onnx"
     onnx.save(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
-    graph = load_graph(path)
+    return path, load_graph(path)
+
+
+def test_row_reduction_inside_factor_a_is_staged_once_per_row(tmp_path):
+    """y = (x * sqrt(sum_row(x^2))) @ W with every edge at REGISTER: the row sum is an inlined,
+    k-invariant reduction inside factor a, computed per staged row before its k loop (both printers).
+    With k in one step (24 <= 32) that is once per row: legal, and the result matches onnxruntime.
+    With k = 40 (two steps of 32) each row's sum would run twice — validate refuses it (rule 2, with
+    the count), and at SHARED the sum is computed once per row and matches."""
+    from engine.codegen.count import count_kernel
+    from engine.codegen.kexpr import Reduce, kwalk
+    from engine.device import get_device
+    from engine.schedule.validate import validate
+
+    rng = np.random.default_rng(5)
+    path, graph = _row_gemm(tmp_path, 24)
     plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", (8, 16), 32, 6)})
+    assert not validate(plan, graph, get_device("a100"))
     program = generate(plan, graph)
     (phase,) = _phases(program)
     assert phase.gemm is not None and any(isinstance(x, Reduce) for x in kwalk(phase.gemm.a))
@@ -128,6 +140,18 @@ def test_row_reduction_inside_factor_a_is_staged_once_per_row(tmp_path):
     cuda = render_cuda(program)
     assert "for (int mm = threadIdx.x;" in cuda
     assert f".entry {program.kernels[0].name}(" in compile_cuda(cuda, name=program.name, arch="sm_80").ptx
+    x = rng.standard_normal((20, 24)).astype(np.float32)
+    result = run_model(graph, {"x": x}, backend="cpu", plan=plan)
+    assert max_rel_error(result.outputs["y"], run_ort(path, {"x": x})["y"]) <= TOL
+
+    path, graph = _row_gemm(tmp_path, 40)
+    bad = validate(make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER),
+                                  {"y": Tile("", (8, 16), 32, 6)}), graph, get_device("a100"))
+    assert any(v.rule == "register_one_to_many" and "recompute 2x > 1x" in v.message for v in bad)
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.SHARED), {"y": Tile("", (8, 24), 32, 3)})
+    assert not validate(plan, graph, get_device("a100"))
+    program = generate(plan, graph)
+    assert count_kernel(program.kernels[0]).evals["s"] == 20  # each row's sum once
     x = rng.standard_normal((20, 40)).astype(np.float32)
     result = run_model(graph, {"x": x}, backend="cpu", plan=plan)
     assert max_rel_error(result.outputs["y"], run_ort(path, {"x": x})["y"]) <= TOL
@@ -218,7 +242,10 @@ def test_plain_factors_are_read_in_place(tmp_path, a_shape, b_shape, tile):
 
     path = _computed_model(tmp_path / "cgemm.onnx", a_shape, b_shape)
     graph = load_graph(path)
-    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", tile, 64, blocks)})
+    # Each row tile recomputes tanh(B) and each column tile exp(A) (the tiles' overlap, several times
+    # their size): allowed by the plan's bound, as the staging is what this part is about.
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", tile, 64, blocks)},
+                          options={"recompute_bound": 16.0})
     c = render_c(generate(plan, graph))
     assert "st_a[" in c and "st_b[" in c and "a_in" not in c and "b_in" not in c
     rng = np.random.default_rng(4)

@@ -62,7 +62,8 @@ def test_outputs_are_written_everywhere():
     # NaN-filled output buffers would survive a kernel that skips elements; the executor allocates
     # with np.empty, so also run twice with different inputs and check the results differ accordingly.
     graph, inputs, expected = _sample("layernorm_residual")
-    plan = make_test_plan(graph, hand_conns(graph, {}))
+    # Tiles a third of a row wide: each recomputes its rows' statistics (3.3x the work, allowed here).
+    plan = make_test_plan(graph, hand_conns(graph, {}), options={"recompute_bound": 4.0})
     rng = np.random.default_rng(7)
     other = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in inputs.items()}
     a = run_model(graph, inputs, plan=plan).outputs["y"]

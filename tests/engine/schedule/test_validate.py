@@ -29,18 +29,49 @@ def test_policies_give_legal_plans(attn_graph, a100):
         assert validate(plan, attn_graph, a100) == []
 
 
-def test_register_from_reduction_spread_over_threads_is_rule_2(attn_graph, a100, unfused):
-    plan = apply_edit(unfused, attn_graph, a100, Edit.make("set_edge", producer="sm::max", consumer="sm::exp",
-                                                            conn="register"))
-    # The tile search keeps it legal by choosing a thread-per-row mapping ...
-    seg = plan.group_of("sm::exp").segments[0]
-    assert seg.threads_per_row == 1 or seg.shape[-1] == 1
-    # ... and forcing several threads per row makes each thread redo the max: illegal.
+def test_register_from_reduction_read_one_to_many_is_rule_2(attn_graph, a100, unfused):
+    # exp reads max[i] for every column: inlined at REGISTER, each element would redo the row's max,
+    # whatever the thread mapping; the edit names the edge and the count.
     with pytest.raises(PlanError) as err:
-        apply_edit(plan, attn_graph, a100, Edit.make("set_tile", stage="sm::exp", shape=[4, 24], threads=128,
-                                                      threads_per_row=32))
+        apply_edit(unfused, attn_graph, a100, Edit.make("set_edge", producer="sm::max", consumer="sm::exp",
+                                                          conn="register"))
     assert _rule_of(err.value) == "register_one_to_many"
-    assert "sm::max -> sm::exp" in str(err.value)
+    assert "sm::max -> sm::exp" in str(err.value) and "recompute 24x > 1x" in str(err.value)
+    # Through shared memory the block computes each row's max once: legal.
+    plan = apply_edit(unfused, attn_graph, a100, Edit.make("set_edge", producer="sm::max", consumer="sm::exp",
+                                                            conn="shared"))
+    assert plan.group_of("sm::exp").cost.recompute_factor < 1.5
+
+
+def test_recompute_over_the_bound_is_rule_9_and_the_bound_is_a_plan_option(tmp_path, a100):
+    """An expensive per-row value (exp of a sqrt) inlined into a product that reads it from every
+    column is recomputed per use: ~7x the segment's work done once, over the default bound of 2x, is
+    rule 9 with the factor on the edge; with the plan option recompute_bound=10 it is legal, and
+    through shared memory it is computed once per row."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from engine.api import load_graph
+
+    nodes = [helper.make_node("Sqrt", ["x"], ["s"], name="sqrt"), helper.make_node("Exp", ["s"], ["e"], name="exp"),
+             helper.make_node("Mul", ["e", "z"], ["y"], name="mul")]
+    graph = helper.make_graph(nodes, "bcast", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 1]),
+                                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [64, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 256])])
+    path = tmp_path / "bcast.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    g = load_graph(path)
+    base = make_plan(g, "unfused", a100)
+    with pytest.raises(PlanError) as err:
+        apply_edit(base, g, a100, Edit.make("set_edge", producer="e", consumer="y", conn="register"))
+    assert _rule_of(err.value) == "recompute" and "e -> y" in str(err.value)
+    assert "recompute" in str(err.value) and "> 2x" in str(err.value)
+    loose = make_plan(g, "unfused", a100, options={"recompute_bound": 10.0})
+    plan = apply_edit(loose, g, a100, Edit.make("set_edge", producer="e", consumer="y", conn="register"))
+    assert not validate(plan, g, a100)
+    assert 2 < plan.group_of("y").cost.recompute_factor < 10
+    shared = apply_edit(base, g, a100, Edit.make("set_edge", producer="e", consumer="y", conn="shared"))
+    assert shared.group_of("y").cost.recompute_factor < 1.5 and not validate(shared, g, a100)
 
 
 def test_fusing_around_an_outside_stage_is_rule_5(attn_graph, a100, unfused):
