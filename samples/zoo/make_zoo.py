@@ -34,7 +34,7 @@ def randomize_constants(model: torch.nn.Module, seed: int) -> None:
     0/1: values that hide a wrongly indexed bias or scale. Every constant-initialised tensor gets noise."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.numel() == 1 or float(p.std()) == 0.0:
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
         for name, b in model.named_buffers():
