@@ -86,7 +86,8 @@ def run_cell(model: str, policy: str, device: str, runs: int, threads: int, time
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         phases = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("phase ")]
-        return {"timeout": True, "phase": phases[-1] if phases else "start",
+        plans = [json.loads(ln.split(" ", 1)[1]) for ln in out.splitlines() if ln.startswith("plan ")]
+        return {**(plans[0] if plans else {}), "timeout": True, "phase": phases[-1] if phases else "start",
                 "seconds": round(time.perf_counter() - started, 1)}
     for line in reversed(out.splitlines()):
         if line.startswith("result "):

@@ -1,5 +1,5 @@
 """One (model, policy) of `tileweave bench`, run in its own process so a runaway plan can be killed:
-a JSON job on argv in, `phase NAME` progress lines and one `result {json}` line out on stdout.
+a JSON job on argv in; `phase NAME` progress lines, a `plan {json}` line and one `result {json}` line out.
 
 onnxruntime and the generated C program are timed in this one process, interleaved repeat by repeat."""
 
@@ -75,6 +75,9 @@ def run_job(job: dict) -> dict:
     started = time.perf_counter()
     planned, plan = plan_model(graph, job["policy"], get_device(job["device"]))
     schedule_s = time.perf_counter() - started
+    planned_stats = {"kernels": len(plan.groups), "modeled_us": plan.modeled_us, "dram_bytes": plan.dram_bytes,
+                     "min_dram_bytes": planned.min_dram_bytes, "schedule_s": schedule_s}
+    print("plan " + json.dumps(planned_stats), flush=True)  # the parent keeps these if a later phase times out
     _phase("compile")
     started = time.perf_counter()
     program = generate(plan, planned, job["device"], target="c")
@@ -106,10 +109,9 @@ def run_job(job: dict) -> dict:
         t2 = time.perf_counter()
         ort_ms.append((t1 - t0) * 1e3)
         ours_ms.append((t2 - t1) * 1e3)
-    return {"ms": statistics.median(ours_ms), "ort_ms": statistics.median(ort_ms),
+    return {**planned_stats, "ms": statistics.median(ours_ms), "ort_ms": statistics.median(ort_ms),
             "ms_samples": ours_ms, "ort_ms_samples": ort_ms, "max_rel_err": err,
-            "kernels": len(program.launches), "modeled_us": plan.modeled_us, "dram_bytes": plan.dram_bytes,
-            "min_dram_bytes": planned.min_dram_bytes, "schedule_s": schedule_s, "compile_s": compile_s}
+            "kernels": len(program.launches), "compile_s": compile_s}
 
 
 def main(argv: list[str] | None = None) -> int:
