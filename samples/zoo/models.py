@@ -175,6 +175,55 @@ def build_nerf(gen):
                     "dirs": dirs / dirs.norm(dim=-1, keepdim=True)}
 
 
+class DecoderStep(nn.Module):
+    """One decode step of a LLaMA-style decoder with a KV cache: RMSNorm, rotary position embeddings on
+    q and k, the new k/v concatenated to the cache, one query row against 64 keys, SiLU-gated MLP."""
+
+    def __init__(self, dim: int = 128, heads: int = 4, layers: int = 2, hidden: int = 344, past: int = 63):
+        super().__init__()
+        self.heads, self.hd, self.past = heads, dim // heads, past
+        self.norms = nn.ParameterList(nn.Parameter(torch.ones(dim)) for _ in range(2 * layers + 1))
+        self.qkv = nn.ModuleList(nn.Linear(dim, 3 * dim, bias=False) for _ in range(layers))
+        self.out = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(layers))
+        self.gate_up = nn.ModuleList(nn.Linear(dim, 2 * hidden, bias=False) for _ in range(layers))
+        self.down = nn.ModuleList(nn.Linear(hidden, dim, bias=False) for _ in range(layers))
+        inv = 1.0 / (10000 ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
+        angle = past * inv  # the new token's position is `past`
+        self.register_buffer("cos", torch.cat([angle, angle]).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat([angle, angle]).sin(), persistent=False)
+
+    @staticmethod
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    def rope(self, x):
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * self.cos + rotated * self.sin
+
+    def forward(self, x, past_k, past_v):
+        keys, values = [], []
+        for k in range(len(self.qkv)):
+            q, kk, v = self.qkv[k](self.rms(x, self.norms[2 * k])).split(x.shape[-1], dim=-1)
+            q, kk, v = (t.view(1, 1, self.heads, self.hd).transpose(1, 2) for t in (q, kk, v))
+            kk = torch.cat([past_k[k], self.rope(kk)], dim=2)
+            v = torch.cat([past_v[k], v], dim=2)
+            keys.append(kk)
+            values.append(v)
+            att = torch.softmax(self.rope(q) @ kk.transpose(-1, -2) / self.hd ** 0.5, dim=-1) @ v
+            x = x + self.out[k](att.transpose(1, 2).reshape(1, 1, -1))
+            gate, up = self.gate_up[k](self.rms(x, self.norms[2 * k + 1])).chunk(2, dim=-1)
+            x = x + self.down[k](nn.functional.silu(gate) * up)
+        return self.rms(x, self.norms[-1]), torch.stack(keys), torch.stack(values)
+
+
+def build_decoder_kv(gen):
+    m = DecoderStep()
+    shape = (len(m.qkv), 1, m.heads, m.past, m.hd)
+    return m, {"x": torch.randn(1, 1, 128, generator=gen), "past_k": torch.randn(*shape, generator=gen),
+               "past_v": torch.randn(*shape, generator=gen)}
+
+
 ZOO = (
     ZooModel("bert", "BERT", "BertModel: 2 layers, hidden 128, 4 heads, FFN 512, seq 128 with 16 padded tokens "
              "(attention mask from the input), eager attention, pooler.", build_bert,
@@ -208,4 +257,8 @@ ZOO = (
              "blocks with depthwise 3x3/5x5, swish, and squeeze-excitation (global pool, two 1x1 convs, "
              "sigmoid gate broadcast back over the feature map).", build_efficientnet,
              ("last_hidden_state", "pooler_output")),
+    ZooModel("decoder_kv", "LLaMA-style decode step", "One decode step of a 2-layer LLaMA-style decoder with a "
+             "KV cache: RMSNorm, rotary embeddings, the new k/v concatenated onto 63 cached positions, one "
+             "query row (GEMV-shaped projections and attention), SiLU-gated MLP; outputs the hidden state "
+             "and the updated caches.", build_decoder_kv, ("hidden", "present_k", "present_v")),
 )
