@@ -46,7 +46,7 @@ KNOWN_FAILURES = {
 DEFAULT_CELLS = {
     ("bert", "stitch"), ("vit", "elementwise"), ("swin", "stitch"), ("mobilenetv2", "unfused"),
     ("resnet", "welder"), ("convnext", "stitch"), ("lstm", "unfused"), ("nerf", "welder"),
-    ("gpt2", "elementwise"), ("efficientnet", "welder"),
+    ("gpt2", "elementwise"), ("efficientnet", "welder"), ("decoder_kv", "stitch"),
 }
 
 
