@@ -23,6 +23,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.dont_write_bytecode = True  # keep samples/zoo/ free of __pycache__
 from models import ZOO, ZooModel  # noqa: E402
 
 MAX_IR_VERSION = 10  # onnxruntime 1.31 loads IR 10 models of every opset the exporters write
