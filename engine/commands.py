@@ -297,6 +297,8 @@ def add_bench_command(sub) -> None:
                                    "there is one, else the fixed-seed generator. A cell that outlives "
                                    "--timeout is killed and reported as a timeout.")
     p.add_argument("models", nargs="+", metavar="MODEL", help="paths to .onnx files")
+    p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...",
+                   help="bind the shape of an input with dynamic dimensions, in every MODEL (repeatable)")
     p.add_argument("--policy", action="append", dest="policies", metavar="P",
                    help=f"policy to run (repeatable; default all: {', '.join(POLICIES)})")
     p.add_argument("--device", default=DEFAULT_DEVICE,
@@ -317,7 +319,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"... {msg}", file=sys.stderr, flush=True)
 
     result = bench_models(args.models, args.policies, device=args.device, runs=args.runs,
-                          timeout=args.timeout, progress=progress)
+                          timeout=args.timeout, shapes=parse_shapes(args.shape), progress=progress)
     print(json.dumps(result, indent=1) if args.json else format_bench(result))
     return 0
 

@@ -47,7 +47,8 @@ def machine_info(threads: int) -> dict:
             "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", "10000")}
 
 
-def check_args(models: list[str], policies: list[str], device: str, runs: int, timeout: float) -> None:
+def check_args(models: list[str], policies: list[str], device: str, runs: int, timeout: float,
+               shapes: dict | None = None) -> None:
     """Every bad argument as one TileweaveError line, before any model runs."""
     from engine.device import get_device
     from engine.frontend.importer import import_onnx
@@ -63,13 +64,14 @@ def check_args(models: list[str], policies: list[str], device: str, runs: int, t
         raise TileweaveError(f"--timeout {timeout:g} must be positive (seconds)")
     get_device(device)
     for m in models:
-        import_onnx(m)  # a missing, unreadable or unsupported model: one line now, not per policy
+        import_onnx(m, shapes)  # a missing, unreadable or unsupported model: one line now, not per policy
 
 
-def run_cell(model: str, policy: str, device: str, runs: int, threads: int, timeout: float) -> dict:
+def run_cell(model: str, policy: str, device: str, runs: int, threads: int, timeout: float,
+             shapes: dict | None = None) -> dict:
     """One worker process; {"timeout": True, "phase": ...} when it outlives `timeout` seconds."""
     job = {"model": str(Path(model).resolve()), "policy": policy, "device": device, "runs": runs,
-           "threads": threads}
+           "threads": threads, "shapes": {k: list(v) for k, v in (shapes or {}).items()}}
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     # libgomp's idle threads spin ~300k iterations by default; interleaved with onnxruntime's pool on
     # the same cores that spin would be charged to whichever side runs next.
@@ -97,13 +99,14 @@ def run_cell(model: str, policy: str, device: str, runs: int, threads: int, time
 
 
 def bench_models(models: list[str], policies: list[str] | None = None, *, device: str = "a100",
-                 runs: int = 10, timeout: float = 120.0, progress=None) -> dict:
+                 runs: int = 10, timeout: float = 120.0, shapes: dict | None = None, progress=None) -> dict:
     """{"machine": {...}, "models": [{"name", "ort_ms", "policies": {policy: {"ms", "ratio",
     "max_rel_err", "kernels", ...}}}]}. ort_ms is the median of onnxruntime's runs over all of the
     model's cells (each interleaved with ours); ratio = ms / ort_ms. A cell that timed out or failed
-    has ms/ratio None and says so ("timeout": true with the phase, or "error")."""
+    has ms/ratio None and says so ("timeout": true with the phase, or "error"). `shapes` binds dynamic
+    input dimensions (as `--shape`) in every model."""
     policies = list(policies or POLICIES)
-    check_args(models, policies, device, runs, timeout)
+    check_args(models, policies, device, runs, timeout, shapes)
     threads = bench_threads()
     result = {"machine": machine_info(threads), "device": device, "runs": runs, "timeout_s": timeout,
               "models": []}
@@ -112,7 +115,7 @@ def bench_models(models: list[str], policies: list[str] | None = None, *, device
         for policy in policies:
             if progress:
                 progress(f"{Path(model).stem} {policy}")
-            cells[policy] = run_cell(model, policy, device, runs, threads, timeout)
+            cells[policy] = run_cell(model, policy, device, runs, threads, timeout, shapes)
         result["models"].append(_model_row(model, cells))
     return result
 

@@ -65,7 +65,7 @@ def run_job(job: dict) -> dict:
 
     model, runs, threads = Path(job["model"]), int(job["runs"]), int(job["threads"])
     _phase("import")
-    graph = load_graph(model)
+    graph = load_graph(model, {k: tuple(v) for k, v in job.get("shapes", {}).items()})
     inputs = bench_inputs(graph, model)
     sess = ort_session(model, threads)
     names = [o.name for o in sess.get_outputs()]

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from support import sample_path
+from support import TEST_DATA, sample_path
 
 from engine.cli import main
 from engine.profile.bench import bench_models, format_bench
@@ -40,6 +40,15 @@ def test_a_cell_past_its_timeout_is_killed_and_reported():
     assert cell["timeout"] and cell["ms"] is None and cell["ratio"] is None
     assert cell["phase"] in ("start", "import")
     assert "timeout (" in format_bench(result)
+
+
+def test_shape_binds_dynamic_dimensions(capsys):
+    mlp = str(TEST_DATA / "torch" / "mlp_ln_gelu.onnx")  # dynamic batch axis
+    assert main(["bench", mlp, "--policy", "unfused", "--runs", "1", "--json"]) == 2
+    assert "--shape" in capsys.readouterr().err
+    assert main(["bench", mlp, "--shape", "x=5,32", "--policy", "unfused", "--runs", "1", "--json"]) == 0
+    cell = json.loads(capsys.readouterr().out)["models"][0]["policies"]["unfused"]
+    assert cell["ms"] > 0 and cell["max_rel_err"] <= 1e-4
 
 
 def test_text_table_names_timeouts_and_errors():
