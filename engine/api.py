@@ -12,6 +12,7 @@ from engine.codegen.generate import generate
 from engine.codegen.targets import render_c, render_cuda
 from engine.frontend.importer import Graph, import_onnx, load_graph, lower, supported_ops
 from engine.ir.graph import PrimGraph
+from engine.profile.bench import bench_models
 from engine.rprogram.trace import export_trace
 from engine.rprogram.wavefront import build_rprogram
 from engine.runtime.execute import RunResult, run_model
@@ -26,7 +27,7 @@ __all__ = [
     "Graph", "PrimGraph", "import_onnx", "load_graph", "lower", "supported_ops", "run_reference",
     "build_rprogram", "export_trace",
     "generate", "render_cuda", "render_c", "run_model", "RunResult", "compile_program", "make_inputs",
-    "export_bundle",
+    "export_bundle", "bench_models",
     "POLICIES", "make_plan", "validate", "replay", "apply_edit", "apply_to_identical_layers",
     "plan_model", "load_plan", "graph_for_plan", "batching_decisions",
 ]

@@ -16,6 +16,7 @@ COMMANDS = [
     ("engine.commands", "add_run_command"),
     ("engine.rprogram.cli", "add_rprogram_command"),
     ("engine.bundle.cli", "add_export_command"),
+    ("engine.commands", "add_bench_command"),
     ("engine.commands", "add_app_command"),
 ]
 

@@ -282,6 +282,48 @@ if __name__ == "__main__":  # pragma: no cover - convenience: python -m engine.c
     sys.exit(main())
 
 
+# ---- bench --------------------------------------------------------------------------------------
+
+
+def add_bench_command(sub) -> None:
+    from engine.profile.bench import POLICIES
+
+    p = sub.add_parser("bench", help="time our CPU backend against onnxruntime per policy",
+                       description="For each MODEL and policy: plan for --device, generate C, run it on the CPU "
+                                   "and onnxruntime (ORT_ENABLE_ALL) in one worker process, interleaved, both "
+                                   "with OMP_NUM_THREADS threads (default: every core); print medians, "
+                                   "ours/onnxruntime, max relative error vs onnxruntime, kernels, modeled us "
+                                   "and schedule seconds. Inputs come from MODEL's .io.npz beside it when "
+                                   "there is one, else the fixed-seed generator. A cell that outlives "
+                                   "--timeout is killed and reported as a timeout.")
+    p.add_argument("models", nargs="+", metavar="MODEL", help="paths to .onnx files")
+    p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...",
+                   help="bind the shape of an input with dynamic dimensions, in every MODEL (repeatable)")
+    p.add_argument("--policy", action="append", dest="policies", metavar="P",
+                   help=f"policy to run (repeatable; default all: {', '.join(POLICIES)})")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help=f"device preset or file the plans are made for (default {DEFAULT_DEVICE}); "
+                        "the code always runs on this CPU")
+    p.add_argument("--runs", type=int, default=10, help="timed runs of each side (default 10)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds per model and policy, planning and compiling included (default 120)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from engine.profile.bench import bench_models, format_bench
+
+    def progress(msg: str) -> None:
+        if not args.json:
+            print(f"... {msg}", file=sys.stderr, flush=True)
+
+    result = bench_models(args.models, args.policies, device=args.device, runs=args.runs,
+                          timeout=args.timeout, shapes=parse_shapes(args.shape), progress=progress)
+    print(json.dumps(result, indent=1) if args.json else format_bench(result))
+    return 0
+
+
 # ---- app ----------------------------------------------------------------------------------------
 
 

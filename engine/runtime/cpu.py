@@ -75,15 +75,7 @@ def run_cpu(module: CpuModule, graph_specs: Mapping, inputs: Mapping[str, np.nda
     program = module.program
     env = bind_buffers(program, graph_specs, inputs, weights)
     times = []
-    for launch in program.launches:
-        kernel = program.kernel(launch.kernel)
-        call = _library_call(kernel, env, library) if library else None
-        if call is None:
-            fn = module.function(launch.kernel)
-            args = [env[t].ctypes.data for t in launch.args]
-
-            def call(fn=fn, args=args):
-                fn(*args)
+    for launch, call in zip(program.launches, launch_calls(module, env, library)):
         samples = []
         for _ in range(max(1, repeat)):
             t0 = time.perf_counter()
@@ -93,6 +85,23 @@ def run_cpu(module: CpuModule, graph_specs: Mapping, inputs: Mapping[str, np.nda
     outs = {name: env[t].copy() for name, t in zip(program.output_names, program.outputs)}
     label = LABEL if not library else LABEL.replace(")", ", contractions through NumPy BLAS)")
     return outs, Profile(label, "cpu", tuple(times))
+
+
+def launch_calls(module: CpuModule, env: dict[str, np.ndarray], library: Mapping | None = None) -> list:
+    """One argument-free callable per launch, in launch order, over the buffers of `bind_buffers`
+    (what run_cpu times one by one and `tileweave bench` times as a whole)."""
+    program = module.program
+    calls = []
+    for launch in program.launches:
+        call = _library_call(program.kernel(launch.kernel), env, library) if library else None
+        if call is None:
+            fn = module.function(launch.kernel)
+            args = [env[t].ctypes.data for t in launch.args]
+
+            def call(fn=fn, args=args):
+                fn(*args)
+        calls.append(call)
+    return calls
 
 
 def _library_call(kernel, env: dict, stages: Mapping):

@@ -48,7 +48,8 @@ def window_of(ctx: LowerCtx, node: OnnxNode, spatial: tuple[int, ...], kernel: t
     out = []
     for k in range(nd):
         room = spatial[k] + begin[k] + end[k] - span[k]
-        if room < 0:
+        # Ceil mode admits one window wider than the padded input (ONNX: ceil(room / stride) + 1 >= 1).
+        if room < 0 and not (ceil_mode and room > -strides[k]):
             raise ctx.unsupported(f"a window of {span[k]} over a padded extent of {room + span[k]}")
         o = (-(-room // strides[k]) if ceil_mode else room // strides[k]) + 1
         if ceil_mode and (o - 1) * strides[k] >= spatial[k] + begin[k]:

@@ -21,7 +21,11 @@ def _pool_window(ctx: LowerCtx, node: OnnxNode, x: str) -> tuple[tuple[int, ...]
     spatial = tuple(xs[2:])
     kernel = tuple(int(k) for k in node.attrs["kernel_shape"])
     w = window_of(ctx, node, spatial, kernel, ceil_mode=bool(ctx.attr(node, "ceil_mode", 0)))
-    return spatial, kernel, w
+    # Taps past the padded input only ever read the pad value: a window larger than the padded extent
+    # (transformers' EfficientNet pools with a 1280-wide ceil-mode window over a 7x7 map) reduces over
+    # the taps that can land inside, not over kernel^2 pad reads.
+    reach = tuple(-(-(n + b + e) // d) for n, b, e, d in zip(spatial, w.pad_begin, w.pad_end, w.dilations))
+    return spatial, tuple(min(k, r) for k, r in zip(kernel, reach)), w
 
 
 def _window_load(ctx: LowerCtx, x: str, spatial, kernel, w: Window, pad) -> E.Expr:

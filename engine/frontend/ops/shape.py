@@ -1,5 +1,5 @@
-"""Index-remap ops with shape parameters: Expand, Tile, Slice, Split, Pad, GatherElements, Trilu, and
-the value generators that fold at import (ConstantOfShape, Range)."""
+"""Index-remap ops with shape parameters: Expand, Tile, Slice, Split, Pad, GatherElements, GatherND, Trilu,
+and the value generators that fold at import (ConstantOfShape, Range)."""
 
 from __future__ import annotations
 
@@ -146,6 +146,27 @@ def convert_gather_elements(ctx: LowerCtx, node: OnnxNode) -> None:
     sel = I.as_lin(I.Indirect(ctx.resolve(idx), tuple(ivars), dshape[axis]))
     index = [sel if d == axis else v for d, v in enumerate(ivars)]
     _layout(ctx, node.outputs[0], ishape, data, index, "gather_elements")
+
+
+@register("GatherND")
+def convert_gather_nd(ctx: LowerCtx, node: OnnxNode) -> None:
+    """out[b.., i.., rest..] = data[b.., idx[b.., i.., 0], .., idx[b.., i.., K-1], rest..]: each of the K
+    leading non-batch data axes is an Indirect read of the indices' last axis (torch's exporter writes
+    one for vmap'd mask functions)."""
+    data, idx = node.inputs[0], node.inputs[1]
+    dshape, ishape = ctx.shape(data), ctx.shape(idx)
+    b = int(ctx.attr(node, "batch_dims", 0))
+    k = ishape[-1] if ishape else 0
+    if not ishape or b >= len(ishape) or b + k > len(dshape) or dshape[:b] != ishape[:b]:
+        raise ctx.unsupported(f"indices of shape {list(ishape)} into data of shape {list(dshape)} "
+                              f"with batch_dims={b}")
+    lead = len(ishape) - 1  # batch axes + gathered index axes of the output
+    out_shape = ishape[:-1] + dshape[b + k:]
+    ivars = I.out_vars(len(out_shape))
+    src = ctx.resolve(idx)
+    picked = tuple(I.as_lin(I.Indirect(src, tuple(ivars[:lead]) + (I.const(j),), dshape[b + j])) for j in range(k))
+    index = tuple(ivars[:b]) + picked + tuple(ivars[lead:])
+    _layout(ctx, node.outputs[0], out_shape, data, index, "gather_nd")
 
 
 @register("Trilu")

@@ -88,6 +88,12 @@ POOL_CASES = {
     "avg_ceil_include": ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
                                               ceil_mode=1, count_include_pad=1)),
     "avg_dilated": ("AveragePool", dict(kernel_shape=[2, 2], dilations=[2, 2], pads=[1, 1, 1, 1])),
+    # transformers' EfficientNet pooler: one ceil-mode window far wider than the map (global average).
+    "avg_window_wider_include": ("AveragePool", dict(kernel_shape=[40, 40], strides=[40, 40], ceil_mode=1,
+                                                      count_include_pad=1)),
+    "avg_window_wider_exclude": ("AveragePool", dict(kernel_shape=[9, 12], strides=[10, 12], pads=[1, 0, 1, 2],
+                                                      ceil_mode=1)),
+    "max_window_wider": ("MaxPool", dict(kernel_shape=[30, 9], strides=[31, 9], ceil_mode=1)),
 }
 
 
@@ -168,6 +174,27 @@ def test_split_expand_tile_gather_elements_trilu(rng):
     idx = rng.integers(-7, 7, size=(4, 3)).astype(np.int64)
     _check(_model("GatherElements", {"x": x, "i": idx}, axis=1), {"x": x, "i": idx})
     _check(_model("Trilu", {"x": x}, {"k": np.array(-1, dtype=np.int64)}, upper=0), {"x": x})
+
+
+GATHER_ND_CASES = {
+    # (data shape, indices shape, batch_dims): whole rows, single elements, batched, a torch mask gather
+    "rows": ((4, 5, 3), (2, 1), 0),
+    "elements": ((4, 5, 3), (3, 2, 3), 0),
+    "batched": ((2, 5, 3), (2, 4, 1), 1),
+    "mask_like": ((1, 16), (1, 1, 1, 16, 2), 0),
+}
+
+
+@pytest.mark.parametrize("case", GATHER_ND_CASES, ids=list(GATHER_ND_CASES))
+def test_gather_nd(case, rng):
+    dshape, ishape, b = GATHER_ND_CASES[case]
+    x = _rand(rng, *dshape)
+    bounds = np.array(dshape[b:b + ishape[-1]])
+    idx = (rng.integers(0, 1 << 20, size=ishape) % bounds).astype(np.int64)
+    idx[..., 0] -= bounds[0] * (idx[..., 0] % 2)  # every other index negative (counted from the end)
+    pg = _check(_model("GatherND", {"x": x}, {"i": idx}, batch_dims=b, opset=13), {"x": x})
+    assert [s.op for s in pg.stages] == ["gather_nd"]
+    _check(_model("GatherND", {"x": x, "i": idx}, batch_dims=b, opset=13), {"x": x, "i": idx})
 
 
 def test_range_and_constant_of_shape_fold():

@@ -1,0 +1,177 @@
+"""`tileweave bench`: models × policies in, our CPU backend vs onnxruntime out (medians, ratio, max relative
+error, kernels, modeled µs, schedule seconds) as a dict in the `--json` shape, or as a text table.
+Each (model, policy) runs in its own process (`bench_worker.py`) under a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.errors import PlanError, TileweaveError
+
+POLICIES = ("unfused", "elementwise", "stitch", "welder")
+
+
+def bench_threads() -> int:
+    """OMP_NUM_THREADS when set, else the machine's cores: both onnxruntime and OpenMP get this many."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value:
+        try:
+            return max(1, int(value.split(",")[0]))
+        except ValueError:
+            raise TileweaveError(f"OMP_NUM_THREADS='{value}' is not a thread count",
+                                 hint="set it to a positive integer or unset it") from None
+    return os.cpu_count() or 1
+
+
+def machine_info(threads: int) -> dict:
+    import onnxruntime
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__, "load_average": load,
+            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", "10000")}
+
+
+def check_args(models: list[str], policies: list[str], device: str, runs: int, timeout: float,
+               shapes: dict | None = None) -> None:
+    """Every bad argument as one TileweaveError line, before any model runs."""
+    from engine.device import get_device
+    from engine.frontend.importer import import_onnx
+
+    if not models:
+        raise TileweaveError("no model given", hint="tileweave bench MODEL.onnx [MODEL.onnx ...]")
+    bad = [p for p in policies if p not in POLICIES]
+    if bad:
+        raise PlanError(f"unknown policy '{bad[0]}'", hint=f"use one of {', '.join(POLICIES)}")
+    if runs < 1:
+        raise TileweaveError(f"--runs {runs} must be at least 1")
+    if timeout <= 0:
+        raise TileweaveError(f"--timeout {timeout:g} must be positive (seconds)")
+    get_device(device)
+    for m in models:
+        import_onnx(m, shapes)  # a missing, unreadable or unsupported model: one line now, not per policy
+
+
+def run_cell(model: str, policy: str, device: str, runs: int, threads: int, timeout: float,
+             shapes: dict | None = None) -> dict:
+    """One worker process; {"timeout": True, "phase": ...} when it outlives `timeout` seconds."""
+    job = {"model": str(Path(model).resolve()), "policy": policy, "device": device, "runs": runs,
+           "threads": threads, "shapes": {k: list(v) for k, v in (shapes or {}).items()}}
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    # libgomp's idle threads spin ~300k iterations by default; interleaved with onnxruntime's pool on
+    # the same cores that spin would be charged to whichever side runs next.
+    env.setdefault("GOMP_SPINCOUNT", "10000")
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "engine.profile.bench_worker", json.dumps(job)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # its own group: a kill takes gcc along
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        phases = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("phase ")]
+        plans = [json.loads(ln.split(" ", 1)[1]) for ln in out.splitlines() if ln.startswith("plan ")]
+        return {**(plans[0] if plans else {}), "timeout": True, "phase": phases[-1] if phases else "start",
+                "seconds": round(time.perf_counter() - started, 1)}
+    for line in reversed(out.splitlines()):
+        if line.startswith("result "):
+            return json.loads(line[len("result "):])
+    tail = (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1][:200]
+    return {"error": f"worker died: {tail}"}
+
+
+def bench_models(models: list[str], policies: list[str] | None = None, *, device: str = "a100",
+                 runs: int = 10, timeout: float = 120.0, shapes: dict | None = None, progress=None) -> dict:
+    """{"machine": {...}, "models": [{"name", "ort_ms", "policies": {policy: {"ms", "ratio",
+    "max_rel_err", "kernels", ...}}}]}. ort_ms is the median of onnxruntime's runs over all of the
+    model's cells (each interleaved with ours); ratio = ms / ort_ms. A cell that timed out or failed
+    has ms/ratio None and says so ("timeout": true with the phase, or "error"). `shapes` binds dynamic
+    input dimensions (as `--shape`) in every model."""
+    policies = list(policies or POLICIES)
+    check_args(models, policies, device, runs, timeout, shapes)
+    threads = bench_threads()
+    result = {"machine": machine_info(threads), "device": device, "runs": runs, "timeout_s": timeout,
+              "models": []}
+    for model in models:
+        cells = {}
+        for policy in policies:
+            if progress:
+                progress(f"{Path(model).stem} {policy}")
+            cells[policy] = run_cell(model, policy, device, runs, threads, timeout, shapes)
+        result["models"].append(_model_row(model, cells))
+    return result
+
+
+def _model_row(model: str, cells: dict[str, dict]) -> dict:
+    import statistics
+
+    ort = [t for c in cells.values() for t in c.get("ort_ms_samples", ())]
+    ort_ms = statistics.median(ort) if ort else None
+    policies = {}
+    for policy, c in cells.items():
+        row = {"ms": c.get("ms"), "ratio": None, "max_rel_err": c.get("max_rel_err"), "kernels": c.get("kernels"),
+               "modeled_us": c.get("modeled_us"), "dram_bytes": c.get("dram_bytes"),
+               "schedule_s": c.get("schedule_s"), "compile_s": c.get("compile_s"),
+               "ort_ms_interleaved": c.get("ort_ms"), "timeout": bool(c.get("timeout"))}
+        if c.get("timeout"):
+            row.update(phase=c["phase"], seconds=c["seconds"])
+        if c.get("error"):
+            row["error"] = c["error"]
+        if row["ms"] is not None and ort_ms:
+            row["ratio"] = row["ms"] / ort_ms
+        policies[policy] = row
+    floor = next((c["min_dram_bytes"] for c in cells.values() if "min_dram_bytes" in c), None)
+    return {"name": Path(model).stem, "path": str(model), "ort_ms": ort_ms, "min_dram_bytes": floor,
+            "policies": policies}
+
+
+def format_bench(result: dict) -> str:
+    """The text table `tileweave bench` prints."""
+    m = result["machine"]
+    lines = [f"machine  {m['cpu']}, {m['cores']} cores; {m['threads']} threads for onnxruntime "
+             f"{m['onnxruntime']} and OpenMP; load {m['load_average']}",
+             f"plans    {result['device']} preset; medians of {result['runs']} interleaved runs; "
+             f"timeout {result['timeout_s']:g} s per model and policy", ""]
+    rows = [("model", "ort ms", "policy", "kernels", "ours ms", "ours/ort", "max rel err", "modeled us",
+             "schedule s")]
+    for model in result["models"]:
+        ort = _num(model["ort_ms"], ".3f")
+        for k, (policy, c) in enumerate(model["policies"].items()):
+            if c["timeout"]:
+                ms = f"timeout ({c['phase']})"
+            elif c.get("error"):
+                ms = "error"
+            else:
+                ms = _num(c["ms"], ".3f")
+            rows.append((model["name"] if k == 0 else "", ort if k == 0 else "", policy, _num(c["kernels"], "d"),
+                         ms, _num(c["ratio"], ".2f", "x"), _num(c["max_rel_err"], ".1e"),
+                         _num(c["modeled_us"], ".1f"), _num(c["schedule_s"], ".2f")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        lines.append("  ".join(v.ljust(w) if i in (0, 2) else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+    errors = [(mo["name"], p, c["error"]) for mo in result["models"] for p, c in mo["policies"].items()
+              if c.get("error")]
+    lines += [""] * bool(errors) + [f"{name} {policy}: {msg}" for name, policy, msg in errors]
+    return "\n".join(lines)
+
+
+def _num(value, fmt: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{fmt}}{suffix}"

@@ -1,0 +1,130 @@
+"""One (model, policy) of `tileweave bench`, run in its own process so a runaway plan can be killed:
+a JSON job on argv in; `phase NAME` progress lines, a `plan {json}` line and one `result {json}` line out.
+
+onnxruntime and the generated C program are timed in this one process, interleaved repeat by repeat."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+
+def bench_inputs(graph, model: Path) -> dict[str, np.ndarray]:
+    """The inputs stored beside the model (`<stem>.io.npz`, as in samples/ and samples/zoo/), else
+    fixed-seed ones (seed 0)."""
+    from engine.runtime.inputs import complete_inputs
+
+    io = model.with_name(model.stem + ".io.npz")
+    given = {}
+    if io.is_file():
+        with np.load(io, allow_pickle=False) as data:
+            given = {s.name: data[s.name] for s in graph.inputs if s.name in data.files}
+    return complete_inputs(graph, given, seed=0)
+
+
+def ort_session(model: Path, threads: int):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+
+
+def max_rel_error(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> float:
+    """max over outputs of max |got - want| / max |want|."""
+    worst = 0.0
+    for name, w in want.items():
+        w64, g64 = np.asarray(w, np.float64), np.asarray(got[name], np.float64)
+        if g64.shape != w64.shape:
+            return float("inf")
+        if w64.size:
+            scale = max(float(np.abs(w64).max()), 1e-30)
+            worst = max(worst, float(np.abs(g64 - w64).max()) / scale)
+    return worst
+
+
+def _phase(name: str) -> None:
+    print(f"phase {name}", flush=True)
+
+
+def run_job(job: dict) -> dict:
+    """Plan, compile, check and time one model under one policy against onnxruntime."""
+    from engine.codegen.generate import generate
+    from engine.device import get_device
+    from engine.frontend.importer import load_graph
+    from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls
+    from engine.schedule.pipeline import plan_model
+
+    model, runs, threads = Path(job["model"]), int(job["runs"]), int(job["threads"])
+    _phase("import")
+    graph = load_graph(model, {k: tuple(v) for k, v in job.get("shapes", {}).items()})
+    inputs = bench_inputs(graph, model)
+    sess = ort_session(model, threads)
+    names = [o.name for o in sess.get_outputs()]
+    want = dict(zip(names, sess.run(names, inputs)))
+
+    _phase("schedule")
+    started = time.perf_counter()
+    planned, plan = plan_model(graph, job["policy"], get_device(job["device"]))
+    schedule_s = time.perf_counter() - started
+    planned_stats = {"kernels": len(plan.groups), "modeled_us": plan.modeled_us, "dram_bytes": plan.dram_bytes,
+                     "min_dram_bytes": planned.min_dram_bytes, "schedule_s": schedule_s}
+    print("plan " + json.dumps(planned_stats), flush=True)  # the parent keeps these if a later phase times out
+    _phase("compile")
+    started = time.perf_counter()
+    program = generate(plan, planned, job["device"], target="c")
+    module = compile_program_c(program)
+    compile_s = time.perf_counter() - started
+
+    _phase("check")
+    env = bind_buffers(program, planned.specs, inputs, planned.weights)
+    calls = launch_calls(module, env)
+
+    def ours():
+        for call in calls:
+            call()
+
+    ours()
+    got = {name: env[t] for name, t in zip(program.output_names, program.outputs)}
+    err = max_rel_error(got, want)
+
+    _phase("time")
+    for _ in range(2):  # warm-up: page faults, both thread pools
+        sess.run(names, inputs)
+        ours()
+    ort_ms, ours_ms = [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        sess.run(names, inputs)
+        t1 = time.perf_counter()
+        ours()
+        t2 = time.perf_counter()
+        ort_ms.append((t1 - t0) * 1e3)
+        ours_ms.append((t2 - t1) * 1e3)
+    return {**planned_stats, "ms": statistics.median(ours_ms), "ort_ms": statistics.median(ort_ms),
+            "ms_samples": ours_ms, "ort_ms_samples": ort_ms, "max_rel_err": err,
+            "kernels": len(program.launches), "compile_s": compile_s}
+
+
+def main(argv: list[str] | None = None) -> int:
+    job = json.loads((argv or sys.argv[1:])[0])
+    try:
+        result = run_job(job)
+    except Exception as err:  # reported to the parent as this cell's error, not a traceback
+        traceback.print_exc(file=sys.stderr)
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        result = {"error": f"{type(err).__name__}: {first}" if first else type(err).__name__}
+    print("result " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""`tileweave bench` (engine/profile/bench.py, bench_worker.py): the --json contract, timeouts that
+report instead of hanging, the text table, and one-line errors for bad models and policies."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from support import TEST_DATA, sample_path
+
+from engine.cli import main
+from engine.profile.bench import bench_models, format_bench
+from engine.profile.bench_worker import bench_inputs, max_rel_error
+
+GELU = str(sample_path("gelu_chain"))
+
+
+def test_json_shape_and_numbers(capsys):
+    assert main(["bench", GELU, "--policy", "elementwise", "--policy", "unfused", "--runs", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"cpu", "cores", "threads", "onnxruntime"} <= result["machine"].keys()
+    [model] = result["models"]
+    assert model["name"] == "gelu_chain" and model["ort_ms"] > 0
+    assert list(model["policies"]) == ["elementwise", "unfused"]
+    for policy, cell in model["policies"].items():
+        assert not cell["timeout"] and "error" not in cell, (policy, cell)
+        assert cell["ms"] > 0 and cell["ratio"] == pytest.approx(cell["ms"] / model["ort_ms"])
+        assert cell["max_rel_err"] <= 1e-4
+        assert cell["modeled_us"] > 0 and cell["schedule_s"] >= 0
+        assert cell["dram_bytes"] >= model["min_dram_bytes"] > 0
+    # elementwise fuses the whole chain into one kernel; unfused keeps one per ONNX node.
+    assert model["policies"]["elementwise"]["kernels"] == 1 < model["policies"]["unfused"]["kernels"]
+
+
+def test_a_cell_past_its_timeout_is_killed_and_reported():
+    # No Python process imports numpy, onnxruntime and the engine in 50 ms: the worker is always killed.
+    result = bench_models([GELU], ["welder"], runs=1, timeout=0.05)
+    cell = result["models"][0]["policies"]["welder"]
+    assert cell["timeout"] and cell["ms"] is None and cell["ratio"] is None
+    assert cell["phase"] in ("start", "import")
+    assert "timeout (" in format_bench(result)
+
+
+def test_shape_binds_dynamic_dimensions(capsys):
+    mlp = str(TEST_DATA / "torch" / "mlp_ln_gelu.onnx")  # dynamic batch axis
+    assert main(["bench", mlp, "--policy", "unfused", "--runs", "1", "--json"]) == 2
+    assert "--shape" in capsys.readouterr().err
+    assert main(["bench", mlp, "--shape", "x=5,32", "--policy", "unfused", "--runs", "1", "--json"]) == 0
+    cell = json.loads(capsys.readouterr().out)["models"][0]["policies"]["unfused"]
+    assert cell["ms"] > 0 and cell["max_rel_err"] <= 1e-4
+
+
+def test_text_table_names_timeouts_and_errors():
+    cell = {"ms": 2.0, "ratio": 4.0, "max_rel_err": 1e-6, "kernels": 3, "modeled_us": 12.5, "schedule_s": 0.1,
+            "timeout": False}
+    result = {"machine": {"cpu": "cpu", "cores": 2, "threads": 2, "onnxruntime": "1", "load_average": [0.1]},
+              "device": "a100", "runs": 5, "timeout_s": 60.0,
+              "models": [{"name": "m", "ort_ms": 0.5, "policies": {
+                  "unfused": cell,
+                  "welder": {**cell, "ms": None, "ratio": None, "timeout": True, "phase": "time"},
+                  "stitch": {**cell, "ms": None, "ratio": None, "error": "PlanError: too big"}}}]}
+    text = format_bench(result)
+    assert "4.00x" in text and "timeout (time)" in text
+    assert "m stitch: PlanError: too big" in text
+
+
+def test_inputs_come_from_the_io_file_beside_the_model():
+    from engine.api import load_graph
+
+    graph = load_graph(GELU)
+    stored = np.load(sample_path("gelu_chain").with_name("gelu_chain.io.npz"))
+    inputs = bench_inputs(graph, sample_path("gelu_chain"))
+    np.testing.assert_array_equal(inputs["x"], stored["x"])
+
+
+def test_max_rel_error_flags_a_shape_mismatch():
+    want = {"y": np.array([1.0, -2.0])}
+    assert max_rel_error({"y": np.array([1.0, -1.0])}, want) == pytest.approx(0.5)
+    assert max_rel_error({"y": np.array([1.0])}, want) == float("inf")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench", "missing.onnx"], "model file 'missing.onnx' does not exist"),
+    (["bench", GELU, "--policy", "fastest"], "unknown policy 'fastest'"),
+    (["bench", GELU, "--runs", "0"], "--runs 0 must be at least 1"),
+    (["bench", GELU, "--timeout", "0"], "--timeout 0 must be positive"),
+    (["bench", GELU, "--device", "a101"], "a101"),
+])
+def test_bad_input_is_one_line_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
