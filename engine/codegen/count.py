@@ -276,7 +276,12 @@ def _epilogue(kernel: Kernel, phase: Phase) -> Work:
     def compute() -> Work:
         cnt = _Counter(kernel)
         if t.target is not None:
-            cnt.value(phase.body, 1.0, {strip(t.target): True})
+            target = strip(t.target)
+            cnt.value(phase.body, 1.0, {target: True})
+            # The contraction inlined into the phase is the accumulator: computed once per element.
+            for n in _marked(phase.body, {target}):
+                if isinstance(n, Inlined):
+                    cnt.work.evals[n.stage] = cnt.work.evals.get(n.stage, 0.0) + 1.0
         cnt.stores(phase)
         cnt.work.evals[phase.stage] = cnt.work.evals.get(phase.stage, 0.0) + 1.0
         return cnt.work
