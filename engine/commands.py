@@ -16,7 +16,7 @@ import numpy as np
 from engine.errors import BackendError, ShapeError, TileweaveError
 from engine.ir.graph import PrimGraph, StageKind, TensorSpec
 
-BACKENDS = ("reference", "cpu", "cuda")
+BACKENDS = ("reference", "cpu", "cuda", "cuda-sim")
 DEFAULT_POLICY = "welder"
 DEFAULT_DEVICE = "a100"
 

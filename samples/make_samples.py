@@ -543,7 +543,7 @@ SAMPLES: list[Sample] = [
 SMALL: dict[str, Callable[[np.random.Generator], tuple[onnx.ModelProto, Inputs]]] = {
     "bert_layer": lambda rng: build_bert_layer(rng, seq=40, hidden=128, heads=2, ffn=256),
     "vit_block": lambda rng: build_vit_block(rng, tokens=29, dim=64, heads=2, mlp=128),
-    "mobilenetv2_block": lambda rng: build_mobilenetv2_block(rng, c=16, expand=96, hw=14),
+    "mobilenetv2_block": lambda rng: build_mobilenetv2_block(rng, c=8, expand=48, hw=10),
     "nerf_mlp": lambda rng: build_nerf_mlp(rng, n=200, width=64),
     "lstm": lambda rng: build_lstm(rng, steps=6, n_in=48, n_hidden=64),
     "pow_broadcast_add": lambda rng: build_pow_broadcast_add(rng, rows=96, cols=1000),

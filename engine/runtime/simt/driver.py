@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -30,18 +31,26 @@ def program_units(program: Program) -> tuple[native.Unit, ...]:
 
 def run_simt(program: Program, specs: Mapping, inputs: Mapping[str, np.ndarray],
              weights: Mapping[str, np.ndarray], *, grid_cap: int | None = DEFAULT_GRID_CAP, resident: int = 1,
-             plan=None) -> tuple[dict[str, np.ndarray], SimReport]:
+             plan=None, sources: Mapping[str, str] | None = None) -> tuple[dict[str, np.ndarray], SimReport]:
     """Run every launch of `program` (generated with target="cuda") under the emulator.
 
     `grid_cap` caps cooperative grids (see DEFAULT_GRID_CAP); `resident` is how many blocks of an ordinary
     launch are resident at once (blocks start as others finish, as on a GPU; any value is valid for code
     that does not wait on other blocks). `plan` (the Plan the program came from) adds each kernel's
-    modeled traffic to the report. A launch that cannot finish (deadlock) stops the run there."""
+    modeled traffic to the report. A launch that cannot finish (deadlock) stops the run there.
+    `sources` (kernel name -> CUDA unit) runs edited units instead of the printed ones (a hand fix, or a
+    deliberately broken kernel in the emulator's tests)."""
     if resident < 1:
         raise BackendError(f"cuda-sim: resident blocks must be at least 1, got {resident}")
     if grid_cap is not None and grid_cap < 0:
         raise BackendError(f"cuda-sim: the grid cap must be 0 (none) or positive, got {grid_cap}")
-    lib = native.build(program_units(program), program.name)
+    units = program_units(program)
+    if sources:
+        unknown = sorted(set(sources) - {u.kernel for u in units})
+        if unknown:
+            raise BackendError(f"cuda-sim: no kernel {unknown[0]} in program {program.name}")
+        units = tuple(native.Unit(u.file, u.kernel, sources.get(u.kernel, u.source)) for u in units)
+    lib = native.build(units, program.name)
     mem = Memory()
     try:
         _bind(mem, program, specs, inputs, weights)
@@ -110,6 +119,42 @@ def _run_launches(lib: native.SimLibrary, mem: Memory, program: Program, grid_ca
             stopped = f"launch {i} ({kernel.name}) could not finish; later launches did not run"
             break
     return findings, traffic, ran, stopped
+
+
+def run_cuda_source(source: str, kernel: str, args: list[tuple[np.ndarray, str]], *, grid: int, block: int,
+                    shared_bytes: int = 0, shared_granule: int = 4, cooperative: bool = False,
+                    resident: int = 1, file: str = "kernel.cu") -> tuple[list[np.ndarray], SimReport]:
+    """Run one hand-written CUDA kernel (all parameters pointers) under the emulator: how to check CUDA
+    without a GPU. `args` in parameter order, each (array, mode): "in" read-only and initialised,
+    "out" never written, "inout" initialised and written; findings name the parameters. The arrays are
+    updated in place. `shared_granule`: the smallest element size kept in shared memory."""
+    lib = native.build((native.Unit(file, kernel, source),), kernel)
+    names = _param_names(source, kernel)
+    if len(names) != len(args):
+        raise BackendError(f"kernel {kernel} takes {len(names)} parameter(s), got {len(args)} argument(s)")
+    mem = Memory()
+    try:
+        for name, (arr, mode) in zip(names, args):
+            if mode not in ("in", "out", "inout") or not arr.flags.c_contiguous:
+                raise BackendError(f"{name}: mode '{mode}' (in, out or inout) of a C-contiguous array")
+            if mode == "out":
+                arr.view(np.uint8).reshape(-1)[:] = 0xFF
+            mem.add(name, arr, tracked=mode != "in", written=mode == "inout")
+        argv = (native.Arg * max(1, len(args)))(*[mem.arg(name) for name in names])
+        rc, stats, found = launch_kernel(lib.entries[0], argv, None, lib.units[0], grid=grid, block=block,
+                                         smem=shared_bytes, cooperative=cooperative, resident=resident,
+                                         regions=[], shift=shift_of(shared_granule))
+    finally:
+        mem.close()
+    stopped = f"{kernel} could not finish" if rc else ""
+    return [a for a, _ in args], SimReport(tuple(found), (KernelTraffic(kernel, 1, *stats),), 1, stopped)
+
+
+def _param_names(source: str, kernel: str) -> list[str]:
+    m = re.search(rf"\b{re.escape(kernel)}\s*\(([^)]*)\)", source)
+    if m is None:
+        raise BackendError(f"no kernel named {kernel} in the source")
+    return [re.findall(r"\w+", p)[-1] for p in m[1].split(",") if p.strip()]
 
 
 def launch_kernel(entry: int, args, kernel: Kernel | None, unit: native.Unit, *, grid: int, block: int, smem: int,

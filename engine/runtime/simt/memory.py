@@ -13,6 +13,9 @@ import numpy as np
 from engine.codegen.kir import Kernel
 from engine.runtime.simt import native
 
+HOST = 0xFFFFFFFE  # tw::HOST: the writer of a cell the host initialised
+HOST_WORD = 1  # Cell = {Access w, r}, Access = {g, block, ...}: w.block is the cell's second 32-bit word
+
 
 def shift_of(itemsize: int) -> int:
     """log2 of a granule: shadow cells per element of the smallest type a buffer holds."""
@@ -31,9 +34,10 @@ class Memory:
         self._keep: list = []
 
     def add(self, name: str, array: np.ndarray, *, tracked: bool, shadow: tuple[np.ndarray, int] | None = None,
-            shift: int | None = None) -> int:
-        """Register `array` under `name`. Tracked buffers get shadow cells (all never written), their own
-        or a slice of `shadow` = (shadow array, first cell) shared with aliasing tensors (the arena)."""
+            shift: int | None = None, written: bool = False) -> int:
+        """Register `array` under `name`. Tracked buffers get shadow cells (never written, or written by
+        the host before the launch with `written`), their own or a slice of `shadow` = (shadow array,
+        first cell) shared with aliasing tensors (the arena)."""
         shift = shift_of(array.dtype.itemsize) if shift is None else shift
         base = array.ctypes.data
         cells = ((array.nbytes - 1) >> shift) + 1 if array.nbytes else 0
@@ -42,6 +46,8 @@ class Memory:
             if shadow is None:
                 shadow = (np.full(max(cells, 1) * self.cell, 0xFF, np.uint8), 0)
             self.shadows[name] = (shadow[0], shadow[1], cells)
+            if written:
+                self.mark_written(name)
             shadow_ptr = shadow[0].ctypes.data + shadow[1] * self.cell
         label = name.encode()
         handle = self.rt.tw_buffer_new(base, array.nbytes, shadow_ptr, shift, native.GLOBAL, label)
@@ -55,6 +61,12 @@ class Memory:
         if name in self.shadows:
             arr, first, cells = self.shadows[name]
             arr[first * self.cell:(first + cells) * self.cell] = 0xFF
+
+    def mark_written(self, name: str) -> None:
+        """Every cell of a tracked buffer written by the host (ordered before every kernel access)."""
+        arr, first, cells = self.shadows[name]
+        words = arr[first * self.cell:(first + cells) * self.cell].view(np.uint32).reshape(cells, -1)
+        words[:, HOST_WORD] = HOST
 
     def arg(self, name: str) -> native.Arg:
         return native.Arg(self.arrays[name].ctypes.data, self.handles[name])

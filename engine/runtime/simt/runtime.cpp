@@ -240,6 +240,8 @@ struct Launch {
 Launch* g_L = nullptr;
 Thread* g_running = nullptr;
 std::vector<TwFinding> g_findings;
+const void* g_store_value = nullptr;  // the bytes the write being checked stores
+int64_t g_store_n = 0;
 std::map<std::tuple<int, int, std::string>, size_t> g_finding_at;
 int g_kind_count[KINDS] = {};
 
@@ -619,10 +621,13 @@ void tw_report_race(const Buffer* b, int64_t off, const Access* prev, int prev_w
     if (prev->thread == MANY) std::snprintf(who, sizeof who, "several threads of block %u", prev->block);
     else std::snprintf(who, sizeof who, "thread %u of block %u", prev->thread, prev->block);
     const bool same_block = g_running && prev->block == g_running->v.block;
+    const bool same_value = write && prev_write && g_store_value && off >= 0 &&
+                            std::memcmp(b->base + off, g_store_value, (size_t)g_store_n) == 0;
     add_finding(RACE, line, buffer_name(b), off, (int)prev->line,
-                "%s of %s at byte %lld races with a %s at line %u by %s (%s)", write ? "write" : "read",
+                "%s of %s at byte %lld races with a %s at line %u by %s (%s)%s", write ? "write" : "read",
                 buffer_name(b), (long long)off, prev_write ? "write" : "read", prev->line, who,
-                same_block ? "no __syncthreads between" : "another block, no grid sync or release/acquire between");
+                same_block ? "no __syncthreads between" : "another block, no grid sync or release/acquire between",
+                same_value ? "; both store the same value" : "");
 }
 
 int tw_ordered_across(uint32_t block, uint32_t ep) {
@@ -727,7 +732,13 @@ uint64_t tw_warp_op(int op, unsigned mask, uint64_t value, int arg, int width, i
 }
 
 int tw_check_read(const Buffer* b, const void* p, int64_t n, int line) { return check_impl<false>(b, p, n, line); }
-int tw_check_write(const Buffer* b, const void* p, int64_t n, int line) { return check_impl<true>(b, p, n, line); }
+int tw_check_write(const Buffer* b, const void* p, int64_t n, int line, const void* value) {
+    g_store_value = value;
+    g_store_n = n;
+    const int ok = check_impl<true>(b, p, n, line);
+    g_store_value = nullptr;
+    return ok;
+}
 
 // ---- the Python side (ctypes) ---------------------------------------------------------------------
 int tw_cell_size(void) { return (int)sizeof(Cell); }

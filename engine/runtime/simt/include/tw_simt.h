@@ -157,14 +157,15 @@ TW_HOT bool check_impl(const Buffer* b, const void* p, int64_t n, int line) {
 }  // namespace tw
 #pragma GCC visibility push(default)
 extern "C" int tw_check_read(const tw::Buffer* b, const void* p, int64_t n, int line);
-extern "C" int tw_check_write(const tw::Buffer* b, const void* p, int64_t n, int line);
+extern "C" int tw_check_write(const tw::Buffer* b, const void* p, int64_t n, int line, const void* value);
 #pragma GCC visibility pop
 namespace tw {
 
+// `value`: the bytes a write stores (a write-write race that stores the value already there says so).
 template <bool WRITE>
-TW_HOT bool check(const Buffer* b, const void* p, int64_t n, int line) {
+TW_HOT bool check(const Buffer* b, const void* p, int64_t n, int line, const void* value = nullptr) {
     if (!b) return true;  // a raw pointer (e.g. into a register array): unchecked
-    return WRITE ? tw_check_write(b, p, n, line) : tw_check_read(b, p, n, line);
+    return WRITE ? tw_check_write(b, p, n, line, value) : tw_check_read(b, p, n, line);
 }
 
 template <class T>
@@ -237,7 +238,7 @@ struct ref {
         return v;
     }
     TW_HOT void store(const V& v) const {
-        if (check<true>(b, p, sizeof(T), line)) std::memcpy((void*)p, (const void*)&v, sizeof(T));
+        if (check<true>(b, p, sizeof(T), line, &v)) std::memcpy((void*)p, (const void*)&v, sizeof(T));
     }
     TW_HOT operator V() const { return load(); }
     TW_HOT const ref& operator=(const V& v) const { store(v); return *this; }
