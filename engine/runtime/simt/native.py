@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.codegen.ccompile import compile_c, load_library
+from engine.flags import sim_stack_kib
 from engine.runtime.simt.transform import instrument
 
 HERE = Path(__file__).resolve().parent
@@ -79,6 +80,7 @@ def runtime() -> ctypes.CDLL:
     for fn, (res, args) in sig.items():
         getattr(lib, fn).restype = res
         getattr(lib, fn).argtypes = args
+    lib.tw_set_stack_size(sim_stack_kib() * 1024)
     return lib
 
 

@@ -743,7 +743,17 @@ int tw_check_write(const Buffer* b, const void* p, int64_t n, int line, const vo
 // ---- the Python side (ctypes) ---------------------------------------------------------------------
 int tw_cell_size(void) { return (int)sizeof(Cell); }
 
-void tw_set_stack_size(int64_t bytes) { g_stack_size = (size_t)bytes; }
+void tw_set_stack_size(int64_t bytes) {
+    const size_t size = ((size_t)bytes + 4095) & ~(size_t)4095;
+    if (size != g_stack_size) {  // stacks of the old size are not reused
+        for (Stack& s : g_free_stacks) {
+            if (s.lo != s.map) --g_guarded;
+            munmap(s.map, (size_t)(s.lo - s.map) + s.size);
+        }
+        g_free_stacks.clear();
+        g_stack_size = size;
+    }
+}
 
 Buffer* tw_buffer_new(void* base, int64_t size, void* shadow, int shift, int space, const char* name) {
     char* copy = new char[std::strlen(name) + 1];
