@@ -1,11 +1,12 @@
-# tileweave workbench on the CPU: import, plan, generate C/CUDA (CUDA compiled with NVRTC), run with gcc+OpenMP.
+# tileweave workbench on the CPU: import, plan, generate C/CUDA (CUDA compiled with NVRTC), run with gcc+OpenMP
+# (and the CUDA itself under the cuda-sim emulator, built with g++).
 # GPU use needs the NVIDIA container runtime (docker run --gpus all ...) and the `gpu` extra:
 #   pip install -e '.[gpu]'   (pycuda; builds against the CUDA toolkit of the base image you choose)
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 TILEWEAVE_CACHE=/tmp/tileweave-cache
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev graphviz make \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc g++ libc6-dev graphviz make \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/tileweave
