@@ -37,7 +37,7 @@ uint64_t tw_bytes[4] = {0, 0, 0, 0};
 namespace {
 
 enum Kind : int { DEADLOCK, PARTIAL_BARRIER, PARTIAL_SHUFFLE, OUT_OF_RANGE, UNINITIALIZED, RACE, KINDS };
-enum State : int { RUNNABLE, AT_BARRIER, AT_WARP, AT_GRID, DONE };
+enum State : int { RUNNABLE, AT_BARRIER, AT_WARP, AT_GRID, DONE, STOPPED };
 constexpr uint64_t CANARY = 0x7477736d63616e61ull;
 constexpr int MAX_PER_KIND = 64;  // distinct (line, buffer) findings kept per kind and launch
 
@@ -53,6 +53,7 @@ size_t g_page = 4096;
 std::vector<Stack> g_free_stacks;
 size_t g_guarded = 0;  // guard pages split mappings: at most this many, so the map count stays in bounds
 constexpr size_t MAX_GUARDED = 12000;
+constexpr size_t MAX_POOLED_STACKS = 4096;
 
 Stack get_stack() {
     if (!g_free_stacks.empty()) {
@@ -297,7 +298,7 @@ void suspend(Thread* t) {
 // Stop the launch from inside a thread: the scheduler never resumes any thread of it.
 [[noreturn]] void stop_from_thread(Thread* t) {
     g_L->stopped = true;
-    t->state = AT_BARRIER;
+    t->state = STOPPED;
     ctx_switch(t->ctx, g_sched);
     std::abort();  // unreachable: a stopped launch resumes no thread
 }
@@ -350,11 +351,9 @@ void release_grid() {
     L.grid_arrived = 0;
 }
 
-unsigned lanes_of(Warp* W, unsigned mask) { return mask & W->arrived; }
-
 // Complete the collective of the lanes in `mask` (all arrived or exited).
 void complete_warp_op(Warp* W, unsigned mask) {
-    const unsigned lanes = lanes_of(W, mask);
+    const unsigned lanes = mask & W->arrived;
     int lead = __builtin_ctz(lanes);
     const Warp::Lane& L0 = W->lane[lead];
     for (unsigned m = lanes; m; m &= m - 1) {
@@ -409,13 +408,10 @@ void complete_warp_op(Warp* W, unsigned mask) {
     }
     if (L0.op == SYNCWARP) ++W->wep;
     W->arrived &= ~lanes;
-    Thread* first = nullptr;
-    for (Thread& t : g_running->B->threads)
-        if (t.W == W && (lanes & (1u << t.lane)) && t.state == AT_WARP) {
-            if (!first) first = &t;
-            enqueue(&t);
-        }
-    (void)first;
+    Block* B = g_running->B;
+    Thread* lane0 = &B->threads[(size_t)(W - B->warps.data()) * 32];  // a warp's threads are consecutive
+    for (unsigned m = lanes; m; m &= m - 1)
+        if (lane0[__builtin_ctz(m)].state == AT_WARP) enqueue(&lane0[__builtin_ctz(m)]);
 }
 
 // A lane left: collectives waiting on it can complete without it (a finding).
@@ -830,6 +826,14 @@ int tw_launch(const TwLaunch* P) {
     g_L = nullptr;
     tw_cur = nullptr;
     ++tw_g;
+    // A big cooperative grid leaves many stacks behind: keep enough for ordinary launches, unmap the rest.
+    while (g_free_stacks.size() > MAX_POOLED_STACKS) {
+        Stack& s = g_free_stacks.back();
+        if (s.lo != s.map) --g_guarded;
+        munmap(s.map, (size_t)(s.lo - s.map) + s.size);
+        g_free_stacks.pop_back();
+    }
+    if (g_smem_pool.size() > 64) g_smem_pool.resize(64), g_shadow_pool.resize(64);
     return stopped;
 }
 
