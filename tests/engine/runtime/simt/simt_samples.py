@@ -3,6 +3,8 @@ others as their small variants (samples/make_samples.py SMALL), each with onnxru
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import sys
 import tempfile
 from functools import cache
@@ -20,6 +22,7 @@ NAMES = [s.name for s in ms.SAMPLES if s.name != "bert12"]  # bert12 is a schedu
 SMALL = sorted(ms.SMALL)  # run at small shapes: too slow to emulate at their own in the default test run
 POLICIES = ("unfused", "elementwise", "stitch", "welder")
 _DIR = Path(tempfile.mkdtemp(prefix="tw_simt_samples_"))
+atexit.register(shutil.rmtree, _DIR, ignore_errors=True)
 
 
 @cache
