@@ -18,11 +18,12 @@ install: venv
 install-dev: venv
 	$(BIN)/pip install -q -e '.[dev]'
 
-# Debian packages the tests need: graphviz (dot) for SVG rendering, chromium for the browser tests.
+# Debian packages the tests need: graphviz (dot) for SVG rendering, chromium for the browser tests, g++ for
+# the cuda-sim emulator.
 sys-deps:
-	@if ! command -v dot >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null; \
-	  else echo "need Debian packages graphviz and chromium: sudo apt-get install graphviz chromium"; fi; \
+	@if ! command -v dot >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium g++ >/dev/null; \
+	  else echo "need Debian packages graphviz, chromium and g++: sudo apt-get install graphviz chromium g++"; fi; \
 	fi
 
 # Starts the workbench on the default bundled sample (no GPU needed) and prints its local URL.

@@ -16,7 +16,7 @@ import numpy as np
 from engine.errors import BackendError, ShapeError, TileweaveError
 from engine.ir.graph import PrimGraph, StageKind, TensorSpec
 
-BACKENDS = ("reference", "cpu", "cuda")
+BACKENDS = ("reference", "cpu", "cuda", "cuda-sim")
 DEFAULT_POLICY = "welder"
 DEFAULT_DEVICE = "a100"
 
@@ -173,13 +173,23 @@ def add_run_command(sub) -> None:
                        description="Run MODEL. Inputs missing from --inputs are generated with a fixed "
                                    "seed (engine/runtime/inputs.py). The .npz keys are the model's "
                                    "graph input/output names.")
-    add_plan_args(p, "fusion policy for cpu/cuda")
+    add_plan_args(p, "fusion policy for cpu/cuda/cuda-sim")
     p.add_argument("--backend", default="reference", metavar="{" + ",".join(BACKENDS) + "}",
-                   help="reference: NumPy over primitive stages; cpu: generated C; cuda: generated CUDA")
+                   help="reference: NumPy over primitive stages; cpu: generated C; cuda: generated CUDA; "
+                        "cuda-sim: the generated CUDA run on the CPU by the SIMT emulator, checked for "
+                        "deadlocks, partial barriers/shuffles, out-of-range and never-written accesses and "
+                        "races (any finding: exit 1)")
     p.add_argument("--inputs", metavar="IN.npz",
                    help="input arrays keyed by graph input name (arrays named like outputs are ignored)")
     p.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default 0)")
     p.add_argument("--outputs", required=True, metavar="OUT.npz", help="where to write the outputs")
+    p.add_argument("--sim-grid-cap", type=int, default=None, metavar="N",
+                   help="cuda-sim: run cooperative grids with at most N blocks (tile loops cover the rest; "
+                        "default 16, 0: the launch's own grid)")
+    p.add_argument("--sim-resident", type=int, default=1, metavar="N",
+                   help="cuda-sim: blocks of an ordinary launch resident at once (default 1)")
+    p.add_argument("--json", action="store_true",
+                   help="cuda-sim: print the full report (every finding, bytes moved per kernel) as JSON")
     p.set_defaults(func=cmd_run)
 
 
@@ -189,6 +199,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.backend not in BACKENDS:
         raise BackendError(f"unknown backend '{args.backend}'", hint=f"use one of {', '.join(BACKENDS)}")
+    check_sim_args(args)
     out_path = check_writable(args.outputs)
     graph = load_graph(args.model, parse_shapes(args.shape))
     given = read_npz(args.inputs) if args.inputs else {}
@@ -196,14 +207,51 @@ def cmd_run(args: argparse.Namespace) -> int:
     given = {k: v for k, v in given.items() if k not in graph.output_names or k in {s.name for s in graph.inputs}}
     inputs = complete_inputs(graph, given, seed=args.seed)
     generated = [n for n in inputs if n not in given]
-    outputs = run_backend(graph, inputs, args)
+    report = None
+    if args.backend == "cuda-sim":
+        outputs, report = run_sim(graph, inputs, args)
+    else:
+        outputs = run_backend(graph, inputs, args)
     write_npz(out_path, outputs)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+        return 0 if report.ok else 1
     if generated:
         print(f"generated inputs (seed {args.seed}): {', '.join(generated)}")
     for name, arr in outputs.items():
         print(summarize_array(name, arr))
     print(f"wrote {len(outputs)} output(s) to {out_path}")
-    return 0
+    if report is None:
+        return 0
+    for line in report.traffic_lines():
+        print(f"cuda-sim traffic {line}")
+    if report.stopped:
+        print(f"cuda-sim: {report.stopped}")
+    for line in report.summary_lines():
+        print(line)
+    if report.ok:
+        print(f"cuda-sim: no findings in {report.launches} launch(es)")
+    return 0 if report.ok else 1
+
+
+def check_sim_args(args: argparse.Namespace) -> None:
+    if args.backend != "cuda-sim" and (args.json or args.sim_grid_cap is not None or args.sim_resident != 1):
+        raise TileweaveError("--json, --sim-grid-cap and --sim-resident apply to --backend cuda-sim only",
+                             hint="add --backend cuda-sim or drop them")
+    if args.sim_grid_cap is not None and args.sim_grid_cap < 0:
+        raise TileweaveError(f"--sim-grid-cap must be 0 (no cap) or positive, got {args.sim_grid_cap}")
+    if args.sim_resident < 1:
+        raise TileweaveError(f"--sim-resident must be at least 1, got {args.sim_resident}")
+
+
+def run_sim(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.Namespace):
+    """(outputs, SimReport) of the cuda-sim backend for the `run` arguments."""
+    import engine.api as api
+
+    _, planned_graph, plan = planned_model(args)
+    result = api.run_model(planned_graph, inputs, backend="cuda-sim", device=args.device, plan=plan,
+                           sim_grid_cap=args.sim_grid_cap, sim_resident=args.sim_resident)
+    return dict(result.outputs), result.sim
 
 
 def run_backend(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.Namespace) -> dict:

@@ -4,6 +4,7 @@ DEBUG=1 plan summary, 2 per-kernel numbers, 3 every decision with its reason, 4 
 5 IR after each stage. DUMP_DIR=path writes graph, plans, kernels, profile and a repro.sh.
 TILEWEAVE_CACHE=path overrides the compile cache folder (default: ~/.cache/tileweave).
 UPDATE_GOLDEN=1 rewrites tests/golden/.
+TILEWEAVE_SIM_STACK=KiB sets the stack of each emulated CUDA thread in cuda-sim (default 256).
 """
 
 from __future__ import annotations
@@ -14,6 +15,19 @@ from pathlib import Path
 DEBUG: int = int(os.environ.get("DEBUG", "0") or 0)
 DUMP_DIR: Path | None = Path(os.environ["DUMP_DIR"]) if os.environ.get("DUMP_DIR") else None
 UPDATE_GOLDEN: bool = os.environ.get("UPDATE_GOLDEN", "") not in ("", "0")
+
+
+def sim_stack_kib() -> int:
+    """TILEWEAVE_SIM_STACK: KiB of stack per emulated CUDA thread (cuda-sim); 256 unless set."""
+    raw = os.environ.get("TILEWEAVE_SIM_STACK", "").strip()
+    if not raw:
+        return 256
+    if not raw.isdigit() or not 16 <= int(raw) <= 65536:
+        from engine.errors import BackendError
+
+        raise BackendError(f"TILEWEAVE_SIM_STACK={raw!r} is not a stack size in KiB",
+                           hint="use a whole number from 16 to 65536, or unset it")
+    return int(raw)
 
 
 def cache_dir() -> Path:

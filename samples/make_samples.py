@@ -157,17 +157,22 @@ def conv_bn(g: GraphBuilder, rng, x: str, cin: int, cout: int, k: int, prefix: s
 
 SEQ, HIDDEN, HEADS, HEAD_DIM, FFN = 128, 768, 12, 64, 3072
 
-# (parameter name, shape); "w_*" are weight matrices, the rest biases / LayerNorm params.
-BERT_PARAMS: list[tuple[str, tuple[int, ...]]] = [
-    ("w_q", (HIDDEN, HIDDEN)), ("b_q", (HIDDEN,)),
-    ("w_k", (HIDDEN, HIDDEN)), ("b_k", (HIDDEN,)),
-    ("w_v", (HIDDEN, HIDDEN)), ("b_v", (HIDDEN,)),
-    ("w_o", (HIDDEN, HIDDEN)), ("b_o", (HIDDEN,)),
-    ("ln1_scale", (HIDDEN,)), ("ln1_bias", (HIDDEN,)),
-    ("w_ffn1", (HIDDEN, FFN)), ("b_ffn1", (FFN,)),
-    ("w_ffn2", (FFN, HIDDEN)), ("b_ffn2", (HIDDEN,)),
-    ("ln2_scale", (HIDDEN,)), ("ln2_bias", (HIDDEN,)),
-]  # fmt: skip
+
+def bert_params(hidden: int = HIDDEN, ffn: int = FFN) -> list[tuple[str, tuple[int, ...]]]:
+    """(parameter name, shape); "w_*" are weight matrices, the rest biases / LayerNorm params."""
+    return [
+        ("w_q", (hidden, hidden)), ("b_q", (hidden,)),
+        ("w_k", (hidden, hidden)), ("b_k", (hidden,)),
+        ("w_v", (hidden, hidden)), ("b_v", (hidden,)),
+        ("w_o", (hidden, hidden)), ("b_o", (hidden,)),
+        ("ln1_scale", (hidden,)), ("ln1_bias", (hidden,)),
+        ("w_ffn1", (hidden, ffn)), ("b_ffn1", (ffn,)),
+        ("w_ffn2", (ffn, hidden)), ("b_ffn2", (hidden,)),
+        ("ln2_scale", (hidden,)), ("ln2_bias", (hidden,)),
+    ]  # fmt: skip
+
+
+BERT_PARAMS = bert_params()
 
 
 def bert_extended_mask(g: GraphBuilder, mask: str) -> str:
@@ -189,20 +194,21 @@ def computed_shape(g: GraphBuilder, x: str, tail: Sequence[int]) -> str:
     return g.op("Concat", dims, axis=0)
 
 
-def bert_attention(g: GraphBuilder, x: str, ext_mask: str, p: dict[str, str]) -> str:
+def bert_attention(g: GraphBuilder, x: str, ext_mask: str, p: dict[str, str], n_heads: int = HEADS,
+                   head_dim: int = HEAD_DIM) -> str:
     """HF BertSelfAttention + BertSelfOutput dense (without residual/LayerNorm)."""
 
     def heads(t: str, perm: list[int]) -> str:
-        t = g.op("Reshape", [t, computed_shape(g, t, (HEADS, HEAD_DIM))])
+        t = g.op("Reshape", [t, computed_shape(g, t, (n_heads, head_dim))])
         return g.op("Transpose", [t], perm=perm)
 
     q = heads(linear(g, x, p["w_q"], p["b_q"]), [0, 2, 1, 3])  # [1, 12, 128, 64]
     k = heads(linear(g, x, p["w_k"], p["b_k"]), [0, 2, 3, 1])  # [1, 12, 64, 128]
     v = heads(linear(g, x, p["w_v"], p["b_v"]), [0, 2, 1, 3])  # [1, 12, 128, 64]
-    scores = g.op("Div", [g.op("MatMul", [q, k]), g.constant(math.sqrt(HEAD_DIM))])
+    scores = g.op("Div", [g.op("MatMul", [q, k]), g.constant(math.sqrt(head_dim))])
     probs = g.op("Softmax", [g.op("Add", [scores, ext_mask])], axis=-1)
     ctx = g.op("Transpose", [g.op("MatMul", [probs, v])], perm=[0, 2, 1, 3])  # [1, 128, 12, 64]
-    ctx = g.op("Reshape", [ctx, computed_shape(g, ctx, (HIDDEN,))])
+    ctx = g.op("Reshape", [ctx, computed_shape(g, ctx, (n_heads * head_dim,))])
     return linear(g, ctx, p["w_o"], p["b_o"])
 
 
@@ -212,19 +218,20 @@ def gelu_erf(g: GraphBuilder, x: str) -> str:
     return g.op("Mul", [g.op("Mul", [x, g.op("Add", [e, g.constant(1.0)])]), g.constant(0.5)])
 
 
-def bert_layer(g: GraphBuilder, x: str, ext_mask: str, p: dict[str, str]) -> str:
+def bert_layer(g: GraphBuilder, x: str, ext_mask: str, p: dict[str, str], n_heads: int = HEADS,
+               head_dim: int = HEAD_DIM) -> str:
     """One post-norm BERT encoder layer (HF BertLayer)."""
-    h = g.op("Add", [bert_attention(g, x, ext_mask, p), x])
+    h = g.op("Add", [bert_attention(g, x, ext_mask, p, n_heads, head_dim), x])
     h = layer_norm(g, h, p["ln1_scale"], p["ln1_bias"], eps=1e-12)
     f = gelu_erf(g, linear(g, h, p["w_ffn1"], p["b_ffn1"]))
     f = linear(g, f, p["w_ffn2"], p["b_ffn2"])
     return layer_norm(g, g.op("Add", [f, h]), p["ln2_scale"], p["ln2_bias"], eps=1e-12)
 
 
-def bert_random_params(g: GraphBuilder, rng, prefix: str) -> dict[str, str]:
+def bert_random_params(g: GraphBuilder, rng, prefix: str, params=BERT_PARAMS) -> dict[str, str]:
     """BERT parameters as initializers; weight matrices fp16-stored + Cast."""
     p = {}
-    for key, shape in BERT_PARAMS:
+    for key, shape in params:
         name = f"{prefix}.{key}"
         if key.startswith("w_"):
             p[key] = g.weight(name, rng.normal(0, 0.02, shape), fp16=True)
@@ -265,28 +272,30 @@ def uniform_input(rng, shape, low: float, high: float) -> np.ndarray:
 Inputs = dict[str, np.ndarray] | None
 
 
-def build_bert_layer(rng) -> tuple[onnx.ModelProto, Inputs]:
+def build_bert_layer(rng, seq: int = SEQ, hidden: int = HIDDEN, heads: int = HEADS,
+                     ffn: int = FFN) -> tuple[onnx.ModelProto, Inputs]:
     g = GraphBuilder("bert_layer")
-    x = g.input("hidden", [1, SEQ, HIDDEN])
-    mask = g.input("attention_mask", [1, SEQ])
+    x = g.input("hidden", [1, seq, hidden])
+    mask = g.input("attention_mask", [1, seq])
     g.scope = "embeddings_mask/"
     ext = bert_extended_mask(g, mask)
     g.scope = "encoder.layer.0/"
-    y = bert_layer(g, x, ext, bert_random_params(g, rng, "encoder.layer.0"))
-    g.output(y, "out", [1, SEQ, HIDDEN])
+    p = bert_random_params(g, rng, "encoder.layer.0", bert_params(hidden, ffn))
+    y = bert_layer(g, x, ext, p, heads, hidden // heads)
+    g.output(y, "out", [1, seq, hidden])
     model = g.model(
-        17, "BERT-base encoder layer (seq 128, hidden 768, 12 heads, FFN 3072), TorchScript-style"
+        17, f"BERT-base encoder layer (seq {seq}, hidden {hidden}, {heads} heads, FFN {ffn}), TorchScript-style"
     )
-    valid = int(rng.integers(96, 121))
+    valid = int(rng.integers(seq * 3 // 4, seq * 15 // 16 + 1))
     inputs = {
-        "hidden": normal_input(rng, (1, SEQ, HIDDEN)),
-        "attention_mask": (np.arange(SEQ) < valid).astype(np.float32)[None, :],
+        "hidden": normal_input(rng, (1, seq, hidden)),
+        "attention_mask": (np.arange(seq) < valid).astype(np.float32)[None, :],
     }
     return model, inputs
 
 
-def build_vit_block(rng) -> tuple[onnx.ModelProto, Inputs]:
-    tokens, dim, heads, mlp = 197, 384, 6, 1536
+def build_vit_block(rng, tokens: int = 197, dim: int = 384, heads: int = 6,
+                    mlp: int = 1536) -> tuple[onnx.ModelProto, Inputs]:
     head_dim = dim // heads
     g = GraphBuilder("vit_block")
     x = g.input("x", [1, tokens, dim])
@@ -316,12 +325,12 @@ def build_vit_block(rng) -> tuple[onnx.ModelProto, Inputs]:
     h = g.op("Gelu", [linear(g, h, w("mlp.fc1.weight", (dim, mlp)), vec("mlp.fc1.bias", mlp))])
     h = linear(g, h, w("mlp.fc2.weight", (mlp, dim)), vec("mlp.fc2.bias", dim))
     g.output(g.op("Add", [x, h]), "out", [1, tokens, dim])
-    model = g.model(20, "ViT-S/16 pre-norm encoder block (197 tokens, dim 384, 6 heads, MLP 1536)")
+    model = g.model(20, f"ViT-S/16 pre-norm encoder block ({tokens} tokens, dim {dim}, {heads} heads, MLP {mlp})")
     return model, {"x": normal_input(rng, (1, tokens, dim))}
 
 
-def build_mobilenetv2_block(rng) -> tuple[onnx.ModelProto, Inputs]:
-    c, expand, hw = 32, 192, 56
+def build_mobilenetv2_block(rng, c: int = 32, expand: int = 192,
+                            hw: int = 56) -> tuple[onnx.ModelProto, Inputs]:
     g = GraphBuilder("mobilenetv2_block")
     x = g.input("x", [1, c, hw, hw])
     lo, hi = g.scalar(0.0), g.scalar(6.0)
@@ -331,7 +340,7 @@ def build_mobilenetv2_block(rng) -> tuple[onnx.ModelProto, Inputs]:
     h = g.op("Clip", [h, lo, hi])
     h = conv_bn(g, rng, h, expand, c, 1, "project")
     g.output(g.op("Add", [h, x]), "out", [1, c, hw, hw])
-    model = g.model(13, "MobileNetV2 inverted residual block (32 -> 192 -> dw3x3 -> 32, ReLU6, residual)")
+    model = g.model(13, f"MobileNetV2 inverted residual block ({c} -> {expand} -> dw3x3 -> {c}, ReLU6, residual)")
     return model, {"x": normal_input(rng, (1, c, hw, hw))}
 
 
@@ -350,8 +359,8 @@ def build_conv_bn_relu(rng) -> tuple[onnx.ModelProto, Inputs]:
     return model, {"x": normal_input(rng, (1, 16, 32, 32))}
 
 
-def build_lstm(rng) -> tuple[onnx.ModelProto, Inputs]:
-    steps, batch, n_in, n_hidden = 32, 1, 128, 256
+def build_lstm(rng, steps: int = 32, batch: int = 1, n_in: int = 128,
+               n_hidden: int = 256) -> tuple[onnx.ModelProto, Inputs]:
     bound = 1.0 / math.sqrt(n_hidden)
     g = GraphBuilder("lstm")
     x = g.input("x", [steps, batch, n_in])
@@ -363,7 +372,7 @@ def build_lstm(rng) -> tuple[onnx.ModelProto, Inputs]:
     y, y_h = g.op("LSTM", [x, w, r, b, "", h0, c0], n_out=2, hidden_size=n_hidden, direction="forward")
     g.output(y, "y", [steps, 1, batch, n_hidden])
     g.output(y_h, "y_h", [1, batch, n_hidden])
-    model = g.model(14, "Single-layer forward LSTM, 32 steps, batch 1, input 128, hidden 256")
+    model = g.model(14, f"Single-layer forward LSTM, {steps} steps, batch {batch}, input {n_in}, hidden {n_hidden}")
     inputs = {
         "x": normal_input(rng, (steps, batch, n_in)),
         "initial_h": normal_input(rng, (1, batch, n_hidden), 0.1),
@@ -372,8 +381,8 @@ def build_lstm(rng) -> tuple[onnx.ModelProto, Inputs]:
     return model, inputs
 
 
-def build_nerf_mlp(rng) -> tuple[onnx.ModelProto, Inputs]:
-    n, n_in, width, depth, skip = 4096, 63, 256, 8, 5
+def build_nerf_mlp(rng, n: int = 4096, width: int = 256) -> tuple[onnx.ModelProto, Inputs]:
+    n_in, depth, skip = 63, 8, 5
     g = GraphBuilder("nerf_mlp")
     x = g.input("x", [n, n_in])
     h, fan_in = x, n_in
@@ -393,7 +402,7 @@ def build_nerf_mlp(rng) -> tuple[onnx.ModelProto, Inputs]:
     sigma = g.op("Relu", [g.op("Slice", [out, g.ints([3]), g.ints([4]), axes])])
     g.output(g.op("Concat", [rgb, sigma], axis=1), "rgb_sigma", [n, 4])
     model = g.model(
-        17, "NeRF MLP: 8 x Linear(256)+ReLU, skip concat at layer 5, rgb sigmoid / sigma relu head"
+        17, f"NeRF MLP: 8 x Linear({width})+ReLU, skip concat at layer 5, rgb sigmoid / sigma relu head"
     )
     return model, {"x": normal_input(rng, (n, n_in))}
 
@@ -448,8 +457,7 @@ def build_gelu_chain(rng) -> tuple[onnx.ModelProto, Inputs]:
     return model, {"x": normal_input(rng, (rows, dim), 2.0)}
 
 
-def build_pow_broadcast_add(rng) -> tuple[onnx.ModelProto, Inputs]:
-    rows, cols = 1024, 4096
+def build_pow_broadcast_add(rng, rows: int = 1024, cols: int = 4096) -> tuple[onnx.ModelProto, Inputs]:
     g = GraphBuilder("pow_broadcast_add")
     a = g.input("a", [1, cols])
     x = g.input("x", [rows, cols])
@@ -460,7 +468,7 @@ def build_pow_broadcast_add(rng) -> tuple[onnx.ModelProto, Inputs]:
     g.output(g.op("Div", [y, s]), "out", [rows, cols])
     model = g.model(
         17,
-        "AStitch one-to-many: exp(-sqrt(|a|^2.5 + 1)) [1,4096] broadcast-added to [1024,4096], row-normalised",
+        f"AStitch one-to-many: exp(-sqrt(|a|^2.5 + 1)) [1,{cols}] broadcast-added to [{rows},{cols}], row-normalised",
     )
     # No reference I/O: a [1024, 4096] float32 input plus output is ~32 MB, over the whole samples budget.
     return model, None
@@ -528,6 +536,29 @@ SAMPLES: list[Sample] = [
            "12-layer BERT-base encoder (same layer as bert_layer), all weights as graph inputs so the file "
            "stays tiny; for scheduling benchmarks."),
 ]  # fmt: skip
+
+
+# Small variants: the same graphs at shapes the SIMT emulator (`--backend cuda-sim`) runs in seconds,
+# keeping tails (sizes that are not multiples of the tiles). Built on demand by the tests; never written.
+SMALL: dict[str, Callable[[np.random.Generator], tuple[onnx.ModelProto, Inputs]]] = {
+    "bert_layer": lambda rng: build_bert_layer(rng, seq=40, hidden=128, heads=2, ffn=256),
+    "vit_block": lambda rng: build_vit_block(rng, tokens=29, dim=64, heads=2, mlp=128),
+    "mobilenetv2_block": lambda rng: build_mobilenetv2_block(rng, c=8, expand=48, hw=10),
+    "nerf_mlp": lambda rng: build_nerf_mlp(rng, n=200, width=64),
+    "lstm": lambda rng: build_lstm(rng, steps=6, n_in=48, n_hidden=64),
+    "pow_broadcast_add": lambda rng: build_pow_broadcast_add(rng, rows=96, cols=1000),
+}
+
+
+def build_small(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The small variant of sample `name` (SMALL) and inputs for it, from the sample's own seed."""
+    sample = next(s for s in SAMPLES if s.name == name)
+    rng = np.random.default_rng(sample.seed)
+    model, inputs = SMALL[name](rng)
+    if inputs is None:
+        inputs = {i.name: normal_input(rng, [d.dim_value for d in i.type.tensor_type.shape.dim])
+                  for i in model.graph.input}
+    return model, inputs
 
 
 # --------------------------------------------------------------------------------------

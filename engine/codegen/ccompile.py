@@ -54,18 +54,21 @@ def _default_options(cmd: tuple[str, ...]) -> tuple[str, ...]:
     return (*DEFAULT_OPTIONS, "-march=native") if proc.returncode == 0 else DEFAULT_OPTIONS
 
 
-def find_compiler() -> list[str]:
-    """The C compiler command: $CC (may carry arguments, e.g. "ccache gcc"), else cc, else gcc."""
-    env = os.environ.get("CC", "").strip()
+def find_compiler(cxx: bool = False) -> list[str]:
+    """The C compiler command: $CC (may carry arguments, e.g. "ccache gcc"), else cc, else gcc.
+    With `cxx`, the C++ compiler: $CXX, else c++, else g++ (the cuda-sim emulator's kernels)."""
+    var, candidates, package = ("CXX", ("c++", "g++"), "g++") if cxx else ("CC", ("cc", "gcc"), "gcc")
+    env = os.environ.get(var, "").strip()
     if env:
         cmd = shlex.split(env)
         if shutil.which(cmd[0]) is None:
-            raise CompileError(f"CC={env!r} is not an executable on PATH: install it or unset CC")
+            raise CompileError(f"{var}={env!r} is not an executable on PATH: install it or unset {var}")
         return cmd
-    for candidate in ("cc", "gcc"):
+    for candidate in candidates:
         if shutil.which(candidate):
             return [candidate]
-    raise CompileError("no C compiler found: install gcc (apt-get install gcc) or set CC")
+    raise CompileError(f"no {'C++' if cxx else 'C'} compiler found: install {package} "
+                       f"(apt-get install {package}) or set {var}")
 
 
 @functools.cache
@@ -117,10 +120,10 @@ def _first_error(log: str) -> str:
     return f"{first} (+{len(errors) - 1} more)" if len(errors) > 1 else first
 
 
-def compile_c(source: str, *, name: str, options: tuple[str, ...] | None = None) -> Path:
+def compile_c(source: str, *, name: str, options: tuple[str, ...] | None = None, cxx: bool = False) -> Path:
     """Compile `source` to a shared library and return its path; a cache hit runs no compiler.
-    `options` default to default_options()."""
-    cmd = find_compiler()
+    `options` default to default_options(). `cxx`: the source is C++ (built with find_compiler(cxx=True))."""
+    cmd = find_compiler(cxx)
     options = _default_options(tuple(cmd)) if options is None else tuple(options)
     key_parts = [_CACHE_FORMAT, source, list(options), list(LINK_LIBS), _compiler_version(tuple(cmd))]
     if any("native" in opt for opt in options):
@@ -134,7 +137,7 @@ def compile_c(source: str, *, name: str, options: tuple[str, ...] | None = None)
         return lib
 
     # The source stays beside the library: it is what the repro command and a debugger point at.
-    src = folder / f"{stem}.c"
+    src = folder / f"{stem}.{'cpp' if cxx else 'c'}"
     _write_atomic(src, source.encode())
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{stem}.", suffix=".so.tmp")
     os.close(fd)
@@ -144,7 +147,7 @@ def compile_c(source: str, *, name: str, options: tuple[str, ...] | None = None)
         if proc.returncode != 0:
             repro = shlex.join([*cmd, *options, str(src), "-o", str(lib), *LINK_LIBS])
             log = (proc.stderr + proc.stdout).strip()
-            err = CompileError(f"C program {name} failed to compile: {_first_error(log)}; reproduce: {repro}")
+            err = CompileError(f"{'C++' if cxx else 'C'} program {name} failed to compile: {_first_error(log)}; reproduce: {repro}")
             err.log = log  # the full compiler output
             err.source_path = src
             raise err

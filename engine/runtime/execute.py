@@ -1,5 +1,6 @@
 """Executors: a PrimGraph (+ Plan) and inputs in, outputs and a Profile out, on one backend:
-`reference` (NumPy over stages), `cpu` (generated C) or `cuda` (generated CUDA through cuda-python)."""
+`reference` (NumPy over stages), `cpu` (generated C), `cuda` (generated CUDA through cuda-python) or
+`cuda-sim` (the same CUDA source run by the SIMT emulator, with a SimReport of its findings)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from engine.runtime.reference import run_reference
 from engine.schedule.pipeline import graph_for_plan, plan_model
 from engine.schedule.plan import Plan
 
-BACKENDS = ("cpu", "cuda", "reference")
+BACKENDS = ("cpu", "cuda", "cuda-sim", "reference")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class RunResult:
     outputs: dict[str, np.ndarray]
     profile: Profile | None
     program: Program | None = None
+    sim: object | None = None  # cuda-sim: the SimReport (findings, bytes moved per kernel)
 
 
 def check_plan(plan: Plan, graph: PrimGraph, device: str) -> None:
@@ -42,11 +44,14 @@ def check_plan(plan: Plan, graph: PrimGraph, device: str) -> None:
 
 def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: str = "cpu",
               policy: str = "welder", device: str = "a100", plan: Plan | None = None,
-              repeat: int = 1, library: bool = False, batching: bool | None = None) -> RunResult:
+              repeat: int = 1, library: bool = False, batching: bool | None = None,
+              sim_grid_cap: int | None = None, sim_resident: int = 1) -> RunResult:
     """Plan (unless `plan` is given), generate and run `graph` on `backend`; outputs by ONNX name.
     Planning goes through `plan_model` (operator batching per `batching`, default on for welder); a
     given plan runs on the graph it was made on (`graph`, or its batched form when the plan says so).
-    `library` (cpu only): kernels that are a lone contraction run through NumPy BLAS."""
+    `library` (cpu only): kernels that are a lone contraction run through NumPy BLAS.
+    cuda-sim: `sim_grid_cap` caps cooperative grids (None: the emulator's default, 0: no cap),
+    `sim_resident` blocks of an ordinary launch are resident at once; findings are in `RunResult.sim`."""
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend '{backend}' (choose one of {', '.join(BACKENDS)})")
     if backend == "reference":
@@ -67,6 +72,13 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
 
         outs, profile = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights, repeat=repeat,
                                 library=graph.stage_map if library else None)
+    elif backend == "cuda-sim":
+        from engine.runtime.simt import DEFAULT_GRID_CAP, run_simt
+
+        cap = DEFAULT_GRID_CAP if sim_grid_cap is None else sim_grid_cap
+        outs, report = run_simt(program, graph.specs, inputs, graph.weights, grid_cap=cap, resident=sim_resident,
+                                plan=plan)
+        return RunResult(outs, None, program, report)
     else:
         from engine.runtime.cuda import run_cuda
 

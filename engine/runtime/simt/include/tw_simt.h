@@ -1,0 +1,385 @@
+// tileweave cuda-sim prelude: the CUDA built-ins that printed kernels use, defined for the host so the
+// printed source compiles with g++ and runs as SIMT threads under the emulator runtime (runtime.cpp).
+//
+// Every pointer to a scalar type in the printed source is rewritten (transform.py) into tw::ptr<T>, a
+// checked pointer that knows the buffer it points into; `p[i]` yields a tw::ref<T> whose reads and writes
+// are checked (bounds, never-written memory, races) and counted, with the source line taken from the index
+// conversion (__builtin_LINE() as a default argument). Register arrays stay plain C++ arrays.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+// Checks sit in every kernel's innermost loops: GCC must inline them even into huge kernel functions.
+#define TW_HOT __attribute__((always_inline)) inline
+
+namespace tw {
+
+constexpr uint32_t NOBODY = 0xFFFFFFFFu;  // a cell never written / without a reader
+constexpr uint32_t HOST = 0xFFFFFFFEu;    // written before the launch (host copy, atomics): ordered with all
+constexpr uint16_t MANY = 0xFFFFu;        // several threads read the cell in the same epoch
+
+// One access as the race detector remembers it: grid epoch (kernel launch or grid sync), block, block
+// barrier epoch, source line, thread within the block, warp epoch (__syncwarp) of that thread's warp.
+struct Access {
+    uint32_t g, block, ep, line;
+    uint16_t thread, wep;
+};
+struct Cell {
+    Access w, r;  // last write, last read(s)
+};
+
+enum Space : int { GLOBAL = 0, SHARED = 1 };
+
+// A region of memory a checked pointer may address. `shadow` (null for read-only, initialised buffers:
+// inputs and weights) holds one Cell per granule of 2^shift bytes, starting at `base`.
+struct Buffer {
+    char* base;
+    int64_t size;
+    Cell* shadow;
+    int shift;
+    int space;
+    const char* name;
+    Buffer* whole;  // a shared-memory region: the block's whole dynamic shared memory (else itself)
+};
+
+struct Dim3 {
+    unsigned x, y, z;
+};
+
+// What the inline checks need of the running thread; the runtime's Thread starts with this.
+struct ThreadView {
+    Dim3 tid, bid;
+    uint32_t block;  // linear block index
+    uint32_t lin;    // linear thread index in the block
+    uint32_t* bep;   // the block's barrier epoch
+    uint16_t* wep;   // the warp's __syncwarp epoch
+    Buffer* smem;    // the block's dynamic shared memory
+};
+
+}  // namespace tw
+
+#pragma GCC visibility push(default)  // the runtime defines these; kernel libraries are built hidden
+extern "C" {
+extern tw::ThreadView* tw_cur;  // the thread running now
+extern uint32_t tw_g;           // grid epoch: +1 per launch and per grid sync
+extern tw::Dim3 tw_block_dim, tw_grid_dim;
+extern uint64_t tw_bytes[4];  // bytes loaded/stored: [space * 2 + is_store]
+void tw_report_oor(const tw::Buffer* b, int64_t off, int64_t n, int line, int write);
+void tw_report_uninit(const tw::Buffer* b, int64_t off, int line);
+void tw_report_race(const tw::Buffer* b, int64_t off, const tw::Access* prev, int prev_write, int write, int line);
+int tw_ordered_across(uint32_t block, uint32_t ep);
+const tw::Buffer* tw_narrow(const tw::Buffer* whole, const char* at, int line);
+void tw_syncthreads(int line);
+void tw_grid_sync(int line);
+void tw_threadfence(void);
+void tw_atomic_done(const tw::Buffer* b, const void* at, int64_t n, int changed, int line);
+uint64_t tw_warp_op(int op, unsigned mask, uint64_t value, int arg, int width, int line);
+}
+#pragma GCC visibility pop
+
+#define threadIdx (tw_cur->tid)
+#define blockIdx (tw_cur->bid)
+#define blockDim (tw_block_dim)
+#define gridDim (tw_grid_dim)
+#define warpSize 32
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __restrict__
+#define __syncthreads() tw_syncthreads(__LINE__)
+
+#pragma GCC visibility push(default)
+extern "C" int tw_check_read(const tw::Buffer* b, const void* p, int64_t n, int line);
+extern "C" int tw_check_write(const tw::Buffer* b, const void* p, int64_t n, int line, const void* value);
+#pragma GCC visibility pop
+
+namespace tw {
+
+// `value`: the bytes a write stores (a write-write race that stores the value already there says so).
+template <bool WRITE>
+TW_HOT bool check(const Buffer* b, const void* p, int64_t n, int line, const void* value = nullptr) {
+    if (!b) return true;  // a raw pointer (e.g. into a register array): unchecked
+    return WRITE ? tw_check_write(b, p, n, line, value) : tw_check_read(b, p, n, line);
+}
+
+template <class T>
+struct ref;
+
+// The index of p[i] with the line of the expression that converted it.
+struct Idx {
+    int64_t v;
+    int line;
+    template <class I, class = std::enable_if_t<std::is_integral_v<I> || std::is_enum_v<I>>>
+    Idx(I i, int l = __builtin_LINE()) : v((int64_t)i), line(l) {}
+    template <class U>
+    Idx(const ref<U>& r, int l = __builtin_LINE());
+};
+
+template <class T>
+struct ptr {
+    using element = T;
+    T* p = nullptr;
+    const Buffer* b = nullptr;
+
+    ptr() = default;
+    ptr(std::nullptr_t) {}
+    ptr(T* raw) : p(raw) {}  // a pointer the emulator did not hand out: unchecked
+    ptr(T* raw, const Buffer* buf) : p(raw), b(buf) {}
+    template <class U, class = std::enable_if_t<std::is_convertible_v<U*, T*>>>
+    ptr(const ptr<U>& o) : p(o.p), b(o.b) {}  // float* -> const float*
+    // Casts, e.g. (float*)(smem + 64): a cast of the whole dynamic shared memory at a line where a block
+    // buffer is declared is bounded to that buffer's region (tw_narrow).
+    template <class U, class = std::enable_if_t<!std::is_convertible_v<U*, T*>>, class = void>
+    explicit ptr(const ptr<U>& o, int line = __builtin_LINE())
+        : p((T*)(void*)o.p), b(o.b && o.b->space == SHARED && o.b->whole == o.b ? tw_narrow(o.b, (const char*)o.p, line)
+                                                                                : o.b) {}
+    template <class U>
+    explicit ptr(const ref<ptr<U>>& r, int line = __builtin_LINE());
+
+    TW_HOT ref<T> operator[](Idx i) const { return ref<T>(p + i.v, b, i.line); }
+    ref<T> operator*() const { return ref<T>(p, b, 0); }
+    ptr operator+(int64_t n) const { return ptr(p + n, b); }
+    ptr operator-(int64_t n) const { return ptr(p - n, b); }
+    int64_t operator-(const ptr& o) const { return p - o.p; }
+    ptr& operator+=(int64_t n) { p += n; return *this; }
+    ptr& operator-=(int64_t n) { p -= n; return *this; }
+    ptr& operator++() { ++p; return *this; }
+    ptr& operator--() { --p; return *this; }
+    ptr operator++(int) { ptr o = *this; ++p; return o; }
+    ptr operator--(int) { ptr o = *this; --p; return o; }
+    explicit operator bool() const { return p != nullptr; }
+    bool operator==(const ptr& o) const { return p == o.p; }
+    bool operator!=(const ptr& o) const { return p != o.p; }
+    bool operator<(const ptr& o) const { return p < o.p; }
+};
+
+template <class T>
+inline ptr<T> operator+(int64_t n, const ptr<T>& q) { return q + n; }
+
+template <class T>
+struct ref {
+    using V = std::remove_cv_t<T>;
+    T* p;
+    const Buffer* b;
+    int line;
+
+    ref(T* at, const Buffer* buf, int l) : p(at), b(buf), line(l) {}
+    ref(const ref&) = default;
+    TW_HOT V load() const {
+        V v;
+        if (check<false>(b, p, sizeof(T), line)) std::memcpy((void*)&v, (const void*)p, sizeof(T));
+        else std::memset((void*)&v, 0, sizeof(T));
+        return v;
+    }
+    TW_HOT void store(const V& v) const {
+        if (check<true>(b, p, sizeof(T), line, &v)) std::memcpy((void*)p, (const void*)&v, sizeof(T));
+    }
+    TW_HOT operator V() const { return load(); }
+    TW_HOT const ref& operator=(const V& v) const { store(v); return *this; }
+    TW_HOT const ref& operator=(const ref& o) const { store(o.load()); return *this; }
+    template <class X> const ref& operator+=(const X& x) const { store(load() + x); return *this; }
+    template <class X> const ref& operator-=(const X& x) const { store(load() - x); return *this; }
+    template <class X> const ref& operator*=(const X& x) const { store(load() * x); return *this; }
+    template <class X> const ref& operator/=(const X& x) const { store(load() / x); return *this; }
+    template <class X> const ref& operator|=(const X& x) const { store(load() | x); return *this; }
+    template <class X> const ref& operator&=(const X& x) const { store(load() & x); return *this; }
+    const ref& operator++() const { store(load() + 1); return *this; }
+    const ref& operator--() const { store(load() - 1); return *this; }
+    V operator++(int) const { V v = load(); store(v + 1); return v; }
+    V operator--(int) const { V v = load(); store(v - 1); return v; }
+    ptr<T> operator&() const { return ptr<T>(p, b); }
+};
+
+template <class U>
+Idx::Idx(const ref<U>& r, int l) : v((int64_t)r.load()), line(l) {}
+
+template <class T>
+template <class U>
+ptr<T>::ptr(const ref<ptr<U>>& r, int) {
+    const ptr<U> q = r.load();  // a pointer read from memory (the persistent kernel's buffer table)
+    p = (T*)(void*)q.p;
+    b = q.b;
+}
+
+template <class T>
+struct plain { using type = T; };
+template <class T>
+struct plain<ref<T>> { using type = std::remove_cv_t<T>; };
+template <class T>
+using plain_t = typename plain<std::decay_t<T>>::type;
+
+// The block's dynamic shared memory (`extern __shared__ T name[]` becomes a use of this).
+template <class T>
+inline ptr<T> dynamic_shared() { return ptr<T>((T*)(void*)tw_cur->smem->base, tw_cur->smem); }
+
+template <class T>
+inline uint64_t to_bits(const T& v) {
+    static_assert(sizeof(T) <= 8, "warp collectives move at most 8 bytes");
+    uint64_t u = 0;
+    std::memcpy(&u, &v, sizeof(T));
+    return u;
+}
+template <class T>
+inline T from_bits(uint64_t u) {
+    T v;
+    std::memcpy(&v, &u, sizeof(T));
+    return v;
+}
+
+enum WarpOp : int { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, SYNCWARP, BALLOT, ANY, ALL };
+
+// An atomic read-modify-write: checked like a read and a write, never a race with another atomic;
+// `changed` tells the scheduler whether it moved anything (an unchanged result is a spin-wait turn).
+template <class T, class F>
+inline T atomic_rmw(ptr<T> a, F f, int line) {
+    if (a.b) {
+        const int64_t off = (const char*)a.p - a.b->base;
+        if (off < 0 || off + (int64_t)sizeof(T) > a.b->size) {
+            tw_report_oor(a.b, off, sizeof(T), line, 1);
+            return T();
+        }
+    }
+    T old;
+    std::memcpy(&old, (const void*)a.p, sizeof(T));
+    const T now = f(old);
+    std::memcpy((void*)a.p, &now, sizeof(T));
+    tw_atomic_done(a.b, a.p, sizeof(T), std::memcmp(&old, &now, sizeof(T)) != 0, line);
+    return old;
+}
+
+}  // namespace tw
+
+// ---- half precision ------------------------------------------------------------------------------------
+struct __half {
+    uint16_t bits;
+    __half() = default;
+    __half(float f) { _Float16 h = (_Float16)f; std::memcpy(&bits, &h, 2); }
+    operator float() const { _Float16 h; std::memcpy(&h, &bits, 2); return (float)h; }
+};
+typedef __half half;
+inline float __half2float(__half h) { return (float)h; }
+inline __half __float2half(float f) { return __half(f); }
+inline __half __float2half_rn(float f) { return __half(f); }
+inline __half __hadd(__half a, __half b) { return __half((float)a + (float)b); }
+inline __half __hmul(__half a, __half b) { return __half((float)a * (float)b); }
+inline __half __hsub(__half a, __half b) { return __half((float)a - (float)b); }
+
+// ---- math ---------------------------------------------------------------------------------------------
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __powf(float a, float b) { return powf(a, b); }
+inline float __sinf(float x) { return sinf(x); }
+inline float __cosf(float x) { return cosf(x); }
+inline float __tanhf(float x) { return tanhf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline float exp10f(float x) { return powf(10.0f, x); }
+template <class T>
+inline tw::plain_t<T> __ldg(const tw::ptr<T>& p) { return p[0]; }
+
+// ---- synchronisation ----------------------------------------------------------------------------------
+inline void __threadfence() { tw_threadfence(); }
+inline void __threadfence_block() { tw_threadfence(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu, int line = __builtin_LINE()) {
+    tw_warp_op(tw::SYNCWARP, mask, 0, 0, 32, line);
+}
+template <class T>
+inline tw::plain_t<T> __shfl_sync(unsigned mask, const T& v, int src, int width = 32, int line = __builtin_LINE()) {
+    using V = tw::plain_t<T>;
+    return tw::from_bits<V>(tw_warp_op(tw::SHFL_IDX, mask, tw::to_bits<V>(v), src, width, line));
+}
+template <class T>
+inline tw::plain_t<T> __shfl_up_sync(unsigned mask, const T& v, unsigned d, int width = 32, int line = __builtin_LINE()) {
+    using V = tw::plain_t<T>;
+    return tw::from_bits<V>(tw_warp_op(tw::SHFL_UP, mask, tw::to_bits<V>(v), (int)d, width, line));
+}
+template <class T>
+inline tw::plain_t<T> __shfl_down_sync(unsigned mask, const T& v, unsigned d, int width = 32,
+                                        int line = __builtin_LINE()) {
+    using V = tw::plain_t<T>;
+    return tw::from_bits<V>(tw_warp_op(tw::SHFL_DOWN, mask, tw::to_bits<V>(v), (int)d, width, line));
+}
+template <class T>
+inline tw::plain_t<T> __shfl_xor_sync(unsigned mask, const T& v, int lm, int width = 32, int line = __builtin_LINE()) {
+    using V = tw::plain_t<T>;
+    return tw::from_bits<V>(tw_warp_op(tw::SHFL_XOR, mask, tw::to_bits<V>(v), lm, width, line));
+}
+inline unsigned __ballot_sync(unsigned mask, int pred, int line = __builtin_LINE()) {
+    return (unsigned)tw_warp_op(tw::BALLOT, mask, pred != 0, 0, 32, line);
+}
+inline int __any_sync(unsigned mask, int pred, int line = __builtin_LINE()) {
+    return (int)tw_warp_op(tw::ANY, mask, pred != 0, 0, 32, line);
+}
+inline int __all_sync(unsigned mask, int pred, int line = __builtin_LINE()) {
+    return (int)tw_warp_op(tw::ALL, mask, pred != 0, 0, 32, line);
+}
+
+// ---- atomics (the second operand is not deduced, so atomicAdd(&done[i], 1u) binds T from the pointer) ---
+template <class T>
+struct tw_same { using type = T; };
+#define TW_ATOMIC(NAME, EXPR)                                                                        \
+    template <class T>                                                                               \
+    inline T NAME(tw::ptr<T> a, typename tw_same<T>::type v, int line = __builtin_LINE()) {         \
+        return tw::atomic_rmw(a, [&](T old) { return (T)(EXPR); }, line);                          \
+    }
+TW_ATOMIC(atomicAdd, old + v)
+TW_ATOMIC(atomicSub, old - v)
+TW_ATOMIC(atomicExch, v)
+TW_ATOMIC(atomicMax, old < v ? v : old)
+TW_ATOMIC(atomicMin, v < old ? v : old)
+TW_ATOMIC(atomicOr, old | v)
+TW_ATOMIC(atomicAnd, old & v)
+TW_ATOMIC(atomicXor, old ^ v)
+TW_ATOMIC(atomicInc, old >= v ? 0 : old + 1)
+TW_ATOMIC(atomicDec, (old == 0 || old > v) ? v : old - 1)
+#undef TW_ATOMIC
+template <class T>
+inline T atomicCAS(tw::ptr<T> a, typename tw_same<T>::type cmp, typename tw_same<T>::type v,
+                   int line = __builtin_LINE()) {
+    return tw::atomic_rmw(a, [&](T old) { return old == cmp ? v : old; }, line);
+}
+
+namespace cooperative_groups {
+struct grid_group {
+    void sync(int line = __builtin_LINE()) const { tw_grid_sync(line); }
+    bool is_valid() const { return true; }
+    unsigned long long size() const {
+        return (unsigned long long)tw_grid_dim.x * tw_grid_dim.y * tw_grid_dim.z * tw_block_dim.x * tw_block_dim.y *
+               tw_block_dim.z;
+    }
+};
+inline grid_group this_grid() { return grid_group{}; }
+struct thread_block {
+    void sync(int line = __builtin_LINE()) const { tw_syncthreads(line); }
+};
+inline thread_block this_thread_block() { return thread_block{}; }
+}  // namespace cooperative_groups
+
+// ---- kernel entry: every parameter of a printed kernel is a pointer, handed over as (address, buffer) ----
+namespace tw {
+struct Arg {
+    void* p;
+    const Buffer* b;
+};
+template <class... P, std::size_t... I>
+inline void invoke_with(void (*k)(P...), const Arg* args, std::index_sequence<I...>) {
+    k(ptr<typename std::decay_t<P>::element>((typename std::decay_t<P>::element*)args[I].p, args[I].b)...);
+}
+template <class... P>
+inline void invoke(void (*k)(P...), const Arg* args) {
+    invoke_with(k, args, std::index_sequence_for<P...>{});
+}
+}  // namespace tw

@@ -1,0 +1,116 @@
+"""Hand-written CUDA kernels for the emulator's own tests: each correct kernel beside a deliberately broken
+one. `// BAD` marks the line a finding must name (`bad_line`)."""
+
+from __future__ import annotations
+
+REVERSE = r"""
+extern "C" __global__ void reverse(const float* __restrict__ x, float* __restrict__ y) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* s = (float*)(smem + 0);
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    s[threadIdx.x] = x[i];  // WRITE
+    __syncthreads();
+    y[i] = s[blockDim.x - 1 - threadIdx.x];  // READ
+}
+"""
+REVERSE_NO_BARRIER = REVERSE.replace("    __syncthreads();\n", "")
+
+SCALE_TAIL = r"""
+extern "C" __global__ void scale(const float* __restrict__ x, float* __restrict__ y) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < 100) y[i] = 2.0f * x[i];
+}
+"""
+SCALE_OFF_BY_ONE = SCALE_TAIL.replace("if (i < 100) y[i] = 2.0f * x[i];", "if (i <= 100) y[i] = 2.0f * x[i];  // BAD")
+
+# Phase 1 writes t, phase 2 reads another block's part of t: only a grid sync orders them.
+ROTATE = r"""
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+extern "C" __global__ void rotate(const float* __restrict__ x, float* __restrict__ t, float* __restrict__ y) {
+    const int n = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < 256; i += n) t[i] = x[i] * 2.0f;
+    cg::this_grid().sync();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < 256; i += n) y[i] = t[(i + 32) % 256];  // BAD
+}
+"""
+ROTATE_NO_GRID_SYNC = ROTATE.replace("    cg::this_grid().sync();\n", "")
+
+DIVERGENT_BARRIER = r"""
+extern "C" __global__ void halves(const float* __restrict__ x, float* __restrict__ y) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* s = (float*)(smem + 0);
+    s[threadIdx.x] = x[threadIdx.x];
+    if (threadIdx.x < 16) {
+        __syncthreads();  // BAD
+    }
+    __syncthreads();
+    y[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+"""
+
+EARLY_EXIT_BARRIER = r"""
+extern "C" __global__ void early(const float* __restrict__ x, float* __restrict__ y) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* s = (float*)(smem + 0);
+    if (threadIdx.x >= 60) return;
+    s[threadIdx.x] = x[threadIdx.x];
+    __syncthreads();  // BAD
+    y[threadIdx.x] = s[59 - threadIdx.x];
+}
+"""
+
+WARP_SUM = r"""
+extern "C" __global__ void warp_sum(const float* __restrict__ x, float* __restrict__ y) {
+    float v = x[threadIdx.x];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off, 32);
+    if ((threadIdx.x & 31) == 0) y[threadIdx.x >> 5] = v;
+}
+"""
+PARTIAL_SHUFFLE = r"""
+extern "C" __global__ void half_warp(const float* __restrict__ x, float* __restrict__ y) {
+    float v = x[threadIdx.x];
+    if (threadIdx.x < 16) v += __shfl_down_sync(0xffffffffu, v, 8, 32);  // BAD
+    y[threadIdx.x] = v;
+}
+"""
+
+UNWRITTEN_OUTPUT = r"""
+extern "C" __global__ void accumulate(const float* __restrict__ x, float* __restrict__ y) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    y[i] = x[i] + y[i];  // BAD
+}
+"""
+
+# Block 0 waits for block 1's result through a flag: fine when both are resident, a deadlock when only
+# one block is; without the acquiring fence, block 0's reads race with block 1's writes.
+HANDOFF = r"""
+extern "C" __global__ void handoff(float* __restrict__ y, unsigned* __restrict__ flag) {
+    if (blockIdx.x == 0) {
+        if (threadIdx.x == 0)
+            while (atomicAdd(&flag[0], 0u) == 0u) { }  // SPIN
+        __threadfence();  // ACQUIRE
+        __syncthreads();
+        y[threadIdx.x] = y[blockDim.x + threadIdx.x] + 1.0f;  // READ
+    } else {
+        y[blockDim.x + threadIdx.x] = 2.0f * threadIdx.x;
+        __syncthreads();
+        if (threadIdx.x == 0) { __threadfence(); atomicAdd(&flag[0], 1u); }
+    }
+}
+"""
+HANDOFF_NO_ACQUIRE = HANDOFF.replace("        __threadfence();  // ACQUIRE\n", "")
+
+HALF_ROUND_TRIP = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void halves_out(const float* __restrict__ x, __half* __restrict__ h, float* __restrict__ y) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    h[i] = __float2half(x[i]);
+    y[i] = __half2float(h[i]) + rsqrtf(fabsf(x[i]) + 1.0f);
+}
+"""
+
+
+def bad_line(source: str, tag: str = "BAD") -> int:
+    """1-based line of the line marked `// TAG`."""
+    return next(n for n, text in enumerate(source.splitlines(), 1) if text.rstrip().endswith(f"// {tag}"))
