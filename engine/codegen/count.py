@@ -123,6 +123,19 @@ def _flat_sizes(region: Region, tiles: slice | None) -> np.ndarray:
 
 
 def _phase(kernel: Kernel, phase: Phase, threads: int, tiles: slice | None) -> Work:
+    work = _phase_work(kernel, phase, threads, tiles)
+    if phase.owned is not None:  # each element stored to global memory by one tile only
+        owned = phase.owned
+        elems = float(_flat_sizes(owned, tiles).sum()) if owned.flat else float(
+            np.prod(region_extents(owned, tiles), axis=1).sum())
+        for name in phase.stores:
+            buf = kernel.buffer(name)
+            if buf.scope == Scope.GLOBAL:
+                work.global_store += elems * buf.dtype.itemsize
+    return work
+
+
+def _phase_work(kernel: Kernel, phase: Phase, threads: int, tiles: slice | None) -> Work:
     if phase.region.flat:
         elems = float(_flat_sizes(phase.region, tiles).sum())
         return _elementwise(kernel, phase, elems)
@@ -338,8 +351,10 @@ class _Counter:
             self.work.shared_store += n
 
     def stores(self, phase: Phase) -> None:
+        """Per element: every store (global ones of a phase with an owned part are counted apart)."""
         for name in phase.stores:
-            self._bytes(name, False, 1.0)
+            if phase.owned is None or self.kernel.buffer(name).scope != Scope.GLOBAL:
+                self._bytes(name, False, 1.0)
 
     def index_loads(self, index, mult: float) -> None:
         for ix in index:

@@ -443,7 +443,9 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
         if not stores:
             continue
         body = _resolve(stage, graph, inline, block_buf, params)
-        phases.append(Phase(s, stage.dtype, body, regions[s], tuple(stores), stage.reduce, stage.combine))
+        owned = _owned(stage, regions[s], tables[s], ntiles, sample) if needs_global[s] and local_cons[s] else None
+        phases.append(Phase(s, stage.dtype, body, regions[s], tuple(stores), stage.reduce, stage.combine,
+                            owned=owned))
     for s in partial:
         stage = graph.stage(s)
         body = _resolve(stage, graph, set(names) - {s}, {}, params)
@@ -451,6 +453,38 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
         phases.append(Phase(s, stage.dtype, body, region, (_global(params, graph, s),), stage.reduce,
                             stage.combine))
     return Segment(anchor.name, ntiles, tuple(phases))
+
+
+def _owned(stage: Stage, region: Region, boxes: list[Box], ntiles: int, sample) -> Region | None:
+    """The part of each tile's region it alone writes to global memory, where the regions of the tiles
+    overlap (each element by the first tile whose region holds it); None where they do not overlap. A
+    sampled segment gets a flat region of size/ntiles per tile: the same count of stores."""
+    from engine.codegen.count import region_extents
+
+    size = stage.size
+    if sample:
+        live = float(np.prod(region_extents(region), axis=1).sum())
+        return Region(stage.shape, region.tiles, flat=-(-size // ntiles)) if live > size else None
+    if sum(math.prod(hi - lo for lo, hi in b) for b in boxes) <= size:
+        return None
+    covered = np.zeros(stage.shape, dtype=bool)
+    owned = []
+    for b in boxes:
+        view = covered[tuple(slice(lo, hi) for lo, hi in b)]
+        mine = ~view
+        if mine.all():
+            owned.append(b)
+        elif not mine.any():
+            owned.append(tuple((lo, lo) for lo, _ in b))
+        else:
+            where = np.nonzero(mine)
+            sub = tuple((int(w.min()), int(w.max()) + 1) for w in where)
+            if int(mine.sum()) != math.prod(hi - lo for lo, hi in sub):
+                return None  # not a box: every tile stores its whole region (the same values)
+            owned.append(tuple((lo + a, lo + c) for (lo, _), (a, c) in zip(b, sub)))
+        view[...] = True
+    fitted = fit_region(stage.shape, region.tiles, owned)
+    return fitted if fitted.spans else None
 
 
 def _sample_covers(graph: PrimGraph, names, conns, tile: Tile, stage: str, box, ntiles: int, inline) -> bool:

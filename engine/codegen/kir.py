@@ -201,6 +201,10 @@ class Phase:
     threads_per_row: int = 1  # >1: threads of a row split the reduction and combine in a tree
     gemm: Gemm | None = None  # set: the contraction in this phase runs as a tiled GEMM
     conv: Conv | None = None  # set: the contraction in this phase runs as a direct convolution
+    # Where tiles' regions overlap (a halo, rows every column tile needs), the elements this tile writes
+    # to GLOBAL buffers: each element by one tile only (affine spans; a flat region only stands for the
+    # count of a sampled segment). None: the whole region.
+    owned: Region | None = None
 
     def describe(self) -> str:
         red = f" {self.combine.value} over {list(self.reduce)}" if self.combine else ""

@@ -161,11 +161,13 @@ class Printer:
         kernel = kernel.stripped()
         lines = [f"// {kernel.name}: stages {', '.join(kernel.stages)}",
                  f"// onnx nodes: {', '.join(kernel.origin) or '-'}"]
-        for b in kernel.locals:
-            if b.region and b.region.table:
-                rows = ", ".join("{" + ", ".join(map(str, r)) + "}" for r in b.region.table)
-                lines.append(f"{self.table_qualifier} int tab_{kernel.name}_{b.name}[{len(b.region.table)}]"
-                             f"[{2 * b.region.rank}] = {{{rows}}};")
+        tables = [(b.name, b.region) for b in kernel.locals if b.region and b.region.table]
+        tables += [(self.owned_tag(kernel, p), p.owned) for s in kernel.segments for p in s.phases
+                   if p.owned is not None and p.owned.table]
+        for tag, region in tables:
+            rows = ", ".join("{" + ", ".join(map(str, r)) + "}" for r in region.table)
+            lines.append(f"{self.table_qualifier} int tab_{kernel.name}_{tag}[{len(region.table)}]"
+                         f"[{2 * region.rank}] = {{{rows}}};")
         lines.append(self.signature(kernel) + " {")
         if self.locals_in_kernel_scope:
             lines += ["    " + x for x in self.kernel_locals(kernel)]
@@ -184,6 +186,9 @@ class Printer:
         for b in kernel.locals:
             if b.name in mine:
                 lines += ["    " + x for x in self.region_bounds(kernel, b.name, b.region)]
+        for p in seg.phases:
+            if p.owned is not None and not p.owned.flat:
+                lines += ["    " + x for x in self.region_bounds(kernel, self.owned_tag(kernel, p), p.owned)]
         lines += ["    " + x for x in self.segment_scratch(kernel, seg)]
         for k, phase in enumerate(seg.phases):
             lines += ["    " + x for x in self.render_phase(kernel, phase)]
@@ -217,6 +222,22 @@ class Printer:
                 out.append(f"const int {tag}_lo{d} = {raw}, {tag}_hi{d} = {tag}_lo{d} + {span.ext};")
         return out
 
+    @staticmethod
+    def owned_tag(kernel: Kernel, phase: Phase) -> str:
+        """Name of the bounds of the part of a phase's region its tile writes to global memory."""
+        return "o_" + next(b.name for b in kernel.locals if b.tensor == phase.stage)
+
+    def store(self, kernel: Kernel, phase: Phase, name: str, offset: str, value: str) -> str:
+        """`name[offset] = value;`, guarded to the tile's own part of the region for a global buffer
+        of a phase whose tiles overlap (so each element is written by one block)."""
+        buf = kernel.buffer(name)
+        line = f"{name}[{offset}] = {self.store_value(value, buf.dtype)};"
+        if buf.scope != Scope.GLOBAL or phase.owned is None or phase.owned.flat:
+            return line
+        tag = self.owned_tag(kernel, phase)
+        cond = " && ".join(f"i{d} >= {tag}_lo{d} && i{d} < {tag}_hi{d}" for d in range(phase.owned.rank))
+        return f"if ({cond}) {line}"
+
     # ---- phases ------------------------------------------------------------------------------
     def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         if phase.gemm is not None:
@@ -241,9 +262,8 @@ class Printer:
         value = self.render_value(phase, ssa)
         body += ssa.lines
         for name in phase.stores:
-            buf = kernel.buffer(name)
             idx = tuple(I.var(f"i{d}") for d in range(r))
-            body.append(f"{name}[{ssa.offset(buf, idx)}] = {self.store_value(value, buf.dtype)};")
+            body.append(self.store(kernel, phase, name, ssa.offset(kernel.buffer(name), idx), value))
         lines += ["        " + x for x in body]
         lines += ["    }", "}"]
         return lines
@@ -331,9 +351,8 @@ class Printer:
             value = ssa.value(phase.body)
         lines += ssa.lines
         for name in phase.stores:
-            buf = kernel.buffer(name)
             idx = tuple(I.var(f"i{d}") for d in range(r))
-            lines.append(f"{name}[{ssa.offset(buf, idx)}] = {self.store_value(value, buf.dtype)};")
+            lines.append(self.store(kernel, phase, name, ssa.offset(kernel.buffer(name), idx), value))
         return lines
 
     def render_gemm_phase(self, kernel: Kernel, phase: Phase) -> list[str]:

@@ -1020,9 +1020,8 @@ class CPrinter(Printer):
         value = self.render_value(phase, ssa, keep=keep)
         body = list(ssa.lines)
         for name in phase.stores:
-            buf = kernel.buffer(name)
             idx = tuple(I.var(f"i{d}") for d in range(r))
-            body.append(f"{name}[{ssa.offset(buf, idx)}] = {self.store_value(value, buf.dtype)};")
+            body.append(self.store(kernel, phase, name, ssa.offset(kernel.buffer(name), idx), value))
         # Not over a pointer pick: under `omp simd` the pointer, declared in the body, is private to
         # each lane (loads become gathers, lstm's y ran 3x slower); left alone GCC hoists it and
         # vectorises the plain loop.
@@ -1155,9 +1154,8 @@ class CudaPrinter(Printer):
         body += ["if (e < n_e && lane == 0) {"]
         store = self.element_coords(tag, sizes)
         for name in phase.stores:
-            buf = kernel.buffer(name)
             idx = tuple(I.var(f"i{d}") for d in range(r))
-            store.append(f"{name}[{ssa.offset(buf, idx)}] = {self.store_value('part', buf.dtype)};")
+            store.append(self.store(kernel, phase, name, ssa.offset(kernel.buffer(name), idx), "part"))
         body += ["    " + x for x in store] + ["}"]
         lines += ["        " + x for x in body] + ["    }", "}"]
         return lines

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plans import fuse_all, hand_conns, make_test_plan, policy_plan  # noqa: E402
+from plans import fuse_all, hand_conns, make_test_plan  # noqa: E402
 from sample_io import SAMPLES, load_sample  # noqa: E402
 
 from engine.codegen.generate import fit_region, generate  # noqa: E402
