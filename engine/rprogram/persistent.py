@@ -61,9 +61,10 @@ class CudaTaskPrinter(_TaskHooks, CudaPrinter):
                                 "leave the other warps out", hint="use a tile with a multiple of 32 threads")
         self.threads = kernel.threads
         self.block_dim = str(kernel.threads)
-        # Barrier 0 is __syncthreads (every thread of the block); 1 counts the task's warps only.
+        # Barrier 0 is __syncthreads (every thread of the block); named barrier 1 counts the task's warps
+        # only (`bar.sync 1, threads`, through the intrinsic so the cuda-sim emulator can run it too).
         self.block_barrier = ("__syncthreads();" if kernel.threads == self.block else
-                              f'asm volatile("bar.sync 1, {kernel.threads};" ::: "memory");')
+                              f"__barrier_sync_count(1, {kernel.threads});")
         return super().render_kernel(kernel)
 
     def tile_loop(self, seg: Segment) -> list[str]:

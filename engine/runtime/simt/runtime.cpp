@@ -39,7 +39,8 @@ void tw_report_race(const Buffer* b, int64_t off, const Access* prev, int prev_w
     add_finding(RACE, line, buffer_name(b), off, (int)prev->line,
                 "%s of %s at byte %lld races with a %s at line %u by %s (%s)%s", write ? "write" : "read",
                 buffer_name(b), (long long)off, prev_write ? "write" : "read", prev->line, who,
-                same_block ? "no __syncthreads between" : "another block, no grid sync or release/acquire between",
+                same_block ? "no __syncthreads between, nor a named barrier counting both"
+                           : "another block, no grid sync or release/acquire between",
                 same_value ? "; both store the same value" : "");
 }
 
@@ -72,6 +73,47 @@ void tw_syncthreads(int line) {
     suspend(t);
 }
 
+void tw_named_barrier(unsigned id, unsigned count, int line) {
+    Thread* t = g_running;
+    Block* B = t->B;
+    if (id == 0 || id >= NAMED_BARRIERS) {
+        add_finding(PARTIAL_BARRIER, line, nullptr, -1, 0,
+                    "named barrier %u at line %d: ids are 1..%d (0 is __syncthreads')", id, line, NAMED_BARRIERS - 1);
+        return;
+    }
+    if (count == 0 || count % 32 || count > (unsigned)B->nthreads) {
+        add_finding(PARTIAL_BARRIER, line, nullptr, -1, 0,
+                    "named barrier %u at line %d counts %u threads: whole warps, at most the block's %d", id, line,
+                    count, B->nthreads);
+        return;
+    }
+    Block::Named& n = B->named[id];
+    if (n.arrived > 0 && count != n.count) {
+        add_finding(PARTIAL_BARRIER, line, nullptr, -1, n.line,
+                    "named barrier %u: thread %u passes %u threads at line %d, the threads waiting at line %d passed %u",
+                    id, t->v.lin, count, line, n.line, n.count);
+        count = n.count;  // the barrier in progress keeps its count
+    } else if (t->v.lin >= count) {
+        add_finding(PARTIAL_BARRIER, line, nullptr, -1, 0,
+                    "thread %u of block %u reaches named barrier %u at line %d, which counts threads 0..%u only",
+                    t->v.lin, B->id, id, line, count - 1);
+    }
+    if (t->v.lin >= count) return;  // not one of its threads: it does not wait
+    if (n.arrived == 0) {
+        n.count = count;
+        n.line = line;
+        n.alive = 0;
+        for (unsigned m = 0; m < count; ++m) n.alive += B->threads[m].state != DONE;
+    }
+    t->state = AT_NAMED;
+    t->wait_line = line;
+    t->named = (int)id;
+    ++n.arrived;
+    progress();
+    if (n.arrived == n.alive) release_named(B, (int)id);
+    suspend(t);
+}
+
 void tw_grid_sync(int line) {
     Thread* t = g_running;
     Launch& L = *g_L;
@@ -89,7 +131,10 @@ void tw_threadfence(void) {
     Thread* t = g_running;
     join(t->acq, t->pending);
     t->pending.clear();
-    t->fence_ep = t->B->ep;
+    t->fenced = true;
+    // Releases what the whole block did before its last barrier that counted every thread (a named
+    // barrier since then orders only its own threads' accesses before this one).
+    t->fence_ep = t->B->cover.back();
 }
 
 void tw_atomic_done(const Buffer* b, const void* at, int64_t n, int changed, int line) {
@@ -110,7 +155,7 @@ void tw_atomic_done(const Buffer* b, const void* at, int64_t n, int changed, int
     }
     auto it = L.release.find(at);
     if (it != L.release.end()) join(t->pending, it->second);  // acquire once this thread fences
-    if (t->fence_ep) {  // fence then atomic: a release of the block's accesses before the fence's epoch
+    if (t->fenced) {  // fence then atomic: a release of the block's accesses before the fence's epoch
         std::vector<uint32_t>& rel = L.release[at];
         join(rel, t->B->vc);
         join(rel, t->acq);

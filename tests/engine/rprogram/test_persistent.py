@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from functools import cache
 from pathlib import Path
 
@@ -114,7 +115,12 @@ def test_persistent_cuda_compiles(name: str, arch: str) -> None:
     src, binary = compile_persistent_cuda(program, rp, arch=arch)
     assert src.grid == rp.vdevice.veus  # one resident wave: a block per vEU
     assert src.block == max(k.threads for k in program.kernels)
-    assert binary.ptx and "tw_persistent" in (binary.ptx if isinstance(binary.ptx, str) else binary.ptx.decode())
+    ptx = binary.ptx if isinstance(binary.ptx, str) else binary.ptx.decode()
+    assert "tw_persistent" in ptx
+    # Tasks of fewer threads synchronise their own warps: __barrier_sync_count(1, n) is barrier 1 of n threads.
+    named = {k.threads for k in program.kernels if f"__barrier_sync_count(1, {k.threads});" in src.source}
+    assert named and all(n < src.block for n in named)
+    assert named == {int(n) for n in re.findall(r"barrier\.sync(?:\.aligned)?\s+1,\s*(\d+);", ptx)}
     # Every rTask appears once in the per-vEU tables.
     assert src.source.count("case ") == len(rp.operators)
 
@@ -189,10 +195,11 @@ def test_each_task_runs_on_the_threads_it_was_generated_for() -> None:
         assert "blockDim.x" not in body
         if k.threads < src.block:
             assert f"threadIdx.x < {k.threads})" in body and "__syncthreads" not in body
-            if "bar.sync" in body:
-                assert all(f"bar.sync 1, {k.threads};" in line for line in body.splitlines() if "bar.sync" in line)
+            if "__barrier_sync_count" in body:
+                assert all(f"__barrier_sync_count(1, {k.threads});" in line
+                           for line in body.splitlines() if "__barrier_sync" in line)
         else:
-            assert "threadIdx.x < " not in body.split("{", 2)[1] and "bar.sync" not in body
+            assert "threadIdx.x < " not in body.split("{", 2)[1] and "__barrier_sync" not in body
     odd = dataclasses.replace(program.kernels[0], threads=48)
     with pytest.raises(RProgramError, match="48 threads per block, not whole warps"):
         persistent_cuda(dataclasses.replace(program, kernels=(odd, *program.kernels[1:])), rp)

@@ -5,12 +5,19 @@
 
 namespace tw {
 
+// The highest thread an access stands for (several readers: the highest of them).
+TW_HOT uint32_t highest(const Access& a) { return a.thread == MANY ? a.wep : a.thread; }
+
 // Whether an earlier access is ordered before the running thread's current point.
 TW_HOT bool ordered(const Access& a) {
     if (a.block == HOST || a.g != tw_g) return true;
     const ThreadView* t = tw_cur;
     if (a.block == t->block) {
-        if (a.ep != *t->bep || a.thread == t->lin) return true;  // a block barrier between, or program order
+        if (a.thread == t->lin) return true;  // program order
+        // A barrier completed after the access that counted both threads: barriers count a prefix of the
+        // block's threads (all of them for __syncthreads), so one that counted the higher counted both.
+        const uint32_t hi = highest(a) > t->lin ? highest(a) : t->lin;
+        if (t->cover[hi] > a.ep) return true;
         return (a.thread >> 5) == (t->lin >> 5) && a.wep != *t->wep;  // a __syncwarp between
     }
     return tw_ordered_across(a.block, a.ep);  // another block: only through release/acquire
@@ -44,15 +51,30 @@ TW_HOT bool check_impl(const Buffer* b, const void* p, int64_t n, int line) {
             if (c->w.block == NOBODY) tw_report_uninit(b, off, line);
             else if (!ordered(c->w)) tw_report_race(b, off, &c->w, 1, 0, line);
             const ThreadView* t = tw_cur;
+            const uint16_t lin = (uint16_t)t->lin;
             if (c->r.g == tw_g && c->r.block == t->block && c->r.ep == *t->bep) {
                 // another read in this block and epoch (the common case: a tile read by many threads)
-                if (c->r.thread == MANY || c->r.thread == t->lin) continue;
-                if ((c->r.thread >> 5) == (t->lin >> 5) && c->r.wep != *t->wep) c->r = me(line);
-                else c->r.thread = MANY;
+                if (c->r.thread == lin) continue;
+                if (c->r.thread == MANY) {
+                    if (c->r.wep < lin) c->r.wep = lin;
+                } else if ((c->r.thread >> 5) == (lin >> 5) && c->r.wep != *t->wep) {
+                    c->r = me(line);
+                } else {
+                    c->r.wep = c->r.thread > lin ? c->r.thread : lin;
+                    c->r.thread = MANY;
+                }
             } else if (c->r.block == NOBODY || ordered(c->r)) {
                 c->r = me(line);
+            } else if (c->r.g == tw_g && c->r.block == t->block) {
+                // an earlier reader a named barrier left out: keep both, dated now (a later barrier that
+                // counts the highest of them orders them all)
+                const uint16_t hi = (uint16_t)highest(c->r);
+                c->r.wep = hi > lin ? hi : lin;
+                c->r.thread = MANY;
+                c->r.ep = *t->bep;
             } else {
-                c->r.thread = MANY;  // concurrent readers in different blocks: keep the first block's
+                c->r.wep = (uint16_t)highest(c->r);  // concurrent readers in different blocks: keep the first
+                c->r.thread = MANY;                  // block's
             }
         }
     }

@@ -22,7 +22,10 @@ constexpr uint32_t HOST = 0xFFFFFFFEu;    // written before the launch (host cop
 constexpr uint16_t MANY = 0xFFFFu;        // several threads read the cell in the same epoch
 
 // One access as the race detector remembers it: grid epoch (kernel launch or grid sync), block, block
-// barrier epoch, source line, thread within the block, warp epoch (__syncwarp) of that thread's warp.
+// barrier epoch (the block's count of completed barriers, __syncthreads and named), source line, thread
+// within the block, warp epoch (__syncwarp) of that thread's warp. Reads by several threads (thread ==
+// MANY) keep the highest reader's thread index in `wep` instead: a named barrier orders them only if it
+// counts that thread (its participants are a prefix of the block's threads).
 struct Access {
     uint32_t g, block, ep, line;
     uint16_t thread, wep;
@@ -55,6 +58,7 @@ struct ThreadView {
     uint32_t block;  // linear block index
     uint32_t lin;    // linear thread index in the block
     uint32_t* bep;   // the block's barrier epoch
+    uint32_t* cover;  // per thread of the block: the epoch of the last barrier that counted it
     uint16_t* wep;   // the warp's __syncwarp epoch
     Buffer* smem;    // the block's dynamic shared memory
 };
@@ -73,6 +77,7 @@ void tw_report_race(const tw::Buffer* b, int64_t off, const tw::Access* prev, in
 int tw_ordered_across(uint32_t block, uint32_t ep);
 const tw::Buffer* tw_narrow(const tw::Buffer* whole, const char* at, int line);
 void tw_syncthreads(int line);
+void tw_named_barrier(unsigned id, unsigned count, int line);
 void tw_grid_sync(int line);
 void tw_threadfence(void);
 void tw_atomic_done(const tw::Buffer* b, const void* at, int64_t n, int changed, int line);
@@ -293,6 +298,10 @@ inline tw::plain_t<T> __ldg(const tw::ptr<T>& p) { return p[0]; }
 // ---- synchronisation ----------------------------------------------------------------------------------
 inline void __threadfence() { tw_threadfence(); }
 inline void __threadfence_block() { tw_threadfence(); }
+// `bar.sync id, count`: named barrier `id` (1..15) of the block's first `count` threads (sm_30_intrinsics.h).
+inline void __barrier_sync_count(unsigned id, unsigned count, int line = __builtin_LINE()) {
+    tw_named_barrier(id, count, line);
+}
 inline void __syncwarp(unsigned mask = 0xffffffffu, int line = __builtin_LINE()) {
     tw_warp_op(tw::SYNCWARP, mask, 0, 0, 32, line);
 }

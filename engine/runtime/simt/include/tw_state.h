@@ -19,7 +19,8 @@ using namespace tw;
 namespace {
 
 enum Kind : int { DEADLOCK, PARTIAL_BARRIER, PARTIAL_SHUFFLE, OUT_OF_RANGE, UNINITIALIZED, RACE, KINDS };
-enum State : int { RUNNABLE, AT_BARRIER, AT_WARP, AT_GRID, DONE, STOPPED };
+enum State : int { RUNNABLE, AT_BARRIER, AT_WARP, AT_GRID, DONE, STOPPED, AT_NAMED };
+constexpr int NAMED_BARRIERS = 16;  // bar.sync ids; 0 is __syncthreads
 constexpr uint64_t CANARY = 0x7477736d63616e61ull;
 constexpr int MAX_PER_KIND = 64;  // distinct (line, buffer) findings kept per kind and launch
 
@@ -45,7 +46,9 @@ struct Thread {
     Stack stack;
     State state = RUNNABLE;
     int wait_line = 0;
-    uint32_t fence_ep = 0;  // block epoch at this thread's last __threadfence (0: none)
+    int named = 0;  // the named barrier it waits at (AT_NAMED)
+    bool fenced = false;    // this thread ran a __threadfence
+    uint32_t fence_ep = 0;  // then: the epoch of the block's last barrier that counted all of its threads
     std::vector<uint32_t> acq, pending;  // acquired / read-but-not-yet-fenced release clocks
 };
 
@@ -58,6 +61,13 @@ struct Block {
     std::vector<Thread> threads;
     std::vector<Warp> warps;
     std::vector<uint32_t> vc;  // per block of the grid: accesses before that epoch are ordered before us
+    std::vector<uint32_t> cover;  // per thread: the epoch of the last barrier that counted it (ThreadView)
+    // A named barrier in progress: the count its first thread passed, its line, participants (threads
+    // below count) arrived and still running.
+    struct Named {
+        int arrived = 0, alive = 0, line = 0;
+        unsigned count = 0;
+    } named[NAMED_BARRIERS];
     std::vector<char> smem_data;
     std::vector<Cell> smem_shadow;
 };

@@ -22,6 +22,7 @@ void release_barrier(Block* B) {
                     "__syncthreads at line %d reached by %d of %d threads of block %u; %d exited before it", first,
                     B->arrived, B->nthreads, B->id, B->exited);
     ++B->ep;
+    for (uint32_t& c : B->cover) c = B->ep;  // it counts every thread of the block
     for (Thread& t : B->threads) {
         if (t.state != AT_BARRIER) continue;
         join(B->vc, t.acq);
@@ -29,6 +30,39 @@ void release_barrier(Block* B) {
     for (Thread& t : B->threads)
         if (t.state == AT_BARRIER) enqueue(&t);
     B->arrived = 0;
+}
+
+// Named barrier `id` of the block's first `count` threads completes (every running one arrived): it
+// orders their accesses with each other only, and shares what they acquired among them only.
+void release_named(Block* B, int id) {
+    Block::Named& n = B->named[id];
+    int first = -1, other = -1, n_first = 0;
+    std::vector<uint32_t> acq;
+    for (unsigned m = 0; m < n.count; ++m) {
+        Thread& t = B->threads[m];
+        if (t.state != AT_NAMED || t.named != id) continue;
+        if (first < 0 || t.wait_line == first) first = t.wait_line, ++n_first;
+        else other = t.wait_line;
+        join(acq, t.acq);
+    }
+    if (other >= 0)
+        add_finding(PARTIAL_BARRIER, first, nullptr, -1, other,
+                    "named barrier %d at line %d (%d threads) and at line %d (the other %d) complete together: "
+                    "a barrier in divergent code",
+                    id, first, n_first, other, n.arrived - n_first);
+    else if (n.alive < (int)n.count)
+        add_finding(PARTIAL_BARRIER, first, nullptr, -1, 0,
+                    "named barrier %d at line %d reached by %d of its %u threads of block %u; %d exited before it", id,
+                    first, n.arrived, n.count, B->id, (int)n.count - n.alive);
+    ++B->ep;
+    for (unsigned m = 0; m < n.count; ++m) B->cover[m] = B->ep;
+    for (unsigned m = 0; m < n.count; ++m) {
+        Thread& t = B->threads[m];
+        if (t.state != AT_NAMED || t.named != id) continue;
+        join(t.acq, acq);
+        enqueue(&t);
+    }
+    n.arrived = 0;
 }
 
 void release_grid() {
@@ -139,6 +173,10 @@ void finish_thread(Thread* t) {
     progress();
     t->W->exited |= 1u << t->lane;
     if (B->arrived > 0 && B->arrived == B->alive) release_barrier(B);
+    for (int id = 1; id < NAMED_BARRIERS; ++id) {  // a named barrier it counted completes without it
+        Block::Named& n = B->named[id];
+        if (n.arrived > 0 && t->v.lin < n.count && --n.alive == n.arrived) release_named(B, id);
+    }
     if (t->W->arrived) check_warp_after_exit(t->W);
     if (L.grid_arrived > 0 && L.grid_arrived == L.grid_alive) release_grid();
 }
@@ -185,6 +223,7 @@ void start_block(uint32_t id) {
                                     B->smem_shadow.data() + (R.offset >> P.smem_shift), P.smem_shift, SHARED,
                                     R.name, &B->smem});
     }
+    B->cover.assign(L.nthreads, 0);
     B->warps.resize((L.nthreads + 31) / 32);
     if (L.nthreads % 32) B->warps.back().exited = ~0u << (L.nthreads % 32);  // lanes that do not exist
     B->threads.resize(L.nthreads);
@@ -195,6 +234,7 @@ void start_block(uint32_t id) {
         t.v.block = id;
         t.v.lin = i;
         t.v.bep = &B->ep;
+        t.v.cover = B->cover.data();
         t.W = &B->warps[i / 32];
         t.lane = i % 32;
         t.v.wep = &t.W->wep;
@@ -222,6 +262,7 @@ void retire_block(Block* B) {
 const char* state_name(State s) {
     switch (s) {
         case AT_BARRIER: return "__syncthreads";
+        case AT_NAMED: return "a named barrier";
         case AT_WARP: return "a warp collective";
         case AT_GRID: return "grid sync";
         case RUNNABLE: return "a spin-wait";
@@ -264,6 +305,7 @@ void diagnose_stuck() {
             if (t.state == AT_WARP && kind != PARTIAL_SHUFFLE) kind = PARTIAL_SHUFFLE, line = t.wait_line;
             if (t.state == AT_BARRIER && kind == DEADLOCK && B->arrived < B->alive)
                 kind = PARTIAL_BARRIER, line = t.wait_line;
+            if (t.state == AT_NAMED && kind == DEADLOCK) kind = PARTIAL_BARRIER, line = t.wait_line;
         }
     }
     const std::string where = where_threads_wait();

@@ -110,6 +110,90 @@ extern "C" __global__ void halves_out(const float* __restrict__ x, __half* __res
 }
 """
 
+# A task of 64 threads in a 128-thread block (as in the persistent kernel): its warps synchronise on named
+# barrier 1 of 64 threads while the other warps wait at the __syncthreads after it.
+NAMED_TASK = r"""
+extern "C" __global__ void task(const float* __restrict__ x, float* __restrict__ y) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* s = (float*)(smem + 0);
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (threadIdx.x < 64) {
+        s[threadIdx.x] = x[i];
+        __barrier_sync_count(1, 64);
+        y[i] = s[63 - threadIdx.x] * s[0];
+        __barrier_sync_count(1, 64);
+        s[threadIdx.x] = 2.0f * x[i];
+    }
+    __syncthreads();
+    if (threadIdx.x >= 64) y[i] = s[127 - threadIdx.x];
+}
+"""
+# Threads 64.. write what the task's threads read after a barrier that does not count the writers (the
+# __syncwarp lets them run first, so the write precedes the barrier in the emulator's order too).
+NAMED_LEAVES_OUT = r"""
+extern "C" __global__ void leave_out(const float* __restrict__ x, float* __restrict__ y) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* s = (float*)(smem + 0);
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (threadIdx.x < 64) {
+        __syncwarp();
+        __barrier_sync_count(1, 64);
+        y[i] = s[64 + threadIdx.x];  // BAD
+    } else {
+        s[threadIdx.x] = x[i];  // WRITE
+    }
+    __syncthreads();
+    if (threadIdx.x >= 64) y[i] = s[threadIdx.x];
+}
+"""
+# Every thread reads s[0] (threads 64.. too before the barrier, in the emulator's order: the __syncwarp lets
+# them run); after a barrier of the first 64 threads, thread 0 rewrites it, unordered with their reads.
+NAMED_SHARED_READ = r"""
+extern "C" __global__ void shared_read(const float* __restrict__ x, float* __restrict__ y) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* s = (float*)(smem + 0);
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    s[threadIdx.x] = x[i];
+    __syncthreads();
+    const float v = s[0];
+    if (threadIdx.x < 64) {
+        __syncwarp();
+        __barrier_sync_count(1, 64);
+        if (threadIdx.x == 0) s[0] = 2.0f * v;  // BAD
+    }
+    __syncthreads();
+    y[i] = v + s[threadIdx.x];
+}
+"""
+_NAMED_MISUSE = r"""
+extern "C" __global__ void misuse(const float* __restrict__ x, float* __restrict__ y) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    BARRIER  // BAD
+    y[i] = x[i];
+}
+"""
+NAMED_OUTSIDER = _NAMED_MISUSE.replace("BARRIER", "if (threadIdx.x < 96) __barrier_sync_count(1, 64);")
+NAMED_COUNTS_DISAGREE = _NAMED_MISUSE.replace(
+    "BARRIER", "if (threadIdx.x < 64) __barrier_sync_count(1, threadIdx.x < 32 ? 64 : 96);")
+NAMED_PART_WARP = _NAMED_MISUSE.replace("BARRIER", "if (threadIdx.x < 48) __barrier_sync_count(1, 48);")
+NAMED_EARLY_EXIT = r"""
+extern "C" __global__ void early(const float* __restrict__ x, float* __restrict__ y) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* s = (float*)(smem + 0);
+    if (threadIdx.x >= 60) return;
+    s[threadIdx.x] = x[threadIdx.x];
+    __barrier_sync_count(1, 64);  // BAD
+    y[threadIdx.x] = s[59 - threadIdx.x];
+}
+"""
+NAMED_NEVER_COMPLETES = r"""
+extern "C" __global__ void stuck(const float* __restrict__ x, float* __restrict__ y) {
+    if (threadIdx.x < 32) __barrier_sync_count(1, 64);  // BAD
+    __syncthreads();
+    y[threadIdx.x] = x[threadIdx.x];
+}
+"""
+
 
 def bad_line(source: str, tag: str = "BAD") -> int:
     """1-based line of the line marked `// TAG`."""

@@ -1,6 +1,8 @@
 """Tests for engine/runtime/simt/persistent.py: the persistent rProgram kernel of every sample under cuda-sim
-(on a 2-SM A100 vDevice, so its grid stays small), and the two failures a GPU would hit that the emulator
-must report: a task run by more threads than it was generated for, and a grid larger than residency."""
+(on a 2-SM A100 vDevice, so its grid stays small) against onnxruntime and the program's own launches, launched
+again on its self-reset counters and folded onto fewer blocks, and the failures a GPU would hit that the
+emulator must report: a task run by more threads than it was generated for, a grid larger than residency,
+counters left unreset."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -16,6 +19,7 @@ from simt_samples import NAMES, assert_matches, sample  # noqa: E402
 
 from engine.codegen.generate import generate  # noqa: E402
 from engine.device import get_device  # noqa: E402
+from engine.rprogram.persistent import persistent_cuda  # noqa: E402
 from engine.rprogram.wavefront import build_rprogram, plan_for_rprogram  # noqa: E402
 from engine.runtime.simt import run_simt  # noqa: E402
 from engine.runtime.simt.persistent import resident_blocks, run_persistent_simt  # noqa: E402
@@ -24,20 +28,15 @@ from engine.schedule.policies import make_plan  # noqa: E402
 A100 = get_device("a100")
 SMALL_A100 = dataclasses.replace(A100, name="a100-2sm", sm_count=2)
 
-# Today's persistent kernel (engine/rprogram/persistent.py) runs every task with the kernel's largest block:
-# a task generated for fewer threads lets the extra threads index past its staging tile (the gpulaunch
-# branch guards each task by its own thread count; flip these once it is merged).
-THREADS = ("out_of_range: {} generated for 32 threads runs{} with the persistent block's 64: the extra "
-           "threads read its staging tile st_a past its end")
 KNOWN = {
-    "bert_layer": (THREADS.format("k00_sub_mul_matmul_add_etc", "")
-                   + " (and rows of st_a never staged: uninitialized_read)"),
-    "vit_block": THREADS.format("k00_norm_sub_normalize_matmul_etc", " (and k02)"),
-    "conv_bn_relu": THREADS.format("k01_conv_batchnorm_relu", " (and k02, k03)"),
-    "nerf_mlp": THREADS.format("k00_matmul_add_relu_concat", ""),
     "lstm": ("race: as in the ordinary lstm program, tasks over overlapping SHARED regions each store them "
              "to global memory (y::d0.t0.hr, y::d0.tN.h): unordered writes of the same values"),
 }
+
+# Tasks generated for fewer threads than the persistent block: they run on their own warps and synchronise
+# them with named barrier 1 (__barrier_sync_count), the other warps waiting at the block's __syncthreads.
+NAMED = ("bert_layer", "vit_block", "conv_bn_relu", "nerf_mlp")
+
 
 
 @cache
@@ -57,9 +56,15 @@ def _cases():
 @pytest.mark.parametrize("name", _cases())
 def test_persistent_kernel_matches_onnxruntime_with_zero_findings(name: str) -> None:
     graph, program, rp, inputs, want = _persistent(name)
+    if name in NAMED:
+        assert "__barrier_sync_count(1, " in persistent_cuda(program, rp).source
     outs, report = run_persistent_simt(program, rp, graph, inputs, device=SMALL_A100)
-    assert_matches(outs, want)
     assert report.ok, "\n".join(report.summary_lines())
+    assert_matches(outs, want)
+    # the same kernels launched one after another compute the same bits
+    seq, _ = run_simt(program, graph.specs, inputs, graph.weights)
+    for k in seq:
+        np.testing.assert_array_equal(outs[k], seq[k])
 
 
 def test_a_grid_larger_than_residency_deadlocks() -> None:
@@ -69,11 +74,29 @@ def test_a_grid_larger_than_residency_deadlocks() -> None:
     outs, report = run_persistent_simt(program, rp, graph, inputs, device=SMALL_A100)
     assert report.ok
     assert_matches(outs, want)
-    # One wave fewer than the grid: a resident block spins on a dependency only a waiting block computes.
-    _, report = run_persistent_simt(program, rp, graph, inputs, resident=grid // 2)
+    # Fewer blocks resident than vEUs: the vEUs fold onto the blocks that are (as run_persistent_cuda does).
+    outs, report = run_persistent_simt(program, rp, graph, inputs, resident=grid // 2)
+    assert report.ok, "\n".join(report.summary_lines())
+    assert_matches(outs, want)
+    # The unfolded grid with half of it resident: a resident block spins on a dependency only a waiting
+    # block computes.
+    _, report = run_persistent_simt(program, rp, graph, inputs, resident=grid // 2, grid=grid)
     (f,) = report.findings
     assert f.kind == "deadlock" and "atomicAdd(&done[" in f.source
     assert f"{grid - grid // 2} block(s) not resident" in f.message and report.stopped
+
+
+def test_counters_reset_by_the_last_block_serve_the_next_launch() -> None:
+    graph, program, rp, inputs, want = _persistent("vit_block")
+    outs, report = run_persistent_simt(program, rp, graph, inputs, device=SMALL_A100, launches=2)
+    assert report.ok and report.launches == 2, "\n".join(report.summary_lines())
+    assert_matches(outs, want)
+    # Without the reset, the second launch's tasks find their dependencies already counted and do not wait.
+    src = persistent_cuda(program, rp).source
+    reset = next(line for line in src.splitlines() if "done[j] = 0u" in line)
+    _, report = run_persistent_simt(program, rp, graph, inputs, device=SMALL_A100, launches=2,
+                                    source=src.replace(reset, ""))
+    assert report.findings and {(f.kind, f.launch) for f in report.findings} == {("race", 1)}
 
 
 def test_a_task_run_by_more_threads_than_generated_reads_past_its_shared_buffer() -> None:

@@ -161,3 +161,66 @@ def test_half_precision_and_math_builtins(rng) -> None:
     assert report.ok
     np.testing.assert_array_equal(h, x.astype(np.float16))
     np.testing.assert_allclose(y, x.astype(np.float16).astype(np.float32) + 1 / np.sqrt(np.abs(x) + 1), rtol=1e-6)
+
+
+def test_named_barrier_of_a_task_is_clean_and_correct(rng) -> None:
+    x = rng.standard_normal(256).astype(np.float32)
+    (_, y), report = run_cuda_source(K.NAMED_TASK, "task", [(x, "in"), (np.empty(256, np.float32), "out")],
+                                     grid=2, block=128, shared_bytes=512)
+    assert report.ok, report.summary_lines()
+    rows = x.reshape(2, 128)[:, 63::-1]
+    want = np.concatenate([rows * x.reshape(2, 128)[:, :1], 2.0 * rows], axis=1)
+    np.testing.assert_array_equal(y, want.ravel())
+    # the same kernel without the barrier that orders the task's reads before its rewrite: a race
+    _, report = run_cuda_source(K.NAMED_TASK.replace("        __barrier_sync_count(1, 64);\n        s[", "        s["),
+                                "task", [(x, "in"), (np.empty(256, np.float32), "out")], grid=2, block=128,
+                                shared_bytes=512)
+    assert {f.kind for f in report.findings} == {"race"}
+
+
+def test_named_barrier_orders_only_the_threads_it_counts(rng) -> None:
+    x = rng.standard_normal(128).astype(np.float32)
+    _, report = run_cuda_source(K.NAMED_LEAVES_OUT, "leave_out", [(x, "in"), (np.empty(128, np.float32), "out")],
+                                grid=1, block=128, shared_bytes=512)
+    assert [(f.kind, f.line, f.buffer) for f in report.findings] == [
+        ("race", K.bad_line(K.NAMED_LEAVES_OUT), "shared memory")]
+    assert "nor a named barrier counting both" in report.findings[0].message
+    assert f"at line {K.bad_line(K.NAMED_LEAVES_OUT, 'WRITE')}" in report.findings[0].message
+    # s[0] read by every thread (the task's 64 too), then rewritten after a barrier of the task's threads
+    _, report = run_cuda_source(K.NAMED_SHARED_READ, "shared_read", [(x, "in"), (np.empty(128, np.float32), "out")],
+                                grid=1, block=128, shared_bytes=512)
+    assert [(f.kind, f.line) for f in report.findings] == [("race", K.bad_line(K.NAMED_SHARED_READ))]
+    assert "several threads of block 0" in report.findings[0].message
+
+
+@pytest.mark.parametrize("source,fragment", [
+    (K.NAMED_OUTSIDER, "thread 64 of block 0 reaches named barrier 1 at line 4, which counts threads 0..63 only"),
+    (K.NAMED_COUNTS_DISAGREE, "thread 32 passes 96 threads at line 4, the threads waiting at line 4 passed 64"),
+    (K.NAMED_PART_WARP, "counts 48 threads: whole warps"),
+])
+def test_named_barrier_misused_is_partial(rng, source: str, fragment: str) -> None:
+    x = rng.standard_normal(128).astype(np.float32)
+    (_, y), report = run_cuda_source(source, "misuse", [(x, "in"), (np.empty(128, np.float32), "out")],
+                                     grid=1, block=128)
+    assert [(f.kind, f.line) for f in report.findings] == [("partial_barrier", K.bad_line(source))]
+    assert fragment in report.findings[0].message and not report.stopped
+    np.testing.assert_array_equal(y, x)
+
+
+def test_named_barrier_after_early_exit_is_partial(rng) -> None:
+    x = rng.standard_normal(128).astype(np.float32)
+    (_, y), report = run_cuda_source(K.NAMED_EARLY_EXIT, "early", [(x, "in"), (np.zeros(128, np.float32), "inout")],
+                                     grid=1, block=128, shared_bytes=512)
+    assert [(f.kind, f.line) for f in report.findings] == [("partial_barrier", K.bad_line(K.NAMED_EARLY_EXIT))]
+    assert "reached by 60 of its 64 threads of block 0; 4 exited before it" in report.findings[0].message
+    np.testing.assert_array_equal(y[:60], x[:60][::-1])
+
+
+def test_named_barrier_that_never_completes_stops_the_launch(rng) -> None:
+    x = rng.standard_normal(128).astype(np.float32)
+    _, report = run_cuda_source(K.NAMED_NEVER_COMPLETES, "stuck", [(x, "in"), (np.empty(128, np.float32), "out")],
+                                grid=1, block=128)
+    line = K.bad_line(K.NAMED_NEVER_COMPLETES)
+    assert [(f.kind, f.line) for f in report.findings] == [("partial_barrier", line)] and report.stopped
+    message = report.findings[0].message
+    assert f"32 at a named barrier line {line}" in message and f"96 at __syncthreads line {line + 1}" in message
