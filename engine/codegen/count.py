@@ -289,7 +289,7 @@ def _epilogue(kernel: Kernel, phase: Phase) -> Work:
     def compute() -> Work:
         cnt = _Counter(kernel)
         if t.target is not None:
-            target = strip(t.target)
+            target = _strip(t.target)
             cnt.value(phase.body, 1.0, {target: True})
             # The contraction inlined into the phase is the accumulator: computed once per element.
             for n in _marked(phase.body, {target}):
@@ -305,23 +305,34 @@ def _epilogue(kernel: Kernel, phase: Phase) -> Work:
 # ---- one element ----------------------------------------------------------------------------
 
 
+_STRIPPED: dict[int, tuple] = {}
+
+
+def _strip(e):
+    """kexpr.strip, memoised across calls (the counter strips every node it meets)."""
+    if len(_STRIPPED) > 200000:
+        _STRIPPED.clear()
+    return strip(e, _STRIPPED)
+
+
 def _invariant_reductions(body, loop_vars: set[str]) -> list:
     """Inlined reductions of `body` that do not depend on `loop_vars`, not under a pad guard: what
     the printer hoists per staged row (printer._invariant_reductions, on the marked body)."""
     from engine.codegen.printer import _invariant_reductions as hoistable
 
-    found = hoistable(strip(body), loop_vars)
+    found = hoistable(_strip(body), loop_vars)
     if not found:
         return []
     want = set(found)
-    out, stack = [], [body]
+    out, stack, seen = [], [body], set()
     while stack:
         n = stack.pop()
-        if isinstance(n, Guard):
+        if isinstance(n, Guard) or id(n) in seen:
             continue
-        if isinstance(n, (Reduce, Inlined)) and strip(n) in want:
+        seen.add(id(n))
+        if isinstance(n, (Reduce, Inlined)) and _strip(n) in want:
             out.append(n)
-            want.discard(strip(n))
+            want.discard(_strip(n))
             continue
         stack.extend(reversed(kchildren(n)))
     return out
@@ -365,7 +376,7 @@ class _Counter:
         """Count `e` evaluated `mult` times per element (unless `memo` already holds it)."""
         if isinstance(e, E.Imm):
             return
-        key = strip(e)
+        key = _strip(e)
         if key in memo:
             return
         memo[key] = True
@@ -412,7 +423,7 @@ class _Counter:
         """A reduction loop: invariant values once in this scope, the rest once per term."""
         from engine.codegen.printer import invariant_values
 
-        stripped = strip(body)
+        stripped = _strip(body)
         hoist = set(invariant_values(stripped, set(names)))
         for node in _marked(body, hoist):
             self.value(node, mult, memo)
@@ -424,7 +435,7 @@ class _Counter:
     def _picked(self, e, mult: float, memo: dict) -> bool:
         """BodyWriter._pick_tensor: a select chain over loads of one element of several tensors loads
         once, through a pointer the conditions choose."""
-        chain, cur = [], strip(e)
+        chain, cur = [], _strip(e)
         while isinstance(cur, E.Select) and isinstance(cur.a, E.Load):
             chain.append((cur.cond, cur.a))
             cur = cur.b
@@ -450,10 +461,13 @@ def _marked(body, targets: set) -> list:
     """The nodes of marked `body` whose unmarked form is in `targets` (outermost first)."""
     if not targets:
         return []
-    out, seen, stack = [], set(), [body]
+    out, seen, visited, stack = [], set(), set(), [body]
     while stack:
         n = stack.pop()
-        s = strip(n)
+        if id(n) in visited:
+            continue
+        visited.add(id(n))
+        s = _strip(n)
         if s in targets and s not in seen:
             seen.add(s)
             out.append(n)

@@ -522,6 +522,8 @@ def covers(graph: PrimGraph, names, conns, tile: Tile, stage: str) -> bool:
         hit = box is not None and first.exact and math.prod(hi - lo for lo, hi in box) * math.prod(counts) \
             == math.prod(graph.stage(stage).shape) and _first_is_translate(anchor, tile, box, graph.stage(stage))
         if not hit:
+            hit = _covered_by_spans(graph, names, conns, tile, stage)
+        if hit is None:
             mask = np.zeros(graph.stage(stage).shape, dtype=bool)
             for index in np.ndindex(*counts):
                 b = propagate_group(graph, names, conns, tile.stage,
@@ -536,6 +538,38 @@ def covers(graph: PrimGraph, names, conns, tile: Tile, stage: str) -> bool:
 
 
 _COVER: dict[tuple, bool] = {}
+
+
+def _covered_by_spans(graph: PrimGraph, names, conns, tile: Tile, stage: str) -> bool | None:
+    """Coverage from the stage's regions fitted to a few tiles, where each of its axes moves with at
+    most one tile axis and no tile axis moves two of them: the union of the tiles' boxes is then, per
+    axis, the union of that axis's intervals (covered when they start at 0, leave no gap and reach
+    the end). None when the regions do not have that form (the caller checks tile by tile)."""
+    from engine.tilegraph.tilegraph import anchor_box, propagate_group
+
+    anchor = graph.stage(tile.stage)
+    st = graph.stage(stage)
+    tiles = tuple(-(-n // t) for n, t in zip(anchor.shape, tile.shape))
+    coords = _sample_coords(tiles)
+    boxes = []
+    for tc in coords:
+        b = propagate_group(graph, names, conns, tile.stage, anchor_box(anchor.shape, tile.shape, tc)).stages.get(stage)
+        if b is None:
+            return None
+        boxes.append(b)
+    region = fit_region(st.shape, tiles, boxes, coords)
+    if region is None:
+        return None
+    used = [k for sp in region.spans for k, c in enumerate(sp.coeffs) if c]
+    if len(used) != len(set(used)) or any(sum(1 for c in sp.coeffs if c) > 1 for sp in region.spans):
+        return None
+    for d, sp in enumerate(region.spans):
+        k = next((k for k, c in enumerate(sp.coeffs) if c), None)
+        n = tiles[k] if k is not None else 1
+        step = sp.coeffs[k] if k is not None else 0
+        if sp.base > 0 or step > sp.ext or sp.base + step * (n - 1) + sp.ext < st.shape[d]:
+            return False
+    return True
 
 
 def _first_is_translate(anchor: Stage, tile: Tile, box, stage: Stage) -> bool:

@@ -15,6 +15,7 @@ from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
 from engine.ir.graph import Combine
+from engine.ir.hashing import hash_once
 
 
 @dataclass(frozen=True)
@@ -186,3 +187,6 @@ def kformat(e) -> str:
     if isinstance(e, E.Select):
         return f"({kformat(e.cond)} ? {kformat(e.a)} : {kformat(e.b)})"
     return E.format_expr(e)
+
+
+hash_once(InBounds, Guard, Reduce, Inlined)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from engine.ir.dtypes import DType
+from engine.ir.hashing import hash_once
 from engine.ir.index import Lin, as_lin
 
 UNARY_OPS = frozenset(
@@ -223,3 +224,6 @@ def format_expr(e: Expr) -> str:
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
           "gt": ">", "ge": ">=", "and": "&&", "or": "||"}
+
+
+hash_once(Load, Imm, IndexVal, Unary, Binary, Select, Cast)

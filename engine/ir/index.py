@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.ir.hashing import hash_once
+
 Interval = tuple[int, int]  # inclusive [lo, hi]
 
 
@@ -454,3 +456,6 @@ def _rename_atom(atom: Atom, old: str, new: str) -> Lin:
         t = new if atom.tensor == old else atom.tensor
         return as_lin(Indirect(t, tuple(rename_tensor(i, old, new) for i in atom.index), atom.size))
     raise TypeError(atom)
+
+
+hash_once(Var, FloorDiv, Mod, Min, Max, Abs, Indirect, Lin)

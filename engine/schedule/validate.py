@@ -167,7 +167,8 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
                                          f"the block needs {size} B of '{p}', more than fits in shared memory "
                                          f"({device.max_smem_per_block_bytes} B)"))
     found = _recompute(graph, seg, conns, tile, use)
-    if any(v.rule == "recompute" for v in found):
+    ragged = any(n % t for n, t in zip(anchor.shape, tile.shape))
+    if ragged and any(v.rule == "recompute" for v in found):
         # The first tile stood for every tile: edge tiles are smaller. Count them as they print.
         found = _recompute(graph, seg, conns, tile, segment_use(graph, seg, conns, tile, exact=True))
     out.extend(found)
