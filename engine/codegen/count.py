@@ -230,8 +230,10 @@ def _gemm(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
     out.add(_memo(kernel, g.b, ("b",), lambda: _value_work(kernel, g.b)), float(n_n.sum()) * g.k)
     per_step = ntiles * steps
     out.shared_store += per_step * (pm * g.bk + g.bk * pn) * 4
-    out.shared_load += per_step * g.bk * (g.tm + g.tn) * 4 * (g.tx * g.ty)
-    out.flops += per_step * g.bk * 2 * g.tm * g.tn * (g.tx * g.ty)
+    # Threads whose micro-tile holds a live row and column run the k loop; the others only stage.
+    live = float((np.minimum(g.ty, np.ceil(m_n / max(1, g.tm))) * np.minimum(g.tx, np.ceil(n_n / max(1, g.tn)))).sum())
+    out.shared_load += steps * live * g.bk * (g.tm + g.tn) * 4
+    out.flops += steps * live * g.bk * 2 * g.tm * g.tn
     epi = _epilogue(kernel, phase)
     out.add(epi, float((m_n * n_n).sum()))
     out.nest = max(out.nest, g.k, epi.nest)
@@ -262,13 +264,14 @@ def _conv(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
     out.add(w, float((c_n * (total if dense else 1) * kh * kw).sum()))
     per_step = ntiles * steps
     out.shared_store += per_step * (c.b_elems + c.a_elems) * 4
-    thr = c.tx * c.ty
+    # Threads with a live channel and a live pixel accumulate; the others only stage.
+    thr = float((np.minimum(c.ty, np.ceil(c_n / max(1, c.tm))) * np.minimum(c.tx, oh_n * ow_n)).sum())
     inner = step * kh * kw
     if dense:
-        out.shared_load += per_step * inner * (c.tm + c.tn) * 4 * thr
+        out.shared_load += steps * thr * inner * (c.tm + c.tn) * 4
     else:
-        out.shared_load += per_step * inner * (c.tm + c.tm * c.tn) * 4 * thr
-    out.flops += per_step * inner * 2 * c.tm * c.tn * thr
+        out.shared_load += steps * thr * inner * (c.tm + c.tm * c.tn) * 4
+    out.flops += steps * thr * inner * 2 * c.tm * c.tn
     epi = _epilogue(kernel, phase)
     out.add(epi, float((c_n * oh_n * ow_n).sum()))
     out.nest = max(out.nest, total * kh * kw, epi.nest)

@@ -367,6 +367,8 @@ class Printer:
         a_pre, a_lines, a_val = self.gemm_operand(kernel, phase, "a")
         _, b_lines, b_val = self.gemm_operand(kernel, phase, "b")
         lines += [f"    const int g_tx = {self.thread_id} % {g.tx}, g_ty = {self.thread_id} / {g.tx};",
+                  # A thread whose micro-tile lies wholly past the tile's rows or columns only stages.
+                  f"    const bool live = g_ty * {g.tm} < m_n && g_tx * {g.tn} < n_n;",
                   f"    float acc[{g.tm * g.tn}];",
                   f"    for (int q = 0; q < {g.tm * g.tn}; ++q) acc[q] = 0.0f;",
                   f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{"]
@@ -397,7 +399,7 @@ class Printer:
         lines += ["                " + x for x in self.gemm_k_vars(phase, "kf") + b_lines + [f"val = {b_val};"]]
         lines += ["            }", "            st_b[e] = val;", "        }",
                   f"        {self.block_barrier}",
-                  f"        for (int kk = 0; kk < {g.bk}; ++kk) {{",
+                  f"        for (int kk = 0; kk < (live ? {g.bk} : 0); ++kk) {{",
                   f"            float ra[{g.tm}], rb[{g.tn}];",
                   f"            for (int x = 0; x < {g.tm}; ++x) ra[x] = st_a[(g_ty * {g.tm} + x) * {g.bk} + kk];",
                   f"            for (int y = 0; y < {g.tn}; ++y) rb[y] = st_b[kk * {pn} + g_tx * {g.tn} + y];",
@@ -473,6 +475,8 @@ class Printer:
         x_lines, x_val = self.conv_operand(kernel, phase, "x")
         w_lines, w_val = self.conv_operand(kernel, phase, "w")
         lines += [f"    const int g_tx = {self.thread_id} % {c.tx}, g_ty = {self.thread_id} / {c.tx};",
+                  # A thread whose channels or pixels lie wholly past the tile's only stages.
+                  f"    const bool live = g_ty * {c.tm} < c_n && g_tx < oh_n * ow_n;",
                   f"    float acc[{c.tm * c.tn}];",
                   f"    int pix[{c.tn}];",
                   f"    for (int q = 0; q < {c.tm * c.tn}; ++q) acc[q] = 0.0f;",
@@ -503,7 +507,7 @@ class Printer:
         lines += ["                " + x for x in inner + w_lines + [f"val = {w_val};"]]
         lines += ["            }", "            st_a[e] = val;", "        }",
                   f"        {self.block_barrier}",
-                  f"        for (int cl = 0; cl < {step}; ++cl)",
+                  f"        for (int cl = 0; cl < (live ? {step} : 0); ++cl)",
                   f"        for (int kh = 0; kh < {kh}; ++kh)",
                   f"        for (int kw = 0; kw < {kw}; ++kw) {{",
                   f"            float rw[{c.tm}];",

@@ -96,18 +96,27 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
     gemm = StageKind.CONTRACTION in kinds
     full_row = n <= 4096 if not gemm else (n <= 1024 and StageKind.REDUCE in kinds) or n <= 256
     inner = sorted({min(n, x) for x in (32, 64, 128, 256)} | ({n} if full_row else set()))
+    # A rank-4 (NCHW) anchor of a segment holding a contraction (a convolution) also tiles its
+    # channels when the spatial tile is small: late stages of a CNN are a few pixels wide, and one
+    # channel of 2x2 pixels would leave most of a block's threads without work.
+    channels = stage.shape[1] if rank == 4 and gemm else 1
     for bn in inner:
-        for bm in (x for x in _POW2 if x <= m):
-            elems = bm * bn
-            if elems > (16384 if gemm else 8192) or (elems < 256 and (bm < m or bn < n)):
-                continue
-            shape = (1,) * max(0, rank - 2) + ((bm, bn) if rank >= 2 else (bn,))
-            step = tuple(min(32, r) for r in stage.reduce) if stage.kind == StageKind.CONTRACTION else ()
-            options = (min(256, _r32(elems // 8)),) if gemm else sorted({min(256, _r32(elems)), min(1024, _r32(elems // 4))})
-            for threads in options:
-                out.append(make_tile(stage, shape, threads, step))
-            if StageKind.REDUCE in kinds and bm <= 256:
-                out.append(make_tile(stage, shape, _r32(bm), threads_per_row=1))  # thread per row
+        for bm in sorted({x for x in _POW2 if x <= m} | {m}):
+            for bc in (c for c in _POW2 if c <= channels and (c == 1 or bm * bn * c // 2 < 256)):
+                elems = bm * bn * bc
+                full = bm == m and bn == n
+                if elems > (16384 if gemm else 8192) or (elems < 256 and not full) or (
+                        bc > 1 and elems < 256 and bc < channels):
+                    continue
+                shape = (1,) * max(0, rank - 2) + ((bm, bn) if rank >= 2 else (bn,))
+                if bc > 1:
+                    shape = (1, bc, bm, bn)
+                step = tuple(min(32, r) for r in stage.reduce) if stage.kind == StageKind.CONTRACTION else ()
+                options = (min(256, _r32(elems // 8)),) if gemm else sorted({min(256, _r32(elems)), min(1024, _r32(elems // 4))})
+                for threads in options:
+                    out.append(make_tile(stage, shape, threads, step))
+                if StageKind.REDUCE in kinds and bm <= 256 and bc == 1:
+                    out.append(make_tile(stage, shape, _r32(bm), threads_per_row=1))  # thread per row
     return out
 
 
