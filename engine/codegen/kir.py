@@ -237,14 +237,24 @@ class Kernel:
     def cooperative(self) -> bool:
         return len(self.segments) > 1
 
+    def _segment_layout(self) -> tuple[tuple[int, ...], int]:
+        """Offsets of the BLOCK buffers (16 B aligned) and the bytes they take. A block buffer lives in
+        one segment (values that cross a grid barrier go through global memory), so the buffers of
+        different segments share the same bytes; each segment's start at offset 0."""
+        owner = {n: k for k, s in enumerate(self.segments) for p in s.phases for n in p.stores}
+        at: dict[int, int] = {}
+        out = []
+        for b in self.locals:
+            k = owner.get(b.name, 0)
+            out.append(at.get(k, 0))
+            at[k] = at.get(k, 0) + -(-b.nbytes // 16) * 16
+        return tuple(out), max(at.values(), default=0)
+
     @property
     def shared_offsets(self) -> tuple[int, ...]:
-        """Byte offset of each BLOCK buffer in the block's shared memory (16 B aligned)."""
-        out, at = [], 0
-        for b in self.locals:
-            out.append(at)
-            at += -(-b.nbytes // 16) * 16
-        return tuple(out)
+        """Byte offset of each BLOCK buffer in the block's shared memory (16 B aligned; buffers of
+        different segments overlap)."""
+        return self._segment_layout()[0]
 
     @property
     def gemms(self) -> tuple[Gemm, ...]:
@@ -263,7 +273,7 @@ class Kernel:
 
     @property
     def locals_bytes(self) -> int:
-        return sum(-(-b.nbytes // 16) * 16 for b in self.locals)
+        return self._segment_layout()[1]
 
     @property
     def reduce_scratch_bytes(self) -> int:

@@ -368,7 +368,7 @@ class Printer:
         _, b_lines, b_val = self.gemm_operand(kernel, phase, "b")
         lines += [f"    const int g_tx = {self.thread_id} % {g.tx}, g_ty = {self.thread_id} / {g.tx};",
                   # A thread whose micro-tile lies wholly past the tile's rows or columns only stages.
-                  f"    const bool live = g_ty * {g.tm} < m_n && g_tx * {g.tn} < n_n;",
+                  f"    const bool live = g_ty < {g.ty} && g_ty * {g.tm} < m_n && g_tx * {g.tn} < n_n;",
                   f"    float acc[{g.tm * g.tn}];",
                   f"    for (int q = 0; q < {g.tm * g.tn}; ++q) acc[q] = 0.0f;",
                   f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{"]
@@ -476,7 +476,7 @@ class Printer:
         w_lines, w_val = self.conv_operand(kernel, phase, "w")
         lines += [f"    const int g_tx = {self.thread_id} % {c.tx}, g_ty = {self.thread_id} / {c.tx};",
                   # A thread whose channels or pixels lie wholly past the tile's only stages.
-                  f"    const bool live = g_ty * {c.tm} < c_n && g_tx < oh_n * ow_n;",
+                  f"    const bool live = g_ty < {c.ty} && g_ty * {c.tm} < c_n && g_tx < oh_n * ow_n;",
                   f"    float acc[{c.tm * c.tn}];",
                   f"    int pix[{c.tn}];",
                   f"    for (int q = 0; q < {c.tm * c.tn}; ++q) acc[q] = 0.0f;",

@@ -219,6 +219,7 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
             log.append(f"{edge[0]} -> {edge[1]}: kernel ({reasons[edge]})")
             continue
         decision, trial, why = best
+        refused = [n for n in noes if not n.startswith(f"{decision.reason.split(':')[0]}:")]
         merged = group_of_stage[edge[0]] | group_of_stage[edge[1]]
         for s in merged:
             group_of_stage[s] = merged
@@ -228,7 +229,7 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
             if conn != conns[e] and e != edge:
                 reasons[e] = f"fused along with {edge[0]} -> {edge[1]}"
         conns = trial
-        reasons[edge] = f"{why}; {decision.reason}"
+        reasons[edge] = f"{why}; {decision.reason}" + (f" (refused: {'; '.join(refused)})" if refused else "")
         scores[edge] = decision.score
         log.append(f"{edge[0]} -> {edge[1]}: {conns[edge].value} ({reasons[edge]})")
     for line in log:

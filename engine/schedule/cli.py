@@ -1,5 +1,6 @@
 """`tileweave plan MODEL --policy P --device D`: schedule a model and print the groups (table or JSON);
---plan-out saves the plan, --plan-in replays a saved plan's edits on its base policy and validates."""
+--plan-out saves the plan, --plan-in replays a saved plan's edits on its base policy and validates;
+--explain adds every edge's connection and reason; --recompute-bound sets the plan's recompute bound."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def add_plan_command(sub) -> None:
     p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...", help="bind a dynamic input shape")
     p.add_argument("--no-batching", action="store_true",
                    help="welder: keep Q/K/V-style contractions separate (no operator batching)")
+    p.add_argument("--recompute-bound", type=float, metavar="X",
+                   help="how many times over a fused segment may compute its stages (inlined uses, tile "
+                        "overlaps), a plan option (default 2); a reduction is always computed once per element")
+    p.add_argument("--explain", action="store_true",
+                   help="also print every edge's connection and why (the levels refused and the rule broken)")
     p.set_defaults(func=run_plan_command)
 
 
@@ -36,6 +42,12 @@ def run_plan_command(args) -> int:
     from engine.schedule.validate import validate
 
     device = get_device(args.device)
+    options = {}
+    if args.recompute_bound is not None:
+        if not args.recompute_bound >= 1:
+            raise PlanError(f"--recompute-bound {args.recompute_bound}: must be at least 1 (1 = nothing computed "
+                            "twice)", hint="use e.g. --recompute-bound 2")
+        options["recompute_bound"] = args.recompute_bound
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
         graph, saved = load_plan(args.plan_in, graph)
@@ -43,15 +55,38 @@ def run_plan_command(args) -> int:
         kept = tuple(d for d in saved.decisions if d.startswith(BATCHING_PREFIX))
         plan = dataclasses.replace(plan, decisions=kept + plan.decisions)
     else:
-        graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None)
+        graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None,
+                                 options=options)
     bad = validate(plan, graph, device)
     if bad:
         raise PlanError(f"plan is illegal: {bad[0]}")
     if args.plan_out:
         Path(args.plan_out).write_text(json.dumps(plan_to_json(plan), indent=1, sort_keys=True))
     summary = plan_summary(plan, graph)
-    print(json.dumps(summary, indent=1) if args.json else format_table(summary))
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(format_table(summary))
+        if args.explain:
+            print(format_explain(plan))
     return 0
+
+
+def format_explain(plan: Plan) -> str:
+    """Every edge of the plan with its connection and the reason it got it (refused levels and the rule
+    each broke included), grouped by kernel; then the kernels' recompute factors (kernel IR counts)."""
+    of = {s: g.name for g in plan.groups for s in g.stages}
+    lines = ["", "edges (producer -> consumer: connection, why):"]
+    for e in plan.edges:
+        where = of.get(e.consumer, "?") if e.conn != Conn.KERNEL else f"{of.get(e.producer, '?')} | {of.get(e.consumer, '?')}"
+        lines.append(f"  [{where}] {e.producer} -> {e.consumer}: {e.conn.value} — {e.reason}")
+    lines.append("")
+    lines.append("recompute (counted flops of the printed kernel over its stages' flops computed once, "
+                 f"bound {dict(plan.options).get('recompute_bound', 2.0):g}x per fused segment):")
+    for g in plan.groups:
+        if g.cost is not None:
+            lines.append(f"  {g.name}: {g.cost.recompute_factor:.2f}x")
+    return "\n".join(lines)
 
 
 def plan_summary(plan: Plan, graph) -> dict:
@@ -74,6 +109,7 @@ def plan_summary(plan: Plan, graph) -> dict:
             "waves": c.waves if c else None,
             "traffic_bytes": c.traffic_bytes if c else None, "modeled_us": c.modeled_us if c else None,
             "terms_us": c.terms_us if c else None, "reason": g.reason,
+            "flops": c.flops if c else None, "recompute_factor": c.recompute_factor if c else None,
             "memory_intensive": all(graph.stage(s).is_memory_intensive for s in g.stages),
         })
     return {

@@ -4,6 +4,7 @@ occupancy, waves and every term of the modeled time."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -218,7 +219,10 @@ def estimate_group(
     segs = segs if segs is not None else segments_of(graph, stages, conns)
     if len(segs) != len(tiles):
         raise ValueError(f"{len(segs)} segments but {len(tiles)} tiles")
-    uses = [segment_use(graph, seg, conns, t, local, exact) for seg, t in zip(segs, tiles)]
+    # Every segment of a kernel runs with the kernel's block: the largest of the tiles' thread counts.
+    kt = max(t.threads for t in tiles)
+    uses = [segment_use(graph, seg, conns, t if t.threads == kt else dataclasses.replace(t, threads=kt), local, exact)
+            for seg, t in zip(segs, tiles)]
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.

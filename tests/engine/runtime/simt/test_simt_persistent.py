@@ -7,6 +7,7 @@ counters left unreset."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from functools import cache
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from simt_samples import NAMES, assert_matches, sample  # noqa: E402
 
+from engine.codegen.api import kernel_units  # noqa: E402
 from engine.codegen.generate import generate  # noqa: E402
 from engine.device import get_device  # noqa: E402
 from engine.rprogram.persistent import persistent_cuda  # noqa: E402
@@ -96,8 +98,9 @@ def test_counters_reset_by_the_last_block_serve_the_next_launch() -> None:
 
 
 def test_a_task_run_by_more_threads_than_generated_reads_past_its_shared_buffer() -> None:
-    # The mechanism of today's persistent kernel, built on purpose: a tiled GEMM kernel generated for
-    # fewer threads than the block it is launched with.
+    # The mechanism of the persistent kernel before its tasks were guarded, built on purpose: a tiled GEMM
+    # kernel generated for fewer threads than the block it is launched with, and without the guard the
+    # printer now gives every thread past its micro-tile grid (`live`).
     graph, inputs, _ = sample("nerf_mlp")
     plan = make_plan(graph, "unfused", A100)
     program = generate(plan, graph, A100)
@@ -105,7 +108,10 @@ def test_a_task_run_by_more_threads_than_generated_reads_past_its_shared_buffer(
                      if program.kernel(ln.kernel).gemms and ln.block < 256)
     wide = dataclasses.replace(launch, block=256)
     one = dataclasses.replace(program, launches=program.launches[:i] + (wide,) + program.launches[i + 1:])
-    _, report = run_simt(one, graph.specs, inputs, graph.weights)
+    unit = dict(kernel_units(program))[launch.kernel]
+    assert "const bool live = " in unit
+    unguarded = re.sub(r"const bool live = [^;]*;", "const bool live = true;", unit)
+    _, report = run_simt(one, graph.specs, inputs, graph.weights, sources={launch.kernel: unguarded})
     found = [f for f in report.findings if f.kernel == launch.kernel]
     assert found and {f.kind for f in found} >= {"out_of_range"}
     assert any(f.buffer == "st_a" and "outside its" in f.message for f in found)
