@@ -84,6 +84,31 @@ def count_segment(kernel: Kernel, seg: Segment, tiles: slice | None = None) -> W
 # ---- per-tile sizes ---------------------------------------------------------------------------
 
 
+def region_bounds_of(region: Region, tiles: slice | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi), each (ntiles, rank): the box of `region` on each tile (row-major tile order)."""
+    idx = np.arange(region.ntiles, dtype=np.int64)[tiles if tiles is not None else slice(None)]
+    if region.table:
+        rows = np.asarray(region.table, dtype=np.int64)[idx]
+        return rows[:, :region.rank], rows[:, region.rank:]
+    coords, rest = [], idx.copy()
+    for k in reversed(region.tiles):
+        coords.append(rest % k)
+        rest = rest // k
+    coords = coords[::-1]
+    lo = np.empty((len(idx), region.rank), dtype=np.int64)
+    hi = np.empty_like(lo)
+    for d, span in enumerate(region.spans):
+        a = np.full(len(idx), span.base, dtype=np.int64)
+        for c, tc in zip(span.coeffs, coords):
+            if c:
+                a = a + c * tc
+        b = a + span.ext
+        if span.clamp:
+            a, b = np.maximum(a, 0), np.minimum(b, region.shape[d])
+        lo[:, d], hi[:, d] = a, b
+    return lo, hi
+
+
 def region_extents(region: Region, tiles: slice | None = None) -> np.ndarray:
     """(ntiles, rank) live extent of `region` on each tile (row-major tile order)."""
     n = region.ntiles
@@ -94,23 +119,8 @@ def region_extents(region: Region, tiles: slice | None = None) -> np.ndarray:
         return np.maximum(rows[:, r:] - rows[:, :r], 0)
     if all(not any(sp.coeffs) and not sp.clamp for sp in region.spans):  # one box for every tile
         return np.broadcast_to(np.asarray([sp.ext for sp in region.spans], dtype=np.int64), (len(idx), region.rank))
-    coords = []
-    rest = idx.copy()
-    for k in reversed(region.tiles):
-        coords.append(rest % k)
-        rest = rest // k
-    coords = coords[::-1]
-    out = np.empty((len(idx), region.rank), dtype=np.int64)
-    for d, span in enumerate(region.spans):
-        lo = np.full(len(idx), span.base, dtype=np.int64)
-        for c, tc in zip(span.coeffs, coords):
-            if c:
-                lo = lo + c * tc
-        hi = lo + span.ext
-        if span.clamp:
-            lo, hi = np.maximum(lo, 0), np.minimum(hi, region.shape[d])
-        out[:, d] = np.maximum(hi - lo, 0)
-    return out
+    lo, hi = region_bounds_of(region, tiles)
+    return np.maximum(hi - lo, 0)
 
 
 def _flat_sizes(region: Region, tiles: slice | None) -> np.ndarray:

@@ -562,7 +562,14 @@ def _covered_by_spans(graph: PrimGraph, names, conns, tile: Tile, stage: str) ->
         return None
     used = [k for sp in region.spans for k, c in enumerate(sp.coeffs) if c]
     if len(used) != len(set(used)) or any(sum(1 for c in sp.coeffs if c) > 1 for sp in region.spans):
-        return None
+        # Axes moving together: paint every tile's box (from the fitted spans, no propagation).
+        from engine.codegen.count import region_bounds_of
+
+        lo, hi = region_bounds_of(region)
+        mask = np.zeros(st.shape, dtype=bool)
+        for a, b in zip(lo.tolist(), hi.tolist()):
+            mask[tuple(slice(x, y) for x, y in zip(a, b))] = True
+        return bool(mask.all())
     for d, sp in enumerate(region.spans):
         k = next((k for k, c in enumerate(sp.coeffs) if c), None)
         n = tiles[k] if k is not None else 1
@@ -663,11 +670,21 @@ _RESOLVED: dict[tuple, tuple[E.Expr, tuple[str, ...]]] = {}
 def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[str, str], params) -> E.Expr:
     """Inline REGISTER producers into the body and point every load at a buffer name (memoised: the
     cost model realises the same segments for many candidate tiles; the body does not depend on them)."""
-    key = (graph.structural_hash, stage.name, frozenset(inline), tuple(sorted(block_buf.items())))
+    # The body depends only on the stages inlined into it (transitively) and on the block buffers of the
+    # tensors those read: key on exactly that, so every trial group holding the same chain hits.
+    closure, todo = set(), [stage.name]
+    while todo:
+        for t in graph.stage(todo.pop()).inputs:
+            if t in inline and t not in closure:
+                closure.add(t)
+                todo.append(t)
+    reads = {t for x in closure | {stage.name} for t in graph.stage(x).inputs}
+    key = (graph.structural_hash, stage.name, frozenset(closure),
+           tuple(sorted((t, block_buf[t]) for t in reads if t in block_buf)))
     hit = _RESOLVED.get(key)
     if hit is None:
         used: dict[str, Buffer] = {}
-        body = _resolve_body(stage, graph, inline, block_buf, used)
+        body = _resolve_body(stage, graph, closure, block_buf, used)
         if len(_RESOLVED) > 20000:
             _RESOLVED.clear()
         hit = _RESOLVED[key] = (body, tuple(used))
@@ -676,14 +693,32 @@ def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[s
     return hit[0]
 
 
+_EXPANDED: dict[tuple, object] = {}
+
+
 def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[str, str], params) -> E.Expr:
     ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(stage.shape)}
     ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(stage.reduce)})
 
     depth = [0]
 
+    def closure_of(name: str) -> frozenset:
+        out, todo = set(), [name]
+        while todo:
+            for t in graph.stage(todo.pop()).inputs:
+                if t in inline and t not in out:
+                    out.add(t)
+                    todo.append(t)
+        return frozenset(out)
+
     def expand(e: E.Expr) -> E.Expr:
-        if isinstance(e, E.Load) and e.tensor in inline:
+        if not (isinstance(e, E.Load) and e.tensor in inline):
+            return e
+        # A producer read at one index, at one nesting depth, through the same inlined chain expands
+        # to the same value wherever it is read (memoised across stages and trial groups).
+        key = (graph.structural_hash, e, depth[0], closure_of(e.tensor))
+        hit = _EXPANDED.get(key)
+        if hit is None:
             producer = graph.stage(e.tensor)
             mapping = {f"i{k}": ix for k, ix in enumerate(e.index)}
             names = []
@@ -693,8 +728,6 @@ def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: d
                 # structurally equal, so the printer computes it once (a mean used twice in a variance).
                 names.append(f"u{depth[0] + 1}" + (f"_{k}" if k else ""))
                 mapping[f"r{k}"] = I.var(names[-1])
-                # One name may serve reductions of different extents: bounds cover the widest.
-                ranges[names[-1]] = (0, max(ranges.get(names[-1], (0, 0))[1], producer.reduce[k] - 1))
             depth[0] += bool(producer.reduce)
             value = kmap(substitute_body(producer.body, mapping), expand)
             depth[0] -= bool(producer.reduce)
@@ -702,11 +735,19 @@ def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: d
                 value = Reduce(value, tuple(names), producer.reduce, producer.combine, producer.dtype)
             value = Inlined(producer.name, value)
             if e.pad is not None:
-                return Guard(InBounds(e.index, producer.shape), value, E.imm(e.pad, e.dtype))
-            return value
-        return e
+                value = Guard(InBounds(e.index, producer.shape), value, E.imm(e.pad, e.dtype))
+            if len(_EXPANDED) > 50000:
+                _EXPANDED.clear()
+            hit = _EXPANDED[key] = value
+        return hit
 
     body = kmap(stage.body, expand)
+    # The inlined reductions' loop variables (one name may serve reductions of different extents:
+    # bounds cover the widest).
+    for n in kwalk(body):
+        if isinstance(n, Reduce):
+            for v, ext in zip(n.vars, n.extents):
+                ranges[v] = (0, max(ranges.get(v, (0, 0))[1], ext - 1))
 
     def rename(e: E.Expr) -> E.Expr:
         if isinstance(e, E.Load):

@@ -97,23 +97,34 @@ def strip(e, memo: dict | None = None):
     return out
 
 
-def kmap(e, fn: Callable):
-    """Bottom-up rebuild like `expr.map_expr`, also descending into Guard values and inlined reductions."""
+def kmap(e, fn: Callable, memo: dict | None = None):
+    """Bottom-up rebuild like `expr.map_expr`, also descending into Guard values and inlined reductions.
+    Equal subtrees are rebuilt once (`fn` must give equal results for equal nodes within one call):
+    inlined bodies are DAGs, and a tree walk of them is exponential in the chain length (x * sigmoid(x)
+    read through a chain of such stages)."""
+    memo = {} if memo is None else memo
+    hit = memo.get(e)
+    if hit is not None:
+        return hit
+    key = e
     if isinstance(e, Inlined):
-        return fn(Inlined(e.stage, kmap(e.x, fn)))
-    if isinstance(e, Guard):
-        return fn(Guard(fn(e.cond), kmap(e.x, fn), e.pad))
-    if isinstance(e, Reduce):
-        return fn(Reduce(kmap(e.body, fn), e.vars, e.extents, e.combine, e.dtype))
-    if isinstance(e, E.Unary):
-        e = E.Unary(e.op, kmap(e.x, fn), e.dtype)
-    elif isinstance(e, E.Cast):
-        e = E.Cast(kmap(e.x, fn), e.dtype)
-    elif isinstance(e, E.Binary):
-        e = E.Binary(e.op, kmap(e.a, fn), kmap(e.b, fn), e.dtype)
-    elif isinstance(e, E.Select):
-        e = E.Select(kmap(e.cond, fn), kmap(e.a, fn), kmap(e.b, fn), e.dtype)
-    return fn(e)
+        out = fn(Inlined(e.stage, kmap(e.x, fn, memo)))
+    elif isinstance(e, Guard):
+        out = fn(Guard(fn(e.cond), kmap(e.x, fn, memo), e.pad))
+    elif isinstance(e, Reduce):
+        out = fn(Reduce(kmap(e.body, fn, memo), e.vars, e.extents, e.combine, e.dtype))
+    else:
+        if isinstance(e, E.Unary):
+            e = E.Unary(e.op, kmap(e.x, fn, memo), e.dtype)
+        elif isinstance(e, E.Cast):
+            e = E.Cast(kmap(e.x, fn, memo), e.dtype)
+        elif isinstance(e, E.Binary):
+            e = E.Binary(e.op, kmap(e.a, fn, memo), kmap(e.b, fn, memo), e.dtype)
+        elif isinstance(e, E.Select):
+            e = E.Select(kmap(e.cond, fn, memo), kmap(e.a, fn, memo), kmap(e.b, fn, memo), e.dtype)
+        out = fn(e)
+    memo[key] = out
+    return out
 
 
 def map_indices(e, fn: Callable[[I.Lin], I.Lin]):
@@ -137,10 +148,14 @@ def substitute_body(body, mapping: dict[str, I.Lin]):
 
 
 def kwalk(e):
-    """Pre-order walk including Guard values and conditions."""
-    stack = [e]
+    """Pre-order walk including Guard values and conditions; each distinct node object once (bodies
+    are DAGs: a tree walk would be exponential in a chain of stages read twice each)."""
+    stack, seen = [e], set()
     while stack:
         n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
         yield n
         stack.extend(reversed(kchildren(n)))
 

@@ -145,8 +145,10 @@ def test_copies_of_one_inlined_reduction_are_structurally_equal():
     graph = load_sample("vit_block")[0]
     ln = "attn/LayerNormalization_1_out"
     body = _resolve(graph.stage(f"{ln}::var"), graph, {f"{ln}::mean", f"{ln}::dev"}, {}, {})
+    # dev * dev holds the mean twice: one structurally equal value (even one object: expansions of a
+    # producer at one index are shared), which the printer's SSA memo computes once.
     reduces = [n for n in kwalk(body) if isinstance(n, Reduce)]
-    assert len(reduces) == 2 and len(set(reduces)) == 1  # the mean, once per factor of dev * dev
+    assert len(set(reduces)) == 1
     assert reduces[0].vars == ("u1",) and reduces[0].extents == (384,)
 
 
