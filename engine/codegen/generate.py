@@ -222,9 +222,9 @@ def _map_lanes(seg: Segment, threads: int) -> Segment:
         lanes = 1
         if p.combine is not None and p.gemm is None and p.conv is None and not p.region.flat and p.dtype.is_float and threads % 32 == 0 \
                 and p.combine.value in ("sum", "max", "min", "prod"):
-            rows = int(np.prod(p.region.extent, dtype=np.int64))
+            rows = math.prod(p.region.extent)
             want = max(1, threads // max(rows, 1))
-            while lanes * 2 <= min(threads, want, int(np.prod(p.reduce, dtype=np.int64))):
+            while lanes * 2 <= min(threads, want, math.prod(p.reduce)):
                 lanes *= 2
         phases.append(dataclasses.replace(p, threads_per_row=lanes))
     return dataclasses.replace(seg, phases=tuple(phases))
@@ -303,7 +303,7 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None
     if any(isinstance(x, Reduce) for x in kwalk(b)) or not _row_invariant(a, tuple(names)):
         return None
     bm, bn = region.extent[-2], region.extent[-1]
-    k = int(np.prod(extents, dtype=np.int64))
+    k = math.prod(extents)
     bk = max(1, min(step, k))
     best = None
     tx = 1
@@ -516,6 +516,14 @@ def covers(graph: PrimGraph, names, conns, tile: Tile, stage: str) -> bool:
     hit = _COVER.get(key)
     if hit is None:
         anchor = graph.stage(tile.stage)
+        # Only the stages between `stage` and the anchor shape its region.
+        down, todo = {stage}, [stage]
+        while todo:
+            for c in graph.consumers.get(todo.pop(), ()):
+                if c in members and c not in down:
+                    down.add(c)
+                    todo.append(c)
+        names = [n for n in names if n in down]
         counts = [-(-d // t) for d, t in zip(anchor.shape, tile.shape)]
         first = propagate_group(graph, names, conns, tile.stage, anchor_box(anchor.shape, tile.shape))
         box = first.stages.get(stage)

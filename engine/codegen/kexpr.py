@@ -160,10 +160,17 @@ def kwalk(e):
         stack.extend(reversed(kchildren(n)))
 
 
+_FREE_VARS: dict = {}
+
+
 def free_vars(e, memo: dict | None = None) -> frozenset[str]:
-    """Loop variables an expression depends on (an inlined reduction binds its own)."""
-    memo = {} if memo is None else memo
-    key = id(e)
+    """Loop variables an expression depends on (an inlined reduction binds its own). Memoised on the
+    node across calls (a pure function of its structure) unless the caller passes its own memo."""
+    if memo is None:
+        if len(_FREE_VARS) > 200000:
+            _FREE_VARS.clear()
+        memo = _FREE_VARS
+    key = e if memo is _FREE_VARS else id(e)
     if key in memo:
         return memo[key]
     if isinstance(e, (E.Load, InBounds)):

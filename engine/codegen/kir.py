@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 
 from engine.ir.dtypes import DType
 from engine.ir.expr import Expr
@@ -55,7 +56,7 @@ class Region:
             n *= k
         return n
 
-    @property
+    @cached_property
     def extent(self) -> tuple[int, ...]:
         """Largest box over all tiles: the capacity of a BLOCK buffer holding this region."""
         if self.spans:

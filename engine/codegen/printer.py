@@ -642,13 +642,13 @@ def _limits(ct: str, inf: str) -> tuple[str, str]:
 def _invariant_reductions(body, loop_vars: set[str]) -> list:
     """Inlined reductions in `body` that do not depend on `loop_vars`, outermost first; none from
     under a pad guard (hoisted out of it, their reads could leave the tensor)."""
-    memo: dict = {}
-    found, stack = [], [body]
+    found, seen, stack = [], set(), [body]
     while stack:
         n = stack.pop()
-        if isinstance(n, Guard):
+        if isinstance(n, Guard) or id(n) in seen:
             continue
-        if isinstance(n, Reduce) and not (_free_vars(n, memo) & loop_vars):
+        seen.add(id(n))
+        if isinstance(n, Reduce) and not (_free_vars(n) & loop_vars):
             found.append(n)
             continue
         stack.extend(reversed(E.children(n)) if not isinstance(n, Reduce) else [n.body])
@@ -661,14 +661,17 @@ def invariant_values(body, loop_vars: set[str], known: set | frozenset = frozens
     (hoisted out of it, their reads could leave the tensor). Hoisting by hand matters in the C
     backend: OpenMP outlining drops `restrict`, so GCC keeps a row's mean load, its sqrt and divide
     inside the column loop, behind the stores. Nodes in `known` (already computed) are skipped whole."""
-    memo: dict = {}
-    found, stack = [], [(body, frozenset(loop_vars))]
+    found, have, seen, stack = [], set(), set(), [(body, frozenset(loop_vars))]
     while stack:
         n, bound = stack.pop()
+        if (id(n), bound) in seen:  # bodies are DAGs: visit each node once per binding
+            continue
+        seen.add((id(n), bound))
         if isinstance(n, (Guard, E.Imm)) or n in known:
             continue
-        if not (_free_vars(n, memo) & bound):
-            if n not in found:
+        if not (_free_vars(n) & bound):
+            if n not in have:
+                have.add(n)
                 found.append(n)
             continue
         if isinstance(n, Reduce):  # its own loop variables are bound inside it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -78,13 +79,13 @@ class Stage:
     def spec(self) -> TensorSpec:
         return TensorSpec(self.name, self.shape, self.dtype)
 
-    @property
+    @cached_property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)
 
-    @property
+    @cached_property
     def reduce_size(self) -> int:
-        return int(np.prod(self.reduce, dtype=np.int64)) if self.reduce else 1
+        return math.prod(self.reduce)
 
     @property
     def flops(self) -> int:

@@ -262,7 +262,8 @@ def _times(f: float) -> str:
 
 def _check_wave(graph, segs, conns, tiles, device: Device, name: str, local: dict | None = None) -> list[Violation]:
     threads = max(t.threads for t in tiles)
-    uses = [segment_use(graph, s, conns, t, local) for s, t in zip(segs, tiles)]
+    uses = [segment_use(graph, s, conns, t if t.threads == threads else dataclasses.replace(t, threads=threads), local)
+            for s, t in zip(segs, tiles)]
     regs = min(device.max_regs_per_thread, max(u.regs_per_thread for u in uses))
     resident, _ = resident_blocks_per_sm(device, threads, regs, max(u.shared_bytes for u in uses))
     wave = resident * device.sm_count
