@@ -420,11 +420,8 @@ class _Counter:
         if isinstance(e, E.Select) and self._picked(e, mult, memo):
             return
         if isinstance(e, (E.Unary, E.Binary)):
-            small_pow = (isinstance(e, E.Binary) and e.op == "pow" and e.a.dtype.is_float
-                         and isinstance(e.b, E.Imm) and e.b.value in (1.0, 2.0, 3.0, 0.5))
-            self.work.flops += mult * ({1.0: 0, 2.0: 1, 3.0: 2, 0.5: 2}[e.b.value] if small_pow
-                                       else E.OP_FLOPS.get(e.op, 1))
-            if small_pow:
+            self.work.flops += mult * E.op_flops(e)
+            if E.small_pow(e):
                 self.value(e.a, mult, memo)
                 return
         elif isinstance(e, E.Select):

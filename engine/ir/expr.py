@@ -188,15 +188,28 @@ def map_expr(e: Expr, fn) -> Expr:
     return fn(e)
 
 
+# pow with these float exponents is printed as multiplies (x*x, x*x*x) or sqrt: its cost as printed.
+SMALL_POW_FLOPS = {1.0: 0, 2.0: 1, 3.0: 2, 0.5: 2}
+
+
+def small_pow(n: Expr) -> bool:
+    return (isinstance(n, Binary) and n.op == "pow" and n.a.dtype.is_float and isinstance(n.b, Imm)
+            and n.b.value in SMALL_POW_FLOPS)
+
+
+def op_flops(n: Expr) -> int:
+    """Arithmetic operations of one node (not its operands): transcendentals weighted by OP_FLOPS, a pow
+    by a small constant as the multiplies it is printed as. The kernel IR's count uses the same weights."""
+    if small_pow(n):
+        return SMALL_POW_FLOPS[n.b.value]
+    if isinstance(n, (Unary, Binary)):
+        return OP_FLOPS.get(n.op, 1)
+    return 1 if isinstance(n, Select) else 0
+
+
 def count_flops(e: Expr) -> int:
-    """Arithmetic operations per evaluation of the body (transcendentals weighted by OP_FLOPS)."""
-    total = 0
-    for n in walk(e):
-        if isinstance(n, (Unary, Binary)):
-            total += OP_FLOPS.get(n.op, 1)
-        elif isinstance(n, Select):
-            total += 1
-    return total
+    """Arithmetic operations per evaluation of the body (`op_flops` per node)."""
+    return sum(op_flops(n) for n in walk(e))
 
 
 def format_expr(e: Expr) -> str:
