@@ -184,8 +184,9 @@ def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = 
                  sample: bool | str | Mapping = False) -> Kernel:
     """One group's kernel; without room in the device's shared memory to stage GEMM/conv tiles, the
     contractions keep per-element loops (the same values, computed once, at a slower rate).
-    `sample`: each segment realised at its first tile only, that box standing for every tile of the
-    grid (the cost model counts this; `generate` never uses it) — a mapping gives that tile's region
+    `sample`: each segment realised at one typical tile only (`tilegraph.typical_index`: interior where
+    the grid allows), that box standing for every tile of the grid (the cost model counts this;
+    `generate` never uses it) — a mapping gives that tile's region
     per stage, propagated already (one-segment groups); "fit": regions fitted to a few tiles (first,
     second and last along each axis), so edge tiles count as they print."""
     limit = (device or get_device("a100")).max_smem_per_block_bytes
@@ -352,8 +353,10 @@ def _tile_boxes(stage: Stage, tile: Tile, first_only: bool = False, coords=None)
     if len(tile.shape) != len(stage.shape) or any(t <= 0 for t in tile.shape):
         raise PlanError(f"tile {list(tile.shape)} does not fit stage {stage.name} of shape {list(stage.shape)}")
     tiles = tuple(-(-n // t) for n, t in zip(stage.shape, tile.shape))
-    if first_only and coords is None:
-        return [tuple((0, min(t, s)) for t, s in zip(tile.shape, stage.shape))]
+    if first_only and coords is None:  # the tile standing for all
+        from engine.tilegraph.tilegraph import typical_index
+
+        coords = [typical_index(stage.shape, tile.shape)]
     boxes = []
     for idx in (coords if coords is not None else np.ndindex(*tiles)):
         boxes.append(tuple((i * t, min((i + 1) * t, s)) for i, t, s in zip(idx, tile.shape, stage.shape)))
@@ -390,7 +393,7 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
     boxes = _tile_boxes(anchor, tile, first_only=bool(sample), coords=coords)
     ntiles = math.prod(tiles)
     tables: dict[str, list[Box]] = {s: [] for s in names}
-    if isinstance(sample, Mapping):  # the first tile's regions, propagated by the caller already
+    if isinstance(sample, Mapping):  # the typical tile's regions, propagated by the caller already
         zero = {s: tuple((0, 0) for _ in graph.stage(s).shape) for s in names}
         tables = {s: [sample.get(s) or zero[s]] for s in names}
         boxes = []

@@ -14,7 +14,7 @@ from engine.ir import expr as E
 from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.schedule.plan import Conn, GroupCost, Tile
 from engine.tilegraph.propagate import Box, box_size
-from engine.tilegraph.tilegraph import GroupRegions, anchor_box, propagate_group, segments_of
+from engine.tilegraph.tilegraph import GroupRegions, anchor_box, propagate_group, segments_of, typical_index
 
 LINE = 128  # bytes per read transaction (L1/L2 line)
 SECTOR = 32  # bytes per write transaction
@@ -110,7 +110,7 @@ def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
     """Per-block regions, footprint and evaluations of one segment under `tile` (memoised: the tile
     search and the validity checks ask for the same segment many times). `local`: a memo for callers
     whose `conns` stay fixed (one tile search), keyed on the segment and tile alone. The work counts
-    come from the kernel IR realised at the first tile (standing for all), or with `exact` at regions
+    come from the kernel IR realised at a typical (interior) tile standing for all, or with `exact` at regions
     fitted to the grid (edge tiles count as they print: the figure a chosen tile's cost reports)."""
     if local is not None:
         lkey = ("use", tuple(segment), tile, exact)
@@ -138,7 +138,8 @@ def _memo(cache: dict, key, compute):
 def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members,
                  exact: bool = False) -> SegmentUse:
     anchor = graph.stage(tile.stage)
-    regions = _regions(graph, segment, conns, tile.stage, anchor_box(anchor.shape, tile.shape))
+    box = anchor_box(anchor.shape, tile.shape, typical_index(anchor.shape, tile.shape))
+    regions = _regions(graph, segment, conns, tile.stage, box)
     kernel, work = segment_work(graph, segment, conns, tile, "fit" if exact else regions.stages)
     per = max(1, kernel.ntiles)
     evals = {s: work.evals.get(s, 0.0) / per for s in segment}
@@ -157,8 +158,8 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
 
 def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
                  regions: Mapping | str | None = None):
-    """(kernel, Work): the segment realised by codegen at its first tile (standing for every tile of
-    its grid; `regions`, that tile's box per stage when the caller has them, or "fit": regions fitted
+    """(kernel, Work): the segment realised by codegen at its typical tile (standing for every tile of
+    its grid: `typical_index`; `regions`, that tile's box per stage when the caller has them, or "fit": regions fitted
     to the grid) and the kernel IR's count of it — the flops and accesses of the code that would print."""
     from engine.codegen.count import count_kernel
     from engine.codegen.generate import build_kernel

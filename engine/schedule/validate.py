@@ -172,7 +172,7 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
     found = _recompute(graph, seg, conns, tile, use)
     ragged = any(n % t for n, t in zip(anchor.shape, tile.shape))
     if ragged and any(v.rule == "recompute" for v in found):
-        # The first tile stood for every tile: edge tiles are smaller. Count them as they print.
+        # One typical tile stood for every tile: edge tiles are smaller. Count them as they print.
         found = _recompute(graph, seg, conns, tile, segment_use(graph, seg, conns, tile, exact=True))
     out.extend(found)
     if tile.row_split > 1:

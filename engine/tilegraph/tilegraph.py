@@ -89,6 +89,14 @@ def anchor_box(shape: Sequence[int], tile: Sequence[int], index: Sequence[int] |
     return tuple((k * t, min(d, (k + 1) * t)) for d, t, k in zip(shape, tile, index))
 
 
+def typical_index(shape: Sequence[int], tile: Sequence[int]) -> tuple[int, ...]:
+    """The block that stands for all when one is sampled: an interior one along every axis of three or
+    more tiles (its halos unclipped by padding, its tile full: the largest footprint and work of the grid,
+    where the first block at a padded corner would understate both), else the first."""
+    counts = [-(-d // t) for d, t in zip(shape, tile)]
+    return tuple(n // 2 if n >= 3 else 0 for n in counts)
+
+
 def propagate_group(
     graph: PrimGraph,
     segment: Sequence[str],
@@ -132,5 +140,5 @@ def tile_counts(shape: Sequence[int], tile: Sequence[int]) -> int:
     return n
 
 
-__all__ = ["GroupRegions", "segments_of", "segment_sinks", "anchor_box", "propagate_group", "tile_counts",
+__all__ = ["GroupRegions", "segments_of", "segment_sinks", "anchor_box", "typical_index", "propagate_group", "tile_counts",
            "box_size", "full_box"]

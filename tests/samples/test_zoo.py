@@ -4,6 +4,7 @@ outputs, and tileweave (import + lower, reference executor, CPU backend under ev
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,9 @@ import pytest
 from support import max_rel_error
 
 from engine.api import load_graph, run_reference
+from engine.codegen.count import count_kernel
+from engine.codegen.generate import generate
 from engine.device import get_device
-from engine.errors import PlanError
 from engine.runtime.execute import run_model
 from engine.schedule.pipeline import plan_model
 
@@ -27,18 +29,12 @@ MAX_ZOO_BYTES = 25_000_000
 REF_TOL = 1e-4  # as tests/engine/runtime/test_reference.py
 CPU_TOL = 1e-3  # as tests/engine/runtime/test_cpu.py
 
-# Cells the lead empties after the fix of issue 18 (welder plans whose fused reductions are re-evaluated
-# per element): they do not finish in minutes on this CPU, so they are not run at all.
-ISSUE_18_SLOW = {
-    ("mobilevit", "welder"): "the first run of the welder program did not finish within 240 s (onnxruntime: 2 ms)",
-    ("swin", "welder"): "the first run of the welder program did not finish within 240 s (onnxruntime: 2 ms)",
-}
-# Cells that fail today for a reason other than speed: each names the error it raises (strict: when the
-# bug is fixed the test reports XPASS as a failure, so the entry gets removed).
-KNOWN_FAILURES = {
-    ("vit", "welder"): (PlanError, "welder's ViT plan needs 168320 B of shared memory per block in codegen, "
-                                   "over a100's 166912 B (the scheduler's footprint model is below codegen's)"),
-}
+# Cells that do not finish in minutes on this CPU, each with why (not run at all); and cells that fail
+# for another reason, each naming the error it raises (strict: when the bug is fixed the test reports
+# XPASS as a failure, so the entry gets removed). Both empty since issue 18's fix: swin and mobilevit's
+# welder programs re-evaluated fused reductions per element, vit's welder plan was refused by codegen.
+SLOW_CELLS: dict[tuple[str, str], str] = {}
+KNOWN_FAILURES: dict[tuple[str, str], tuple[type[Exception], str]] = {}
 # The default run checks each model but mobilevit under one policy, chosen for a cheap schedule and
 # compile (benchmarks/RESULTS.md, zoo table: welder schedules bert/gpt2 for 12-16 s; every mobilevit
 # program is 200-450 kernels, 13-15 s of gcc) and spread over the four; the other cells are `slow`
@@ -85,9 +81,9 @@ def test_catalog_matches_files():
 
 def test_cell_lists_name_real_cells():
     cells = {(n, p) for n in BY_NAME for p in POLICIES}
-    assert DEFAULT_CELLS <= cells and set(ISSUE_18_SLOW) <= cells and set(KNOWN_FAILURES) <= cells
+    assert DEFAULT_CELLS <= cells and set(SLOW_CELLS) <= cells and set(KNOWN_FAILURES) <= cells
     assert {n for n, _ in DEFAULT_CELLS} == set(BY_NAME) - {"mobilevit"}, "one CPU check per model by default"
-    assert not DEFAULT_CELLS & (set(ISSUE_18_SLOW) | set(KNOWN_FAILURES))
+    assert not DEFAULT_CELLS & (set(SLOW_CELLS) | set(KNOWN_FAILURES))
 
 
 @pytest.mark.parametrize("name", list(BY_NAME))
@@ -125,8 +121,8 @@ def test_reference_matches_onnxruntime(name):
 
 def _cell(name: str, policy: str):
     marks = []
-    if (name, policy) in ISSUE_18_SLOW:
-        marks.append(pytest.mark.xfail(run=False, reason=f"issue 18: {ISSUE_18_SLOW[(name, policy)]}"))
+    if (name, policy) in SLOW_CELLS:
+        marks.append(pytest.mark.xfail(run=False, reason=SLOW_CELLS[(name, policy)]))
     elif (name, policy) in KNOWN_FAILURES:
         raises, why = KNOWN_FAILURES[(name, policy)]
         marks.append(pytest.mark.xfail(raises=raises, strict=True, reason=why))
@@ -144,3 +140,28 @@ def test_cpu_backend_matches_onnxruntime(name, policy):
     result = run_model(planned, inputs, backend="cpu", plan=plan)
     assert len(result.program.launches) == len(plan.groups)
     _check(result.outputs, outputs, CPU_TOL, f"{name}/{policy}")
+
+
+# Welder plans that schedule in a few seconds (the others take 10-45 s each: `slow`).
+FAST_WELDER = {"resnet", "nerf", "decoder_kv"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in FAST_WELDER else [pytest.mark.slow])
+                                  for n in BY_NAME])
+def test_welder_kernels_compute_once_and_the_model_counts_what_codegen_prints(name):
+    """Issue 18 on real exports: each welder kernel's modeled flops are the kernel IR's count of the code
+    it prints, within the plan's recompute bound of its stages computed once, and no statement nests loops
+    deeper than the sum of the group's own reduction extents (no reduction re-evaluated inside another)."""
+    graph = load_graph(ZOO / BY_NAME[name]["file"])
+    device = get_device("a100")
+    planned, plan = plan_model(graph, "welder", device)
+    program = generate(plan, planned, device)
+    by_stage = {s.name: s for s in planned.stages}
+    for kernel in program.kernels:
+        group = next(g for g in plan.groups if g.name == kernel.name)
+        work = count_kernel(kernel)
+        assert work.flops == pytest.approx(group.cost.flops, rel=1e-9, abs=1), f"{name} {kernel.name}"
+        once = sum(by_stage[s].flops for s in group.stages)
+        assert work.flops <= 2 * once + 1, f"{name} {kernel.name}: {work.flops / once:.1f}x its flops once"
+        extents = sum(math.prod(by_stage[s].reduce) for s in group.stages if by_stage[s].reduce)
+        assert work.nest <= max(1, extents), f"{name} {kernel.name}: nest {work.nest} > {extents}"
