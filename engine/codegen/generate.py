@@ -181,14 +181,13 @@ def _segments(group: Group, graph: PrimGraph, conns) -> list[tuple[Tile, list[st
 
 
 def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = None,
-                 sample: bool | str | Mapping = False) -> Kernel:
+                 sample: bool | Mapping = False) -> Kernel:
     """One group's kernel; without room in the device's shared memory to stage GEMM/conv tiles, the
     contractions keep per-element loops (the same values, computed once, at a slower rate).
     `sample`: each segment realised at one typical tile only (`tilegraph.typical_index`: interior where
     the grid allows), that box standing for every tile of the grid (the cost model counts this;
     `generate` never uses it) — a mapping gives that tile's region
-    per stage, propagated already (one-segment groups); "fit": regions fitted to a few tiles (first,
-    second and last along each axis), so edge tiles count as they print."""
+    per stage, propagated already (one-segment groups)."""
     limit = (device or get_device("a100")).max_smem_per_block_bytes
     kernel = _build_kernel(group, graph, conns, sample=sample)
     if kernel.shared_bytes > limit and (kernel.gemms or kernel.convs):
@@ -197,7 +196,7 @@ def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = 
 
 
 def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True,
-                  sample: bool | str | Mapping = False) -> Kernel:
+                  sample: bool | Mapping = False) -> Kernel:
     members = set(group.stages)
     params: dict[str, Buffer] = {}
     locals_: list[Buffer] = []
@@ -349,16 +348,17 @@ def _global(params: dict[str, Buffer], graph: PrimGraph, tensor: str) -> str:
     return params[tensor].name
 
 
-def _tile_boxes(stage: Stage, tile: Tile, first_only: bool = False, coords=None) -> list[Box]:
+def _tile_boxes(stage: Stage, tile: Tile, first_only: bool = False) -> list[Box]:
     if len(tile.shape) != len(stage.shape) or any(t <= 0 for t in tile.shape):
         raise PlanError(f"tile {list(tile.shape)} does not fit stage {stage.name} of shape {list(stage.shape)}")
     tiles = tuple(-(-n // t) for n, t in zip(stage.shape, tile.shape))
-    if first_only and coords is None:  # the tile standing for all
+    coords = np.ndindex(*tiles)
+    if first_only:  # the tile standing for all
         from engine.tilegraph.tilegraph import typical_index
 
         coords = [typical_index(stage.shape, tile.shape)]
     boxes = []
-    for idx in (coords if coords is not None else np.ndindex(*tiles)):
+    for idx in coords:
         boxes.append(tuple((i * t, min((i + 1) * t, s)) for i, t, s in zip(idx, tile.shape, stage.shape)))
     return boxes
 
@@ -389,8 +389,7 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
     # Regions per tile, propagated back from the anchor (union over in-segment consumers).
     shapes = dict((k, v.shape) for k, v in graph.specs.items())
     tiles = tuple(-(-n // t) for n, t in zip(anchor.shape, tile.shape))
-    coords = _sample_coords(tiles) if sample == "fit" else None
-    boxes = _tile_boxes(anchor, tile, first_only=bool(sample), coords=coords)
+    boxes = _tile_boxes(anchor, tile, first_only=bool(sample))
     ntiles = math.prod(tiles)
     tables: dict[str, list[Box]] = {s: [] for s in names}
     if isinstance(sample, Mapping):  # the typical tile's regions, propagated by the caller already
@@ -410,14 +409,7 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
         for s in names:
             tables[s].append(region[s] if region[s] is not None else tuple((0, 0) for _ in graph.stage(s).shape))
 
-    fitted = None
-    if coords is not None:  # spans fitted to a few tiles stand for the grid (None: not affine)
-        fitted = {s: fit_region(graph.stage(s).shape, tiles, tables[s], coords) for s in names if s not in inline}
-        if any(r is None for r in fitted.values()):
-            return _build_segment(tile, names, graph, conns, members, params, locals_, gname, False)
-    if fitted is not None:
-        regions = fitted
-    elif sample:  # one box stands for every tile of the grid
+    if sample:  # one box stands for every tile of the grid
         zeros = (0,) * len(tiles)
         regions = {s: Region(graph.stage(s).shape, tiles, tuple(Span(lo, hi - lo, zeros) for lo, hi in tables[s][0]))
                    for s in names if s not in inline}

@@ -110,8 +110,9 @@ def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
     """Per-block regions, footprint and evaluations of one segment under `tile` (memoised: the tile
     search and the validity checks ask for the same segment many times). `local`: a memo for callers
     whose `conns` stay fixed (one tile search), keyed on the segment and tile alone. The work counts
-    come from the kernel IR realised at a typical (interior) tile standing for all, or with `exact` at regions
-    fitted to the grid (edge tiles count as they print: the figure a chosen tile's cost reports)."""
+    come from the kernel IR realised at a typical (interior) tile standing for all, or with `exact` over
+    every tile as `generate` builds it (edge tiles count as they print: the figure a chosen tile's cost
+    reports, equal to the printed kernel's count)."""
     if local is not None:
         lkey = ("use", tuple(segment), tile, exact)
         hit = local.get(lkey)
@@ -140,7 +141,7 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     anchor = graph.stage(tile.stage)
     box = anchor_box(anchor.shape, tile.shape, typical_index(anchor.shape, tile.shape))
     regions = _regions(graph, segment, conns, tile.stage, box)
-    kernel, work = segment_work(graph, segment, conns, tile, "fit" if exact else regions.stages)
+    kernel, work = segment_work(graph, segment, conns, tile, False if exact else regions.stages)
     per = max(1, kernel.ntiles)
     evals = {s: work.evals.get(s, 0.0) / per for s in segment}
     anchor_elems = box_size(regions.stages.get(tile.stage, ()))
@@ -157,17 +158,18 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
 
 
 def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
-                 regions: Mapping | str | None = None):
+                 regions: Mapping | bool | None = None):
     """(kernel, Work): the segment realised by codegen at its typical tile (standing for every tile of
-    its grid: `typical_index`; `regions`, that tile's box per stage when the caller has them, or "fit": regions fitted
-    to the grid) and the kernel IR's count of it — the flops and accesses of the code that would print."""
+    its grid: `typical_index`; `regions`, that tile's box per stage when the caller has them; False: every
+    tile, as `generate` builds it) and the kernel IR's count of it — the flops and accesses of the code
+    that would print."""
     from engine.codegen.count import count_kernel
     from engine.codegen.generate import build_kernel
     from engine.schedule.plan import Group
 
     group = Group(0, "segment", tuple(segment), (tile,), "")
     full = {e: conns.get(e, Conn.KERNEL) for p in segment for e in ((p, c) for c in graph.consumers.get(p, ()))}
-    kernel = build_kernel(group, graph, full, sample=regions if regions is not None else True)
+    kernel = build_kernel(group, graph, full, sample=True if regions is None else regions)
     return kernel, count_kernel(kernel)
 
 
