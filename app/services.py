@@ -260,7 +260,22 @@ def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
         return 0.0
     if got.shape != want.shape:
         return float("inf")
-    return float(np.abs(got - want).max()) / max(float(np.abs(want).max()), 1e-30)
+    diff = np.abs(got - want)
+    diff[np.isnan(got) & np.isnan(want)] = 0.0  # NaN where the reference has NaN too is a match
+    if np.isnan(diff).any():
+        return float("inf")  # a NaN (e.g. a never-written element) never matches; max() would skip it
+    finite = np.abs(want[~np.isnan(want)])
+    return float(diff.max()) / max(float(finite.max()) if finite.size else 0.0, 1e-30)
+
+
+def outputs_error(graph: PrimGraph, outputs: dict, want: dict) -> float:
+    """Largest max_rel_error over the graph's outputs (looked up by ONNX name, else tensor name)."""
+    err = 0.0
+    for tensor, onnx_name in zip(graph.outputs, graph.output_names):
+        got = outputs[onnx_name] if onnx_name in outputs else outputs[tensor]
+        ref = want[onnx_name] if onnx_name in want else want[tensor]
+        err = max(err, max_rel_error(got, ref))
+    return err
 
 
 @dataclass(frozen=True)
@@ -288,13 +303,7 @@ def run_plan(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, de
     start = time.perf_counter()
     ran = api.run_model(_graph, inputs, plan=_plan, backend=backend, device=device)
     seconds = time.perf_counter() - start
-    want = reference_outputs(_graph, model_hash, path)
-    outputs = ran.outputs
-    err = 0.0
-    for tensor, onnx_name in zip(_graph.outputs, _graph.output_names):
-        got = outputs[onnx_name] if onnx_name in outputs else outputs[tensor]
-        ref = want[onnx_name] if onnx_name in want else want[tensor]
-        err = max(err, max_rel_error(got, ref))
+    err = outputs_error(_graph, ran.outputs, reference_outputs(_graph, model_hash, path))
     kernel_us = {k.kernel: k.us for k in ran.profile.kernels} if ran.profile else {}
     result = RunResult(backend, kernel_us, float(sum(kernel_us.values())), err, err <= MATCH_TOLERANCE,
                        0.0, seconds)
