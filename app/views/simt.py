@@ -13,6 +13,10 @@ from engine.runtime.simt.report import KINDS
 if TYPE_CHECKING:
     from app.services import SimVerifyResult
 
+FINDING_COLUMNS = ("kind", "kernel", "line", "source", "count", "description")
+TRAFFIC_COLUMNS = ("kernel", "launches", "global loaded", "global stored", "shared moved", "modeled L2",
+                   "modeled DRAM", "modeled shared", "emulated / modeled L2")
+
 
 def finding_counts(result: SimVerifyResult) -> list[tuple[str, int]]:
     """(kind, distinct findings) in the engine's order of kinds (the CLI's), kinds without findings left out."""
