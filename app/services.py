@@ -260,7 +260,22 @@ def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
         return 0.0
     if got.shape != want.shape:
         return float("inf")
-    return float(np.abs(got - want).max()) / max(float(np.abs(want).max()), 1e-30)
+    diff = np.abs(got - want)
+    diff[np.isnan(got) & np.isnan(want)] = 0.0  # NaN where the reference has NaN too is a match
+    if np.isnan(diff).any():
+        return float("inf")  # a NaN (e.g. a never-written element) never matches; max() would skip it
+    finite = np.abs(want[~np.isnan(want)])
+    return float(diff.max()) / max(float(finite.max()) if finite.size else 0.0, 1e-30)
+
+
+def outputs_error(graph: PrimGraph, outputs: dict, want: dict) -> float:
+    """Largest max_rel_error over the graph's outputs (looked up by ONNX name, else tensor name)."""
+    err = 0.0
+    for tensor, onnx_name in zip(graph.outputs, graph.output_names):
+        got = outputs[onnx_name] if onnx_name in outputs else outputs[tensor]
+        ref = want[onnx_name] if onnx_name in want else want[tensor]
+        err = max(err, max_rel_error(got, ref))
+    return err
 
 
 @dataclass(frozen=True)
@@ -288,18 +303,107 @@ def run_plan(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, de
     start = time.perf_counter()
     ran = api.run_model(_graph, inputs, plan=_plan, backend=backend, device=device)
     seconds = time.perf_counter() - start
-    want = reference_outputs(_graph, model_hash, path)
-    outputs = ran.outputs
-    err = 0.0
-    for tensor, onnx_name in zip(_graph.outputs, _graph.output_names):
-        got = outputs[onnx_name] if onnx_name in outputs else outputs[tensor]
-        ref = want[onnx_name] if onnx_name in want else want[tensor]
-        err = max(err, max_rel_error(got, ref))
+    err = outputs_error(_graph, ran.outputs, reference_outputs(_graph, model_hash, path))
     kernel_us = {k.kernel: k.us for k in ran.profile.kernels} if ran.profile else {}
     result = RunResult(backend, kernel_us, float(sum(kernel_us.values())), err, err <= MATCH_TOLERANCE,
                        0.0, seconds)
     _RUNS[(model_hash, plan_hash, device, backend)] = result
     return result
+
+
+@dataclass(frozen=True)
+class SimFinding:
+    """One cuda-sim finding (engine Finding, flattened): where in the printed CUDA and what."""
+
+    kind: str  # deadlock, partial_barrier, partial_shuffle, out_of_range, uninitialized_read, race
+    kernel: str
+    file: str  # KERNEL.cu, as `tileweave compile --target cuda` writes it
+    line: int  # 0: no single line
+    source: str  # that line's text
+    count: int  # occurrences at this line and buffer
+    description: str  # Finding.describe()
+
+
+@dataclass(frozen=True)
+class SimTraffic:
+    """Bytes one kernel's threads moved under the emulator (all its launches; requests, before any cache)
+    beside the plan's modeled traffic (GroupCost.traffic_bytes; None when the plan has no cost for it)."""
+
+    kernel: str
+    launches: int
+    global_load_bytes: int
+    global_store_bytes: int
+    shared_load_bytes: int
+    shared_store_bytes: int
+    modeled_l2_bytes: int | None  # every global load and store the model counts goes through L2
+    modeled_dram_bytes: int | None
+    modeled_shared_bytes: int | None
+
+    @property
+    def global_bytes(self) -> int:
+        return self.global_load_bytes + self.global_store_bytes
+
+    @property
+    def ratio(self) -> float | None:
+        """Emulated global bytes / modeled L2 bytes (None without a positive modeled count)."""
+        return self.global_bytes / self.modeled_l2_bytes if self.modeled_l2_bytes else None
+
+
+@dataclass(frozen=True)
+class SimVerifyResult:
+    """A plan's printed CUDA run under the SIMT emulator (backend cuda-sim), outputs checked against the
+    reference executor. Plain values only (asdict/JSON-able)."""
+
+    ok: bool  # no findings, every launch ran and the outputs match
+    outputs_match: bool
+    max_rel_err: float
+    launches: int  # launches run
+    planned_launches: int  # launches in the program
+    stopped: str  # the launch that could not finish and why ("" when all ran)
+    findings: tuple[SimFinding, ...]
+    kernels: tuple[SimTraffic, ...]
+    seconds: float
+
+
+def sim_result(report, max_rel_err: float, planned_launches: int, seconds: float) -> SimVerifyResult:
+    """Flatten an engine SimReport into the app's SimVerifyResult."""
+    findings = tuple(SimFinding(f.kind, f.kernel, f.file, f.line, f.source, f.count, f.describe())
+                     for f in report.findings)
+
+    def level(k, name):
+        return int(k.modeled[name]) if name in k.modeled else None
+
+    kernels = tuple(SimTraffic(k.kernel, k.launches, k.global_load_bytes, k.global_store_bytes, k.shared_load_bytes,
+                               k.shared_store_bytes, level(k, "l2"), level(k, "dram"), level(k, "shared"))
+                    for k in report.kernels)
+    match = max_rel_err <= MATCH_TOLERANCE
+    return SimVerifyResult(not findings and not report.stopped and match, match, max_rel_err, report.launches,
+                           planned_launches, report.stopped, findings, kernels, seconds)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def verify_simt(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str,
+                path: str) -> SimVerifyResult:
+    """Run the plan's printed CUDA under the SIMT emulator (backend cuda-sim: g++ builds it, every launch
+    runs with CUDA's semantics on the CPU) on the model's inputs; findings, bytes moved per kernel beside
+    the modeled traffic, and the outputs checked against the reference executor. Engine errors (no C++
+    compiler, a plan the emulator refuses) raise TileweaveError (one line)."""
+    inputs = model_inputs(_graph, model_hash, path)
+    start = time.perf_counter()
+    ran = api.run_model(_graph, inputs, plan=_plan, backend="cuda-sim", device=device)
+    seconds = time.perf_counter() - start
+    err = outputs_error(_graph, ran.outputs, reference_outputs(_graph, model_hash, path))
+    result = sim_result(ran.sim, err, len(ran.program.launches) if ran.program else ran.sim.launches, seconds)
+    _SIMS[(model_hash, plan_hash, device)] = result
+    return result
+
+
+_SIMS: dict[tuple, SimVerifyResult] = {}  # (model, plan, device) -> last cuda-sim verification
+
+
+def cached_simt(model_hash: str, plan_hash: str, device: str) -> SimVerifyResult | None:
+    """The last cuda-sim verification of exactly this plan, without running anything."""
+    return _SIMS.get((model_hash, plan_hash, device))
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)

@@ -1,5 +1,6 @@
 """Kernels page: per-kernel table (stages, ONNX nodes, grid, block, shared bytes, traffic, modeled and
-measured time, achieved bandwidth), generated CUDA and C source, rooflines per memory level."""
+measured time, achieved bandwidth), the printed CUDA verified on the SIMT emulator (findings, bytes moved
+beside the modeled traffic), generated CUDA and C source, rooflines per memory level."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ from app.run_panel import run_panel
 from app.ui import current_model, current_plan, guarded
 from app.views.kernels import kernel_rows
 from app.views.roofline import LEVEL_BW, roofline_figure
+from app.views.simt import (
+    FINDING_COLUMNS,
+    TRAFFIC_COLUMNS,
+    simt_finding_rows,
+    simt_traffic_rows,
+    simt_verdict,
+)
 from engine.device import get_device
 
 st.title("Kernels")
@@ -22,6 +30,37 @@ with guarded("Building the kernel table"):
     run = run_panel(state, planned, key="kernels_run")
     measured = run.kernel_us if run else None
     st.dataframe(pd.DataFrame(kernel_rows(planned.graph, plan, measured)), hide_index=True, width="stretch")
+
+with guarded("Verifying on the SIMT emulator"):
+    st.subheader("Verify on the SIMT emulator")
+    st.caption("Runs the printed CUDA (the kernels of the CUDA tab below), unchanged, on the CPU with CUDA's "
+               "execution model (backend cuda-sim: g++ builds it; every launch, barrier and shuffle emulated) and "
+               "reports races, out-of-range and uninitialised accesses, partial barriers/shuffles and deadlocks "
+               "with their source lines; outputs are checked against the reference executor. The bytes are "
+               "emulated counts of the printed CUDA's global and shared accesses (requests, before any cache), "
+               "beside the plan's modeled traffic. The emulator measures no time: the GPU times elsewhere on this "
+               "page remain modeled (measured only by Compile + run on CUDA).")
+    sim_args = (planned.graph, plan, state.model_hash, plan.plan_hash, state.device, state.model_path)
+    if st.button("Verify on the SIMT emulator", key="kernels_simt"):
+        with st.status(f"Running the printed CUDA of {plan.kernels} kernel(s) under the SIMT emulator…",
+                       expanded=True) as status:
+            st.write("Building the kernels with g++ and emulating every launch…")
+            sim = services.verify_simt(*sim_args)
+            status.update(label=f"Emulated in {sim.seconds:.2f} s and checked against the reference executor",
+                          state="complete", expanded=False)
+    else:
+        sim = services.cached_simt(state.model_hash, plan.plan_hash, state.device)
+    if sim is not None:
+        ok, text = simt_verdict(sim, services.MATCH_TOLERANCE)
+        (st.success if ok else st.error)(text)
+        st.markdown("**Findings**: the line is in the kernel's own unit, `KERNEL.cu` as `tileweave compile "
+                    "--target cuda` writes it (the CUDA tab shows the whole program, so its numbers differ); "
+                    "`source` quotes the line")
+        st.dataframe(pd.DataFrame(simt_finding_rows(sim), columns=list(FINDING_COLUMNS)), hide_index=True,
+                     width="stretch")
+        st.markdown("**Bytes moved (emulated) vs modeled**, per kernel, all its launches")
+        st.dataframe(pd.DataFrame(simt_traffic_rows(sim), columns=list(TRAFFIC_COLUMNS)), hide_index=True,
+                     width="stretch")
 
 with guarded("Showing generated source"):
     st.subheader("Generated source")

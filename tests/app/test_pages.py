@@ -1,5 +1,6 @@
-"""Every page under streamlit.testing AppTest: no exception, key widgets present, and plan edits
-(accepted ones change the plan, refused ones show their reason)."""
+"""Every page under streamlit.testing AppTest: no exception, key widgets present, plan edits
+(accepted ones change the plan, refused ones show their reason), and the Kernels page's SIMT-emulator
+verification (a clean run; an engine error as one line)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app import services
+from app.views.fmt import fmt_bytes
+from app.views.simt import FINDING_COLUMNS
+from engine.errors import BackendError
 
 APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
 PAGES = ["model", "tilegraph", "plan", "kernels", "timeline", "compare", "export"]
@@ -136,3 +140,48 @@ def test_batched_plan_reaches_the_tilegraph_and_kernels_pages():
     on, off = (services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", b).plan for b in (True, False))
     assert len(at.dataframe[0].value) == on.kernels != off.kernels  # the table lists the batched plan's kernels
     assert any("batched" in c.value for c in at.code)  # generated source names the batched stage
+
+
+def simt_table(at: AppTest, column: str):
+    """The SIMT-emulator table on the Kernels page that has `column`, or None before a verification."""
+    return next((d.value for d in at.dataframe if column in d.value.columns), None)
+
+
+def test_kernels_page_verifies_the_plan_on_the_simt_emulator():
+    # masked_softmax unfused: 7 small kernels, under a second in the emulator (tests/engine/runtime/simt run it too)
+    at = open_page("plan", "masked_softmax")
+    at.selectbox(key="plan_policy").set_value("unfused").run()
+    at.switch_page("pages/kernels.py").run()
+    no_traceback(at)
+    assert simt_table(at, "emulated / modeled L2") is None  # nothing runs before the click
+    at.button(key="kernels_simt").click().run()
+    no_traceback(at)
+    graph = services.load_model(str(services.sample_path("masked_softmax")), "masked_softmax").graph
+    plan = services.build_plan(graph, graph.structural_hash, "unfused", "a100", "[]", True).plan
+    verdict = [s.value for s in at.success if s.value.startswith("cuda-sim:")]
+    assert len(verdict) == 1 and verdict[0].startswith(f"cuda-sim: {plan.kernels} launches, no findings, outputs match")
+    findings = simt_table(at, "description")
+    assert findings is not None and findings.empty and list(findings.columns) == list(FINDING_COLUMNS)
+    traffic = simt_table(at, "emulated / modeled L2")
+    assert list(traffic["kernel"]) == [g.name for g in plan.groups]  # one row per kernel
+    assert list(traffic["modeled L2"]) == [fmt_bytes(g.cost.traffic_bytes["l2"]) for g in plan.groups]
+    assert (traffic["emulated / modeled L2"] > 0).all()
+    assert any("emulated counts of the printed CUDA" in c.value and "remain modeled" in c.value for c in at.caption)
+    at.run()  # a rerun shows the last verification of this plan without running it again
+    assert [s.value for s in at.success if s.value.startswith("cuda-sim:")] == verdict
+
+
+def test_a_simt_engine_error_shows_one_line_not_a_traceback(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise BackendError("cuda-sim: no C++ compiler found: install g++")
+
+    monkeypatch.setattr(services.api, "run_model", refuse)
+    monkeypatch.setattr(services, "_SIMS", {})
+    services.verify_simt.clear()
+    at = open_page("kernels")
+    at.button(key="kernels_simt").click().run()
+    no_traceback(at)
+    assert [e.value for e in at.error] == ["cuda-sim: no C++ compiler found: install g++"]
+    assert not [s.value for s in at.success if s.value.startswith("cuda-sim:")]
+    assert simt_table(at, "emulated / modeled L2") is None
+    assert not at.expander or all(e.label != "Details" for e in at.expander)

@@ -89,6 +89,14 @@ def test_max_rel_error_scales_by_the_reference():
     assert services.max_rel_error(got, want) == pytest.approx(0.25 / np.abs(want).max(), rel=1e-5)
     assert services.max_rel_error(want, want) == 0.0
     assert services.max_rel_error(got[:4], want) == float("inf")
+    unwritten = want.copy()
+    unwritten[5, 7] = np.nan  # a never-written element (cuda-sim starts outputs as NaN) is no match
+    assert services.max_rel_error(unwritten, want) == float("inf")
+    want_nan = want.copy()
+    want_nan[1, 2] = np.nan
+    got_nan = want_nan.copy()
+    got_nan[3, 4] += 0.25  # NaN where the reference has NaN matches; the rest scales by its finite part
+    assert services.max_rel_error(got_nan, want_nan) == pytest.approx(0.25 / np.nanmax(np.abs(want_nan)), rel=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""app/views: Plan → DOT, layers, diff → Markdown, RProgram → figure, tables; no Streamlit runtime."""
+"""app/views: Plan → DOT, layers, diff → Markdown, RProgram → figure, tables, cuda-sim result → rows; no Streamlit runtime."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import subprocess
 import pytest
 from support import sample_path
 
+from app.services import SimFinding, SimTraffic, SimVerifyResult
 from app.views.diff import diff_plans, diff_to_markdown
 from app.views.dot import CONN_STYLE, legend_dot, plan_to_dot
+from app.views.fmt import fmt_bytes
 from app.views.layers import find_layers, matching_edges, repeated_layers
+from app.views.simt import simt_finding_rows, simt_traffic_rows, simt_verdict
 from app.views.tables import edge_rows, model_summary, verdict_text
 from app.views.timeline import timeline_figure
 from engine.api import load_graph
@@ -146,3 +149,51 @@ def test_summary_and_rows_follow_the_graph(gelu):
     assert verdict_text(3e-6, 1e-3)[0] and "matches reference, max rel err 3.00e-06" in verdict_text(3e-6, 1e-3)[1]
     assert not verdict_text(0.5, 1e-3)[0]
 
+
+
+def random_sim_result(rng: random.Random, kinds: list[str], *, stopped: str = "", err: float = 2.5e-6):
+    """A SimVerifyResult with random traffic per kernel and a finding of each kind in `kinds`."""
+    kernels = tuple(SimTraffic(f"k{k:02d}_op", rng.randint(1, 3), *(rng.randint(1, 10**7) for _ in range(4)),
+                               rng.randint(1, 10**7), rng.randint(1, 10**7), rng.randint(0, 10**6))
+                    for k in range(rng.randint(2, 6)))
+    findings = tuple(SimFinding(kind, rng.choice(kernels).kernel, "k00_op.cu", rng.randint(1, 200),
+                                f"    s_x[t] = g_y[{rng.randint(0, 9)}];", rng.randint(1, 50), f"{kind} at a line")
+                     for kind in kinds)
+    match = err <= 1e-3
+    return SimVerifyResult(not findings and not stopped and match, match, err, rng.randint(1, 20), 21, stopped,
+                           findings, kernels, rng.uniform(0.1, 5.0))
+
+
+def test_simt_rows_follow_the_result():
+    rng = random.Random(13)
+    clean = random_sim_result(rng, [])
+    ok, text = simt_verdict(clean, 1e-3)
+    assert ok and text == f"cuda-sim: {clean.launches} launch{'es' if clean.launches != 1 else ''}, no findings, " \
+                          f"outputs match (max rel err {clean.max_rel_err:.2e})"
+    assert simt_finding_rows(clean) == []
+    rows = simt_traffic_rows(clean)
+    assert [r["kernel"] for r in rows] == [k.kernel for k in clean.kernels]
+    for row, k in zip(rows, clean.kernels):
+        assert row["global loaded"] == fmt_bytes(k.global_load_bytes)
+        assert row["global stored"] == fmt_bytes(k.global_store_bytes)
+        assert row["shared moved"] == fmt_bytes(k.shared_load_bytes + k.shared_store_bytes)
+        assert (row["modeled L2"], row["modeled DRAM"]) == (fmt_bytes(k.modeled_l2_bytes), fmt_bytes(k.modeled_dram_bytes))
+        assert row["emulated / modeled L2"] == pytest.approx(
+            (k.global_load_bytes + k.global_store_bytes) / k.modeled_l2_bytes, abs=1e-3)
+
+    broken = random_sim_result(rng, ["race", "out_of_range", "race"], err=0.4)
+    ok, text = simt_verdict(broken, 1e-3)
+    assert not ok and "findings: 1 out_of_range, 2 race" in text  # counted per kind, in the engine's order
+    assert "outputs do NOT match (max rel err 4.00e-01 > tolerance 1e-03)" in text
+    rows = simt_finding_rows(broken)
+    assert [r["kind"] for r in rows] == ["race", "out_of_range", "race"]
+    first = broken.findings[0]
+    assert rows[0]["line"] == f"k00_op.cu:{first.line}" and rows[0]["source"] == first.source.strip()
+    assert rows[0]["count"] == first.count and rows[0]["description"] == first.description
+
+    stuck = random_sim_result(rng, ["deadlock"], stopped="k01_op: threads wait at line 9")
+    assert f"{stuck.launches} launch" in simt_verdict(stuck, 1e-3)[1]
+    assert "of 21 (stopped: k01_op: threads wait at line 9), findings: 1 deadlock" in simt_verdict(stuck, 1e-3)[1]
+    no_model = SimTraffic("k09", 1, 10, 20, 0, 0, None, None, None)
+    row = simt_traffic_rows(dataclasses.replace(clean, kernels=(no_model,)))[0]
+    assert row["modeled L2"] == "—" and row["emulated / modeled L2"] is None
