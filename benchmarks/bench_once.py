@@ -1,0 +1,89 @@
+"""Issue 18 (compute every value once) on the model zoo: per model, the welder plan's kernels as the kernel
+IR counts them (flops of the printed code ÷ the stages' flops computed once, the deepest loop nest around
+one statement, global bytes) beside what the cost model says (modeled L2 and DRAM bytes, µs, recompute
+factor) and the schedule time, as a Markdown table.
+
+    .venv/bin/python benchmarks/bench_once.py [--policy welder] [--device a100] [--models a,b]
+
+Run against an older checkout (PYTHONPATH=that checkout) it prints the modeled columns only, where that
+code has no kernel IR count (engine/codegen/count.py): the before/after comparison of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from engine.api import load_graph
+from engine.codegen.generate import generate
+from engine.device import get_device
+from engine.schedule.pipeline import plan_model
+
+try:
+    from engine.codegen.count import count_kernel
+except ImportError:  # a checkout from before the kernel IR count
+    count_kernel = None
+
+ZOO = Path(__file__).resolve().parents[1] / "samples" / "zoo"
+
+
+def measure(name: str, policy: str, device) -> dict:
+    graph = load_graph(ZOO / f"{name}.onnx")
+    start = time.perf_counter()
+    planned, plan = plan_model(graph, policy, device)
+    seconds = time.perf_counter() - start
+    row = {"model": name, "kernels": plan.kernels, "schedule_s": seconds, "modeled_us": plan.modeled_us,
+           "dram_mb": plan.dram_bytes / 1e6,
+           "l2_mb": sum(g.cost.traffic_bytes.get("l2", 0) for g in plan.groups if g.cost) / 1e6,
+           "modeled_rf": max((g.cost.recompute_factor for g in plan.groups if g.cost), default=1.0)}
+    if count_kernel is None:
+        return row
+    program = generate(plan, planned, device)
+    by = {s.name: s for s in planned.stages}
+    worst, nest, glob, total, once_total = (1.0, ""), 1, 0.0, 0.0, 0.0
+    for kernel in program.kernels:
+        group = next(g for g in plan.groups if g.name == kernel.name)
+        work = count_kernel(kernel)
+        once = sum(by[s].flops for s in group.stages)
+        total, once_total = total + work.flops, once_total + once
+        if once and work.flops / once > worst[0]:
+            worst = (work.flops / once, kernel.name)
+        nest = max(nest, work.nest)
+        glob += work.global_bytes
+    row.update(counted_rf=worst[0], worst_kernel=worst[1], model_rf=total / max(1.0, once_total), nest=nest,
+               counted_global_mb=glob / 1e6)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policy", default="welder")
+    ap.add_argument("--device", default="a100")
+    ap.add_argument("--models", help="comma-separated zoo names (default: all)")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+    catalog = json.loads((ZOO / "catalog.json").read_text())
+    names = args.models.split(",") if args.models else [e["name"] for e in catalog]
+    device = get_device(args.device)
+    print("| model | kernels | counted flops ÷ once (worst kernel) | whole model | deepest nest | counted global MB "
+          "| modeled L2 MB | modeled DRAM MB | modeled µs | plan's recompute_factor (max) | schedule s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    for name in names:
+        r = measure(name, args.policy, device)
+        rows.append(r)
+        f = (lambda k, fmt: format(r[k], fmt) if k in r else "–")
+        print(f"| {name} | {r['kernels']} | {f('counted_rf', '.2f')} | {f('model_rf', '.2f')} | {f('nest', ',d')} | "
+              f"{f('counted_global_mb', '.2f')} | {r['l2_mb']:.2f} | {r['dram_mb']:.2f} | {r['modeled_us']:.1f} | "
+              f"{r['modeled_rf']:.2f} | {r['schedule_s']:.1f} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
