@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -59,6 +58,10 @@ def measure(name: str, policy: str, device) -> dict:
     return row
 
 
+def _cell(row: dict, key: str, fmt: str) -> str:
+    return format(row[key], fmt) if key in row else "–"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", default="welder")
@@ -81,9 +84,8 @@ def main() -> int:
             rows.append({"model": name, "error": f"{type(err).__name__}: {err}"})
             continue
         rows.append(r)
-        f = (lambda k, fmt: format(r[k], fmt) if k in r else "–")
-        print(f"| {name} | {r['kernels']} | {f('counted_rf', '.2f')} | {f('model_rf', '.2f')} | {f('nest', ',d')} | "
-              f"{f('counted_global_mb', '.2f')} | {r['l2_mb']:.2f} | {r['dram_mb']:.2f} | {r['modeled_us']:.1f} | "
+        print(f"| {name} | {r['kernels']} | {_cell(r, 'counted_rf', '.2f')} | {_cell(r, 'model_rf', '.2f')} | "
+              f"{_cell(r, 'nest', ',d')} | {_cell(r, 'counted_global_mb', '.2f')} | {r['l2_mb']:.2f} | {r['dram_mb']:.2f} | {r['modeled_us']:.1f} | "
               f"{r['modeled_rf']:.2f} | {r['schedule_s']:.1f} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
