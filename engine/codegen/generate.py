@@ -478,8 +478,7 @@ def _owned(stage: Stage, region: Region, boxes: list[Box], ntiles: int, sample) 
                 return None  # not a box: every tile stores its whole region (the same values)
             owned.append(tuple((lo + a, lo + c) for (lo, _), (a, c) in zip(b, sub)))
         view[...] = True
-    fitted = fit_region(stage.shape, region.tiles, owned)
-    return fitted if fitted.spans else None
+    return fit_region(stage.shape, region.tiles, owned)  # spans, or a table where they are not affine
 
 
 def _sample_covers(graph: PrimGraph, names, conns, tile: Tile, stage: str, box, ntiles: int, inline) -> bool:
