@@ -19,6 +19,7 @@ from engine.device import PRESETS, get_device
 from engine.errors import TileweaveError
 from engine.flags import cache_dir
 from engine.ir.graph import PrimGraph
+from engine.runtime.simt.report import Finding, KernelTraffic
 from engine.schedule.plan import Conn, Edit, Plan, plan_to_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,47 +313,9 @@ def run_plan(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, de
 
 
 @dataclass(frozen=True)
-class SimFinding:
-    """One cuda-sim finding (engine Finding, flattened): where in the printed CUDA and what."""
-
-    kind: str  # deadlock, partial_barrier, partial_shuffle, out_of_range, uninitialized_read, race
-    kernel: str
-    file: str  # KERNEL.cu, as `tileweave compile --target cuda` writes it
-    line: int  # 0: no single line
-    source: str  # that line's text
-    count: int  # occurrences at this line and buffer
-    description: str  # Finding.describe()
-
-
-@dataclass(frozen=True)
-class SimTraffic:
-    """Bytes one kernel's threads moved under the emulator (all its launches; requests, before any cache)
-    beside the plan's modeled traffic (GroupCost.traffic_bytes; None when the plan has no cost for it)."""
-
-    kernel: str
-    launches: int
-    global_load_bytes: int
-    global_store_bytes: int
-    shared_load_bytes: int
-    shared_store_bytes: int
-    modeled_l2_bytes: int | None  # every global load and store the model counts goes through L2
-    modeled_dram_bytes: int | None
-    modeled_shared_bytes: int | None
-
-    @property
-    def global_bytes(self) -> int:
-        return self.global_load_bytes + self.global_store_bytes
-
-    @property
-    def ratio(self) -> float | None:
-        """Emulated global bytes / modeled L2 bytes (None without a positive modeled count)."""
-        return self.global_bytes / self.modeled_l2_bytes if self.modeled_l2_bytes else None
-
-
-@dataclass(frozen=True)
 class SimVerifyResult:
     """A plan's printed CUDA run under the SIMT emulator (backend cuda-sim), outputs checked against the
-    reference executor. Plain values only (asdict/JSON-able)."""
+    reference executor: the engine's own findings and per-kernel traffic (plain frozen dataclasses)."""
 
     ok: bool  # no findings, every launch ran and the outputs match
     outputs_match: bool
@@ -360,25 +323,17 @@ class SimVerifyResult:
     launches: int  # launches run
     planned_launches: int  # launches in the program
     stopped: str  # the launch that could not finish and why ("" when all ran)
-    findings: tuple[SimFinding, ...]
-    kernels: tuple[SimTraffic, ...]
+    findings: tuple[Finding, ...]
+    kernels: tuple[KernelTraffic, ...]  # emulated bytes per kernel, `modeled` = the plan's traffic_bytes
     seconds: float
 
 
 def sim_result(report, max_rel_err: float, planned_launches: int, seconds: float) -> SimVerifyResult:
-    """Flatten an engine SimReport into the app's SimVerifyResult."""
-    findings = tuple(SimFinding(f.kind, f.kernel, f.file, f.line, f.source, f.count, f.describe())
-                     for f in report.findings)
-
-    def level(k, name):
-        return int(k.modeled[name]) if name in k.modeled else None
-
-    kernels = tuple(SimTraffic(k.kernel, k.launches, k.global_load_bytes, k.global_store_bytes, k.shared_load_bytes,
-                               k.shared_store_bytes, level(k, "l2"), level(k, "dram"), level(k, "shared"))
-                    for k in report.kernels)
+    """An engine SimReport and the output check as the app's SimVerifyResult."""
     match = max_rel_err <= MATCH_TOLERANCE
-    return SimVerifyResult(not findings and not report.stopped and match, match, max_rel_err, report.launches,
-                           planned_launches, report.stopped, findings, kernels, seconds)
+    return SimVerifyResult(not report.findings and not report.stopped and match, match, max_rel_err,
+                           report.launches, planned_launches, report.stopped, report.findings, report.kernels,
+                           seconds)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)

@@ -41,17 +41,21 @@ def simt_verdict(result: SimVerifyResult, tolerance: float) -> tuple[bool, str]:
 def simt_finding_rows(result: SimVerifyResult) -> list[dict]:
     """One row per finding: kind, kernel, the printed line (KERNEL.cu:N and its text), occurrences, message."""
     return [{"kind": f.kind, "kernel": f.kernel, "line": f"{f.file}:{f.line}" if f.line else "—",
-             "source": f.source.strip(), "count": f.count, "description": f.description}
+             "source": f.source.strip(), "count": f.count, "description": f.describe()}
             for f in result.findings]
 
 
 def simt_traffic_rows(result: SimVerifyResult) -> list[dict]:
     """One row per kernel: global bytes loaded/stored and shared bytes moved under the emulator (requests,
-    all launches), the plan's modeled L2/DRAM/shared traffic, and emulated global / modeled L2."""
-    return [{"kernel": k.kernel, "launches": k.launches,
-             "global loaded": fmt_bytes(k.global_load_bytes), "global stored": fmt_bytes(k.global_store_bytes),
-             "shared moved": fmt_bytes(k.shared_load_bytes + k.shared_store_bytes),
-             "modeled L2": fmt_bytes(k.modeled_l2_bytes), "modeled DRAM": fmt_bytes(k.modeled_dram_bytes),
-             "modeled shared": fmt_bytes(k.modeled_shared_bytes),
-             "emulated / modeled L2": round(k.ratio, 3) if k.ratio is not None else None}
-            for k in result.kernels]
+    all launches), the plan's modeled L2/DRAM/shared traffic (every global load and store the model counts
+    goes through L2), and emulated global / modeled L2."""
+    rows = []
+    for k in result.kernels:
+        l2 = k.modeled.get("l2")
+        rows.append({"kernel": k.kernel, "launches": k.launches,
+                     "global loaded": fmt_bytes(k.global_load_bytes), "global stored": fmt_bytes(k.global_store_bytes),
+                     "shared moved": fmt_bytes(k.shared_load_bytes + k.shared_store_bytes),
+                     "modeled L2": fmt_bytes(l2), "modeled DRAM": fmt_bytes(k.modeled.get("dram")),
+                     "modeled shared": fmt_bytes(k.modeled.get("shared")),
+                     "emulated / modeled L2": round(k.global_bytes / l2, 3) if l2 else None})
+    return rows

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from support import sample_path
 
-from app.services import SimFinding, SimTraffic, SimVerifyResult
+from app.services import SimVerifyResult
 from app.views.diff import diff_plans, diff_to_markdown
 from app.views.dot import CONN_STYLE, legend_dot, plan_to_dot
 from app.views.fmt import fmt_bytes
@@ -21,6 +21,7 @@ from app.views.tables import edge_rows, model_summary, verdict_text
 from app.views.timeline import timeline_figure
 from engine.api import load_graph
 from engine.rprogram.model import ROperator, RProgram, RTask, Step, Variant, VDevice
+from engine.runtime.simt.report import Finding, KernelTraffic
 from engine.schedule.plan import Conn, components
 from engine.schedule.policies import make_plan
 
@@ -153,11 +154,13 @@ def test_summary_and_rows_follow_the_graph(gelu):
 
 def random_sim_result(rng: random.Random, kinds: list[str], *, stopped: str = "", err: float = 2.5e-6):
     """A SimVerifyResult with random traffic per kernel and a finding of each kind in `kinds`."""
-    kernels = tuple(SimTraffic(f"k{k:02d}_op", rng.randint(1, 3), *(rng.randint(1, 10**7) for _ in range(4)),
-                               rng.randint(1, 10**7), rng.randint(1, 10**7), rng.randint(0, 10**6))
+    kernels = tuple(KernelTraffic(f"k{k:02d}_op", rng.randint(1, 3), *(rng.randint(1, 10**7) for _ in range(4)),
+                                  modeled={"l2": rng.randint(1, 10**7), "dram": rng.randint(1, 10**7),
+                                           "shared": rng.randint(0, 10**6)})
                     for k in range(rng.randint(2, 6)))
-    findings = tuple(SimFinding(kind, rng.choice(kernels).kernel, "k00_op.cu", rng.randint(1, 200),
-                                f"    s_x[t] = g_y[{rng.randint(0, 9)}];", rng.randint(1, 50), f"{kind} at a line")
+    findings = tuple(Finding(kind, rng.choice(kernels).kernel, "k00_op.cu", rng.randint(1, 200),
+                             f"    s_x[t] = g_y[{rng.randint(0, 9)}];", (rng.randint(0, 9), 0, 0),
+                             (rng.randint(0, 31), 0, 0), "g_y", f"{kind} at a line", rng.randint(1, 50))
                      for kind in kinds)
     match = err <= 1e-3
     return SimVerifyResult(not findings and not stopped and match, match, err, rng.randint(1, 20), 21, stopped,
@@ -177,9 +180,9 @@ def test_simt_rows_follow_the_result():
         assert row["global loaded"] == fmt_bytes(k.global_load_bytes)
         assert row["global stored"] == fmt_bytes(k.global_store_bytes)
         assert row["shared moved"] == fmt_bytes(k.shared_load_bytes + k.shared_store_bytes)
-        assert (row["modeled L2"], row["modeled DRAM"]) == (fmt_bytes(k.modeled_l2_bytes), fmt_bytes(k.modeled_dram_bytes))
+        assert (row["modeled L2"], row["modeled DRAM"]) == (fmt_bytes(k.modeled["l2"]), fmt_bytes(k.modeled["dram"]))
         assert row["emulated / modeled L2"] == pytest.approx(
-            (k.global_load_bytes + k.global_store_bytes) / k.modeled_l2_bytes, abs=1e-3)
+            (k.global_load_bytes + k.global_store_bytes) / k.modeled["l2"], abs=1e-3)
 
     broken = random_sim_result(rng, ["race", "out_of_range", "race"], err=0.4)
     ok, text = simt_verdict(broken, 1e-3)
@@ -189,11 +192,11 @@ def test_simt_rows_follow_the_result():
     assert [r["kind"] for r in rows] == ["race", "out_of_range", "race"]
     first = broken.findings[0]
     assert rows[0]["line"] == f"k00_op.cu:{first.line}" and rows[0]["source"] == first.source.strip()
-    assert rows[0]["count"] == first.count and rows[0]["description"] == first.description
+    assert rows[0]["count"] == first.count and rows[0]["description"] == first.describe()
 
     stuck = random_sim_result(rng, ["deadlock"], stopped="k01_op: threads wait at line 9")
     assert f"{stuck.launches} launch" in simt_verdict(stuck, 1e-3)[1]
     assert "of 21 (stopped: k01_op: threads wait at line 9), findings: 1 deadlock" in simt_verdict(stuck, 1e-3)[1]
-    no_model = SimTraffic("k09", 1, 10, 20, 0, 0, None, None, None)
+    no_model = KernelTraffic("k09", 1, 10, 20, 0, 0)
     row = simt_traffic_rows(dataclasses.replace(clean, kernels=(no_model,)))[0]
     assert row["modeled L2"] == "—" and row["emulated / modeled L2"] is None
