@@ -443,27 +443,18 @@ class _Counter:
         self.work.flops += inner  # the combine
 
     def _picked(self, e, mult: float, memo: dict) -> bool:
-        """BodyWriter._pick_tensor: a select chain over loads of one element of several tensors loads
-        once, through a pointer the conditions choose."""
-        chain, cur = [], _strip(e)
-        while isinstance(cur, E.Select) and isinstance(cur.a, E.Load):
-            chain.append((cur.cond, cur.a))
-            cur = cur.b
-        if not isinstance(cur, E.Load) or len(chain) < 2:
+        """printer.pick_chain: a select chain over loads of one element of several tensors loads once,
+        through a pointer the conditions choose."""
+        from engine.codegen.printer import pick_chain
+
+        picked = pick_chain(self.kernel, _strip(e))
+        if picked is None:
             return False
-        loads = [ld for _, ld in chain] + [cur]
-        bufs = [self.kernel.buffer(ld.tensor) for ld in loads]
-        if any(ld.pad is not None or ld.dtype != e.dtype for ld in loads) or len({b.dtype for b in bufs}) != 1:
-            return False
-        # The printer compares offset texts: equal for global buffers of one shape read at one index;
-        # a block buffer's offset names the buffer.
-        if len({(b.scope, b.shape, b.name if b.scope == Scope.BLOCK else "", ld.index)
-                for b, ld in zip(bufs, loads)}) != 1:
-            return False
+        chain, last, _ = picked
         for cond, _ in chain:
             self.value(cond, mult, memo)
             self.work.flops += mult  # the pointer choice
-        self._bytes(loads[-1].tensor, True, mult)
+        self._bytes(last.tensor, True, mult)
         return True
 
 

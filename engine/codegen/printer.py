@@ -681,6 +681,31 @@ def invariant_values(body, loop_vars: set[str], known: set | frozenset = frozens
     return found
 
 
+def pick_chain(kernel: Kernel, e):
+    """(chain of (condition, load), last load, its buffer) when `e` is a select chain over loads of the
+    same element of several tensors — one dtype, no padding, equal offsets — that `BodyWriter` prints as
+    one load through a pointer the conditions choose (and `count` counts so); None otherwise."""
+    chain, cur = [], e
+    while isinstance(cur, E.Select) and isinstance(cur.a, E.Load):
+        chain.append((cur.cond, cur.a))
+        cur = cur.b
+    if not isinstance(cur, E.Load) or len(chain) < 2:
+        return None
+    loads = [ld for _, ld in chain] + [cur]
+    bufs = [kernel.buffer(ld.tensor) for ld in loads]
+    if any(ld.pad is not None or ld.dtype != e.dtype for ld in loads) or len({b.dtype for b in bufs}) != 1:
+        return None
+    # Equal offsets (BodyWriter.offset): a row-major offset reads every extent but the first; a block
+    # buffer's offset names the buffer.
+    def where(b, ld):
+        dims = b.region.extent if b.scope == Scope.BLOCK else b.shape
+        return b.scope, tuple(dims[1:]), b.name if b.scope == Scope.BLOCK else "", ld.index
+
+    if len({where(b, ld) for b, ld in zip(bufs, loads)}) != 1:
+        return None
+    return chain, cur, bufs[-1]
+
+
 class BodyWriter:
     """SSA emission of one scalar expression tree into `lines`."""
 
@@ -836,26 +861,17 @@ class BodyWriter:
         steps: lstm's y picks one of 32 per-step h buffers) as one load through a pointer chosen by the
         conditions, instead of loading every candidate and selecting: the pointer choice does not
         depend on the element when the conditions do not (hoisted out of the loop by the compiler)."""
-        chain, cur = [], e
-        while isinstance(cur, E.Select) and isinstance(cur.a, E.Load):
-            chain.append((cur.cond, cur.a))
-            cur = cur.b
-        if not isinstance(cur, E.Load) or len(chain) < 2:
+        picked = pick_chain(self.kernel, e)
+        if picked is None:
             return None
-        loads = [ld for _, ld in chain] + [cur]
-        bufs = [self.kernel.buffer(ld.tensor) for ld in loads]
-        if any(ld.pad is not None or ld.dtype != e.dtype for ld in loads) or len({b.dtype for b in bufs}) != 1:
-            return None
-        offsets = {self.offset(b, ld.index) for b, ld in zip(bufs, loads)}
-        if len(offsets) != 1:
-            return None
-        choice = loads[-1].tensor
+        chain, last, buf = picked
+        choice = last.tensor
         for cond, ld in reversed(chain):
             choice = f"{self.value(cond)} ? {ld.tensor} : ({choice})"
         ptr = self.fresh()
         self.picks += 1
-        self.lines.append(f"const {self.p.storage_type(bufs[0].dtype)}* {ptr} = {choice};")
-        return self.p.load_value(f"{ptr}[{offsets.pop()}]", bufs[0].dtype)
+        self.lines.append(f"const {self.p.storage_type(buf.dtype)}* {ptr} = {choice};")
+        return self.p.load_value(f"{ptr}[{self.offset(buf, last.index)}]", buf.dtype)
 
     def _text(self, e) -> str:
         if isinstance(e, E.Load):
