@@ -15,6 +15,20 @@ RUNNABLE = [e["name"] for e in CATALOG if e["category"] != "scale"]
 MEMORY_INTENSIVE = [e["name"] for e in CATALOG if e["category"] == "memory-intensive"]
 
 
+def random_feeds(graph, seed: int) -> dict[str, np.ndarray]:
+    """Random inputs for `graph` (normal floats, mostly-true masks, small integer indices), never zeros."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for t in graph.inputs:
+        if t.dtype.is_float:
+            feeds[t.name] = rng.standard_normal(t.shape).astype(t.dtype.np)
+        elif t.dtype.value == "bool":
+            feeds[t.name] = rng.random(t.shape) < 0.7
+        else:
+            feeds[t.name] = rng.integers(0, 4, t.shape).astype(t.dtype.np)
+    return feeds
+
+
 @functools.cache
 def load_sample(name: str):
     """(PrimGraph, inputs, expected outputs) or raises the importer's UnsupportedOpError."""
@@ -29,15 +43,7 @@ def load_sample(name: str):
         return graph, inputs, expected
     import onnxruntime as ort
 
-    rng = np.random.default_rng(1234)
-    inputs = {}
-    for t in graph.inputs:
-        if t.dtype.is_float:
-            inputs[t.name] = rng.standard_normal(t.shape).astype(t.dtype.np)
-        elif t.dtype.value == "bool":
-            inputs[t.name] = rng.random(t.shape) < 0.7
-        else:
-            inputs[t.name] = rng.integers(0, 4, t.shape).astype(t.dtype.np)
+    inputs = random_feeds(graph, 1234)
     sess = ort.InferenceSession(str(SAMPLES / entry["file"]), providers=["CPUExecutionProvider"])
     outs = sess.run(None, inputs)
     expected = {o.name: v for o, v in zip(sess.get_outputs(), outs)}

@@ -11,10 +11,14 @@ import subprocess
 import sys
 import threading
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 from support import SAMPLES, max_rel_error, run_ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
+from sample_io import random_feeds  # noqa: E402
 
 from engine.codegen.generate import generate
 from engine.device import get_device
@@ -38,19 +42,6 @@ def gpu():
         pytest.skip(str(err))
 
 
-def _feeds(name: str, graph) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(2024)
-    feeds = {}
-    for t in graph.inputs:
-        if t.dtype.is_float:
-            feeds[t.name] = rng.standard_normal(t.shape).astype(t.dtype.np)
-        elif t.dtype.value == "bool":
-            feeds[t.name] = rng.random(t.shape) < 0.7
-        else:
-            feeds[t.name] = rng.integers(0, 4, t.shape).astype(t.dtype.np)
-    return feeds
-
-
 def _assert_close(got: dict, want: dict, what: str) -> None:
     assert set(got) == set(want), what
     for k in want:
@@ -62,7 +53,7 @@ def _assert_close(got: dict, want: dict, what: str) -> None:
 @pytest.mark.parametrize("name", list(CATALOG))
 def test_every_sample_and_policy_matches_onnxruntime_on_the_gpu(gpu, name, policy):
     graph = load_graph(SAMPLES / CATALOG[name]["file"])
-    feeds = _feeds(name, graph)
+    feeds = random_feeds(graph, 2024)
     result = run_model(graph, feeds, backend="cuda", policy=policy, device="h100", repeat=3)
     _assert_close(result.outputs, run_ort(SAMPLES / CATALOG[name]["file"], feeds), f"{name}/{policy}")
     assert result.profile.label.startswith(f"measured on {gpu.name}")
@@ -81,7 +72,7 @@ def test_persistent_kernel_matches_the_sequential_program(gpu, name):
     rp = build_rprogram(plan, device, graph=graph)
     plan = plan_for_rprogram(plan, rp, graph, device)
     program = generate(plan, graph, device)
-    feeds = _feeds(name, graph)
+    feeds = random_feeds(graph, 2024)
     outs, run = run_persistent_cuda(program, rp, graph, feeds, repeat=3)
     sequential, _ = run_cuda(program, graph.specs, feeds, graph.weights)
     _assert_close(outs, sequential, f"{name} persistent vs sequential")
@@ -91,7 +82,7 @@ def test_persistent_kernel_matches_the_sequential_program(gpu, name):
 
 def test_the_executor_runs_from_another_thread(gpu):
     graph = load_graph(SAMPLES / CATALOG["layernorm_residual"]["file"])
-    feeds = _feeds("layernorm_residual", graph)
+    feeds = random_feeds(graph, 2024)
     box = {}
     t = threading.Thread(target=lambda: box.setdefault("r", run_model(graph, feeds, backend="cuda", policy="stitch")))
     t.start()
@@ -107,7 +98,7 @@ def test_the_bundle_runs_on_the_gpu(gpu, tmp_path):
                                                   archs=(gpu.arch,) if gpu.arch in ("sm_80", "sm_90") else
                                                   ("sm_80", "sm_90")))) as z:
         z.extractall(tmp_path)
-    feeds = _feeds("layernorm_residual", graph)
+    feeds = random_feeds(graph, 2024)
     np.savez(tmp_path / "in.npz", **feeds)
     proc = subprocess.run([sys.executable, "run_bundle.py", "--inputs", "in.npz", "--outputs", "out.npz",
                            "--backend", "cuda", "--repeat", "3"], cwd=tmp_path, capture_output=True, text=True)
