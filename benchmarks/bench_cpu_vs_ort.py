@@ -66,7 +66,7 @@ def bench(name: str, policy: str, runs: int, threads: int, library: bool = False
     from sample_io import SAMPLES, load_sample, rel_error
 
     from engine.codegen.generate import generate
-    from engine.runtime.cpu import bind_buffers, compile_program_c, run_cpu
+    from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls, run_cpu
 
     graph, inputs, expected = load_sample(name)
     plan = policy_plan(graph, policy)
@@ -79,18 +79,9 @@ def bench(name: str, policy: str, runs: int, threads: int, library: bool = False
     env = bind_buffers(program, graph.specs, inputs, graph.weights)
     from engine.runtime.cpu import _library_call
 
-    calls = []
-    blas = 0
-    for launch in program.launches:
-        call = _library_call(program.kernel(launch.kernel), env, library) if library else None
-        blas += call is not None
-        if call is None:
-            fn = module.function(launch.kernel)
-            args = [env[t].ctypes.data for t in launch.args]
-
-            def call(fn=fn, args=args):
-                fn(*args)
-        calls.append(call)
+    calls = launch_calls(module, env, library)
+    blas = sum(_library_call(program.kernel(launch.kernel), env, library) is not None
+               for launch in program.launches) if library else 0
 
     def run_all():
         for c in calls:

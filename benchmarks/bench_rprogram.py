@@ -13,13 +13,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from results_block import replace_block  # noqa: E402
+
 from engine.device import get_device  # noqa: E402
 from engine.errors import TileweaveError  # noqa: E402
 from engine.frontend.importer import load_graph  # noqa: E402
 from engine.rprogram.wavefront import build_rprogram, check_rprogram  # noqa: E402
 from engine.schedule.pipeline import plan_model  # noqa: E402
 
-BEGIN, END = "<!-- rprogram:begin -->", "<!-- rprogram:end -->"
 POLICIES = ("unfused", "welder")
 
 
@@ -88,17 +89,6 @@ def to_markdown(rows: list[dict], device_name: str) -> str:
     return "\n".join(head + body) + "\n"
 
 
-def write_section(markdown: str, path: Path) -> None:
-    """Replace only this benchmark's section of RESULTS.md (other benchmarks own the rest)."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    section = f"{BEGIN}\n{markdown}{END}"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("names", nargs="*", help="sample names (default: all)")
@@ -109,7 +99,7 @@ def main() -> int:
     md = to_markdown(rows, args.device)
     print(md)
     if not args.no_write:
-        write_section(md, ROOT / "benchmarks" / "RESULTS.md")
+        replace_block(ROOT / "benchmarks" / "RESULTS.md", "rprogram", md)
     return 0
 
 

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from results_block import replace_block
+
 from engine.profile.bench import POLICIES, bench_models
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,17 +69,6 @@ def markdown(result: dict, families: dict[str, str], command: str) -> str:
     return "\n".join(lines)
 
 
-def write_block(path: Path, text: str) -> None:
-    begin, end = "<!-- zoo:begin -->", "<!-- zoo:end -->"
-    old = path.read_text() if path.exists() else ""
-    block = f"{begin}\n{text}\n{end}"
-    if begin in old and end in old:
-        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(new)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=10)
@@ -100,7 +91,7 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     if args.write:
-        write_block(Path(args.write), text)
+        replace_block(Path(args.write), "zoo", text)
     return 0
 
 
