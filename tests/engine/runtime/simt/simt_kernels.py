@@ -176,16 +176,7 @@ NAMED_OUTSIDER = _NAMED_MISUSE.replace("BARRIER", "if (threadIdx.x < 96) __barri
 NAMED_COUNTS_DISAGREE = _NAMED_MISUSE.replace(
     "BARRIER", "if (threadIdx.x < 64) __barrier_sync_count(1, threadIdx.x < 32 ? 64 : 96);")
 NAMED_PART_WARP = _NAMED_MISUSE.replace("BARRIER", "if (threadIdx.x < 48) __barrier_sync_count(1, 48);")
-NAMED_EARLY_EXIT = r"""
-extern "C" __global__ void early(const float* __restrict__ x, float* __restrict__ y) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    float* s = (float*)(smem + 0);
-    if (threadIdx.x >= 60) return;
-    s[threadIdx.x] = x[threadIdx.x];
-    __barrier_sync_count(1, 64);  // BAD
-    y[threadIdx.x] = s[59 - threadIdx.x];
-}
-"""
+NAMED_EARLY_EXIT = EARLY_EXIT_BARRIER.replace("__syncthreads();  // BAD", "__barrier_sync_count(1, 64);  // BAD")
 NAMED_NEVER_COMPLETES = r"""
 extern "C" __global__ void stuck(const float* __restrict__ x, float* __restrict__ y) {
     if (threadIdx.x < 32) __barrier_sync_count(1, 64);  // BAD
