@@ -87,11 +87,15 @@ class Stage:
     def reduce_size(self) -> int:
         return math.prod(self.reduce)
 
-    @property
+    @cached_property
+    def point_flops(self) -> int:
+        """Arithmetic operations of one evaluation of the body plus the combine."""
+        return count_flops(self.body) + (1 if self.reduce else 0)
+
+    @cached_property
     def flops(self) -> int:
         """Arithmetic operations to compute the whole tensor once (body per point + combine)."""
-        per_point = count_flops(self.body) + (1 if self.reduce else 0)
-        return self.size * self.reduce_size * per_point
+        return self.size * self.reduce_size * self.point_flops
 
     @property
     def is_memory_intensive(self) -> bool:

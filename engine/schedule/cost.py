@@ -40,17 +40,6 @@ class SegmentUse:
     completion: tuple[str, ...] = ()  # stages finished by a completion phase (read outside, not covered)
 
 
-_FLOPS_CACHE: dict[int, tuple[E.Expr, int]] = {}
-
-
-def point_flops(stage: Stage) -> int:
-    """Flops of one evaluation of the body plus the combine (memoised on the body object)."""
-    hit = _FLOPS_CACHE.get(id(stage.body))
-    if hit is None or hit[0] is not stage.body:
-        hit = _FLOPS_CACHE[id(stage.body)] = (stage.body, E.count_flops(stage.body))
-    return hit[1] + (1 if stage.reduce else 0)
-
-
 def nbytes(graph: PrimGraph, tensor: str) -> int:
     spec = graph.specs[tensor]
     return math.prod(spec.shape) * spec.dtype.itemsize
@@ -258,7 +247,7 @@ def estimate_group(
         dram[k] += _completion_dram(graph, use, read_bytes, charged)
     for name in stages:
         stage = graph.stage(name)
-        flops_once += math.prod(stage.shape) * math.prod(stage.reduce) * point_flops(stage)
+        flops_once += stage.flops
         outside = name in graph.outputs or any(c not in members for c in graph.consumers.get(name, ()))
         synced = any(conns.get((name, c)) == Conn.GLOBAL_SYNC and seg_of.get(c) != seg_of[name]
                      for c in graph.consumers.get(name, ()) if c in members)

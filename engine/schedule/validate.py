@@ -10,7 +10,6 @@ as the printed code evaluates it — a reduction exactly once per element, anyth
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from engine.device import Device, resident_blocks_per_sm
 from engine.errors import PlanError
 from engine.ir.graph import PrimGraph, StageKind
-from engine.schedule.cost import point_flops, segment_use
+from engine.schedule.cost import segment_use
 from engine.schedule.plan import SCHEMA_VERSION, Conn, Plan, Tile, components
 from engine.tilegraph.propagate import box_size
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
@@ -213,7 +212,7 @@ def _recompute(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile,
     for p in seg:
         st = graph.stage(p)
         evals = use.evaluations.get(p, 0.0)
-        weight = max(1, point_flops(st)) * math.prod(st.reduce)
+        weight = max(1, st.point_flops) * st.reduce_size
         once += st.size * weight
         done += evals * blocks * weight
         cons = [c for c in graph.consumers.get(p, ()) if c in members]
@@ -235,7 +234,7 @@ def _recompute(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile,
             worst = (extra, p, c, evals * blocks / max(1, st.size))
     bound = recompute_bound()
     counted = use.flops_fp32 * blocks + use.flops_tc * blocks
-    flops_once = sum(graph.stage(p).size * math.prod(graph.stage(p).reduce) * point_flops(graph.stage(p)) for p in seg)
+    flops_once = sum(graph.stage(p).flops for p in seg)
     factor = counted / flops_once if flops_once else 1.0
     if len(seg) > 1 and factor > bound * (1 + 1e-9):
         if worst is not None and worst[0] > 0.05 * (done - once) and worst[3] > 1 + 1e-9:
