@@ -889,7 +889,7 @@ class BodyWriter:
         if isinstance(e, E.Unary):
             return self.p.unary(e.op, self.value(e.x), e.x.dtype)
         if isinstance(e, E.Binary):
-            if e.op == "pow" and e.a.dtype.is_float and isinstance(e.b, E.Imm) and e.b.value in (1.0, 2.0, 3.0, 0.5):
+            if E.small_pow(e):
                 # Small constant exponents (x^2 in variances, x^3 in GELU): products, not a powf call.
                 x = self.value(e.a)
                 return {1.0: x, 2.0: f"({x} * {x})", 3.0: f"({x} * {x} * {x})", 0.5: f"sqrtf({x})"}[e.b.value]

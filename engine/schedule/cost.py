@@ -40,6 +40,12 @@ class SegmentUse:
     completion: tuple[str, ...] = ()  # stages finished by a completion phase (read outside, not covered)
 
 
+def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
+    """Every segment of a kernel runs with the kernel's block: the largest of its tiles' thread counts."""
+    kt = max(t.threads for t in tiles)
+    return [t if t.threads == kt else dataclasses.replace(t, threads=kt) for t in tiles]
+
+
 def nbytes(graph: PrimGraph, tensor: str) -> int:
     spec = graph.specs[tensor]
     return math.prod(spec.shape) * spec.dtype.itemsize
@@ -211,10 +217,7 @@ def estimate_group(
     segs = segs if segs is not None else segments_of(graph, stages, conns)
     if len(segs) != len(tiles):
         raise ValueError(f"{len(segs)} segments but {len(tiles)} tiles")
-    # Every segment of a kernel runs with the kernel's block: the largest of the tiles' thread counts.
-    kt = max(t.threads for t in tiles)
-    uses = [segment_use(graph, seg, conns, t if t.threads == kt else dataclasses.replace(t, threads=kt), local, exact)
-            for seg, t in zip(segs, tiles)]
+    uses = [segment_use(graph, seg, conns, t, local, exact) for seg, t in zip(segs, at_kernel_block(tiles))]
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.

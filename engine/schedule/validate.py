@@ -9,7 +9,6 @@ as the printed code evaluates it — a reduction exactly once per element, anyth
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from engine.device import Device, resident_blocks_per_sm
 from engine.errors import PlanError
 from engine.ir.graph import PrimGraph, StageKind
-from engine.schedule.cost import segment_use
+from engine.schedule.cost import at_kernel_block, segment_use
 from engine.schedule.plan import SCHEMA_VERSION, Conn, Plan, Tile, components
 from engine.tilegraph.propagate import box_size
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
@@ -80,9 +79,7 @@ def check_group(
         return [Violation("segment_sink", f"group {name}",
                           f"{len(segs)} segments (split at grid barriers) but {len(tiles)} tiles")]
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
-    kt = max(t.threads for t in tiles)  # every segment runs with the kernel's block
-    for seg, tile in zip(segs, tiles):
-        tile = tile if tile.threads == kt else dataclasses.replace(tile, threads=kt)
+    for seg, tile in zip(segs, at_kernel_block(tiles)):
         sinks = segment_sinks(graph, seg, conns)
         if len(sinks) != 1:
             out.append(Violation("segment_sink", f"group {name}",
@@ -261,8 +258,7 @@ def _times(f: float) -> str:
 
 def _check_wave(graph, segs, conns, tiles, device: Device, name: str, local: dict | None = None) -> list[Violation]:
     threads = max(t.threads for t in tiles)
-    uses = [segment_use(graph, s, conns, t if t.threads == threads else dataclasses.replace(t, threads=threads), local)
-            for s, t in zip(segs, tiles)]
+    uses = [segment_use(graph, s, conns, t, local) for s, t in zip(segs, at_kernel_block(tiles))]
     regs = min(device.max_regs_per_thread, max(u.regs_per_thread for u in uses))
     resident, _ = resident_blocks_per_sm(device, threads, regs, max(u.shared_bytes for u in uses))
     wave = resident * device.sm_count
