@@ -3,7 +3,11 @@ IR counts them (flops of the printed code ÷ the stages' flops computed once, th
 one statement, global bytes) beside what the cost model says (modeled L2 and DRAM bytes, µs, recompute
 factor) and the schedule time, as a Markdown table.
 
-    .venv/bin/python benchmarks/bench_once.py [--policy welder] [--device a100] [--models a,b]
+    .venv/bin/python benchmarks/bench_once.py [--policy welder] [--device a100] [--models a,b] [--emulate]
+
+`--emulate` also runs each plan's printed CUDA under the SIMT emulator (backend cuda-sim, the model's stored
+inputs) and prints, per kernel, the global bytes its threads moved beside the count and the modeled L2
+bytes, the findings, and whether the outputs match the stored onnxruntime outputs.
 
 Run against an older checkout (PYTHONPATH=that checkout) it prints the modeled columns only, where that
 code has no kernel IR count (engine/codegen/count.py): the before/after comparison of benchmarks/RESULTS.md.
@@ -58,6 +62,35 @@ def measure(name: str, policy: str, device) -> dict:
     return row
 
 
+def emulate(name: str, policy: str, device) -> list[str]:
+    """Markdown rows: per kernel, emulated global bytes (cuda-sim) vs counted vs modeled L2."""
+    import numpy as np
+
+    from engine.runtime.execute import run_model
+
+    entry = next(e for e in json.loads((ZOO / "catalog.json").read_text()) if e["name"] == name)
+    data = np.load(ZOO / entry["io"])
+    inputs = {i["name"]: data[i["name"]] for i in entry["inputs"]}
+    planned, plan = plan_model(load_graph(ZOO / entry["file"]), policy, device)
+    start = time.perf_counter()
+    ran = run_model(planned, inputs, backend="cuda-sim", plan=plan, device=device)
+    seconds = time.perf_counter() - start
+    worst = 0.0
+    for o in entry["outputs"]:
+        want = data[o["name"]]
+        worst = max(worst, float(np.abs(ran.outputs[o["name"]] - want).max() / max(1e-30, np.abs(want).max())))
+    counted = {k.name: count_kernel(k).global_bytes for k in generate(plan, planned, device).kernels}
+    rows = []
+    for k in ran.sim.kernels:
+        l2 = k.modeled.get("l2", 0)
+        rows.append(f"| {name} | {k.kernel} | {k.global_bytes / 1e6:.3f} | {counted.get(k.kernel, 0) / 1e6:.3f} | "
+                    f"{l2 / 1e6:.3f} | {k.global_bytes / l2 if l2 else float('nan'):.2f} |")
+    rows.append(f"| {name} | *program* | {sum(k.global_bytes for k in ran.sim.kernels) / 1e6:.3f} | "
+                f"{sum(counted.values()) / 1e6:.3f} | {sum(k.modeled.get('l2', 0) for k in ran.sim.kernels) / 1e6:.3f} | "
+                f"findings: {len(ran.sim.findings)}; max rel err {worst:.1e}; emulated in {seconds:.0f} s |")
+    return rows
+
+
 def _cell(row: dict, key: str, fmt: str) -> str:
     return format(row[key], fmt) if key in row else "–"
 
@@ -68,6 +101,7 @@ def main() -> int:
     ap.add_argument("--device", default="a100")
     ap.add_argument("--models", help="comma-separated zoo names (default: all)")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--emulate", action="store_true", help="also run each plan under cuda-sim: bytes moved per kernel")
     args = ap.parse_args()
     catalog = json.loads((ZOO / "catalog.json").read_text())
     names = args.models.split(",") if args.models else [e["name"] for e in catalog]
@@ -89,6 +123,12 @@ def main() -> int:
               f"{r['modeled_rf']:.2f} | {r['schedule_s']:.1f} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.emulate:
+        print("\n| model | kernel | emulated global MB | counted global MB | modeled L2 MB | emulated ÷ modeled |")
+        print("|---|---|---:|---:|---:|---:|")
+        for name in names:
+            for line in emulate(name, args.policy, device):
+                print(line, flush=True)
     return 0
 
 

@@ -266,8 +266,10 @@ PRESETS: dict[str, Device] = {
 }
 
 
-def get_device(name_or_path: str | Path) -> Device:
-    """A preset by name (case-insensitive) or a device file (.toml/.json) by path."""
+def get_device(name_or_path: str | Path | Device) -> Device:
+    """A preset by name (case-insensitive) or a device file (.toml/.json) by path; a Device as it is."""
+    if isinstance(name_or_path, Device):
+        return name_or_path
     text = str(name_or_path)
     preset = PRESETS.get(text.strip().lower())
     if preset is not None:

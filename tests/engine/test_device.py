@@ -55,6 +55,7 @@ def test_preset_figures_match_devices_md() -> None:
 
 def test_get_device_is_case_insensitive_and_lists_presets_when_unknown() -> None:
     assert get_device("A100") is A100
+    assert get_device(A100) is A100  # the API's device arguments take a Device as well as a name
     with pytest.raises(DeviceError) as info:
         get_device("a1000")
     message = str(info.value)
