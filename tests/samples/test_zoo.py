@@ -36,9 +36,9 @@ CPU_TOL = 1e-3  # as tests/engine/runtime/test_cpu.py
 SLOW_CELLS: dict[tuple[str, str], str] = {}
 KNOWN_FAILURES: dict[tuple[str, str], tuple[type[Exception], str]] = {}
 # The default run checks each model but mobilevit under one policy, chosen for a cheap schedule and
-# compile (benchmarks/RESULTS.md, zoo table: welder schedules bert/gpt2 for 12-16 s; every mobilevit
-# program is 200-450 kernels, 13-15 s of gcc) and spread over the four; the other cells are `slow`
-# (make test-slow). All 44 cells cost ~10 minutes on two cores.
+# compile (benchmarks/RESULTS.md, zoo tables: welder schedules bert/gpt2 for 24-29 s and vit/mobilevit/swin
+# for 36-58 s; every mobilevit program but welder's is 200-450 kernels, 13-15 s of gcc) and spread over
+# the four; the other cells are `slow` (make test-slow).
 DEFAULT_CELLS = {
     ("bert", "stitch"), ("vit", "elementwise"), ("swin", "stitch"), ("mobilenetv2", "unfused"),
     ("resnet", "welder"), ("convnext", "stitch"), ("lstm", "unfused"), ("nerf", "welder"),
