@@ -5,12 +5,16 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
-/* a * b + c rounded once where the target has a fused multiply-add; a macro, so it inlines into
-   kernels built for a narrower ISA than the helpers (the direct convolutions) */
+/* a * b + c rounded once where the target has a fused multiply-add (C0_VFMA: lane by lane over GCC
+   vector types, which GCC emits as one vector FMA); macros, so they inline into every kernel */
 #ifdef FP_FAST_FMAF
 #define C0_FMA(a, b, c) __builtin_fmaf((a), (b), (c))
+#define C0_VFMA(a, b, c) __extension__({ __typeof__(c) c0_r_; \
+    for (int c0_l_ = 0; c0_l_ < (int)(sizeof(c0_r_) / sizeof(float)); ++c0_l_) \
+        c0_r_[c0_l_] = __builtin_fmaf((a)[c0_l_], (b)[c0_l_], (c)[c0_l_]); c0_r_; })
 #else
 #define C0_FMA(a, b, c) ((a) * (b) + (c))
+#define C0_VFMA(a, b, c) ((a) * (b) + (c))
 #endif
 /* vector registers of 8 / 16 floats for the direct convolutions' micro-tiles */
 typedef float c0_v8 __attribute__((vector_size(32)));
