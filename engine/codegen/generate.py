@@ -35,7 +35,7 @@ from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.runtime.memory import plan_memory
 from engine.schedule.plan import Conn, Group, Plan, Tile, plan_to_json
-from engine.tilegraph.propagate import Box, propagate
+from engine.tilegraph.propagate import Box, propagate_many
 
 _INLINE_KINDS = (StageKind.ELEMENTWISE, StageKind.LAYOUT)
 TARGETS = ("cuda", "c")  # generate(): the CUDA program at the plan's tiles, or the C target's
@@ -348,19 +348,33 @@ def _global(params: dict[str, Buffer], graph: PrimGraph, tensor: str) -> str:
     return params[tensor].name
 
 
-def _tile_boxes(stage: Stage, tile: Tile, first_only: bool = False) -> list[Box]:
+def _tile_arrays(stage: Stage, tile: Tile, first_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Every tile's box of `stage` (or the typical tile's alone) as (lo, hi) rows in np.ndindex order."""
     if len(tile.shape) != len(stage.shape) or any(t <= 0 for t in tile.shape):
         raise PlanError(f"tile {list(tile.shape)} does not fit stage {stage.name} of shape {list(stage.shape)}")
     tiles = tuple(-(-n // t) for n, t in zip(stage.shape, tile.shape))
-    coords = np.ndindex(*tiles)
     if first_only:  # the tile standing for all
         from engine.tilegraph.tilegraph import typical_index
 
-        coords = [typical_index(stage.shape, tile.shape)]
-    boxes = []
-    for idx in coords:
-        boxes.append(tuple((i * t, min((i + 1) * t, s)) for i, t, s in zip(idx, tile.shape, stage.shape)))
-    return boxes
+        coords = np.array([typical_index(stage.shape, tile.shape)], dtype=np.int64).reshape(1, len(tiles))
+    elif not tiles:  # a scalar stage: one tile
+        coords = np.zeros((1, 0), dtype=np.int64)
+    else:
+        coords = np.indices(tiles, dtype=np.int64).reshape(len(tiles), -1).T
+    lo = coords * np.array(tile.shape, dtype=np.int64)
+    return lo, np.minimum(lo + np.array(tile.shape, dtype=np.int64), np.array(stage.shape, dtype=np.int64))
+
+
+def _hull_many(a: tuple | None, b: tuple) -> tuple:
+    """Row-wise hull of two sets of boxes (`propagate_many`'s rows; a row with hi <= lo has none)."""
+    if a is None:
+        return b
+    (alo, ahi), (blo, bhi) = a, b
+    ina, inb = np.all(ahi > alo, axis=1)[:, None], np.all(bhi > blo, axis=1)[:, None]
+    both = ina & inb
+    lo = np.where(both, np.minimum(alo, blo), np.where(ina, alo, blo))
+    hi = np.where(both, np.maximum(ahi, bhi), np.where(ina, ahi, bhi))
+    return lo, hi
 
 
 def _hull(a: Box | None, b: Box | None) -> Box | None:
@@ -389,32 +403,42 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
     # Regions per tile, propagated back from the anchor (union over in-segment consumers).
     shapes = dict((k, v.shape) for k, v in graph.specs.items())
     tiles = tuple(-(-n // t) for n, t in zip(anchor.shape, tile.shape))
-    boxes = _tile_boxes(anchor, tile, first_only=bool(sample))
     ntiles = math.prod(tiles)
-    tables: dict[str, list[Box]] = {s: [] for s in names}
     if isinstance(sample, Mapping):  # the typical tile's regions, propagated by the caller already
         zero = {s: tuple((0, 0) for _ in graph.stage(s).shape) for s in names}
         tables = {s: [sample.get(s) or zero[s]] for s in names}
-        boxes = []
-    for box in boxes:
-        region = {anchor.name: box}
-        for s in reversed(names):
-            if s == anchor.name:
+    else:
+        # Consumers come after their producers in `names`: walking it backwards, a stage's region is
+        # whole (every in-segment consumer has read from it) before it is propagated to the boxes it
+        # reads of its in-segment producers — for every tile at once (`propagate_many`), or the
+        # typical tile alone when `sample` is True.
+        local_prods = {c: [s for s in dict.fromkeys(graph.stage(c).inputs) if s in seg and s != c] for c in names}
+        region: dict[str, tuple | None] = {s: None for s in names}
+        region[anchor.name] = _tile_arrays(anchor, tile, first_only=bool(sample))
+        for c in reversed(names):
+            if region[c] is None or not local_prods[c]:
                 continue
-            acc = None
-            for c in local_cons[s]:
-                if region.get(c) is not None:
-                    acc = _hull(acc, propagate(graph.stage(c), region[c], shapes).box(s))
-            region[s] = acc
-        for s in names:
-            tables[s].append(region[s] if region[s] is not None else tuple((0, 0) for _ in graph.stage(s).shape))
+            reads = propagate_many(graph.stage(c), region[c], shapes)
+            for s in local_prods[c]:
+                region[s] = _hull_many(region[s], reads[s])
+        arrays = {}
+        for s in names:  # a tile reading nothing of s: the empty box at the origin
+            rank, n = len(graph.stage(s).shape), 1 if sample else ntiles
+            if region[s] is None:
+                arrays[s] = (np.zeros((n, rank), np.int64), np.zeros((n, rank), np.int64))
+            else:
+                rlo, rhi = region[s]
+                ok = np.all(rhi > rlo, axis=1)[:, None]
+                arrays[s] = (np.where(ok, rlo, 0), np.where(ok, rhi, 0))
+        listed = names if sample else [s for s in names if needs_global[s]]
+        tables = {s: [tuple(zip(a, b)) for a, b in zip(arrays[s][0].tolist(), arrays[s][1].tolist())] for s in listed}
 
     if sample:  # one box stands for every tile of the grid
         zeros = (0,) * len(tiles)
         regions = {s: Region(graph.stage(s).shape, tiles, tuple(Span(lo, hi - lo, zeros) for lo, hi in tables[s][0]))
                    for s in names if s not in inline}
     else:
-        regions = {s: fit_region(graph.stage(s).shape, tiles, tables[s]) for s in names if s not in inline}
+        regions = {s: fit_region(graph.stage(s).shape, tiles, arrays[s]) for s in names if s not in inline}
     # A stage read outside the segment whose tiles do not cover it (the anchor reads only part of it)
     # gets a completion phase: each block recomputes its flat share of the whole tensor from globals.
     partial = [s for s in names if s != anchor.name and needs_global[s]
@@ -588,39 +612,45 @@ def _first_is_translate(anchor: Stage, tile: Tile, box, stage: Stage) -> bool:
         min(t, n) for t, n in zip(tile.shape, anchor.shape))
 
 
-def fit_region(shape: tuple[int, ...], tiles: tuple[int, ...], boxes: list[Box],
+def fit_region(shape: tuple[int, ...], tiles: tuple[int, ...], boxes: list[Box] | tuple[np.ndarray, np.ndarray],
                coords: list[tuple[int, ...]] | None = None) -> Region | None:
-    """Express per-tile boxes as affine spans of the tile coordinates (clamped to the tensor) when
-    they are; else keep the explicit table. With `coords`, `boxes` are those tiles' only (the first,
-    the second along each axis, the last...): spans fitted to them stand for the grid (None when they
-    are not affine)."""
+    """Express per-tile boxes (a list, or (lo, hi) arrays with a row per tile) as affine spans of the
+    tile coordinates (clamped to the tensor) when they are; else keep the explicit table. With
+    `coords`, `boxes` are those tiles' only (the first, the second along each axis, the last...):
+    spans fitted to them stand for the grid (None when they are not affine)."""
     sampled = coords is not None
+    rank = len(shape)
+    if isinstance(boxes, tuple) and len(boxes) == 2 and isinstance(boxes[0], np.ndarray):
+        lo_all, hi_all = boxes
+    else:
+        lo_all = np.array([[a for a, _ in b] for b in boxes], dtype=np.int64).reshape(len(boxes), rank)
+        hi_all = np.array([[b_ for _, b_ in b] for b in boxes], dtype=np.int64).reshape(len(boxes), rank)
     if not sampled:
-        coords = list(np.ndindex(*tiles)) if tiles else [()]
+        grid = (np.indices(tiles, dtype=np.int64).reshape(len(tiles), -1).T if tiles
+                else np.zeros((1, 0), dtype=np.int64))
         strides = [int(np.prod(tiles[k + 1:], dtype=np.int64)) for k in range(len(tiles))]
         at = [strides[k] for k in range(len(tiles))]
     else:
+        grid = np.array(coords, dtype=np.int64).reshape(len(coords), len(tiles))
         where = {tc: j for j, tc in enumerate(coords)}
         at = [where.get(tuple(int(k == a) for a in range(len(tiles))), 0) for k in range(len(tiles))]
     spans = []
     for d, n in enumerate(shape):
-        lo = [b[d][0] for b in boxes]
-        hi = [b[d][1] for b in boxes]
+        lo, hi = lo_all[:, d], hi_all[:, d]
         span = None
         for side in (lo, hi):
-            coeffs = tuple(side[at[k]] - side[0] if tiles[k] > 1 else 0 for k in range(len(tiles)))
-            shift = [sum(c * x for c, x in zip(coeffs, tc)) for tc in coords]
-            base = min(a - s for a, s in zip(lo, shift))
-            top = max(b - s for b, s in zip(hi, shift))
-            raw = [(base + s, top + s) for s in shift]
-            if all(max(a, 0) == x and min(b, n) == y for (a, b), x, y in zip(raw, lo, hi)):
-                clamp = any(a < 0 or b > n for a, b in raw)
+            coeffs = tuple(int(side[at[k]] - side[0]) if tiles[k] > 1 else 0 for k in range(len(tiles)))
+            shift = grid @ np.array(coeffs, dtype=np.int64) if tiles else np.zeros(len(lo), dtype=np.int64)
+            base, top = int((lo - shift).min()), int((hi - shift).max())
+            raw_lo, raw_hi = base + shift, top + shift
+            if np.array_equal(np.maximum(raw_lo, 0), lo) and np.array_equal(np.minimum(raw_hi, n), hi):
+                clamp = bool((raw_lo < 0).any() or (raw_hi > n).any())
                 span = Span(base, top - base, coeffs, clamp)
                 break
         if span is None:
             if sampled:
                 return None
-            rows = tuple(tuple(lo for lo, _ in b) + tuple(hi for _, hi in b) for b in boxes)
+            rows = tuple(tuple(a) + tuple(b) for a, b in zip(lo_all.tolist(), hi_all.tolist()))
             return Region(tuple(shape), tuple(tiles), (), rows)
         spans.append(span)
     return Region(tuple(shape), tuple(tiles), tuple(spans))

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.graph import Stage
@@ -139,3 +141,106 @@ def _add_indirect(regions, atom, ranges, shapes) -> None:
     elif isinstance(atom, (I.Min, I.Max)):
         for a, _ in atom.a.terms + atom.b.terms:
             _add_indirect(regions, a, ranges, shapes)
+
+
+# ---- every tile at once ---------------------------------------------------------------------------
+# The same interval analysis over arrays: row t of `lo`/`hi` is tile t's box. Building a kernel
+# propagates every tile of its grid through every stage of a segment (tens of thousands of boxes for a
+# schedule's candidate); one NumPy pass per stage replaces a Python pass per tile. Tightness flags are
+# not kept: the callers want boxes only.
+
+Boxes = tuple[np.ndarray, np.ndarray]  # (lo, hi) int64 [tiles, rank], half-open; a row with hi <= lo: no box
+
+
+def _as_rows(x, n: int) -> np.ndarray:
+    return np.broadcast_to(np.asarray(x, dtype=np.int64), (n,))
+
+
+def bounds_many(e: I.Lin, ranges: Mapping[str, tuple]) -> tuple:
+    """`index.bounds` for every tile at once: `ranges` maps a variable to inclusive (lo, hi) arrays (or
+    ints, the same for every tile)."""
+    lo = hi = e.const
+    for atom, k in e.terms:
+        alo, ahi = _atom_bounds_many(atom, ranges)
+        if k >= 0:
+            lo, hi = lo + k * alo, hi + k * ahi
+        else:
+            lo, hi = lo + k * ahi, hi + k * alo
+    return lo, hi
+
+
+def _atom_bounds_many(atom, ranges: Mapping[str, tuple]) -> tuple:
+    if isinstance(atom, I.Var):
+        return ranges[atom.name]
+    if isinstance(atom, I.FloorDiv):
+        lo, hi = bounds_many(atom.x, ranges)
+        return np.floor_divide(lo, atom.k), np.floor_divide(hi, atom.k)
+    if isinstance(atom, I.Mod):
+        lo, hi = bounds_many(atom.x, ranges)
+        whole = np.floor_divide(lo, atom.k) == np.floor_divide(hi, atom.k)
+        return np.where(whole, np.mod(lo, atom.k), 0), np.where(whole, np.mod(hi, atom.k), atom.k - 1)
+    if isinstance(atom, (I.Min, I.Max)):
+        (alo, ahi), (blo, bhi) = bounds_many(atom.a, ranges), bounds_many(atom.b, ranges)
+        f = np.minimum if isinstance(atom, I.Min) else np.maximum
+        return f(alo, blo), f(ahi, bhi)
+    if isinstance(atom, I.Abs):
+        lo, hi = bounds_many(atom.x, ranges)
+        return (np.where(lo >= 0, lo, np.where(hi <= 0, -hi, 0)),
+                np.where(lo >= 0, hi, np.where(hi <= 0, -lo, np.maximum(-lo, hi))))
+    if isinstance(atom, I.Indirect):
+        return 0, atom.size - 1
+    raise TypeError(atom)
+
+
+def propagate_many(stage: Stage, out: Boxes, input_shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Boxes]:
+    """`propagate` over many output boxes: (lo, hi) per input of `stage`, rows with no box (an empty
+    output box, or nothing of the input read) having hi <= lo. Row for row the boxes `propagate` gives."""
+    olo, ohi = out
+    n = olo.shape[0]
+    live = np.all(ohi > olo, axis=1)
+    ranges = {f"i{k}": (olo[:, k], ohi[:, k] - 1) for k in range(olo.shape[1])}
+    ranges.update({f"r{k}": (0, r - 1) for k, r in enumerate(stage.reduce)})
+    acc: dict[str, Boxes] = {}
+
+    def add_load(tensor: str, index) -> None:
+        shape = input_shapes.get(tensor)
+        lo = np.empty((n, len(index)), dtype=np.int64)
+        hi = np.empty_like(lo)
+        for d, e in enumerate(index):
+            a, b = bounds_many(e, ranges)
+            if shape is not None:  # clipping an in-range read changes nothing
+                a, b = np.maximum(a, 0), np.minimum(b, shape[d] - 1)
+            lo[:, d], hi[:, d] = _as_rows(a, n), _as_rows(b, n) + 1
+            for atom, _ in e.terms:
+                add_indirect(atom)
+        ok = live & np.all(hi > lo, axis=1)
+        if tensor in acc:
+            plo, phi = acc[tensor]
+            was = np.all(phi > plo, axis=1)
+            both = (ok & was)[:, None]
+            lo = np.where(both, np.minimum(lo, plo), np.where(ok[:, None], lo, plo))
+            hi = np.where(both, np.maximum(hi, phi), np.where(ok[:, None], hi, phi))
+            ok = ok | was
+        acc[tensor] = (np.where(ok[:, None], lo, 0), np.where(ok[:, None], hi, 0))
+
+    def add_indirect(atom) -> None:
+        if isinstance(atom, I.Indirect):
+            add_load(atom.tensor, atom.index)
+        elif isinstance(atom, (I.FloorDiv, I.Mod, I.Abs)):
+            for a, _ in atom.x.terms:
+                add_indirect(a)
+        elif isinstance(atom, (I.Min, I.Max)):
+            for a, _ in atom.a.terms + atom.b.terms:
+                add_indirect(a)
+
+    for node in E.walk(stage.body):
+        if isinstance(node, E.Load):
+            add_load(node.tensor, node.index)
+        elif isinstance(node, E.IndexVal):
+            for a, _ in node.expr.terms:
+                add_indirect(a)
+    for t in stage.inputs:
+        if t not in acc:
+            rank = len(input_shapes[t]) if t in input_shapes else 1
+            acc[t] = (np.zeros((n, rank), np.int64), np.zeros((n, rank), np.int64))
+    return acc
