@@ -277,7 +277,9 @@ def _contraction_of(p: Phase, graph: PrimGraph) -> tuple | None:
         if graph.stage(p.stage).kind != StageKind.CONTRACTION or p.combine.value != "sum":
             return None
         return None, p.body, tuple(f"r{k}" for k in range(len(p.reduce))), p.reduce
-    found = [r for r in _top_reduces(p.body) if r.combine.value == "sum" and _factors(r.body) is not None]
+    # One sum, wherever it occurs: x * sigmoid(x) (SiLU) holds the same one twice, and the printers and
+    # the count replace every occurrence by the accumulator.
+    found = [r for r in dict.fromkeys(_top_reduces(p.body)) if r.combine.value == "sum" and _factors(r.body) is not None]
     if len(found) != 1:
         return None
     return found[0], found[0].body, found[0].vars, found[0].extents

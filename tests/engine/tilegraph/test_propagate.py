@@ -330,9 +330,10 @@ def test_propagate_many_gives_propagate_s_boxes_row_for_row():
     """Every stage of the samples and the zoo's bert (reshapes, transposes, gathers, pads, reductions)
     under random tile boxes, empty ones included: the array form gives each row the box `propagate`
     gives that box, and no box where it gives none."""
+    from support import SAMPLES
+
     from engine.api import load_graph
     from engine.tilegraph.propagate import propagate_many
-    from support import SAMPLES
 
     ZOO = SAMPLES / "zoo"
 
