@@ -239,7 +239,11 @@ def dot_to_svg(dot: str) -> bytes:
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def model_inputs(_graph: PrimGraph, model_hash: str, path: str) -> dict[str, np.ndarray]:
-    """The sample's stored inputs (.io.npz) when it has them, else fixed-seed random inputs."""
+    """The sample's stored inputs (.io.npz) when it has them, else fixed-seed random inputs; a model
+    whose reference run would not fit the host's memory budget is refused before either is loaded."""
+    from engine.runtime.budget import check_graph_memory, memory_budget
+
+    check_graph_memory(_graph, memory_budget(), "reference")
     io = Path(path).with_suffix(".io.npz")
     names = [t.name for t in _graph.inputs]
     if io.exists():

@@ -34,8 +34,10 @@ def plan_model(graph: PrimGraph, policy: str, device: Device | str, *, batching:
     """(graph, plan): `policy`'s plan of `graph`, made on the operator-batched graph when `batching`
     (default: on for welder). The plan records options["batching"] and its decision log starts with the
     batching decisions; generate and run the returned graph, not the one passed in."""
+    from engine.codegen.generate import check_index_range
     from engine.schedule.policies import make_plan
 
+    check_index_range(graph)
     base = (options or {}).get("base_policy", policy) if policy == "user" else policy
     if batching is None:
         batching = default_batching(base)
