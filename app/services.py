@@ -202,9 +202,16 @@ def plan_json_text(plan: Plan) -> str:
 
 
 def read_plan_json(data: bytes, graph: PrimGraph) -> tuple[PrimGraph, Plan]:
-    """(graph, plan) of a saved plan for the model `graph` (re-batched when the plan was batched)."""
+    """(graph, plan) of a saved plan, or of a kernel bundle's plan.json (a .zip), for the model `graph`
+    (re-batched when the plan was batched)."""
+    if data[:2] == b"PK":
+        from engine.bundle.read import bundle_plan_json
+
+        return api.load_plan(bundle_plan_json(data, "the uploaded bundle"), graph)
     try:
         obj = json.loads(data)
+    except RecursionError:
+        raise AppError("the plan file is not a tileweave plan (JSON nested too deeply)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise AppError(f"the plan file is not JSON ({err})", hint="save a plan from the Plan page") from None
     if not isinstance(obj, dict):

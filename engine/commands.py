@@ -74,7 +74,7 @@ def planned_model(args: argparse.Namespace):
     device = get_device(args.device)
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
-        graph, plan = load_plan(_read_json(args.plan_in, "plan"), graph)
+        graph, plan = load_plan(args.plan_in, graph)
     else:
         graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None)
     return device, graph, plan
@@ -311,15 +311,6 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
             np.savez(f, **arrays)
     except OSError as err:
         raise TileweaveError(f"cannot write '{path}' ({err.strerror})", hint="choose another --outputs path") from None
-
-
-def _read_json(path: str, what: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except OSError as err:
-        raise TileweaveError(f"cannot read {what} file '{path}' ({err.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TileweaveError(f"{what} file '{path}' is not valid JSON ({err})") from None
 
 
 def summarize_array(name: str, arr: np.ndarray) -> str:

@@ -8,6 +8,7 @@ Plain frozen data with a JSON round trip (schema version + model hash)."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -246,7 +247,12 @@ def plan_from_json(d: dict, graph: PrimGraph | None = None) -> Plan:
     if d["schema"] != SCHEMA_VERSION:
         raise PlanError(f"plan schema version {d['schema']} is not supported (this tileweave reads "
                         f"version {SCHEMA_VERSION})", hint="re-create the plan with this version")
-    if graph is not None and d["model_hash"] != graph.structural_hash:
+    unknown = sorted(set(d) - _PLAN_KEYS)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], _PLAN_KEYS, n=1)
+        raise PlanError(f"plan has unknown key '{unknown[0]}'",
+                        hint=f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(_PLAN_KEYS))}")
+    if graph is not None and d.get("model_hash") != graph.structural_hash:
         raise PlanError(f"plan was made for model '{d.get('model_name')}' (hash {d['model_hash']}), not "
                         f"this one (hash {graph.structural_hash})", hint="plan this model instead")
     try:
@@ -263,6 +269,9 @@ def plan_from_json(d: dict, graph: PrimGraph | None = None) -> Plan:
     except (KeyError, TypeError, ValueError) as err:
         raise PlanError(f"malformed plan JSON ({type(err).__name__}: {err})",
                         hint="re-create the plan with --plan-out") from None
+
+
+_PLAN_KEYS = frozenset(f.name for f in dataclasses.fields(Plan))
 
 
 def _group(g: dict) -> Group:
