@@ -207,7 +207,7 @@ def read_plan_json(data: bytes, graph: PrimGraph) -> tuple[PrimGraph, Plan]:
     if data[:2] == b"PK":
         from engine.bundle.read import bundle_plan_json
 
-        return api.load_plan(bundle_plan_json(data, "the uploaded bundle"), graph)
+        return _checked(*api.load_plan(bundle_plan_json(data, "the uploaded bundle"), graph))
     try:
         obj = json.loads(data)
     except RecursionError:
@@ -216,7 +216,16 @@ def read_plan_json(data: bytes, graph: PrimGraph) -> tuple[PrimGraph, Plan]:
         raise AppError(f"the plan file is not JSON ({err})", hint="save a plan from the Plan page") from None
     if not isinstance(obj, dict):
         raise AppError("the plan file is not a tileweave plan (not a JSON object)", hint="save a plan from the Plan page")
-    return api.load_plan(obj, graph)
+    return _checked(*api.load_plan(obj, graph))
+
+
+def _checked(graph: PrimGraph, plan: Plan) -> tuple[PrimGraph, Plan]:
+    """Refuse an uploaded plan that validate rejects (on its own device preset; a device that names no
+    preset is never opened as a file)."""
+    from engine.runtime.execute import check_plan
+
+    check_plan(plan, graph, plan.device if plan.device in PRESETS else "a100")
+    return graph, plan
 
 
 def plan_batching(plan: Plan) -> bool:

@@ -320,6 +320,8 @@ def load_device_file(path: str | Path) -> Device:
         raise DeviceError(f"{path}: not valid TOML: {err}; fix the syntax") from None
     except json.JSONDecodeError as err:
         raise DeviceError(f"{path}: not valid JSON: {err}; fix the syntax") from None
+    except RecursionError:
+        raise DeviceError(f"{path}: not a device file (JSON nested too deeply)") from None
     if not isinstance(values, dict):
         raise DeviceError(f"{path}: a device file must be a table/object of field = value")
 

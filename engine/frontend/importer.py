@@ -321,6 +321,9 @@ def _input_spec(vi, bound: tuple[int, ...] | None) -> TensorSpec:
                 raise ShapeError(f"--shape {vi.name}: axis {k} is fixed to {d} in the model, got {b}")
         return TensorSpec(vi.name, tuple(int(b) for b in bound), dtype)
     for k, d in enumerate(dims):
+        if isinstance(d, int) and d < 0:
+            raise ShapeError(f"input '{vi.name}' declares a negative dimension {d} (axis {k})",
+                             hint="fix the model's input shape (dims are >= 0, or symbolic)")
         if not isinstance(d, int) or d <= 0:
             example = ",".join(str(x) if isinstance(x, int) and x > 0 else "N" for x in dims)
             raise ShapeError(
