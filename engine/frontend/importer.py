@@ -19,7 +19,7 @@ import numpy as np
 from engine.errors import ModelError, ShapeError, UnsupportedOpError
 from engine.flags import debug
 from engine.frontend.context import CONVERTERS, LowerCtx, OnnxNode
-from engine.frontend.validate import check_node_types, check_opset
+from engine.frontend.schema import check_node_types, check_opset
 from engine.ir.dtypes import ONNX_TO_DTYPE, DType
 from engine.ir.graph import PrimGraph, StageKind, TensorSpec
 

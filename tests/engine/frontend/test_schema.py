@@ -1,4 +1,4 @@
-"""Tests for engine/frontend/validate.py: the opset range and node input types against ONNX schemas."""
+"""Tests for engine/frontend/schema.py: the opset range and node input types against ONNX schemas."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from support import tiny_model
 
 from engine.errors import ModelError
 from engine.frontend.importer import import_onnx
-from engine.frontend.validate import MIN_OPSET, check_node_types, check_opset, max_opset, onnx_type_name
+from engine.frontend.schema import MIN_OPSET, check_node_types, check_opset, max_opset, onnx_type_name
 from engine.ir.dtypes import DType
 
 
