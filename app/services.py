@@ -202,14 +202,30 @@ def plan_json_text(plan: Plan) -> str:
 
 
 def read_plan_json(data: bytes, graph: PrimGraph) -> tuple[PrimGraph, Plan]:
-    """(graph, plan) of a saved plan for the model `graph` (re-batched when the plan was batched)."""
+    """(graph, plan) of a saved plan, or of a kernel bundle's plan.json (a .zip), for the model `graph`
+    (re-batched when the plan was batched)."""
+    if data[:2] == b"PK":
+        from engine.bundle.read import bundle_plan_json
+
+        return _checked(*api.load_plan(bundle_plan_json(data, "the uploaded bundle"), graph))
     try:
         obj = json.loads(data)
+    except RecursionError:
+        raise AppError("the plan file is not a tileweave plan (JSON nested too deeply)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise AppError(f"the plan file is not JSON ({err})", hint="save a plan from the Plan page") from None
     if not isinstance(obj, dict):
         raise AppError("the plan file is not a tileweave plan (not a JSON object)", hint="save a plan from the Plan page")
-    return api.load_plan(obj, graph)
+    return _checked(*api.load_plan(obj, graph))
+
+
+def _checked(graph: PrimGraph, plan: Plan) -> tuple[PrimGraph, Plan]:
+    """Refuse an uploaded plan that validate rejects (on its own device preset; a device that names no
+    preset is never opened as a file)."""
+    from engine.runtime.execute import check_plan
+
+    check_plan(plan, graph, plan.device if plan.device in PRESETS else "a100")
+    return graph, plan
 
 
 def plan_batching(plan: Plan) -> bool:
@@ -239,7 +255,11 @@ def dot_to_svg(dot: str) -> bytes:
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def model_inputs(_graph: PrimGraph, model_hash: str, path: str) -> dict[str, np.ndarray]:
-    """The sample's stored inputs (.io.npz) when it has them, else fixed-seed random inputs."""
+    """The sample's stored inputs (.io.npz) when it has them, else fixed-seed random inputs; a model
+    whose reference run would not fit the host's memory budget is refused before either is loaded."""
+    from engine.runtime.budget import check_graph_memory, memory_budget
+
+    check_graph_memory(_graph, memory_budget(), "reference")
     io = Path(path).with_suffix(".io.npz")
     names = [t.name for t in _graph.inputs]
     if io.exists():

@@ -74,7 +74,7 @@ def planned_model(args: argparse.Namespace):
     device = get_device(args.device)
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
-        graph, plan = load_plan(_read_json(args.plan_in, "plan"), graph)
+        graph, plan = load_plan(args.plan_in, graph)
     else:
         graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None)
     return device, graph, plan
@@ -190,18 +190,26 @@ def add_run_command(sub) -> None:
                    help="cuda-sim: blocks of an ordinary launch resident at once (default 1)")
     p.add_argument("--json", action="store_true",
                    help="cuda-sim: print the full report (every finding, bytes moved per kernel) as JSON")
+    p.add_argument("--memory-budget", metavar="SIZE", default=None,
+                   help="refuse the run before allocating anything when its inputs, constants, intermediates "
+                        "(arena) and outputs exceed SIZE (e.g. 8GiB, 512MiB, 2GB; default: half of host RAM, "
+                        "for --backend cuda the device's memory_bytes, for cuda-sim at most that)")
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.frontend.importer import load_graph
+    from engine.runtime.budget import check_graph_memory, memory_budget
     from engine.runtime.inputs import complete_inputs
 
     if args.backend not in BACKENDS:
         raise BackendError(f"unknown backend '{args.backend}'", hint=f"use one of {', '.join(BACKENDS)}")
     check_sim_args(args)
     out_path = check_writable(args.outputs)
+    args.budget = memory_budget(args.memory_budget, backend=args.backend,
+                                device=args.device if args.backend in ("cuda", "cuda-sim") else None)
     graph = load_graph(args.model, parse_shapes(args.shape))
+    check_graph_memory(graph, args.budget, args.backend)  # before generating inputs or running anything
     given = read_npz(args.inputs) if args.inputs else {}
     # Arrays named like graph outputs are ignored, so a samples/*.io.npz file works as --inputs.
     given = {k: v for k, v in given.items() if k not in graph.output_names or k in {s.name for s in graph.inputs}}
@@ -250,24 +258,23 @@ def run_sim(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.Name
 
     _, planned_graph, plan = planned_model(args)
     result = api.run_model(planned_graph, inputs, backend="cuda-sim", device=args.device, plan=plan,
-                           sim_grid_cap=args.sim_grid_cap, sim_resident=args.sim_resident)
+                           sim_grid_cap=args.sim_grid_cap, sim_resident=args.sim_resident, budget=args.budget)
     return dict(result.outputs), result.sim
 
 
 def run_backend(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.Namespace) -> dict:
     """Outputs keyed by ONNX output name, from the backend `args.backend`."""
-    if args.backend == "reference":
-        from engine.runtime.reference import run_reference
-
-        return run_reference(graph, inputs)
     import engine.api as api
 
+    if args.backend == "reference":
+        return api.run_model(graph, inputs, backend="reference", budget=args.budget).outputs
     if args.backend == "cuda":
         from engine.runtime.cuda_driver import require_cuda
 
         require_cuda()  # no GPU: say so in one line before planning and compiling anything
     _, planned_graph, plan = planned_model(args)
-    result = api.run_model(planned_graph, inputs, backend=args.backend, device=args.device, plan=plan)
+    result = api.run_model(planned_graph, inputs, backend=args.backend, device=args.device, plan=plan,
+                           budget=args.budget)
     return dict(result.outputs)
 
 
@@ -304,15 +311,6 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
             np.savez(f, **arrays)
     except OSError as err:
         raise TileweaveError(f"cannot write '{path}' ({err.strerror})", hint="choose another --outputs path") from None
-
-
-def _read_json(path: str, what: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except OSError as err:
-        raise TileweaveError(f"cannot read {what} file '{path}' ({err.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TileweaveError(f"{what} file '{path}' is not valid JSON ({err})") from None
 
 
 def summarize_array(name: str, arr: np.ndarray) -> str:

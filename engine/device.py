@@ -42,6 +42,8 @@ class Device:
     # against the SM's capacity in occupancy, which is why e.g. A100 has 164 KiB/SM but 163 KiB/block.
     reserved_smem_per_block_bytes: int
     l2_bytes: int
+    # Device memory (DRAM/HBM): the default memory budget of a run on this device (engine/runtime/budget.py).
+    memory_bytes: int
     clock_hz: float
     dram_bw_bytes_per_s: float
     l2_bw_bytes_per_s: float
@@ -106,6 +108,19 @@ _FLOAT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "float"
 # Fields that may be zero (no driver reservation; a device file may model a free grid barrier).
 _NONNEGATIVE_FIELDS = {"reserved_smem_per_block_bytes", "launch_overhead_s", "grid_barrier_s"}
 _ARCH_RE = re.compile(r"^sm_\d{2,3}[af]?$")
+GiB = 1024 * MiB
+# Upper bounds no real GPU comes near (about 30x today's largest): a figure above one is a unit slip
+# (bytes for KiB, Hz for kHz) or a hostile file, and would make the wavefront scheduler build billions
+# of virtual execution units.
+_CEILINGS: dict[str, float] = {
+    "sm_count": 4096, "max_threads_per_block": 4096, "max_threads_per_sm": 65536, "max_blocks_per_sm": 1024,
+    "regs_per_sm": 1 << 20, "smem_per_sm_bytes": 64 * MiB, "max_smem_per_block_bytes": 64 * MiB,
+    "default_smem_per_block_bytes": 64 * MiB, "reserved_smem_per_block_bytes": 64 * MiB,
+    "l2_bytes": 64 * GiB, "memory_bytes": 1 << 50, "clock_hz": 1e11, "dram_bw_bytes_per_s": 1e15,
+    "l2_bw_bytes_per_s": 1e16, "smem_bw_bytes_per_s": 1e17, "peak_fp32_flops": 1e17,
+    "peak_fp16_tensor_flops": 1e18, "launch_overhead_s": 1.0, "grid_barrier_s": 1.0,
+}
+_WARP_SIZES = (32, 64)
 
 
 def _type_name(value: Any) -> str:
@@ -139,6 +154,11 @@ def _validate(values: Mapping[str, Any], *, where: str) -> None:
                 raise DeviceError(f"{where}: key {key!r} must be >= 0, got {value!r}")
             if key not in _NONNEGATIVE_FIELDS and value <= 0:
                 raise DeviceError(f"{where}: key {key!r} must be > 0, got {value!r}")
+            if key in _CEILINGS and value > _CEILINGS[key]:
+                raise DeviceError(f"{where}: key {key!r} = {value!r} is beyond any real GPU (at most "
+                                  f"{_CEILINGS[key]:g}); check the figure and its unit")
+    if values["warp_size"] not in _WARP_SIZES:
+        raise DeviceError(f"{where}: key 'warp_size' must be 32 (NVIDIA) or 64, got {values['warp_size']!r}")
     if not isinstance(values["name"], str) or not values["name"]:
         raise DeviceError(f"{where}: key 'name' must be a non-empty string, got {values['name']!r}")
     cc = values["compute_capability"]
@@ -220,7 +240,7 @@ _LAUNCH_OVERHEAD_S = 5e-6
 
 
 def _preset(name: str, *, sm: int, clock_mhz: float, fp32_tflops: float, fp16_tflops: float,
-            dram_gbs: float, l2_mib: int, smem_sm_kib: int, smem_block_kib: int, threads_sm: int,
+            dram_gbs: float, l2_mib: int, memory_bytes: int, smem_sm_kib: int, smem_block_kib: int, threads_sm: int,
             blocks_sm: int, cc: tuple[int, int], arch: str, l2_bytes_per_clk: int,
             measured: tuple[str, ...] = ()) -> Device:
     clock = clock_mhz * 1e6
@@ -230,7 +250,7 @@ def _preset(name: str, *, sm: int, clock_mhz: float, fp32_tflops: float, fp16_tf
         smem_per_sm_bytes=smem_sm_kib * KiB, max_smem_per_block_bytes=smem_block_kib * KiB,
         default_smem_per_block_bytes=48 * KiB,
         reserved_smem_per_block_bytes=(smem_sm_kib - smem_block_kib) * KiB,
-        l2_bytes=l2_mib * MiB, clock_hz=clock, dram_bw_bytes_per_s=dram_gbs * 1e9,
+        l2_bytes=l2_mib * MiB, memory_bytes=memory_bytes, clock_hz=clock, dram_bw_bytes_per_s=dram_gbs * 1e9,
         l2_bw_bytes_per_s=float(l2_bytes_per_clk * clock), smem_bw_bytes_per_s=32 * 4 * sm * clock,
         peak_fp32_flops=fp32_tflops * 1e12, peak_fp16_tensor_flops=fp16_tflops * 1e12,
         launch_overhead_s=_LAUNCH_OVERHEAD_S,
@@ -247,21 +267,21 @@ def _preset(name: str, *, sm: int, clock_mhz: float, fp32_tflops: float, fp16_tf
 PRESETS: dict[str, Device] = {
     # CUDA 13 NVRTC has no sm_70 target: V100 is for modeling; its kernels compile for sm_75.
     "v100": _preset("v100", sm=80, clock_mhz=1530, fp32_tflops=15.7, fp16_tflops=125, dram_gbs=900,
-                    l2_mib=6, smem_sm_kib=96, smem_block_kib=96, threads_sm=2048, blocks_sm=32,
+                    l2_mib=6, memory_bytes=16 * GiB, smem_sm_kib=96, smem_block_kib=96, threads_sm=2048, blocks_sm=32,
                     cc=(7, 0), arch="sm_75", l2_bytes_per_clk=2048),
     "a100": _preset("a100", sm=108, clock_mhz=1410, fp32_tflops=19.5, fp16_tflops=312, dram_gbs=1555,
-                    l2_mib=40, smem_sm_kib=164, smem_block_kib=163, threads_sm=2048, blocks_sm=32,
+                    l2_mib=40, memory_bytes=40 * GiB, smem_sm_kib=164, smem_block_kib=163, threads_sm=2048, blocks_sm=32,
                     cc=(8, 0), arch="sm_80", l2_bytes_per_clk=5120),
     # FP16 tensor peak with FP32 accumulate (35.6); 71 needs FP16 accumulate, which our kernels never use.
     "rtx3090": _preset("rtx3090", sm=82, clock_mhz=1695, fp32_tflops=35.6, fp16_tflops=35.6, dram_gbs=936,
-                       l2_mib=6, smem_sm_kib=100, smem_block_kib=99, threads_sm=1536, blocks_sm=16,
+                       l2_mib=6, memory_bytes=24 * GiB, smem_sm_kib=100, smem_block_kib=99, threads_sm=1536, blocks_sm=16,
                        cc=(8, 6), arch="sm_86", l2_bytes_per_clk=2048),
     "h100": _preset("h100", sm=132, clock_mhz=1980, fp32_tflops=67, fp16_tflops=989, dram_gbs=3350,
-                    l2_mib=50, smem_sm_kib=228, smem_block_kib=227, threads_sm=2048, blocks_sm=32,
+                    l2_mib=50, memory_bytes=80 * GiB, smem_sm_kib=228, smem_block_kib=227, threads_sm=2048, blocks_sm=32,
                     cc=(9, 0), arch="sm_90", l2_bytes_per_clk=5120),
     # The datasheet gives 50-60 MB of L2; PyTorch reported 60 MB on a real H200, so that one is measured.
     "h200": _preset("h200", sm=132, clock_mhz=1980, fp32_tflops=67, fp16_tflops=989, dram_gbs=4800,
-                    l2_mib=60, smem_sm_kib=228, smem_block_kib=227, threads_sm=2048, blocks_sm=32,
+                    l2_mib=60, memory_bytes=141 * 10**9, smem_sm_kib=228, smem_block_kib=227, threads_sm=2048, blocks_sm=32,
                     cc=(9, 0), arch="sm_90", l2_bytes_per_clk=5120, measured=("l2_bytes",)),
 }
 
@@ -300,6 +320,8 @@ def load_device_file(path: str | Path) -> Device:
         raise DeviceError(f"{path}: not valid TOML: {err}; fix the syntax") from None
     except json.JSONDecodeError as err:
         raise DeviceError(f"{path}: not valid JSON: {err}; fix the syntax") from None
+    except RecursionError:
+        raise DeviceError(f"{path}: not a device file (JSON nested too deeply)") from None
     if not isinstance(values, dict):
         raise DeviceError(f"{path}: a device file must be a table/object of field = value")
 

@@ -45,3 +45,7 @@ class CompileError(TileweaveError):
 
 class BackendError(TileweaveError):
     """A backend cannot run here (no CUDA device, a driver too old for the kernels, a launch refused, ...)."""
+
+
+class BundleError(TileweaveError):
+    """A kernel bundle that is not a zip, has unsafe entries (absolute, `..`, symlinks) or fails its manifest."""

@@ -24,7 +24,8 @@ with guarded("Comparing plans"):
         if choice == CURRENT:
             return choice, current_plan(state, loaded).plan
         if choice == SAVED:
-            upload = column.file_uploader(f"Plan JSON for {label}", type=["json"], key=f"cmp_file_{label}")
+            upload = column.file_uploader(f"Plan JSON or bundle .zip for {label}", type=["json", "zip"],
+                                          key=f"cmp_file_{label}")
             if upload is None:
                 return choice, None
             return upload.name, services.read_plan_json(upload.getvalue(), graph)[1]

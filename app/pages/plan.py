@@ -128,7 +128,8 @@ with guarded("Saving or loading a plan"):
     st.subheader("Plan JSON")
     st.download_button("Save plan JSON", services.plan_json_text(plan), key="plan_save",
                        file_name=f"{state.model_name}_{plan.policy}_plan.json", mime="application/json")
-    upload = st.file_uploader("Load plan JSON (base policy + edits are replayed)", type=["json"], key="plan_load")
+    upload = st.file_uploader("Load plan JSON or a kernel bundle .zip (base policy + edits are replayed)",
+                              type=["json", "zip"], key="plan_load")
     if upload is not None and st.button("Load this plan", key="plan_load_apply"):
         _, loaded_plan = services.read_plan_json(upload.getvalue(), loaded.graph)
         base = loaded_plan.base_policy or loaded_plan.policy

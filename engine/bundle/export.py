@@ -92,14 +92,12 @@ def export_bundle(
 
 
 def bundle_info(data: bytes) -> BundleInfo:
-    """Read back a bundle's manifest (and check every file's hash)."""
-    with zipfile.ZipFile(io.BytesIO(data)) as z:
-        manifest = json.loads(z.read("manifest.json"))
-        for name, digest in manifest["sha256"].items():
-            if hashlib.sha256(z.read(name)).hexdigest() != digest:
-                raise ValueError(f"bundle file {name} does not match its manifest hash")
-        return BundleInfo(manifest["name"], tuple(z.namelist()), manifest["kernels"],
-                          tuple(manifest["archs"]), len(data))
+    """Read back a bundle's manifest (read_bundle checks entries and every file's hash: BundleError)."""
+    from engine.bundle.read import read_bundle
+
+    files = read_bundle(data)
+    manifest = json.loads(files["manifest.json"])
+    return BundleInfo(manifest["name"], tuple(files), manifest["kernels"], tuple(manifest["archs"]), len(data))
 
 
 def _json(obj) -> bytes:

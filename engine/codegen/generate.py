@@ -29,7 +29,7 @@ from engine.codegen.kexpr import (
 )
 from engine.codegen.kir import Buffer, Gemm, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
 from engine.device import Device, get_device, wave_grid
-from engine.errors import CompileError, PlanError
+from engine.errors import CompileError, PlanError, ShapeError
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
@@ -38,7 +38,18 @@ from engine.schedule.plan import Conn, Group, Plan, Tile, plan_to_json
 from engine.tilegraph.propagate import Box, propagate_many
 
 _INLINE_KINDS = (StageKind.ELEMENTWISE, StageKind.LAYOUT)
+INDEX_LIMIT = 2**31 - 1  # kernels compute element offsets in C `int`
 TARGETS = ("cuda", "c")  # generate(): the CUDA program at the plan's tiles, or the C target's
+
+
+def check_index_range(graph: PrimGraph) -> None:
+    """Refuse a graph with a tensor too large for the kernels' 32-bit offsets (before planning: tiling a
+    tensor of billions of elements would also take the planner minutes)."""
+    big = next((t for t in graph.specs.values() if t.size > INDEX_LIMIT), None)
+    if big is not None:
+        raise ShapeError(f"tensor '{big.name}' has {big.size:,} elements: generated kernels index with 32-bit "
+                         f"ints (at most {INDEX_LIMIT:,})", hint="bind smaller shapes with --shape, or run it "
+                         "with --backend reference")
 
 
 def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target: str = "cuda") -> Program:
@@ -54,6 +65,7 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
     if low is not None:
         raise CompileError(f"tensor '{low.name}' is {low.dtype.value}: kernels are generated for float16/32/64, "
                            "integer and bool tensors only", hint="run this model with --backend reference")
+    check_index_range(graph)
     conns = {e.key: e.conn for e in plan.edges}
     missing = [e for e in graph.edges if e not in conns]
     if missing:

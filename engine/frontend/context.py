@@ -3,12 +3,13 @@ place to emit primitive stages (or constant results). Converters live in `engine
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.errors import UnsupportedOpError
+from engine.errors import ModelError, UnsupportedOpError
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
@@ -26,6 +27,7 @@ class OnnxNode:
 
 
 Converter = Callable[["LowerCtx", OnnxNode], None]
+CONST_MAX_ELEMENTS = 1 << 28  # 1 GiB of float32: the largest constant an op may build at import
 CONVERTERS: dict[str, Converter] = {}
 
 
@@ -87,6 +89,30 @@ class LowerCtx:
 
     def attr(self, node: OnnxNode, name: str, default=None):
         return node.attrs.get(name, default)
+
+    def check_const_size(self, node: OnnxNode, shape, dtype) -> None:
+        """Refuse a constant an op would materialise at import (ConstantOfShape, Range) past
+        CONST_MAX_ELEMENTS, before allocating it."""
+        count = math.prod(int(d) for d in shape)
+        if any(int(d) < 0 for d in shape):
+            raise ModelError(f"{node.op_type} node '{node.name}': negative dimension in shape {list(shape)}")
+        if count > CONST_MAX_ELEMENTS:
+            nbytes = count * np.dtype(dtype).itemsize
+            raise ModelError(f"{node.op_type} node '{node.name}' would build a constant of {count:,} elements "
+                             f"({nbytes / 2**30:,.1f} GiB) at import, over the memory budget for constants "
+                             f"({CONST_MAX_ELEMENTS:,} elements)", hint="make the shape smaller")
+
+    def axis(self, node: OnnxNode, rank: int, default: int | None = None, name: str = "axis") -> int:
+        """The attribute `name` as an axis in [0, rank); ModelError when outside ONNX's [-rank, rank)."""
+        value = node.attrs.get(name, default)
+        if value is None:
+            raise ModelError(f"{node.op_type} node '{node.name}' has no '{name}' attribute",
+                             hint="add it; onnx.checker lists the op's required attributes")
+        value = int(value)
+        if not -rank <= value < max(rank, 1):
+            raise ModelError(f"{node.op_type} node '{node.name}': {name}={value} is out of range for a rank-{rank} "
+                             f"input (allowed {-rank}..{rank - 1})", hint=f"fix the '{name}' attribute")
+        return value % rank if rank else 0
 
     def unsupported(self, what: str) -> UnsupportedOpError:
         node = self.node
@@ -177,9 +203,14 @@ class LowerCtx:
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    try:
-        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
-    except ValueError:
-        from engine.errors import ShapeError
+    """NumPy's broadcasting rule in Python ints (np.broadcast_shapes refuses dims past 2**63 / array size)."""
+    from engine.errors import ShapeError
 
-        raise ShapeError(f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(rank):
+        dims = {int(s[len(s) - rank + k]) for s in shapes if len(s) - rank + k >= 0} - {1}
+        if len(dims) > 1:
+            raise ShapeError(f"shapes {' and '.join(map(str, shapes))} do not broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)

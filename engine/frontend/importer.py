@@ -19,10 +19,10 @@ import numpy as np
 from engine.errors import ModelError, ShapeError, UnsupportedOpError
 from engine.flags import debug
 from engine.frontend.context import CONVERTERS, LowerCtx, OnnxNode
+from engine.frontend.schema import check_node_types, check_opset
 from engine.ir.dtypes import ONNX_TO_DTYPE, DType
 from engine.ir.graph import PrimGraph, StageKind, TensorSpec
 
-MIN_OPSET = 7
 FOLD_MAX_ELEMENTS = 1 << 20  # constant results larger than this stay runtime stages
 
 
@@ -245,6 +245,9 @@ def _run_node(ctx: LowerCtx, node: OnnxNode, *, fold: bool) -> bool:
     for name in node.inputs:
         if name and ctx.resolve(name) not in ctx.specs:
             raise ModelError(f"node '{node.name}' reads '{name}', which nothing produces")
+    if fold:  # the import pass: check each node against its schema once, before converting it
+        check_node_types(node.op_type, node.domain, node.name, ctx.opset, node.inputs,
+                         [ctx.spec(i).dtype if i else None for i in node.inputs])
     ctx.node = node
     first = len(ctx.stages)
     conv(ctx, node)
@@ -280,13 +283,7 @@ def _fold(ctx: LowerCtx, new: list, outs: list[str]) -> None:
 
 
 def _default_opset(model) -> int:
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None:
-        raise ModelError("model imports no default-domain opset")
-    if opset < MIN_OPSET:
-        raise ModelError(f"opset {opset} is too old (need >= {MIN_OPSET})",
-                         hint="upgrade it with onnx.version_converter.convert_version(model, 13)")
-    return int(opset)
+    return check_opset(next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None))
 
 
 def _tensor_value(t, numpy_helper) -> np.ndarray:
@@ -324,6 +321,9 @@ def _input_spec(vi, bound: tuple[int, ...] | None) -> TensorSpec:
                 raise ShapeError(f"--shape {vi.name}: axis {k} is fixed to {d} in the model, got {b}")
         return TensorSpec(vi.name, tuple(int(b) for b in bound), dtype)
     for k, d in enumerate(dims):
+        if isinstance(d, int) and d < 0:
+            raise ShapeError(f"input '{vi.name}' declares a negative dimension {d} (axis {k})",
+                             hint="fix the model's input shape (dims are >= 0, or symbolic)")
         if not isinstance(d, int) or d <= 0:
             example = ",".join(str(x) if isinstance(x, int) and x > 0 else "N" for x in dims)
             raise ShapeError(

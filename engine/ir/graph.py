@@ -41,7 +41,7 @@ class TensorSpec:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(int(d) for d in self.shape)  # Python ints: a hostile shape must not wrap around
 
     @property
     def nbytes(self) -> int:

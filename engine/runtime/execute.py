@@ -16,6 +16,7 @@ from engine.errors import BackendError, PlanError
 from engine.flags import debug, dump
 from engine.ir.graph import PrimGraph
 from engine.profile.profile import Profile
+from engine.runtime.budget import Budget, check_graph_memory, check_program_memory, memory_budget
 from engine.runtime.reference import run_reference
 from engine.schedule.pipeline import graph_for_plan, plan_model
 from engine.schedule.plan import Plan
@@ -45,15 +46,21 @@ def check_plan(plan: Plan, graph: PrimGraph, device: str) -> None:
 def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: str = "cpu",
               policy: str = "welder", device: str = "a100", plan: Plan | None = None,
               repeat: int = 1, library: bool = False, batching: bool | None = None,
-              sim_grid_cap: int | None = None, sim_resident: int = 1) -> RunResult:
+              sim_grid_cap: int | None = None, sim_resident: int = 1,
+              budget: Budget | str | int | None = None) -> RunResult:
     """Plan (unless `plan` is given), generate and run `graph` on `backend`; outputs by ONNX name.
     Planning goes through `plan_model` (operator batching per `batching`, default on for welder); a
     given plan runs on the graph it was made on (`graph`, or its batched form when the plan says so).
     `library` (cpu only): kernels that are a lone contraction run through NumPy BLAS.
     cuda-sim: `sim_grid_cap` caps cooperative grids (None: the emulator's default, 0: no cap),
-    `sim_resident` blocks of an ordinary launch are resident at once; findings are in `RunResult.sim`."""
+    `sim_resident` blocks of an ordinary launch are resident at once; findings are in `RunResult.sim`.
+    `budget` (a Budget, or a size for `memory_budget`; default the backend's stated budget) is checked
+    on the graph first and on the generated program's arena before any buffer is bound."""
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend '{backend}' (choose one of {', '.join(BACKENDS)})")
+    if not isinstance(budget, Budget):
+        budget = memory_budget(budget, device=device if backend in ("cuda", "cuda-sim") else None, backend=backend)
+    check_graph_memory(graph, budget, backend)
     if backend == "reference":
         return RunResult(run_reference(graph, inputs), None)
     if backend == "cuda":
@@ -67,6 +74,7 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
         check_plan(plan, graph, device)
     program = generate(plan, graph, device, target="c" if backend == "cpu" else "cuda")
     _dump_trail(plan, program)
+    check_program_memory(program, graph.specs, budget)
     if backend == "cpu":
         from engine.runtime.cpu import compile_program_c, run_cpu
 

@@ -11,12 +11,11 @@ from engine.device import Device, get_device
 from engine.errors import PlanError
 from engine.ir.graph import PrimGraph
 from engine.schedule.build import assemble, trial_conns
-from engine.schedule.plan import Conn, Edit, Plan, Tile
+from engine.schedule.plan import EDIT_KINDS, Conn, Edit, Plan, Tile
 from engine.schedule.tiles import group_signature, make_tile
 from engine.schedule.validate import validate
 from engine.tilegraph.tilegraph import segment_sinks, segments_of
 
-EDIT_KINDS = ("set_edge", "split", "merge", "set_tile")
 _MODES = ("unfused", "elementwise", "stitch", "welder")
 
 

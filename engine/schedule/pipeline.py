@@ -34,8 +34,10 @@ def plan_model(graph: PrimGraph, policy: str, device: Device | str, *, batching:
     """(graph, plan): `policy`'s plan of `graph`, made on the operator-batched graph when `batching`
     (default: on for welder). The plan records options["batching"] and its decision log starts with the
     batching decisions; generate and run the returned graph, not the one passed in."""
+    from engine.codegen.generate import check_index_range
     from engine.schedule.policies import make_plan
 
+    check_index_range(graph)
     base = (options or {}).get("base_policy", policy) if policy == "user" else policy
     if batching is None:
         batching = default_batching(base)
@@ -66,10 +68,15 @@ def graph_for_plan(plan: Plan, graph: PrimGraph) -> PrimGraph:
 
 
 def load_plan(source: str | Path | Mapping, graph: PrimGraph) -> tuple[PrimGraph, Plan]:
-    """(graph, plan) from a saved plan (a JSON file or its dict) for the model `graph`: the batching the
-    plan was made with is re-applied before the model-hash check; PlanError naming the file otherwise."""
+    """(graph, plan) from a saved plan (a JSON file, a kernel bundle .zip holding plan.json, or the plan's
+    dict) for the model `graph`: the batching the plan was made with is re-applied before the model-hash
+    check; PlanError (BundleError for a bundle) naming the file otherwise."""
     if isinstance(source, Mapping):
         data = dict(source)
+    elif str(source).lower().endswith(".zip"):
+        from engine.bundle.read import bundle_plan_json
+
+        data = bundle_plan_json(source)  # a kernel bundle: its plan.json, after the bundle's safety checks
     else:
         try:
             data = json.loads(Path(source).read_text())
@@ -77,6 +84,8 @@ def load_plan(source: str | Path | Mapping, graph: PrimGraph) -> tuple[PrimGraph
             raise PlanError(f"{source}: cannot read plan file ({err.strerror})", hint="check the path") from None
         except json.JSONDecodeError as err:
             raise PlanError(f"{source}: not valid JSON ({err.msg} at line {err.lineno})") from None
+        except RecursionError:
+            raise PlanError(f"{source}: not a tileweave plan (JSON nested too deeply)") from None
         except UnicodeDecodeError:
             raise PlanError(f"{source}: not valid JSON (not UTF-8 text)") from None
     if not isinstance(data, dict):

@@ -8,6 +8,7 @@ Plain frozen data with a JSON round trip (schema version + model hash)."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -109,6 +110,9 @@ class Group:
     @property
     def blocks(self) -> int:
         return max(t.blocks for t in self.segments)
+
+
+EDIT_KINDS = ("set_edge", "split", "merge", "set_tile")
 
 
 @dataclass(frozen=True)
@@ -235,8 +239,28 @@ def plan_to_json(plan: Plan) -> dict:
     return out
 
 
+_TILE_INTS = ("threads", "blocks", "rows_per_block", "threads_per_row", "row_split")
+_TILE_MAX = 1 << 31  # kernels index with 32-bit ints: no tile extent, thread or block count goes past it
+
+
 def _tile(d: dict) -> Tile:
-    return Tile(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    tile = Tile(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    if not isinstance(tile.stage, str):
+        raise ValueError(f"tile stage must be a name, got {tile.stage!r}")
+    for key in _TILE_INTS:
+        _check_count(f"tile of '{tile.stage}': {key}", getattr(tile, key))
+    for key in ("shape", "reduce_step"):
+        value = getattr(tile, key)
+        if not isinstance(value, tuple):
+            raise ValueError(f"tile of '{tile.stage}': {key} must be a list of integers, got {value!r}")
+        for v in value:
+            _check_count(f"tile of '{tile.stage}': {key}", v)
+    return tile
+
+
+def _check_count(what: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < _TILE_MAX:
+        raise ValueError(f"{what} must be an integer in 1..{_TILE_MAX - 1}, got {value!r}")
 
 
 def plan_from_json(d: dict, graph: PrimGraph | None = None) -> Plan:
@@ -246,23 +270,40 @@ def plan_from_json(d: dict, graph: PrimGraph | None = None) -> Plan:
     if d["schema"] != SCHEMA_VERSION:
         raise PlanError(f"plan schema version {d['schema']} is not supported (this tileweave reads "
                         f"version {SCHEMA_VERSION})", hint="re-create the plan with this version")
-    if graph is not None and d["model_hash"] != graph.structural_hash:
-        raise PlanError(f"plan was made for model '{d.get('model_name')}' (hash {d['model_hash']}), not "
+    unknown = sorted(set(d) - _PLAN_KEYS)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], _PLAN_KEYS, n=1)
+        raise PlanError(f"plan has unknown key '{unknown[0]}'",
+                        hint=f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(_PLAN_KEYS))}")
+    if graph is not None and d.get("model_hash") != graph.structural_hash:
+        raise PlanError(f"plan was made for model '{d.get('model_name')}' (hash {d.get('model_hash')}), not "
                         f"this one (hash {graph.structural_hash})", hint="plan this model instead")
     try:
         edges = tuple(EdgePlan(e["producer"], e["consumer"], Conn(e["conn"]), e["reason"], e.get("score"),
                                e.get("source", "policy")) for e in d["edges"])
         groups = tuple(_group(g) for g in d["groups"])
         edits = tuple(Edit.make(e["kind"], **e["args"]) for e in d.get("edits", []))
+        unknown = next((e.kind for e in edits if e.kind not in EDIT_KINDS), None)
+        if unknown is not None:
+            raise PlanError(f"plan has an edit of unknown kind {unknown!r}", hint=f"use one of {', '.join(EDIT_KINDS)}")
         return Plan(
             model_hash=d["model_hash"], model_name=d["model_name"], policy=d["policy"], device=d["device"],
             edges=edges, groups=groups, base_policy=d.get("base_policy", ""), edits=edits,
-            decisions=tuple(d.get("decisions", ())), schedule_seconds=d.get("schedule_seconds", 0.0),
+            decisions=tuple(d.get("decisions", ())), schedule_seconds=_seconds(d.get("schedule_seconds", 0.0)),
             options=tuple(sorted((k, _freeze(v)) for k, v in d.get("options", {}).items())),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise PlanError(f"malformed plan JSON ({type(err).__name__}: {err})",
                         hint="re-create the plan with --plan-out") from None
+
+
+def _seconds(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise ValueError(f"schedule_seconds must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+_PLAN_KEYS = frozenset(f.name for f in dataclasses.fields(Plan))
 
 
 def _group(g: dict) -> Group:

@@ -107,9 +107,9 @@ def test_run_generates_missing_inputs_and_matches_ort(capsys, tmp_path):
 def test_run_cpu_plans_like_the_other_commands_and_calls_run_model(capsys, tmp_path, monkeypatch):
     seen = {}
 
-    def fake_run_model(graph, inputs, *, backend, device, plan):
+    def fake_run_model(graph, inputs, *, backend, device, plan, budget):
         seen.update(backend=backend, device=device, policy=plan.policy, inputs=sorted(inputs),
-                    batching=dict(plan.options).get("batching"))
+                    batching=dict(plan.options).get("batching"), budget=budget.source)
         from engine.runtime.execute import RunResult
 
         return RunResult({"y": np.ones((2, 2), np.float32)}, None)
@@ -118,7 +118,9 @@ def test_run_cpu_plans_like_the_other_commands_and_calls_run_model(capsys, tmp_p
     code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--policy", "stitch",
                            "--device", "h100", "--outputs", tmp_path / "o.npz")
     assert code == 0, out
-    assert seen == {"backend": "cpu", "policy": "stitch", "device": "h100", "inputs": ["x"], "batching": False}
+    assert seen == {"backend": "cpu", "policy": "stitch", "device": "h100", "inputs": ["x"], "batching": False,
+                    "budget": seen["budget"]}
+    assert "host RAM" in seen["budget"]  # cpu runs are held to the host's budget, not the GPU preset's
     assert np.load(tmp_path / "o.npz")["y"].shape == (2, 2)
     code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--no-batching",
                            "--outputs", tmp_path / "o.npz")

@@ -10,6 +10,7 @@ from support import max_rel_error, sample_path
 
 import engine.api
 from engine.cli import main
+from engine.device import PRESETS
 from engine.runtime.execute import RunResult
 from engine.runtime.simt.report import Finding, KernelTraffic, SimReport
 
@@ -47,8 +48,9 @@ def test_findings_fail_the_run_with_one_line_per_kind(capsys, tmp_path, monkeypa
     report = SimReport((_finding("race", 12), _finding("race", 14), _finding("out_of_range", 20)),
                        (KernelTraffic("k00_x", 1, 8, 4, 0, 0),), 1)
 
-    def fake_run_model(graph, inputs, *, backend, device, plan, sim_grid_cap, sim_resident):
+    def fake_run_model(graph, inputs, *, backend, device, plan, sim_grid_cap, sim_resident, budget):
         assert (backend, sim_grid_cap, sim_resident) == ("cuda-sim", None, 3)
+        assert budget.nbytes <= PRESETS["a100"].memory_bytes  # cuda-sim stands in for the GPU: at most its memory
         return RunResult({"y": np.ones((2, 2), np.float32)}, None, None, report)
 
     monkeypatch.setattr(engine.api, "run_model", fake_run_model, raising=False)

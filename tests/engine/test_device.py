@@ -118,6 +118,11 @@ def test_file_may_relabel_sources(tmp_path) -> None:
         ('base = "b200"\n', "'base'"),
         ('sm_count = 80\n', "missing key"),
         ('base = "a100"\n[source]\nsm_count = "guess"\n', "'source.sm_count'"),
+        ('base = "a100"\nsm_count = 1000000000\n', "'sm_count' = 1000000000 is beyond any real GPU"),
+        ('base = "a100"\nmemory_bytes = 1e30\n', "'memory_bytes'"),
+        ('base = "a100"\nmemory_bytes = 0\n', "'memory_bytes' must be > 0"),
+        ('base = "a100"\nclock_hz = 1.4e15\n', "'clock_hz'"),
+        ('base = "a100"\nwarp_size = 1\nmax_threads_per_block = 32\n', "'warp_size' must be 32"),
     ],
 )
 def test_malformed_file_raises_one_line_device_error(tmp_path, text: str, expect: str) -> None:

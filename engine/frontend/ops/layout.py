@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.errors import ModelError
 from engine.frontend.context import LowerCtx, OnnxNode, register
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -74,6 +75,9 @@ def convert_flatten(ctx: LowerCtx, node: OnnxNode) -> None:
     x = node.inputs[0]
     shape = ctx.shape(x)
     axis = int(ctx.attr(node, "axis", 1))
+    if not -len(shape) <= axis <= len(shape):
+        raise ModelError(f"Flatten node '{node.name}': axis={axis} is out of range for a rank-{len(shape)} input",
+                         hint=f"use {-len(shape)}..{len(shape)}")
     axis = axis + len(shape) if axis < 0 else axis  # -1 is the last axis, not the rank
     reshape_to(ctx, node.outputs[0], x, (int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))))
 
@@ -110,7 +114,10 @@ def convert_unsqueeze(ctx: LowerCtx, node: OnnxNode) -> None:
 def convert_transpose(ctx: LowerCtx, node: OnnxNode) -> None:
     x = node.inputs[0]
     shape = ctx.shape(x)
-    perm = list(ctx.attr(node, "perm", list(range(len(shape)))[::-1]))
+    perm = [int(p) for p in ctx.attr(node, "perm", list(range(len(shape)))[::-1])]
+    if sorted(perm) != list(range(len(shape))):
+        raise ModelError(f"Transpose node '{node.name}': perm={perm} is not a permutation of the input's "
+                         f"{len(shape)} axes", hint=f"give each of 0..{len(shape) - 1} once")
     out_shape = tuple(shape[p] for p in perm)
     index = [None] * len(shape)
     for k, p in enumerate(perm):
@@ -157,7 +164,7 @@ def convert_constant(ctx: LowerCtx, node: OnnxNode) -> None:
 def convert_concat(ctx: LowerCtx, node: OnnxNode) -> None:
     names = [n for n in node.inputs if n and 0 not in ctx.shape(n)] or [node.inputs[0]]
     rank = len(ctx.shape(names[0]))
-    axis = int(node.attrs["axis"]) % rank
+    axis = ctx.axis(node, rank)
     shape = list(ctx.shape(names[0]))
     shape[axis] = sum(ctx.shape(n)[axis] for n in names)
     ivars = I.out_vars(rank)
@@ -188,10 +195,14 @@ def _zero(dtype: DType):
 def convert_gather(ctx: LowerCtx, node: OnnxNode) -> None:
     data, idx = node.inputs[0], node.inputs[1]
     dshape, ishape = ctx.shape(data), ctx.shape(idx)
-    axis = int(ctx.attr(node, "axis", 0)) % len(dshape)
+    axis = ctx.axis(node, len(dshape), 0)
     out_shape = dshape[:axis] + ishape + dshape[axis + 1:]
     ivars = I.out_vars(len(out_shape))
     ivalue = ctx.const(idx)
+    if ivalue is not None and ivalue.size and not ((ivalue >= -dshape[axis]) & (ivalue < dshape[axis])).all():
+        bad = int(ivalue.ravel()[np.argmax((ivalue < -dshape[axis]) | (ivalue >= dshape[axis]))])
+        raise ModelError(f"Gather node '{node.name}': constant index {bad} is out of range for axis {axis} of "
+                         f"size {dshape[axis]}", hint=f"indices must lie in {-dshape[axis]}..{dshape[axis] - 1}")
     if ivalue is not None and ivalue.size == 1:
         k = int(ivalue.ravel()[0])
         k = k + dshape[axis] if k < 0 else k

@@ -81,7 +81,7 @@ def softmax_into(ctx: LowerCtx, out: str, x: str, axis: int, *, log: bool = Fals
 def convert_softmax(ctx: LowerCtx, node: OnnxNode) -> None:
     x = node.inputs[0]
     shape = ctx.shape(x)
-    axis = int(ctx.attr(node, "axis", -1 if ctx.opset >= 13 else 1)) % len(shape)
+    axis = ctx.axis(node, len(shape), -1 if ctx.opset >= 13 else 1)
     log = node.op_type == "LogSoftmax"
     if ctx.opset >= 13 or axis == len(shape) - 1:
         softmax_into(ctx, node.outputs[0], x, axis, log=log)
@@ -140,7 +140,7 @@ def normalize_into(ctx: LowerCtx, out: str, x: str, axes: tuple[int, ...], eps: 
 def convert_layer_norm(ctx: LowerCtx, node: OnnxNode) -> None:
     x = node.inputs[0]
     rank = len(ctx.shape(x))
-    axis = int(ctx.attr(node, "axis", -1)) % rank
+    axis = ctx.axis(node, rank, -1)
     if int(ctx.attr(node, "stash_type", 1)) != 1:
         raise ctx.unsupported("stash_type other than float32")
     outs = list(node.outputs) + ["", ""]

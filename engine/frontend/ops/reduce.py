@@ -102,7 +102,7 @@ def _squeeze_like(ctx: LowerCtx, name: str, shape, axes, out: str) -> str:
 def convert_argmax(ctx: LowerCtx, node: OnnxNode) -> None:
     x = node.inputs[0]
     shape = ctx.shape(x)
-    axis = int(ctx.attr(node, "axis", 0)) % len(shape)
+    axis = ctx.axis(node, len(shape), 0)
     keep = bool(ctx.attr(node, "keepdims", 1))
     last = bool(ctx.attr(node, "select_last_index", 0))
     is_max = node.op_type == "ArgMax"

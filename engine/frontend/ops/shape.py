@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.errors import ModelError
 from engine.frontend.context import LowerCtx, OnnxNode, broadcast_shapes, register
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -73,7 +74,7 @@ def convert_slice(ctx: LowerCtx, node: OnnxNode) -> None:
 def convert_split(ctx: LowerCtx, node: OnnxNode) -> None:
     x = node.inputs[0]
     shape = ctx.shape(x)
-    axis = int(ctx.attr(node, "axis", 0)) % len(shape)
+    axis = ctx.axis(node, len(shape), 0)
     outs = list(node.outputs)
     if ctx.opset >= 13:
         sizes = _ints(ctx, node, 1, "split")
@@ -141,7 +142,7 @@ def convert_pad(ctx: LowerCtx, node: OnnxNode) -> None:
 def convert_gather_elements(ctx: LowerCtx, node: OnnxNode) -> None:
     data, idx = node.inputs[0], node.inputs[1]
     dshape, ishape = ctx.shape(data), ctx.shape(idx)
-    axis = int(ctx.attr(node, "axis", 0)) % len(dshape)
+    axis = ctx.axis(node, len(dshape), 0)
     ivars = I.out_vars(len(ishape))
     sel = I.as_lin(I.Indirect(ctx.resolve(idx), tuple(ivars), dshape[axis]))
     index = [sel if d == axis else v for d, v in enumerate(ivars)]
@@ -188,6 +189,7 @@ def convert_constant_of_shape(ctx: LowerCtx, node: OnnxNode) -> None:
     shape = [int(v) for v in ctx.require_const(node.inputs[0], "the shape").ravel()]
     value = node.attrs.get("value")
     value = np.zeros(1, dtype=np.float32) if value is None else np.asarray(value)
+    ctx.check_const_size(node, shape, value.dtype)
     ctx.set_const(node.outputs[0], np.full(shape, value.ravel()[0], dtype=value.dtype))
 
 
@@ -195,6 +197,9 @@ def convert_constant_of_shape(ctx: LowerCtx, node: OnnxNode) -> None:
 def convert_range(ctx: LowerCtx, node: OnnxNode) -> None:
     start, limit, delta = (ctx.require_const(n, what).reshape(()) for n, what in
                            zip(node.inputs, ("start", "limit", "delta")))
+    if not delta:
+        raise ModelError(f"Range node '{node.name}': delta is 0", hint="a Range needs a non-zero delta")
     count = max(int(np.ceil((limit - start) / delta)), 0)
+    ctx.check_const_size(node, (count,), start.dtype)
     # ONNX defines Range by repeated addition in the input type, which arange matches.
     ctx.set_const(node.outputs[0], (start + np.arange(count, dtype=start.dtype) * delta).astype(start.dtype))

@@ -42,3 +42,22 @@ def test_bfloat16_graph_is_refused_by_codegen(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "bfloat16" in err[0] and "--backend reference" in err[0]
     assert main(["run", str(path), "--outputs", str(tmp_path / "o.npz")]) == 0  # the reference executor runs it
+
+
+def test_tensor_past_32_bit_indexing_is_refused_before_planning(tmp_path, capsys):
+    from engine.codegen.generate import INDEX_LIMIT, check_index_range
+    from engine.errors import ShapeError
+
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [1 << 16, 1 << 16]) for n in "xy")
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(model, tmp_path / "big.onnx")
+    graph = load_graph(tmp_path / "big.onnx")
+    assert graph.inputs[0].size == 1 << 32 > INDEX_LIMIT
+    with pytest.raises(ShapeError) as info:
+        check_index_range(graph)
+    assert "'x'" in str(info.value) and "32-bit" in str(info.value)
+    # `tileweave plan` says so at once instead of tiling four billion elements for minutes.
+    assert main(["plan", str(tmp_path / "big.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "32-bit" in err[0]
