@@ -208,8 +208,13 @@ class Printer:
         """lo/hi of `region` for tile t as ints named {tag}_lo{d}, {tag}_hi{d}."""
         r = region.rank
         if region.table:
-            return [f"const int {tag}_lo{d} = tab_{kernel.name}_{tag}[t][{d}], "
-                    f"{tag}_hi{d} = tab_{kernel.name}_{tag}[t][{r + d}];" for d in range(r)]
+            # Rows are in row-major tile order; a target may walk the tiles in another (the C GEMM's
+            # column tiles outermost), so the row is the tile's row-major index, not the loop counter.
+            row = "tc0" if region.tiles else "0"
+            for d in range(1, len(region.tiles)):
+                row = f"({row}) * {region.tiles[d]} + tc{d}" if region.tiles[d] > 1 else row
+            return [f"const int {tag}_lo{d} = tab_{kernel.name}_{tag}[{row}][{d}], "
+                    f"{tag}_hi{d} = tab_{kernel.name}_{tag}[{row}][{r + d}];" for d in range(r)]
         out = []
         for d, span in enumerate(region.spans):
             terms = [f"{c} * tc{k}" for k, c in enumerate(span.coeffs) if c] + ([str(span.base)] if span.base else [])

@@ -38,11 +38,13 @@ KNOWN_FAILURES: dict[tuple[str, str], tuple[type[Exception], str]] = {}
 # The default run checks each model but mobilevit under one policy, chosen for a cheap schedule and
 # compile (benchmarks/RESULTS.md, zoo tables: welder schedules bert/gpt2 for 24-29 s and vit/mobilevit/swin
 # for 36-58 s; every mobilevit program but welder's is 200-450 kernels, 13-15 s of gcc) and spread over
-# the four; the other cells are `slow` (make test-slow).
+# the four; the other cells are `slow` (make test-slow). gpt2 runs welder (17 s to schedule): a zoo
+# program whose C walks a GEMM's tiles column-major while a region is a table (the owned rows of a
+# LayerNorm input), which read the wrong rows (nan outputs) until tables were indexed by the row-major tile.
 DEFAULT_CELLS = {
     ("bert", "stitch"), ("vit", "elementwise"), ("swin", "stitch"), ("mobilenetv2", "unfused"),
     ("resnet", "welder"), ("convnext", "stitch"), ("lstm", "unfused"), ("nerf", "welder"),
-    ("gpt2", "elementwise"), ("efficientnet", "welder"), ("decoder_kv", "stitch"),
+    ("gpt2", "welder"), ("efficientnet", "welder"), ("decoder_kv", "stitch"),
 }
 
 
