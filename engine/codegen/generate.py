@@ -264,7 +264,7 @@ def _map_conv(seg: Segment, threads: int, graph: PrimGraph) -> Segment:
     direct convolutions (engine/codegen/conv.py)."""
     phases = []
     for p in seg.phases:
-        found = None if p.gemm is not None or p.region.flat else _contraction_of(p, graph)
+        found = None if p.gemm is not None or p.region.flat else _contraction_of(p, graph, repeated=True)
         conv = conv_of(p, found, _factors(found[1]) if found else None, threads) if found else None
         phases.append(dataclasses.replace(p, conv=conv) if conv else p)
     return dataclasses.replace(seg, phases=tuple(phases))
@@ -282,16 +282,20 @@ def _top_reduces(body) -> list[Reduce]:
     return found
 
 
-def _contraction_of(p: Phase, graph: PrimGraph) -> tuple | None:
+def _contraction_of(p: Phase, graph: PrimGraph, repeated: bool = False) -> tuple | None:
     """(target, summand, reduce vars, extents) of the phase's sum of products: the phase itself (a
-    contraction stage) or the one such sum inlined at the top of its body (target: that Reduce)."""
+    contraction stage) or the one such sum inlined at the top of its body (target: that Reduce). With
+    `repeated`, the one sum may occur several times (SiLU: c * sigmoid(c)); the printers and the count
+    replace every occurrence by the accumulator. The direct convolution asks for that; the GEMM does not
+    yet: a GELU epilogue taken as the GEMM's moved the welder plans of bert and convnext (a100 preset) to
+    tiles whose C ran 1.6-4x slower (benchmarks/NOTES.md)."""
     if p.combine is not None:
         if graph.stage(p.stage).kind != StageKind.CONTRACTION or p.combine.value != "sum":
             return None
         return None, p.body, tuple(f"r{k}" for k in range(len(p.reduce))), p.reduce
-    # One sum, wherever it occurs: x * sigmoid(x) (SiLU) holds the same one twice, and the printers and
-    # the count replace every occurrence by the accumulator.
-    found = [r for r in dict.fromkeys(_top_reduces(p.body)) if r.combine.value == "sum" and _factors(r.body) is not None]
+    tops = _top_reduces(p.body)
+    found = [r for r in (dict.fromkeys(tops) if repeated else tops)
+             if r.combine.value == "sum" and _factors(r.body) is not None]
     if len(found) != 1:
         return None
     return found[0], found[0].body, found[0].vars, found[0].extents
