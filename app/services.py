@@ -17,6 +17,7 @@ import streamlit as st
 import engine.api as api
 from engine.device import PRESETS, get_device
 from engine.errors import TileweaveError
+from engine.files import write_atomic
 from engine.flags import cache_dir
 from engine.ir.graph import PrimGraph
 from engine.runtime.simt.report import Finding, KernelTraffic
@@ -177,11 +178,11 @@ def edits_file(model_hash: str) -> Path:
 
 def save_edits(model_hash: str, policy: str, edits: tuple[Edit, ...], batching: bool = True) -> Path:
     """Autosave: the edit list, its base policy and the batching switch (edits name the stages of the
-    graph that switch gives) for this model."""
-    path = edits_file(model_hash)
-    path.write_text(json.dumps({"base_policy": policy, "batching": batching,
-                                "edits": [edit_to_json(e) for e in edits]}, indent=1))
-    return path
+    graph that switch gives) for this model. Written atomically and fsynced: an app killed mid-write
+    leaves the previous autosave whole, and a finished one survives a crash right after it."""
+    text = json.dumps({"base_policy": policy, "batching": batching, "edits": [edit_to_json(e) for e in edits]},
+                      indent=1)
+    return write_atomic(edits_file(model_hash), text.encode(), durable=True)
 
 
 def load_edits(model_hash: str) -> tuple[str, tuple[Edit, ...], bool] | None:

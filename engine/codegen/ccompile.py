@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from engine.errors import CompileError
+from engine.files import write_atomic
 from engine.flags import cache_dir, debug
 
 # -ffp-contract=off: no fused multiply-adds, so the C backend rounds like the NumPy reference.
@@ -100,18 +101,6 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "program"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, then rename: parallel pytest-xdist workers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
 
 def _first_error(log: str) -> str:
     lines = [line.strip() for line in log.splitlines() if line.strip()]
@@ -138,7 +127,7 @@ def compile_c(source: str, *, name: str, options: tuple[str, ...] | None = None,
 
     # The source stays beside the library: it is what the repro command and a debugger point at.
     src = folder / f"{stem}.{'cpp' if cxx else 'c'}"
-    _write_atomic(src, source.encode())
+    write_atomic(src, source.encode())
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{stem}.", suffix=".so.tmp")
     os.close(fd)
     argv = [*cmd, *options, str(src), "-o", tmp, *LINK_LIBS]
