@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -164,6 +165,57 @@ def test_edits_survive_the_app_being_killed(tmp_path):
             page.get_by_text("1 edit(s) on unfused").wait_for(timeout=60_000)
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "6_restored_plan.png"), full_page=True)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def limits_workers(cache: Path) -> list[int]:
+    """Pids of bounded-call workers (`python -m engine.limits`) started by an app on `cache`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # not a process, gone, or not ours
+            continue
+        if b"engine.limits" in cmdline and f"TILEWEAVE_CACHE={cache}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def test_cancel_stops_an_emulator_run_and_its_worker(tmp_path):
+    """Start a long SIMT-emulator verification (a fresh cache: g++ builds the emulator's runtime and
+    every kernel first), see its worker process, press Cancel: the page says cancelled, no verdict
+    appears and the worker is gone."""
+    from playwright.sync_api import sync_playwright
+
+    cache = tmp_path / "cache"
+    proc, url = start_app(cache)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.goto(url, wait_until="networkidle")
+            page.get_by_text("Min DRAM traffic").wait_for(timeout=60_000)
+            choose(page, "Sample", "bert_layer")
+            page.get_by_text("bert_layer  ·  hash").wait_for(timeout=60_000)
+            page.get_by_role("link", name="Kernels").click()
+            page.get_by_role("button", name="Verify on the SIMT emulator").wait_for(timeout=60_000)
+            page.get_by_role("button", name="Verify on the SIMT emulator").click()
+            page.get_by_text("Running…", exact=False).first.wait_for(timeout=60_000)
+            assert limits_workers(cache), "no worker process while the ticker runs"
+            page.locator(".st-key-kernels_simt_cancel button:visible").first.click()  # a hidden copy may linger
+            page.get_by_text("Cancelled: the plan and earlier results are unchanged").wait_for(timeout=60_000)
+            wait_idle(page)
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "7_cancelled.png"), full_page=True)
+            assert page.get_by_text(re.compile(r"cuda-sim: \d+ launches")).count() == 0  # no verdict: nothing finished
+            deadline = time.time() + 20
+            while limits_workers(cache) and time.time() < deadline:
+                time.sleep(0.2)
+            assert limits_workers(cache) == []
             browser.close()
     finally:
         proc.terminate()
