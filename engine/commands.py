@@ -67,8 +67,8 @@ def add_plan_args(p: argparse.ArgumentParser, policy_help: str = "fusion policy"
 def add_time_limit_arg(p: argparse.ArgumentParser, what: str) -> None:
     """--time-limit SECONDS (default TILEWEAVE_TIME_LIMIT): what `compile` and `run` are bounded by."""
     p.add_argument("--time-limit", dest="time_limit", metavar="SECONDS", default=None,
-                   help=f"stop {what} that takes longer than SECONDS (each on its own) with a one-line error, "
-                        "exit 2 (default: TILEWEAVE_TIME_LIMIT, else none, the C compiler's own 600 s aside)")
+                   help=f"stop {what} when it takes longer than SECONDS, with a one-line error, exit 2 "
+                        "(default: TILEWEAVE_TIME_LIMIT, else none, the C compiler's own 600 s aside)")
 
 
 def planned_model(args: argparse.Namespace):
@@ -201,7 +201,7 @@ def add_run_command(sub) -> None:
                    help="refuse the run before allocating anything when its inputs, constants, intermediates "
                         "(arena) and outputs exceed SIZE (e.g. 8GiB, 512MiB, 2GB; default: half of host RAM, "
                         "for --backend cuda the device's memory_bytes, for cuda-sim at most that)")
-    add_time_limit_arg(p, "the compile, or the run (cpu, cuda, cuda-sim, reference),")
+    add_time_limit_arg(p, "the compile, or the run (cpu, cuda, cuda-sim, reference; each gets the whole limit),")
     p.set_defaults(func=cmd_run)
 
 
