@@ -17,7 +17,8 @@ import streamlit as st
 import engine.api as api
 from engine.device import PRESETS, get_device
 from engine.errors import TileweaveError
-from engine.flags import cache_dir
+from engine.files import write_atomic
+from engine.flags import cache_dir, time_limit_s
 from engine.ir.graph import PrimGraph
 from engine.runtime.simt.report import Finding, KernelTraffic
 from engine.schedule.plan import Conn, Edit, Plan, plan_to_json
@@ -25,6 +26,7 @@ from engine.schedule.plan import Conn, Edit, Plan, plan_to_json
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
 UPLOAD_LIMIT_MB = 50
+APP_TIME_LIMIT_S = 300.0  # per compile and per run, unless TILEWEAVE_TIME_LIMIT says otherwise
 MATCH_TOLERANCE = 1e-3  # max rel err (max |got - ref| / max |ref|) for "matches reference"
 
 
@@ -177,11 +179,11 @@ def edits_file(model_hash: str) -> Path:
 
 def save_edits(model_hash: str, policy: str, edits: tuple[Edit, ...], batching: bool = True) -> Path:
     """Autosave: the edit list, its base policy and the batching switch (edits name the stages of the
-    graph that switch gives) for this model."""
-    path = edits_file(model_hash)
-    path.write_text(json.dumps({"base_policy": policy, "batching": batching,
-                                "edits": [edit_to_json(e) for e in edits]}, indent=1))
-    return path
+    graph that switch gives) for this model. Written atomically and fsynced: an app killed mid-write
+    leaves the previous autosave whole, and a finished one survives a crash right after it."""
+    text = json.dumps({"base_policy": policy, "batching": batching, "edits": [edit_to_json(e) for e in edits]},
+                      indent=1)
+    return write_atomic(edits_file(model_hash), text.encode(), durable=True)
 
 
 def load_edits(model_hash: str) -> tuple[str, tuple[Edit, ...], bool] | None:
@@ -315,14 +317,25 @@ def program_for(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str,
     return api.generate(_plan, _graph, device)
 
 
-@st.cache_resource(show_spinner=False, max_entries=16)
+def default_time_limit() -> float:
+    """Seconds each compile and each run may take in the app: TILEWEAVE_TIME_LIMIT, else APP_TIME_LIMIT_S."""
+    return time_limit_s() or APP_TIME_LIMIT_S
+
+
 def run_plan(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str, backend: str,
-             path: str) -> RunResult:
+             path: str, *, time_limit: float | None = None, poll=None) -> RunResult:
     """Compile, run and profile the plan (on `_graph`, the graph it was made on); outputs checked against
-    the reference executor."""
+    the reference executor. The last result of this plan is reused, not run again. The compile and the
+    run each get `time_limit` seconds and the run happens in a worker process, killed when `poll` raises
+    (Streamlit's rerun when Cancel is clicked): TimeLimitError, or the cancel, leaves earlier results as
+    they were. Not an st.cache function: `poll` writes to the page, which a cached call may not."""
+    known = _RUNS.get((model_hash, plan_hash, device, backend))
+    if known is not None:
+        return known
     inputs = model_inputs(_graph, model_hash, path)
     start = time.perf_counter()
-    ran = api.run_model(_graph, inputs, plan=_plan, backend=backend, device=device)
+    ran = api.run_model(_graph, inputs, plan=_plan, backend=backend, device=device, time_limit=time_limit,
+                        poll=poll)
     seconds = time.perf_counter() - start
     err = outputs_error(_graph, ran.outputs, reference_outputs(_graph, model_hash, path))
     kernel_us = {k.kernel: k.us for k in ran.profile.kernels} if ran.profile else {}
@@ -356,16 +369,20 @@ def sim_result(report, max_rel_err: float, planned_launches: int, seconds: float
                            seconds)
 
 
-@st.cache_resource(show_spinner=False, max_entries=16)
 def verify_simt(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str,
-                path: str) -> SimVerifyResult:
+                path: str, *, time_limit: float | None = None, poll=None) -> SimVerifyResult:
     """Run the plan's printed CUDA under the SIMT emulator (backend cuda-sim: g++ builds it, every launch
     runs with CUDA's semantics on the CPU) on the model's inputs; findings, bytes moved per kernel beside
     the modeled traffic, and the outputs checked against the reference executor. Engine errors (no C++
-    compiler, a plan the emulator refuses) raise TileweaveError (one line)."""
+    compiler, a plan the emulator refuses) raise TileweaveError (one line). As run_plan: reused when this
+    plan was verified before, bounded by `time_limit`, cancelled when `poll` raises."""
+    known = _SIMS.get((model_hash, plan_hash, device))
+    if known is not None:
+        return known
     inputs = model_inputs(_graph, model_hash, path)
     start = time.perf_counter()
-    ran = api.run_model(_graph, inputs, plan=_plan, backend="cuda-sim", device=device)
+    ran = api.run_model(_graph, inputs, plan=_plan, backend="cuda-sim", device=device, time_limit=time_limit,
+                        poll=poll)
     seconds = time.perf_counter() - start
     err = outputs_error(_graph, ran.outputs, reference_outputs(_graph, model_hash, path))
     result = sim_result(ran.sim, err, len(ran.program.launches) if ran.program else ran.sim.launches, seconds)

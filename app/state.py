@@ -29,6 +29,7 @@ class AppState:
     apply_to_layers: bool = False
     restored_for: str = ""  # model hash whose autosaved edits were already restored
     notice: str = ""  # one message carried across a rerun (e.g. why an edit was refused)
+    running: str = ""  # key of the run panel whose compile/run is in flight ("" when none)
 
 
 def get_state() -> AppState:

@@ -64,6 +64,13 @@ def add_plan_args(p: argparse.ArgumentParser, policy_help: str = "fusion policy"
                    help="welder: keep Q/K/V-style contractions separate (no operator batching)")
 
 
+def add_time_limit_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """--time-limit SECONDS (default TILEWEAVE_TIME_LIMIT): what `compile` and `run` are bounded by."""
+    p.add_argument("--time-limit", dest="time_limit", metavar="SECONDS", default=None,
+                   help=f"stop {what} when it takes longer than SECONDS, with a one-line error, exit 2 "
+                        "(default: TILEWEAVE_TIME_LIMIT, else none, the C compiler's own 600 s aside)")
+
+
 def planned_model(args: argparse.Namespace):
     """(device, graph, plan) for `add_plan_args` arguments: the saved plan (re-applying its operator
     batching) or the policy's plan; graph is the one the plan was made on."""
@@ -194,10 +201,12 @@ def add_run_command(sub) -> None:
                    help="refuse the run before allocating anything when its inputs, constants, intermediates "
                         "(arena) and outputs exceed SIZE (e.g. 8GiB, 512MiB, 2GB; default: half of host RAM, "
                         "for --backend cuda the device's memory_bytes, for cuda-sim at most that)")
+    add_time_limit_arg(p, "the compile, or the run (cpu, cuda, cuda-sim, reference; each gets the whole limit),")
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from engine.flags import time_limit_s
     from engine.frontend.importer import load_graph
     from engine.runtime.budget import check_graph_memory, memory_budget
     from engine.runtime.inputs import complete_inputs
@@ -205,6 +214,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.backend not in BACKENDS:
         raise BackendError(f"unknown backend '{args.backend}'", hint=f"use one of {', '.join(BACKENDS)}")
     check_sim_args(args)
+    args.time_limit = time_limit_s(args.time_limit)
     out_path = check_writable(args.outputs)
     args.budget = memory_budget(args.memory_budget, backend=args.backend,
                                 device=args.device if args.backend in ("cuda", "cuda-sim") else None)
@@ -258,7 +268,8 @@ def run_sim(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.Name
 
     _, planned_graph, plan = planned_model(args)
     result = api.run_model(planned_graph, inputs, backend="cuda-sim", device=args.device, plan=plan,
-                           sim_grid_cap=args.sim_grid_cap, sim_resident=args.sim_resident, budget=args.budget)
+                           sim_grid_cap=args.sim_grid_cap, sim_resident=args.sim_resident, budget=args.budget,
+                           time_limit=args.time_limit)
     return dict(result.outputs), result.sim
 
 
@@ -267,14 +278,15 @@ def run_backend(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.
     import engine.api as api
 
     if args.backend == "reference":
-        return api.run_model(graph, inputs, backend="reference", budget=args.budget).outputs
+        return api.run_model(graph, inputs, backend="reference", budget=args.budget,
+                             time_limit=args.time_limit).outputs
     if args.backend == "cuda":
         from engine.runtime.cuda_driver import require_cuda
 
         require_cuda()  # no GPU: say so in one line before planning and compiling anything
     _, planned_graph, plan = planned_model(args)
     result = api.run_model(planned_graph, inputs, backend=args.backend, device=args.device, plan=plan,
-                           budget=args.budget)
+                           budget=args.budget, time_limit=args.time_limit)
     return dict(result.outputs)
 
 

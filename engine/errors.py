@@ -49,3 +49,7 @@ class BackendError(TileweaveError):
 
 class BundleError(TileweaveError):
     """A kernel bundle that is not a zip, has unsafe entries (absolute, `..`, symlinks) or fails its manifest."""
+
+
+class TimeLimitError(TileweaveError):
+    """A compile or run outlived its time budget (`--time-limit`, TILEWEAVE_TIME_LIMIT) and was stopped."""

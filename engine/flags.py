@@ -5,6 +5,7 @@ DEBUG=1 plan summary, 2 per-kernel numbers, 3 every decision with its reason, 4 
 TILEWEAVE_CACHE=path overrides the compile cache folder (default: ~/.cache/tileweave).
 UPDATE_GOLDEN=1 rewrites tests/golden/.
 TILEWEAVE_SIM_STACK=KiB sets the stack of each emulated CUDA thread in cuda-sim (default 256).
+TILEWEAVE_TIME_LIMIT=SECONDS bounds each compile and each run, as `--time-limit` (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -28,6 +29,25 @@ def sim_stack_kib() -> int:
         raise BackendError(f"TILEWEAVE_SIM_STACK={raw!r} is not a stack size in KiB",
                            hint="use a whole number from 16 to 65536, or unset it")
     return int(raw)
+
+
+def time_limit_s(value: str | float | None = None, *, source: str = "--time-limit") -> float | None:
+    """Seconds each compile and each run may take: `value` (a flag's), else TILEWEAVE_TIME_LIMIT, else
+    None (no limit, the C compiler's own 600 s aside). A value that is not a positive number: one line."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        value, source = os.environ.get("TILEWEAVE_TIME_LIMIT", "").strip(), "TILEWEAVE_TIME_LIMIT"
+        if not value:
+            return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        from engine.errors import TileweaveError
+
+        raise TileweaveError(f"{source} {value!r} is not a time limit in seconds",
+                             hint="give a positive number such as 60 or 0.5")
+    return seconds
 
 
 def cache_dir() -> Path:

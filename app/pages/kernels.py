@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from app import services
-from app.run_panel import run_panel
+from app.run_panel import bounded_controls, run_bounded, run_panel
 from app.ui import current_model, current_plan, guarded
 from app.views.kernels import kernel_rows
 from app.views.roofline import LEVEL_BW, roofline_figure
@@ -41,13 +41,12 @@ with guarded("Verifying on the SIMT emulator"):
                "beside the plan's modeled traffic. The emulator measures no time: the GPU times elsewhere on this "
                "page remain modeled (measured only by Compile + run on CUDA).")
     sim_args = (planned.graph, plan, state.model_hash, plan.plan_hash, state.device, state.model_path)
-    if st.button("Verify on the SIMT emulator", key="kernels_simt"):
-        with st.status(f"Running the printed CUDA of {plan.kernels} kernel(s) under the SIMT emulator…",
-                       expanded=True) as status:
-            st.write("Building the kernels with g++ and emulating every launch…")
-            sim = services.verify_simt(*sim_args)
-            status.update(label=f"Emulated in {sim.seconds:.2f} s and checked against the reference executor",
-                          state="complete", expanded=False)
+    clicked, limit, cancelled = bounded_controls("kernels_simt", "Verify on the SIMT emulator")
+    sim = run_bounded("kernels_simt", f"Building the printed CUDA of {plan.kernels} kernel(s) with g++ and "
+                      "emulating every launch…", lambda **kw: services.verify_simt(*sim_args, **kw), limit,
+                      clicked=clicked, cancelled=cancelled)
+    if sim is not None:
+        st.caption(f"Emulated in {sim.seconds:.2f} s and checked against the reference executor.")
     else:
         sim = services.cached_simt(state.model_hash, plan.plan_hash, state.device)
     if sim is not None:

@@ -14,6 +14,7 @@ from engine.codegen.generate import TARGETS  # noqa: F401  (re-exported: the CLI
 from engine.codegen.kir import Program, program_to_json
 from engine.codegen.targets import render_c, render_cuda
 from engine.errors import CompileError, TileweaveError
+from engine.limits import call_bounded
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,14 @@ def kernel_units(program: Program) -> tuple[tuple[str, str], ...]:
 
 
 def compile_program(program: Program, target: str, *, arch: str = "sm_80",
-                    archs: tuple[str, ...] | None = None) -> CompiledProgram:
+                    archs: tuple[str, ...] | None = None, time_limit: float | None = None) -> CompiledProgram:
     """Render and compile `program` for `target`: "cuda" for every arch in `archs` (default: `arch`),
-    each kernel on its own through the NVRTC disk cache; or "c"."""
+    each kernel on its own through the NVRTC disk cache; or "c". `time_limit` (seconds) bounds the whole
+    compile: NVRTC runs in-process, so with a limit it runs in a worker process that is killed when the
+    time is up (engine/limits.py:call_bounded); the C compiler is a process of its own already."""
+    if target == "cuda" and time_limit is not None:
+        return call_bounded(compile_program, program, target, arch=arch, archs=archs, seconds=time_limit,
+                            what=f"the NVRTC compile of {program.name}")
     if target == "cuda":
         from engine.codegen.nvrtc import compile_cuda
 
@@ -60,7 +66,7 @@ def compile_program(program: Program, target: str, *, arch: str = "sm_80",
         from engine.codegen.ccompile import compile_c
 
         source = render_c(program)
-        return CompiledProgram("c", source, library=str(compile_c(source, name=program.name)))
+        return CompiledProgram("c", source, library=str(compile_c(source, name=program.name, timeout=time_limit)))
     raise CompileError(f"unknown target '{target}' (choose one of {', '.join(TARGETS)})")
 
 

@@ -19,8 +19,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from engine.errors import CompileError
-from engine.flags import cache_dir, debug
+from engine.errors import CompileError, TimeLimitError
+from engine.files import write_atomic
+from engine.flags import cache_dir, debug, time_limit_s
+from engine.limits import RAISE_IT, WorkerTimeout, run_worker
 
 # -ffp-contract=off: no fused multiply-adds, so the C backend rounds like the NumPy reference.
 # -fno-math-errno lets expf/sqrtf vectorise without changing results.
@@ -33,7 +35,7 @@ DEFAULT_OPTIONS: tuple[str, ...] = (
 )
 LINK_LIBS: tuple[str, ...] = ("-lm",)  # after the source file, where the linker looks for them
 _CACHE_FORMAT = 1
-_COMPILE_TIMEOUT_S = 600
+_COMPILE_TIMEOUT_S = 600  # without --time-limit / TILEWEAVE_TIME_LIMIT
 
 
 def default_options() -> tuple[str, ...]:
@@ -100,18 +102,6 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "program"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, then rename: parallel pytest-xdist workers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
 
 def _first_error(log: str) -> str:
     lines = [line.strip() for line in log.splitlines() if line.strip()]
@@ -120,9 +110,13 @@ def _first_error(log: str) -> str:
     return f"{first} (+{len(errors) - 1} more)" if len(errors) > 1 else first
 
 
-def compile_c(source: str, *, name: str, options: tuple[str, ...] | None = None, cxx: bool = False) -> Path:
+def compile_c(source: str, *, name: str, options: tuple[str, ...] | None = None, cxx: bool = False,
+              timeout: float | None = None, poll=None) -> Path:
     """Compile `source` to a shared library and return its path; a cache hit runs no compiler.
-    `options` default to default_options(). `cxx`: the source is C++ (built with find_compiler(cxx=True))."""
+    `options` default to default_options(). `cxx`: the source is C++ (built with find_compiler(cxx=True)).
+    `timeout`: seconds the compiler may take (default: TILEWEAVE_TIME_LIMIT, else 600); past it the
+    compiler is killed, nothing is cached and TimeLimitError says so. `poll(elapsed)` is called while the
+    compiler runs; whatever it raises (the app's Cancel) kills the compiler and propagates."""
     cmd = find_compiler(cxx)
     options = _default_options(tuple(cmd)) if options is None else tuple(options)
     key_parts = [_CACHE_FORMAT, source, list(options), list(LINK_LIBS), _compiler_version(tuple(cmd))]
@@ -138,24 +132,26 @@ def compile_c(source: str, *, name: str, options: tuple[str, ...] | None = None,
 
     # The source stays beside the library: it is what the repro command and a debugger point at.
     src = folder / f"{stem}.{'cpp' if cxx else 'c'}"
-    _write_atomic(src, source.encode())
+    write_atomic(src, source.encode())
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{stem}.", suffix=".so.tmp")
     os.close(fd)
     argv = [*cmd, *options, str(src), "-o", tmp, *LINK_LIBS]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False)
-        if proc.returncode != 0:
+    timeout = timeout or time_limit_s() or _COMPILE_TIMEOUT_S
+    try:  # in its own process group: running out of time kills cc1/as/ld too, not only the driver
+        code, out, errout = run_worker(argv, timeout=timeout, env=dict(os.environ), poll=poll)
+        if code != 0:
             repro = shlex.join([*cmd, *options, str(src), "-o", str(lib), *LINK_LIBS])
-            log = (proc.stderr + proc.stdout).strip()
+            log = (errout + out).strip()
             err = CompileError(f"{'C++' if cxx else 'C'} program {name} failed to compile: {_first_error(log)}; reproduce: {repro}")
             err.log = log  # the full compiler output
             err.source_path = src
             raise err
         os.replace(tmp, lib)
-    except subprocess.TimeoutExpired:
-        raise CompileError(
-            f"C program {name} took over {_COMPILE_TIMEOUT_S} s to compile; reproduce: {shlex.join(argv)}"
-        ) from None
+    except WorkerTimeout:
+        lang = "C++" if cxx else "C"
+        raise TimeLimitError(f"the {lang} compile of {name} did not finish within the {timeout:g} s time limit",
+                             hint=f"{RAISE_IT}; reproduce: {shlex.join([*cmd, *options, str(src), '-o', str(lib)])}"
+                             ) from None
     finally:
         Path(tmp).unlink(missing_ok=True)
     debug(2, f"cc {name}: compiled {lib.name}")

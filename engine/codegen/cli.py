@@ -24,7 +24,7 @@ naive sum."""
 
 
 def add_compile_command(sub) -> None:
-    from engine.commands import add_plan_args
+    from engine.commands import add_plan_args, add_time_limit_arg
 
     p = sub.add_parser("compile", help="generate and compile a plan's kernels: sources, per-kernel PTX/CUBIN, "
                                        "program.json", description=_DESCRIPTION,
@@ -36,6 +36,7 @@ def add_compile_command(sub) -> None:
     p.add_argument("--arch", action="append", metavar="sm_XX",
                    help="cuda: NVRTC architecture, repeatable (default: the device's, e.g. sm_80 for a100)")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder (created)")
+    add_time_limit_arg(p, "the compile (NVRTC for every kernel and arch, or the C compiler)")
     p.set_defaults(func=cmd_compile)
 
 
@@ -43,12 +44,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from engine.codegen.api import TARGETS, compile_program, fit_launches, write_compiled
     from engine.codegen.generate import generate
     from engine.commands import planned_model
+    from engine.flags import time_limit_s
     from engine.runtime.execute import check_plan
 
     if args.target not in TARGETS:
         raise CompileError(f"unknown target '{args.target}'", hint=f"use one of {', '.join(TARGETS)}")
     if args.arch and args.target != "cuda":
         raise CompileError("--arch applies to --target cuda only")
+    time_limit = time_limit_s(args.time_limit)
     out = check_out_dir(args.out)
     if args.arch:
         from engine.codegen.nvrtc import check_arch
@@ -59,7 +62,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     check_plan(plan, graph, device.name)
     program = generate(plan, graph, device, target=args.target)
     archs = tuple(dict.fromkeys(args.arch or (device.nvrtc_arch,)))
-    compiled = compile_program(program, args.target, archs=archs)
+    compiled = compile_program(program, args.target, archs=archs, time_limit=time_limit)
     program = fit_launches(program, compiled, device)  # cooperative grids at the compiled registers
     paths = write_compiled(program, compiled, out)
     what = f"{args.target} {', '.join(compiled.archs)}" if compiled.archs else args.target

@@ -12,14 +12,13 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import re
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
 from engine.errors import CompileError
+from engine.files import write_atomic
 from engine.flags import cache_dir, debug
 
 # C++17 for the CCCL headers cooperative_groups pulls in. No --use_fast_math: generated kernels are
@@ -158,19 +157,6 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "kernel"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same folder and rename, so readers (other pytest-xdist workers)
-    never see half a file and concurrent writers of the same key simply overwrite each other."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
 
 def _run_nvrtc(source: str, name: str, options: list[str]) -> tuple[bool, str, bytes, str]:
     """One NVRTC compile: (ok, ptx, cubin, log). With a real -arch=sm_XX NVRTC returns both the
@@ -238,7 +224,7 @@ def compile_cuda(
         ok, ptx, cubin, log = _run_nvrtc(source, name, full)
     if not ok:
         saved = cache_dir() / "nvrtc" / "failed" / f"{_safe(name)}-{key[:12]}.cu"
-        _write_atomic(saved, source.encode())
+        write_atomic(saved, source.encode())
         repro = f"python -m engine.codegen.nvrtc {saved} --arch {arch}"
         repro += "".join(f" --option={o}" for o in options)
         err = CompileError(f"kernel {name} failed to compile for {arch}: {_first_error(log)}; reproduce: {repro}")
@@ -249,7 +235,7 @@ def compile_cuda(
     debug(2, f"nvrtc {name} {arch}: compiled, PTX ISA {binary.ptx_isa}, {len(cubin)} B cubin")
     if use_cache:
         record = dataclasses.asdict(binary) | {"cubin": base64.b64encode(cubin).decode()}
-        _write_atomic(entry, json.dumps(record).encode())
+        write_atomic(entry, json.dumps(record).encode())
     return binary
 
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import platform
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from engine.errors import PlanError, TileweaveError
+from engine.limits import WorkerTimeout, run_worker, worker_env
 
 POLICIES = ("unfused", "elementwise", "stitch", "welder")
 
@@ -72,21 +71,16 @@ def run_cell(model: str, policy: str, device: str, runs: int, threads: int, time
     """One worker process; {"timeout": True, "phase": ...} when it outlives `timeout` seconds."""
     job = {"model": str(Path(model).resolve()), "policy": policy, "device": device, "runs": runs,
            "threads": threads, "shapes": {k: list(v) for k, v in (shapes or {}).items()}}
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = worker_env() | {"OMP_NUM_THREADS": str(threads)}
     # libgomp's idle threads spin ~300k iterations by default; interleaved with onnxruntime's pool on
     # the same cores that spin would be charged to whichever side runs next.
     env.setdefault("GOMP_SPINCOUNT", "10000")
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "engine.profile.bench_worker", json.dumps(job)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)  # its own group: a kill takes gcc along
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+    try:  # the worker runs in its own process group: a kill on timeout takes gcc along
+        code, out, err = run_worker([sys.executable, "-m", "engine.profile.bench_worker", json.dumps(job)],
+                                    timeout=timeout, env=env)
+    except WorkerTimeout as timed_out:
+        out = timed_out.out
         phases = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("phase ")]
         plans = [json.loads(ln.split(" ", 1)[1]) for ln in out.splitlines() if ln.startswith("plan ")]
         return {**(plans[0] if plans else {}), "timeout": True, "phase": phases[-1] if phases else "start",
@@ -94,7 +88,7 @@ def run_cell(model: str, policy: str, device: str, runs: int, threads: int, time
     for line in reversed(out.splitlines()):
         if line.startswith("result "):
             return json.loads(line[len("result "):])
-    tail = (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1][:200]
+    tail = (err.strip().splitlines() or [f"exit code {code}"])[-1][:200]
     return {"error": f"worker died: {tail}"}
 
 

@@ -15,6 +15,7 @@ from engine.codegen.ccompile import compile_c, load_library
 from engine.codegen.kir import Program
 from engine.codegen.targets import render_c
 from engine.errors import ShapeError
+from engine.limits import call_bounded
 from engine.profile.profile import KernelTime, Profile
 
 LABEL = "measured on CPU (C backend)"
@@ -27,6 +28,7 @@ class CpuModule:
     program: Program
     source: str
     library: object  # ctypes.CDLL
+    path: str = ""  # the shared library's file (what a bounded run's worker process opens)
 
     def function(self, kernel: str):
         fn = getattr(self.library, kernel)
@@ -35,10 +37,12 @@ class CpuModule:
         return fn
 
 
-def compile_program_c(program: Program) -> CpuModule:
+def compile_program_c(program: Program, *, time_limit: float | None = None, poll=None) -> CpuModule:
+    """Render and compile `program`; the C compiler may take `time_limit` seconds, `poll` may cancel it
+    (see compile_c)."""
     source = render_c(program)
-    lib = load_library(compile_c(source, name=program.name))
-    return CpuModule(program, source, lib)
+    path = compile_c(source, name=program.name, timeout=time_limit, poll=poll)
+    return CpuModule(program, source, load_library(path), str(path))
 
 
 def bind_buffers(program: Program, graph_specs: Mapping, inputs: Mapping[str, np.ndarray],
@@ -67,11 +71,18 @@ def bind_buffers(program: Program, graph_specs: Mapping, inputs: Mapping[str, np
 
 def run_cpu(module: CpuModule, graph_specs: Mapping, inputs: Mapping[str, np.ndarray],
             weights: Mapping[str, np.ndarray], *, repeat: int = 1,
-            library: Mapping | None = None) -> tuple[dict[str, np.ndarray], Profile]:
+            library: Mapping | None = None, time_limit: float | None = None,
+            poll=None) -> tuple[dict[str, np.ndarray], Profile]:
     """Run every launch in order (each `repeat` times, timing the median); outputs by ONNX name.
 
     `library` (stage name -> Stage) runs kernels that are exactly one contraction stage through NumPy
-    BLAS instead of the generated GEMM/conv (as AStitch leaves GEMMs to cuBLAS)."""
+    BLAS instead of the generated GEMM/conv (as AStitch leaves GEMMs to cuBLAS). With `time_limit`
+    (seconds) or `poll` the program runs in a worker process (engine/limits.py:call_bounded), killed
+    when it outlives the limit (TimeLimitError) or when `poll` raises (a cancel)."""
+    if time_limit is not None or poll is not None:
+        return call_bounded(_run_cpu_file, module.program, module.path, graph_specs, inputs, weights,
+                            repeat=repeat, library=library, seconds=time_limit, poll=poll,
+                            what=f"the CPU run of {module.program.name}")
     program = module.program
     env = bind_buffers(program, graph_specs, inputs, weights)
     times = []
@@ -85,6 +96,13 @@ def run_cpu(module: CpuModule, graph_specs: Mapping, inputs: Mapping[str, np.nda
     outs = {name: env[t].copy() for name, t in zip(program.output_names, program.outputs)}
     label = LABEL if not library else LABEL.replace(")", ", contractions through NumPy BLAS)")
     return outs, Profile(label, "cpu", tuple(times))
+
+
+def _run_cpu_file(program: Program, path: str, graph_specs: Mapping, inputs: Mapping[str, np.ndarray],
+                  weights: Mapping[str, np.ndarray], *, repeat: int, library: Mapping | None):
+    """run_cpu in a bounded run's worker: the library opened again from its file."""
+    return run_cpu(CpuModule(program, "", load_library(path), path), graph_specs, inputs, weights, repeat=repeat,
+                   library=library)
 
 
 def launch_calls(module: CpuModule, env: dict[str, np.ndarray], library: Mapping | None = None) -> list:

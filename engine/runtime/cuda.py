@@ -12,6 +12,7 @@ import numpy as np
 from engine.codegen.api import compile_program, compiled_files, program_json
 from engine.codegen.kir import Program
 from engine.errors import BackendError
+from engine.limits import call_bounded
 from engine.profile.profile import KernelTime, Profile
 from engine.runtime.cuda_driver import attached_gpu
 from engine.runtime.cuda_launch import CudaError
@@ -45,10 +46,15 @@ def load_program(gpu, program: Program, device_arch: str) -> tuple[dict, dict]:
 
 def run_cuda(program: Program, graph_specs: Mapping, inputs: Mapping[str, np.ndarray],
              weights: Mapping[str, np.ndarray], *, device: str = "a100", repeat: int = 1,
-             gpu=None) -> tuple[dict[str, np.ndarray], Profile]:
+             gpu=None, time_limit: float | None = None, poll=None) -> tuple[dict[str, np.ndarray], Profile]:
     """Run `program` on the attached GPU (or `gpu`); outputs by ONNX output name and a measured Profile
     (per kernel: median of `repeat` launches after one warm-up launch). `device` names the preset the
-    program was planned for; launches are sized for the GPU actually attached."""
+    program was planned for; launches are sized for the GPU actually attached. With `time_limit`
+    (seconds) or `poll`, compiling and running happen in a worker process with its own CUDA context
+    (engine/limits.py:call_bounded), killed when it outlives the limit or when `poll` raises (a cancel)."""
+    if gpu is None and (time_limit is not None or poll is not None):
+        return call_bounded(run_cuda, program, graph_specs, inputs, weights, device=device, repeat=repeat,
+                            seconds=time_limit, poll=poll, what=f"the CUDA compile and run of {program.name}")
     gpu = gpu or attached_gpu()
     for name in program.inputs:
         _check_input(name, graph_specs[name], inputs)

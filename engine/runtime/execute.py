@@ -15,6 +15,7 @@ from engine.codegen.kir import Program
 from engine.errors import BackendError, PlanError
 from engine.flags import debug, dump
 from engine.ir.graph import PrimGraph
+from engine.limits import call_bounded
 from engine.profile.profile import Profile
 from engine.runtime.budget import Budget, check_graph_memory, check_program_memory, memory_budget
 from engine.runtime.reference import run_reference
@@ -47,7 +48,8 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
               policy: str = "welder", device: str = "a100", plan: Plan | None = None,
               repeat: int = 1, library: bool = False, batching: bool | None = None,
               sim_grid_cap: int | None = None, sim_resident: int = 1,
-              budget: Budget | str | int | None = None) -> RunResult:
+              budget: Budget | str | int | None = None, time_limit: float | None = None,
+              poll=None) -> RunResult:
     """Plan (unless `plan` is given), generate and run `graph` on `backend`; outputs by ONNX name.
     Planning goes through `plan_model` (operator batching per `batching`, default on for welder); a
     given plan runs on the graph it was made on (`graph`, or its batched form when the plan says so).
@@ -55,14 +57,18 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
     cuda-sim: `sim_grid_cap` caps cooperative grids (None: the emulator's default, 0: no cap),
     `sim_resident` blocks of an ordinary launch are resident at once; findings are in `RunResult.sim`.
     `budget` (a Budget, or a size for `memory_budget`; default the backend's stated budget) is checked
-    on the graph first and on the generated program's arena before any buffer is bound."""
+    on the graph first and on the generated program's arena before any buffer is bound.
+    `time_limit` (seconds; see engine/limits.py) bounds the compile and, separately, the run: past it
+    TimeLimitError names what ran out of time. With a limit or `poll` the run happens in a worker
+    process, killed when `poll` raises (the app's Cancel) as well."""
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend '{backend}' (choose one of {', '.join(BACKENDS)})")
     if not isinstance(budget, Budget):
         budget = memory_budget(budget, device=device if backend in ("cuda", "cuda-sim") else None, backend=backend)
     check_graph_memory(graph, budget, backend)
     if backend == "reference":
-        return RunResult(run_reference(graph, inputs), None)
+        return RunResult(call_bounded(run_reference, graph, inputs, seconds=time_limit, poll=poll,
+                                      what=f"the reference run of {graph.name}"), None)
     if backend == "cuda":
         from engine.runtime.cuda_driver import require_cuda
 
@@ -78,19 +84,21 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
     if backend == "cpu":
         from engine.runtime.cpu import compile_program_c, run_cpu
 
-        outs, profile = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights, repeat=repeat,
-                                library=graph.stage_map if library else None)
+        outs, profile = run_cpu(compile_program_c(program, time_limit=time_limit, poll=poll), graph.specs, inputs,
+                                graph.weights, repeat=repeat, library=graph.stage_map if library else None,
+                                time_limit=time_limit, poll=poll)
     elif backend == "cuda-sim":
         from engine.runtime.simt import DEFAULT_GRID_CAP, run_simt
 
         cap = DEFAULT_GRID_CAP if sim_grid_cap is None else sim_grid_cap
         outs, report = run_simt(program, graph.specs, inputs, graph.weights, grid_cap=cap, resident=sim_resident,
-                                plan=plan)
+                                plan=plan, time_limit=time_limit, poll=poll)
         return RunResult(outs, None, program, report)
     else:
         from engine.runtime.cuda import run_cuda
 
-        outs, profile = run_cuda(program, graph.specs, inputs, graph.weights, device=device, repeat=repeat)
+        outs, profile = run_cuda(program, graph.specs, inputs, graph.weights, device=device, repeat=repeat,
+                                 time_limit=time_limit, poll=poll)
     if profile is not None:
         dump("profile.json", json.dumps(profile.to_json(), indent=1))
     return RunResult(outs, profile, program)

@@ -177,7 +177,6 @@ def test_a_simt_engine_error_shows_one_line_not_a_traceback(monkeypatch):
 
     monkeypatch.setattr(services.api, "run_model", refuse)
     monkeypatch.setattr(services, "_SIMS", {})
-    services.verify_simt.clear()
     at = open_page("kernels")
     at.button(key="kernels_simt").click().run()
     no_traceback(at)
@@ -185,3 +184,34 @@ def test_a_simt_engine_error_shows_one_line_not_a_traceback(monkeypatch):
     assert not [s.value for s in at.success if s.value.startswith("cuda-sim:")]
     assert simt_table(at, "emulated / modeled L2") is None
     assert not at.expander or all(e.label != "Details" for e in at.expander)
+
+
+def test_a_run_past_its_time_limit_is_one_line_and_keeps_the_earlier_results(monkeypatch):
+    monkeypatch.setattr(services, "_RUNS", {})  # nothing run yet in this process
+    at = open_page("plan")
+    at.selectbox(key="plan_policy").set_value("unfused").run()
+    at.switch_page("pages/kernels.py").run()
+    at.number_input(key="kernels_run_limit").set_value(300.0).run()
+    at.button(key="kernels_run").click().run()
+    no_traceback(at)
+    assert [s.value for s in at.success if "matches reference" in s.value]
+    # Another plan (an edit's worth of change: the stitch policy), a limit no compile meets: refused in one
+    # line, nothing stored; the plan page still has the plan and the unfused plan its result.
+    at.switch_page("pages/plan.py").run()
+    at.selectbox(key="plan_policy").set_value("stitch").run()
+    at.switch_page("pages/kernels.py").run()
+    at.number_input(key="kernels_run_limit").set_value(0.01).run()
+    at.button(key="kernels_run").click().run()
+    no_traceback(at)
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "did not finish within the 0.01 s time limit" in errors[0], errors
+    assert "earlier results are unchanged" in errors[0]
+    assert not [s.value for s in at.success if "matches reference" in s.value]
+    assert len(services._RUNS) == 1
+    at.switch_page("pages/plan.py").run()
+    assert at.selectbox(key="plan_policy").value == "stitch"
+    at.selectbox(key="plan_policy").set_value("unfused").run()
+    at.switch_page("pages/kernels.py").run()
+    assert [s.value for s in at.success if "matches reference" in s.value]  # the earlier result, not re-run
+    at.button(key="kernels_simt_cancel").click().run()
+    assert "Nothing is running." in [i.value for i in at.info]

@@ -59,6 +59,29 @@ def test_edits_autosave_roundtrip(tmp_path, monkeypatch):
     assert services.load_edits("abc123") is None  # corrupt autosave is ignored, not fatal
 
 
+def test_an_autosave_interrupted_mid_write_keeps_the_previous_one(tmp_path, monkeypatch):
+    import io
+
+    from engine import files
+
+    class CrashingFile(io.FileIO):  # half the bytes reach the disk, then the write fails
+        def write(self, data):
+            super().write(bytes(data)[: len(data) // 2])
+            super().flush()
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
+    edits = tuple(random_edits(random.Random(11), 5))
+    path = services.save_edits("abc123", "stitch", edits[:3])
+    before = path.read_bytes()
+    monkeypatch.setattr(files.os, "fdopen", lambda fd, mode: CrashingFile(fd, "wb"))
+    with pytest.raises(OSError):
+        services.save_edits("abc123", "welder", edits, batching=False)
+    assert path.read_bytes() == before
+    assert services.load_edits("abc123") == ("stitch", edits[:3], True)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["abc123.json"]
+
+
 def test_upload_limits_and_plan_json_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
     with pytest.raises(TileweaveError, match="upload limit"):

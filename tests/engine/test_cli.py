@@ -107,9 +107,9 @@ def test_run_generates_missing_inputs_and_matches_ort(capsys, tmp_path):
 def test_run_cpu_plans_like_the_other_commands_and_calls_run_model(capsys, tmp_path, monkeypatch):
     seen = {}
 
-    def fake_run_model(graph, inputs, *, backend, device, plan, budget):
+    def fake_run_model(graph, inputs, *, backend, device, plan, budget, time_limit):
         seen.update(backend=backend, device=device, policy=plan.policy, inputs=sorted(inputs),
-                    batching=dict(plan.options).get("batching"), budget=budget.source)
+                    batching=dict(plan.options).get("batching"), budget=budget.source, time_limit=time_limit)
         from engine.runtime.execute import RunResult
 
         return RunResult({"y": np.ones((2, 2), np.float32)}, None)
@@ -119,7 +119,7 @@ def test_run_cpu_plans_like_the_other_commands_and_calls_run_model(capsys, tmp_p
                            "--device", "h100", "--outputs", tmp_path / "o.npz")
     assert code == 0, out
     assert seen == {"backend": "cpu", "policy": "stitch", "device": "h100", "inputs": ["x"], "batching": False,
-                    "budget": seen["budget"]}
+                    "budget": seen["budget"], "time_limit": None}
     assert "host RAM" in seen["budget"]  # cpu runs are held to the host's budget, not the GPU preset's
     assert np.load(tmp_path / "o.npz")["y"].shape == (2, 2)
     code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--no-batching",
@@ -127,6 +127,12 @@ def test_run_cpu_plans_like_the_other_commands_and_calls_run_model(capsys, tmp_p
     assert code == 0 and seen["batching"] is False and seen["policy"] == "welder", out
     code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--outputs", tmp_path / "o.npz")
     assert code == 0 and seen["batching"] is True and seen["policy"] == "welder", out
+    monkeypatch.setenv("TILEWEAVE_TIME_LIMIT", "45")
+    code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--outputs", tmp_path / "o.npz")
+    assert code == 0 and seen["time_limit"] == 45.0, out
+    code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--time-limit", "2.5",
+                           "--outputs", tmp_path / "o.npz")
+    assert code == 0 and seen["time_limit"] == 2.5, out  # the flag wins over the environment
 
 
 def test_run_cpu_backend_end_to_end(capsys, tmp_path):
@@ -275,3 +281,60 @@ def test_app_command_starts_streamlit_on_the_workbench(monkeypatch, capsys):
     assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("app/streamlit_app.py")
     assert cmd[cmd.index("--server.port") + 1] == "8612" and "127.0.0.1" in cmd
     assert "http://127.0.0.1:8612" in capsys.readouterr().out
+
+
+# ---- time limits ----------------------------------------------------------------------------
+
+
+def test_time_limit_stops_the_c_compile_then_the_cpu_run_and_a_generous_one_runs(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path / "cache"))  # nothing compiled yet
+    io = sample_path("gelu_chain").with_suffix(".io.npz")
+    argv = ["run", sample_path("gelu_chain"), "--backend", "cpu", "--inputs", io, "--outputs", tmp_path / "o.npz"]
+    code, _, err = run_cli(capsys, *argv, "--time-limit", "0.01")
+    assert_one_line_error(code, err, "the C compile of", "within the 0.01 s time limit", "--time-limit SECONDS")
+    assert not list((tmp_path / "cache" / "cc").glob("*.so"))  # nothing half-built is cached
+    assert not (tmp_path / "o.npz").exists()
+    code, _, err = run_cli(capsys, *argv, "--time-limit", "300")
+    assert code == 0, err
+    before = (tmp_path / "o.npz").read_bytes()
+    assert max_rel_error(np.load(tmp_path / "o.npz")["y"], np.load(io)["y"]) <= 1e-4
+    # Compiled now (a cache hit): the run itself, in its worker process, is what runs out of time.
+    code, _, err = run_cli(capsys, *argv, "--time-limit", "0.01")
+    assert_one_line_error(code, err, "the CPU run of", "within the 0.01 s time limit", "TILEWEAVE_TIME_LIMIT")
+    assert (tmp_path / "o.npz").read_bytes() == before  # the earlier outputs are left as they were
+    monkeypatch.setenv("TILEWEAVE_TIME_LIMIT", "0.01")
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, "the CPU run of", "within the 0.01 s time limit")
+
+
+@pytest.mark.parametrize("backend, what", [("reference", "the reference run of"),
+                                           ("cuda-sim", "the cuda-sim run of")])
+def test_time_limit_stops_the_reference_and_emulator_runs(capsys, tmp_path, backend, what):
+    io = sample_path("gelu_chain").with_suffix(".io.npz")
+    argv = ["run", sample_path("gelu_chain"), "--backend", backend, "--inputs", io, "--outputs", tmp_path / "o.npz"]
+    code, _, err = run_cli(capsys, *argv, "--time-limit", "0.01")
+    assert_one_line_error(code, err, what, "within the 0.01 s time limit", "--time-limit")
+    code, _, err = run_cli(capsys, *argv, "--time-limit", "300")
+    assert code == 0, err
+    assert max_rel_error(np.load(tmp_path / "o.npz")["y"], np.load(io)["y"]) <= 1e-4
+
+
+def test_compile_time_limit_bounds_nvrtc_and_the_c_compiler(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path / "cache"))
+    for target, what in (("cuda", "the NVRTC compile of"), ("c", "the C compile of")):
+        out = tmp_path / target
+        code, _, err = run_cli(capsys, "compile", sample_path("gelu_chain"), "--target", target, "-o", out,
+                               "--time-limit", "0.01")
+        assert_one_line_error(code, err, what, "within the 0.01 s time limit", "--time-limit")
+        assert not out.exists() or not any(out.iterdir())
+    code, _, err = run_cli(capsys, "compile", sample_path("gelu_chain"), "--target", "cuda", "-o", tmp_path / "cuda",
+                           "--time-limit", "300")
+    assert code == 0, err
+    assert list((tmp_path / "cuda").glob("*.cubin"))
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "nan", "soon"])
+def test_a_bad_time_limit_is_one_line(capsys, tmp_path, value):
+    code, _, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--time-limit", value,
+                           "--outputs", tmp_path / "o.npz")
+    assert_one_line_error(code, err, f"--time-limit '{value}' is not a time limit in seconds")

@@ -48,8 +48,8 @@ def test_findings_fail_the_run_with_one_line_per_kind(capsys, tmp_path, monkeypa
     report = SimReport((_finding("race", 12), _finding("race", 14), _finding("out_of_range", 20)),
                        (KernelTraffic("k00_x", 1, 8, 4, 0, 0),), 1)
 
-    def fake_run_model(graph, inputs, *, backend, device, plan, sim_grid_cap, sim_resident, budget):
-        assert (backend, sim_grid_cap, sim_resident) == ("cuda-sim", None, 3)
+    def fake_run_model(graph, inputs, *, backend, device, plan, sim_grid_cap, sim_resident, budget, time_limit):
+        assert (backend, sim_grid_cap, sim_resident, time_limit) == ("cuda-sim", None, 3, None)
         assert budget.nbytes <= PRESETS["a100"].memory_bytes  # cuda-sim stands in for the GPU: at most its memory
         return RunResult({"y": np.ones((2, 2), np.float32)}, None, None, report)
 

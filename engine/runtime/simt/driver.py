@@ -13,6 +13,7 @@ import numpy as np
 from engine.codegen.api import kernel_units
 from engine.codegen.kir import Kernel, MemoryPlan, Program
 from engine.errors import BackendError
+from engine.limits import call_bounded
 from engine.runtime.simt import native
 from engine.runtime.simt.memory import Memory, garbage, region_table, shared_regions, shift_of, smem_shift
 from engine.runtime.simt.report import KINDS, Finding, KernelTraffic, SimReport
@@ -31,7 +32,8 @@ def program_units(program: Program) -> tuple[native.Unit, ...]:
 
 def run_simt(program: Program, specs: Mapping, inputs: Mapping[str, np.ndarray],
              weights: Mapping[str, np.ndarray], *, grid_cap: int | None = DEFAULT_GRID_CAP, resident: int = 1,
-             plan=None, sources: Mapping[str, str] | None = None) -> tuple[dict[str, np.ndarray], SimReport]:
+             plan=None, sources: Mapping[str, str] | None = None, time_limit: float | None = None,
+             poll=None) -> tuple[dict[str, np.ndarray], SimReport]:
     """Run every launch of `program` (generated with target="cuda") under the emulator.
 
     `grid_cap` caps cooperative grids (see DEFAULT_GRID_CAP); `resident` is how many blocks of an ordinary
@@ -39,7 +41,13 @@ def run_simt(program: Program, specs: Mapping, inputs: Mapping[str, np.ndarray],
     that does not wait on other blocks). `plan` (the Plan the program came from) adds each kernel's
     modeled traffic to the report. A launch that cannot finish (deadlock) stops the run there.
     `sources` (kernel name -> CUDA unit) runs edited units instead of the printed ones (a hand fix, or a
-    deliberately broken kernel in the emulator's tests)."""
+    deliberately broken kernel in the emulator's tests). With `time_limit` (seconds) or `poll`, building
+    and emulating run in a worker process (engine/limits.py:call_bounded), killed when it outlives the
+    limit (TimeLimitError) or when `poll` raises (a cancel)."""
+    if time_limit is not None or poll is not None:
+        return call_bounded(run_simt, program, specs, inputs, weights, grid_cap=grid_cap, resident=resident,
+                            plan=plan, sources=sources, seconds=time_limit, poll=poll,
+                            what=f"the cuda-sim run of {program.name}")
     if resident < 1:
         raise BackendError(f"cuda-sim: resident blocks must be at least 1, got {resident}")
     if grid_cap is not None and grid_cap < 0:

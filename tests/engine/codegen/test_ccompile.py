@@ -66,7 +66,7 @@ def test_cache_hit_runs_no_compiler(monkeypatch) -> None:
     def fail(*args, **kwargs):
         raise AssertionError("compiler called on a cache hit")
 
-    monkeypatch.setattr(subprocess, "run", fail)
+    monkeypatch.setattr(ccompile, "run_worker", fail)  # how compile_c starts the compiler
     assert compile_c(ADD, name="k00_add") == first
     with pytest.raises(AssertionError, match="cache hit"):
         compile_c(ADD, name="k00_add", options=(*DEFAULT_OPTIONS, "-O2"))
@@ -81,7 +81,7 @@ def test_native_options_are_keyed_on_the_host(monkeypatch) -> None:
     assert native != portable
     monkeypatch.setattr(ccompile, "_host_fingerprint", lambda: "another-cpu")
     # The same options on another CPU must not reuse this CPU's binary.
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("compiled")))
+    monkeypatch.setattr(ccompile, "run_worker", lambda *a, **k: (_ for _ in ()).throw(AssertionError("compiled")))
     with pytest.raises(AssertionError, match="compiled"):
         compile_c(ADD, name="k00_add", options=native_opts)
 

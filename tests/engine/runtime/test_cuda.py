@@ -90,6 +90,18 @@ def test_the_executor_runs_from_another_thread(gpu):
     _assert_close(box["r"].outputs, run_ort(SAMPLES / CATALOG["layernorm_residual"]["file"], feeds), "thread")
 
 
+def test_a_time_limit_bounds_the_cuda_run_in_a_worker(gpu):
+    from engine.errors import TimeLimitError
+
+    graph = load_graph(SAMPLES / CATALOG["gelu_chain"]["file"])
+    feeds = random_feeds(graph, 77)
+    with pytest.raises(TimeLimitError, match=r"the CUDA compile and run of .* within the 0.01 s time limit"):
+        run_model(graph, feeds, backend="cuda", policy="welder", device="h100", time_limit=0.01)
+    result = run_model(graph, feeds, backend="cuda", policy="welder", device="h100", time_limit=300)
+    _assert_close(result.outputs, run_ort(SAMPLES / CATALOG["gelu_chain"]["file"], feeds), "bounded gelu_chain")
+    assert result.profile.label.startswith(f"measured on {gpu.name}")
+
+
 def test_the_bundle_runs_on_the_gpu(gpu, tmp_path):
     from engine.bundle.export import export_bundle
 
