@@ -2,7 +2,7 @@
 `<!-- report:end -->`): the hostile corpus through the CLI (exit code, one line, the expected phrase),
 the edit fuzzer's outcomes and runs per target, and the graph fuzzer's examples when that suite exists.
 
-    python tests/data/reliability_report.py [--sequences 150] [--sim-runs 12]
+    python tests/data/reliability_report.py [--sequences 400] [--sim-runs 30]
 
 Not run by CI; takes a few minutes on two cores."""
 
@@ -118,7 +118,7 @@ def render(hostile, hostile_s, tally, fuzz_s, graph_text, graph_s, argv) -> str:
         line = r["line"].replace("|", "\\|")[:200]
         out.append(f"| `{r['file']}` | {r['kind']} | {r['code']} | {line} |")
     out += ["", "</details>", "", "### Edit fuzzer", "",
-            "`tests/engine/schedule/edit_fuzz.py` (run by `test_edits.py`: 40 sequences by default, 500 under "
+            "`tests/engine/schedule/edit_fuzz.py` (run by `test_edits.py`: 40 sequences by default, 1500 under "
             "`-m slow`). Random sequences of 1-5 edits (set_edge at each level, split, merge, set_tile) on the "
             "unfused, stitch or welder plan, operator batching on or off, over "
             + ", ".join(f"{g} ({n})" for g, n in sorted(tally.graphs.items())) + f" sequences; {fuzz_s:.0f} s.", "",
@@ -151,8 +151,8 @@ def write_section(text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sequences", type=int, default=150, help="edit fuzzer sequences (default 150)")
-    ap.add_argument("--sim-runs", type=int, default=12, help="edited plans also run through cuda-sim (default 12)")
+    ap.add_argument("--sequences", type=int, default=400, help="edit fuzzer sequences (default 400)")
+    ap.add_argument("--sim-runs", type=int, default=30, help="edited plans also run through cuda-sim (default 30)")
     args = ap.parse_args(argv)
     hostile, hostile_s = run_hostile()
     print(f"hostile: {len(hostile)} files, {hostile_s:.1f} s", flush=True)

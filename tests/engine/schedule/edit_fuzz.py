@@ -80,13 +80,14 @@ def rel_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(np.asarray(got, np.float64) - want).max()) / scale if want.size else 0.0
 
 
-# One step: (kind, pick, conn, tile dims, threads, anchored). `pick` indexes the graph's edges or stages
-# modulo their count; `anchored` makes a set_tile aim at a stage that anchors a segment of the current
-# plan (the only stages whose tile can be set) rather than at any stage.
+# One step: (kind, pick, conn, tile dims, threads, anchored, reduce step, threads per row). `pick` indexes
+# the graph's edges or stages modulo their count; `anchored` makes a set_tile aim at a stage that anchors a
+# segment of the current plan (the only stages whose tile can be set) rather than at any stage; the
+# optional set_tile arguments are left out when drawn as 0.
 step_st = st.tuples(
     st.sampled_from(EDIT_KINDS), st.integers(0, 1 << 16), st.sampled_from([c.value for c in Conn]),
     st.lists(st.sampled_from(TILE_DIMS), min_size=4, max_size=4), st.sampled_from([32, 64, 128, 256, 1024, 2048]),
-    st.booleans(),
+    st.booleans(), st.sampled_from([0, 0, 1, 4, 16, 32, 64]), st.sampled_from([0, 0, 1, 2, 8, 32, 128]),
 )
 sequence_st = st.fixed_dictionaries({
     "graph": st.sampled_from(GRAPHS), "base": st.sampled_from(["unfused", "stitch", "welder"]),
@@ -95,13 +96,15 @@ sequence_st = st.fixed_dictionaries({
 
 
 def make_edit(plan: Plan, graph: PrimGraph, step: tuple) -> Edit:
-    kind, pick, conn, dims, threads, anchored = step
+    kind, pick, conn, dims, threads, anchored, step_k, per_row = step
     if kind == "set_tile":
         anchors = sorted({t.stage for g in plan.groups for t in g.segments})
         names = anchors if anchored and anchors else [s.name for s in graph.stages]
         stage = graph.stage(names[pick % len(names)])
         shape = [min(d, n) if anchored else d for d, n in zip(dims, stage.shape)]
-        return Edit.make("set_tile", stage=stage.name, shape=shape, threads=threads)
+        extra = {"reduce_step": [step_k] * len(stage.reduce)} if step_k and stage.reduce else {}
+        extra |= {"threads_per_row": per_row} if per_row else {}
+        return Edit.make("set_tile", stage=stage.name, shape=shape, threads=threads, **extra)
     p, c = graph.edges[pick % len(graph.edges)]
     return Edit.make(kind, producer=p, consumer=c, **({"conn": conn} if kind == "set_edge" else {}))
 

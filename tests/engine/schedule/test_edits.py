@@ -86,11 +86,13 @@ def test_identical_layers(tmp_path, a100):
     assert validate(out, graph, a100) == []
 
 
-# Applied share floor: over the quick profile's ~150 edits about 60-73 % apply (measured over six runs
-# of 30 sequences: 61, 65, 67, 68, 73 %, 73 %); the rest are footprint / register_one_to_many / recompute /
-# segment_sink / group_cycle violations or a set_tile on a stage that anchors no segment. Half of the low
-# end, 30 %, leaves room for sampling noise while still failing if the generator drifts into mostly
-# refused edits (e.g. edges or stages picked from the wrong graph, tiles that never fit).
+# Applied share floor. Measured: random runs apply 61-78 % of edits (batches of 30 sequences: 61, 65, 67,
+# 68, 73, 78 %; 600 sequences on a100 + v100: 64 % of 1846 edits; 300 with the optional set_tile arguments:
+# 73 % of 845); the derandomized quick profile applies 65 of 74 (88 %). The refused rest are footprint /
+# recompute / group_cycle / segment_sink / register_one_to_many violations or a set_tile on a stage that
+# anchors no segment. 30 % is half the lowest measurement: room for sampling noise in the slow (random)
+# profile, yet it fails if the generator drifts into mostly refused edits (edges or stages of the wrong
+# graph, tiles that never fit).
 APPLIED_FLOOR = 0.30
 
 
@@ -131,5 +133,5 @@ def test_random_edits_stay_valid_or_name_a_rule(a100):
 
 @pytest.mark.slow
 def test_edit_fuzz_many_sequences(a100):
-    tally = _fuzz(a100, examples=500, cpu_runs=150, derandomize=False)
-    _check_tally(tally, min_edits=800, cpu_runs=150)
+    tally = _fuzz(a100, examples=1500, cpu_runs=400, derandomize=False)
+    _check_tally(tally, min_edits=2500, cpu_runs=400)
