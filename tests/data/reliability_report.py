@@ -130,7 +130,9 @@ def render(hostile, hostile_s, tally, fuzz_s, graph_text, graph_s, argv) -> str:
     for target in ("cpu", "reference", "cuda-sim"):
         n = tally.runs[target, "pass"] + tally.runs[target, "fail"]
         out.append(f"| {target} | {n} | {tally.runs[target, 'pass']} |")
-    out += [""] + [f"- mismatch: {f[:300]}" for f in tally.failures] + [f"- unnamed: {u[:300]}" for u in tally.unnamed]
+    out += ["", "`reference` runs the graph the plan was made on (operator-batched or not) without the plan; "
+            "`cpu` and `cuda-sim` run the edited plan's generated code. Inputs are random normals, never zeros.",
+            ""] + [f"- mismatch: {f[:300]}" for f in tally.failures] + [f"- unnamed: {u[:300]}" for u in tally.unnamed]
     out += ["### Graph fuzzer", ""]
     if graph_text:
         out += [f"`{GRAPH_FUZZ.relative_to(ROOT)}` with `--hypothesis-show-statistics` ({graph_s:.0f} s):", "",
