@@ -84,21 +84,22 @@ def run_edit_fuzz(sequences: int, sim_runs: int):
     return tally, time.perf_counter() - started
 
 
-def run_graph_fuzz() -> tuple[str, float]:
-    """pytest on the graph fuzzer (if present) with hypothesis statistics; its summary lines."""
+def run_graph_fuzz() -> tuple[str, float, int]:
+    """pytest on the graph fuzzer (if present; default profile) with hypothesis statistics: its summary
+    lines, seconds and pytest's exit code."""
     if not GRAPH_FUZZ.exists():
-        return "", 0.0
+        return "", 0.0, 0
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "--hypothesis-show-statistics",
                            str(GRAPH_FUZZ.relative_to(ROOT))], cwd=ROOT, capture_output=True, text=True, timeout=900)
     keep = [ln.rstrip() for ln in proc.stdout.splitlines()
             if re.search(r"::|passing|failing|invalid|Stopped because| passed| failed", ln)]
-    return "\n".join(keep), time.perf_counter() - started
+    return "\n".join(keep), time.perf_counter() - started, proc.returncode
 
 
 def render(hostile, hostile_s, tally, fuzz_s, graph_text, graph_s, argv) -> str:
     out = [START, "", "## Generated report", "",
-           f"Reproduce: `python tests/data/reliability_report.py {' '.join(argv)}`".rstrip() + " (rewrites this section; "
+           f"Reproduce: `{' '.join(['python tests/data/reliability_report.py', *argv])}` (rewrites this section; "
            f"generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).", "",
            "### Hostile corpus through the CLI", "",
            f"{len(hostile)} files from `tests/data/bad/` through `engine.cli.main` (the commands of "
@@ -161,12 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     tally, fuzz_s = run_edit_fuzz(args.sequences, args.sim_runs)
     print(f"edit fuzz: {tally.edits} edits, {tally.applied_share:.0%} applied, runs {dict(tally.runs)}, {fuzz_s:.0f} s",
           flush=True)
-    graph_text, graph_s = run_graph_fuzz()
-    given = [a for a in (argv if argv is not None else sys.argv[1:])]
+    graph_text, graph_s, graph_rc = run_graph_fuzz()
+    given = list(argv if argv is not None else sys.argv[1:])
+    graph_text += f"\n(pytest exit code {graph_rc})" if graph_text else ""
     write_section(render(hostile, hostile_s, tally, fuzz_s, graph_text, graph_s, given))
     print(f"wrote {DOC.relative_to(ROOT)}")
     bad = [r for r in hostile if r["code"] != 2 or not r["one_line"] or not r["phrase"] or r["wrote"]]
-    return 1 if bad or tally.failures or tally.unnamed else 0
+    return 1 if bad or tally.failures or tally.unnamed or graph_rc else 0
 
 
 if __name__ == "__main__":
