@@ -173,7 +173,7 @@ def check_outputs(name: str, graph: PrimGraph, plan: Plan, target: str, tally: T
     from engine.runtime.execute import run_model
 
     feeds, want = oracle(name)
-    out = run_model(graph, feeds, backend=target, plan=plan).outputs
+    out = run_model(graph, feeds, backend=target, plan=plan, device=plan.device).outputs
     errs = {k: rel_error(out[k], v) for k, v in want.items()}
     ok = all(e <= TOL for e in errs.values())
     tally.runs[target, "pass" if ok else "fail"] += 1
