@@ -121,7 +121,7 @@ def render(hostile, hostile_s, tally, fuzz_s, graph_text, graph_s, argv) -> str:
     out += ["", "</details>", "", "### Edit fuzzer", "",
             "`tests/engine/schedule/edit_fuzz.py` (run by `test_edits.py`: 40 sequences by default, 1500 under "
             "`-m slow`). Random sequences of 1-5 edits (set_edge at each level, split, merge, set_tile) on the "
-            "unfused, stitch or welder plan, operator batching on or off, over "
+            "unfused, stitch or welder plan, operator batching on or off, for a100 / v100 / rtx3090 / h100, over "
             + ", ".join(f"{g} ({n})" for g, n in sorted(tally.graphs.items())) + f" sequences; {fuzz_s:.0f} s.", "",
             f"- edits: {tally.edits}; applied {tally.applied} ({100 * tally.applied_share:.0f} %): "
             + ", ".join(f"{k} {v}" for k, v in sorted(tally.kinds.items())),

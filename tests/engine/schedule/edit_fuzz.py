@@ -1,5 +1,5 @@
 """The edit fuzzer (issue 15 item 4): random edit sequences (set_edge at every level, split, merge, set_tile)
-on a base plan with operator batching on or off; each edit is applied (the plan validates) or refused
+on a base plan with operator batching on or off, for one of four devices; each edit is applied (the plan validates) or refused
 with a named rule; sampled final plans run on the CPU backend (or cuda-sim) against onnxruntime.
 Used by tests/engine/schedule/test_edits.py and tests/data/reliability_report.py."""
 
@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from hypothesis import strategies as st
 
-from engine.device import Device
+from engine.device import Device, get_device
 from engine.errors import PlanError
 from engine.ir.graph import PrimGraph
 from engine.schedule.pipeline import plan_model
@@ -92,6 +92,7 @@ step_st = st.tuples(
 sequence_st = st.fixed_dictionaries({
     "graph": st.sampled_from(GRAPHS), "base": st.sampled_from(["unfused", "stitch", "welder"]),
     "batching": st.booleans(), "steps": st.lists(step_st, min_size=1, max_size=5),
+    "device": st.sampled_from(["", "v100", "rtx3090", "h100"]),  # "": the caller's device
 })
 
 
@@ -145,6 +146,7 @@ def fuzz_sequence(seq: dict, device: Device, tally: Tally, targets: tuple[str, .
     from engine.schedule.edits import apply_edit
 
     name = seq["graph"]
+    device = get_device(seq["device"]) if seq.get("device") else device
     _, graph0 = load_fuzz_model(name)
     graph, plan = plan_model(graph0, seq["base"], device, batching=seq["batching"])
     tally.graphs[name] += 1
