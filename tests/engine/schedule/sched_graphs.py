@@ -22,3 +22,19 @@ def attention_model(m: int = 16, k: int = 32, n: int = 24, seed: int = 0) -> onn
     graph = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [m, n])], [w, b, s])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def qkv_model(m: int = 16, k: int = 32, n: int = 24, seed: int = 1) -> onnx.ModelProto:
+    """Q/K/V-style projections of one input (operator batching joins them): q = x@wq, k = x@wk,
+    v = x@wv, out = Relu(q * k + v)."""
+    rng = np.random.default_rng(seed)
+    ws = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), f"w{c}") for c in "qkv"]
+    nodes = [helper.make_node("MatMul", ["x", f"w{c}"], [c], name=c) for c in "qkv"]
+    nodes += [
+        helper.make_node("Mul", ["q", "k"], ["qk"], name="qk"),
+        helper.make_node("Add", ["qk", "v"], ["sum"], name="sum"),
+        helper.make_node("Relu", ["sum"], ["out"], name="relu"),
+    ]
+    graph = helper.make_graph(nodes, "qkv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [m, n])], ws)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -1,19 +1,25 @@
 """Edits (engine/schedule/edits.py): JSON round trip, deterministic replay, identical layers, and
-random legal/illegal edit sequences that always end in a valid plan or a PlanError naming a rule."""
+the edit fuzzer (edit_fuzz.py): random edit sequences over five graphs, each edit applied (valid plan) or
+refused naming a rule, edited plans matching onnxruntime on the CPU backend, and a floor on the applied share."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
+from engine.device import get_device
 from engine.errors import PlanError
 from engine.schedule.edits import apply_edit, apply_to_identical_layers, replay
 from engine.schedule.plan import Conn, Edit, plan_from_json, plan_to_json
 from engine.schedule.policies import make_plan
-from engine.schedule.validate import RULES, validate
+from engine.schedule.validate import validate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from edit_fuzz import Tally, fuzz_sequence, load_fuzz_model, sequence_st  # noqa: E402
 
 EDITS = (
     Edit.make("merge", producer="mm", consumer="add"),
@@ -81,36 +87,52 @@ def test_identical_layers(tmp_path, a100):
     assert validate(out, graph, a100) == []
 
 
-edit_st = st.one_of(
-    st.builds(lambda k, i, lvl: (k, i, lvl), st.sampled_from(["set_edge", "split", "merge"]),
-              st.integers(0, 7), st.sampled_from([c.value for c in Conn])),
-    st.builds(lambda i, r, c, t: ("set_tile", i, (r, c, t)), st.integers(0, 6), st.sampled_from([1, 2, 4, 16]),
-              st.sampled_from([1, 8, 24]), st.sampled_from([32, 64, 256, 2048])),
-)
+# Applied share floor. Measured: random runs apply 61-78 % of edits (batches of 30 sequences: 61, 65, 67,
+# 68, 73, 78 %; 600 sequences on a100 + v100: 64 % of 1846 edits; 300 with the optional set_tile arguments:
+# 73 % of 845; 240 on rtx3090 + h100: 66 % of 713); the derandomized quick profile applies 57 of 76 (75 %). The refused rest are footprint /
+# recompute / group_cycle / segment_sink / register_one_to_many violations or a set_tile on a stage that
+# anchors no segment. 30 % is half the lowest measurement: room for sampling noise in the slow (random)
+# profile, yet it fails if the generator drifts into mostly refused edits (edges or stages of the wrong
+# graph, tiles that never fit).
+APPLIED_FLOOR = 0.30
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps=st.lists(edit_st, min_size=1, max_size=4), base=st.sampled_from(["unfused", "welder"]))
-def test_random_edits_stay_valid_or_name_a_rule(attn_graph, a100, steps, base):
-    plan = make_plan(attn_graph, base, a100)
-    stages = [s.name for s in attn_graph.stages]
-    for kind, i, arg in steps:
-        if kind == "set_tile":
-            r, c, t = arg
-            stage = stages[i]
-            shape = [r, c] if len(attn_graph.stage(stage).shape) == 2 else [r]
-            edit = Edit.make("set_tile", stage=stage, shape=shape, threads=t)
-        else:
-            p, c = attn_graph.edges[i]
-            edit = Edit.make(kind, producer=p, consumer=c, **({"conn": arg} if kind == "set_edge" else {}))
-        try:
-            plan = apply_edit(plan, attn_graph, a100, edit)
-        except PlanError as err:
-            text = str(err)
-            assert any(f"({rule})" in text for rule in RULES) or "anchors no segment" in text or \
-                "illegal at every level" in text, text
-            continue
-        assert validate(plan, attn_graph, a100) == []
-        assert plan.edits[-1] == edit
-    again = replay(base, plan.edits, attn_graph, a100)
-    assert _strip(plan_to_json(again)) == _strip(plan_to_json(plan)) or not plan.edits
+def _fuzz(a100, examples: int, cpu_runs: int, *, derandomize: bool) -> Tally:
+    """Random edit sequences over GRAPHS: every edit is applied (the plan validates) or refused naming a
+    rule; up to `cpu_runs` edited final plans run on the CPU backend and match onnxruntime."""
+    tally = Tally()
+
+    @settings(max_examples=examples, deadline=None, derandomize=derandomize, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(seq=sequence_st)
+    def one(seq):
+        seen = len(tally.unnamed), len(tally.failures)
+        targets = ("cpu",) if sum(tally.runs.values()) < cpu_runs else ()
+        plan = fuzz_sequence(seq, a100, tally, targets)
+        assert (len(tally.unnamed), len(tally.failures)) == seen, (tally.unnamed[-1:], tally.failures[-1:])
+        if plan.edits and not seq["batching"]:
+            _, graph = load_fuzz_model(seq["graph"])
+            again = replay(seq["base"], plan.edits, graph, get_device(plan.device), options={"batching": False})
+            assert (again.edges, again.groups) == (plan.edges, plan.groups)  # replay is deterministic
+
+    one()
+    return tally
+
+
+def _check_tally(tally: Tally, min_edits: int, cpu_runs: int) -> None:
+    assert tally.edits >= min_edits, tally
+    assert tally.applied_share >= APPLIED_FLOOR, (tally.applied_share, dict(tally.refused))
+    assert set(tally.kinds) == {"set_edge", "split", "merge", "set_tile"}, tally.kinds  # every kind applied
+    assert len(tally.refused) >= 2, tally.refused  # the legality checks were exercised too
+    assert tally.runs["cpu", "pass"] >= cpu_runs and not tally.failures, tally.failures
+
+
+def test_random_edits_stay_valid_or_name_a_rule(a100):
+    tally = _fuzz(a100, examples=40, cpu_runs=12, derandomize=True)
+    _check_tally(tally, min_edits=60, cpu_runs=12)
+
+
+@pytest.mark.slow
+def test_edit_fuzz_many_sequences(a100):
+    tally = _fuzz(a100, examples=1500, cpu_runs=400, derandomize=False)
+    _check_tally(tally, min_edits=2500, cpu_runs=400)
