@@ -1,0 +1,95 @@
+"""Graph fuzzer: random valid ONNX models (tests/fuzz_graphs.py) through import, every policy, the reference
+and cpu backends against onnxruntime, CUDA source generation, and one policy per example under the cuda-sim
+emulator with zero findings. A clean one-line TileweaveError is an acceptable refusal, if refusals stay
+rare. Quick profile by default; `pytest -m slow -k fuzz` runs >= 1,000 examples."""
+
+from __future__ import annotations
+
+import collections
+import tempfile
+from pathlib import Path
+
+import pytest
+import support
+from fuzz_graphs import onnx_models
+from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import strategies as st
+
+from engine.api import load_graph
+from engine.codegen.generate import generate
+from engine.codegen.targets import render_cuda
+from engine.device import get_device
+from engine.errors import TileweaveError
+from engine.runtime.execute import run_model
+from engine.schedule.pipeline import plan_model
+from engine.schedule.policies import POLICIES
+
+TOL = 1e-3
+QUICK = settings(max_examples=20, deadline=None, derandomize=True, database=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SLOW = settings(QUICK, max_examples=1000)
+MAX_REFUSED = 0.2
+
+
+def _check(model, inputs, ops, sim_policy: str, stats: collections.Counter) -> None:
+    note(f"ops: {ops}\n{model.graph}")
+    stats["examples"] += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fuzz.onnx"
+        path.write_bytes(model.SerializeToString())
+        want = support.run_ort(path, inputs)
+        try:
+            graph = load_graph(path)
+            ref = run_model(graph, inputs, backend="reference").outputs
+            for name, value in want.items():
+                assert support.max_rel_error(ref[name], value) < TOL, f"reference: {name}"
+            device = get_device("a100")
+            for policy in POLICIES:
+                planned, plan = plan_model(graph, policy, device)
+                got = run_model(planned, inputs, backend="cpu", plan=plan).outputs
+                for name, value in want.items():
+                    assert got[name].shape == value.shape, f"cpu {policy}: {name} shape"
+                    assert support.max_rel_error(got[name], value) < TOL, f"cpu {policy}: {name}"
+                if policy == sim_policy:
+                    assert "__global__" in render_cuda(generate(plan, planned, device, target="cuda"))
+                    result = run_model(planned, inputs, backend="cuda-sim", plan=plan)
+                    assert result.sim.ok, "\n".join(result.sim.summary_lines())
+                    for name, value in want.items():
+                        assert support.max_rel_error(result.outputs[name], value) < TOL, f"cuda-sim {policy}"
+        except TileweaveError as err:
+            assert "\n" not in str(err), f"multi-line refusal: {err!r}"
+            event(f"refused: {type(err).__name__}")
+            note(f"refused: {err}")
+            stats["refused"] += 1
+            stats[f"refused: {err}"] += 1
+            return
+    for op in set(ops):
+        event(f"op {op}")
+        stats[f"op {op}"] += 1
+
+
+def _run_profile(profile: settings) -> collections.Counter:
+    stats: collections.Counter = collections.Counter()
+
+    @profile
+    @given(onnx_models(), st.sampled_from(POLICIES))
+    def fuzz(case, sim_policy):
+        model, inputs, ops = case
+        _check(model, inputs, ops, sim_policy, stats)
+
+    fuzz()
+    return stats
+
+
+def _assert_not_vacuous(stats: collections.Counter) -> None:
+    assert stats["examples"] > 0
+    assert stats["refused"] < MAX_REFUSED * stats["examples"], f"too many refusals: {dict(stats)}"
+
+
+def test_random_graphs_match_onnxruntime_quick() -> None:
+    _assert_not_vacuous(_run_profile(QUICK))
+
+
+@pytest.mark.slow
+def test_random_graphs_match_onnxruntime_slow() -> None:
+    _assert_not_vacuous(_run_profile(SLOW))
