@@ -51,6 +51,11 @@ def _fits(shape) -> bool:
     return 0 < math.prod(shape) <= MAX_ELEMS and all(d >= 1 for d in shape)
 
 
+def _broadcasts(small, shape) -> bool:
+    """Whether `small` broadcasts to `shape` (right-aligned, each dim equal or 1)."""
+    return len(small) <= len(shape) and all(a in (1, b) for a, b in zip(small[::-1], shape[::-1]))
+
+
 def _add_op(b: _Builder, kind: str, x: str, shape: tuple[int, ...]) -> bool:
     """Append one op of `kind` reading `x`; False when it does not apply to this shape."""
     draw, rng, rank = b.draw, b.rng, len(shape)
@@ -67,11 +72,12 @@ def _add_op(b: _Builder, kind: str, x: str, shape: tuple[int, ...]) -> bool:
             op = draw(st.sampled_from(["Add", "Mul", "Sub"]))
             w = b.weight(_signed(rng, cshape))
             b.node(op, [w, x] if draw(st.booleans()) else [x, w], shape)
-    elif kind == "binary_pair":  # joins two branches: the DAG case
-        same = [n for n, s in b.tensors if s == shape and n != x]
+    elif kind == "binary_pair":  # joins two branches (the DAG case), e.g. x - ReduceMax(x, keepdims=1)
+        same = [n for n, s in b.tensors if n != x and _broadcasts(s, shape)]
         if not same:
             return False
-        b.node(draw(st.sampled_from(["Add", "Mul", "Sub"])), [x, draw(st.sampled_from(same))], shape)
+        y = draw(st.sampled_from(same))
+        b.node(draw(st.sampled_from(["Add", "Mul", "Sub"])), [y, x] if draw(st.booleans()) else [x, y], shape)
     elif kind == "reduce":
         axes = sorted(draw(st.sets(st.integers(0, rank - 1), min_size=1, max_size=rank)))
         keep = draw(st.booleans())
@@ -180,13 +186,18 @@ def _add_op(b: _Builder, kind: str, x: str, shape: tuple[int, ...]) -> bool:
 
 @st.composite
 def onnx_models(draw):
-    """(model, inputs, op list): a random valid float32 model with one input `x` and one output."""
+    """(model, inputs, op list): a random valid float32 model with one input `x`, its last value as output
+    and sometimes an intermediate as a second output."""
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     rank = draw(st.sampled_from([1, 2, 2, 3, 4, 4]))
-    shape = tuple(draw(st.lists(st.integers(1, 8), min_size=rank, max_size=rank)))
-    if not _fits(shape):
-        shape = tuple(min(d, 4) for d in shape)
+    # small dims, and a few past a warp or a tile so that tails show
+    shape = list(draw(st.lists(st.integers(1, 8) | st.sampled_from([13, 17, 33, 65]), min_size=rank,
+                               max_size=rank)))
+    while not _fits(shape):
+        k = shape.index(max(shape))
+        shape[k] = (shape[k] + 1) // 2
+    shape = tuple(shape)
     b = _Builder(draw, rng)
     b.tensors.append(("x", shape))
     n_ops = draw(st.integers(2, 6))
@@ -197,13 +208,16 @@ def onnx_models(draw):
         x, xshape = b.tensors[-1] if draw(st.integers(0, 3)) else draw(st.sampled_from(b.tensors))
         if not any(_add_op(b, draw(st.sampled_from(OPS)), x, xshape) for _ in range(4)):
             b.node("Relu", [x], xshape)
-    out, out_shape = b.tensors[-1]
+    outputs = [b.tensors[-1]]
+    if len(b.tensors) > 2 and draw(st.booleans()):  # an intermediate a fused kernel must still write out
+        outputs.append(draw(st.sampled_from(b.tensors[1:-1])))
     graph = helper.make_graph(
         b.nodes, "fuzz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, list(out_shape))], b.inits)
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in outputs], b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     onnx.checker.check_model(model, full_check=True)
     inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
-    got = [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim]
-    assert tuple(got) == out_shape, (got, out_shape)
+    for out, (_, want) in zip(inferred.graph.output, outputs):
+        got = tuple(d.dim_value for d in out.type.tensor_type.shape.dim)
+        assert got == want, (out.name, got, want)
     return model, {"x": _signed(rng, shape)}, b.ops

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from engine.api import load_graph
 from engine.codegen.generate import generate
+from engine.codegen.nvrtc import compile_cuda
 from engine.codegen.targets import render_cuda
 from engine.device import get_device
 from engine.errors import TileweaveError
@@ -31,7 +32,7 @@ SLOW = settings(QUICK, max_examples=1000)
 MAX_REFUSED = 0.2
 
 
-def _check(model, inputs, ops, sim_policy: str, stats: collections.Counter) -> None:
+def _check(model, inputs, ops, sim_policy: str, nvrtc: bool, stats: collections.Counter) -> None:
     note(f"ops: {ops}\n{model.graph}")
     stats["examples"] += 1
     with tempfile.TemporaryDirectory() as tmp:
@@ -51,7 +52,11 @@ def _check(model, inputs, ops, sim_policy: str, stats: collections.Counter) -> N
                     assert got[name].shape == value.shape, f"cpu {policy}: {name} shape"
                     assert support.max_rel_error(got[name], value) < TOL, f"cpu {policy}: {name}"
                 if policy == sim_policy:
-                    assert "__global__" in render_cuda(generate(plan, planned, device, target="cuda"))
+                    program = generate(plan, planned, device, target="cuda")
+                    source = render_cuda(program)
+                    if nvrtc:  # about 2 s a program: one example in four
+                        ptx = compile_cuda(source, name=program.name, arch="sm_80").ptx
+                        assert all(f".entry {k.name}(" in ptx for k in program.kernels)
                     result = run_model(planned, inputs, backend="cuda-sim", plan=plan)
                     assert result.sim.ok, "\n".join(result.sim.summary_lines())
                     for name, value in want.items():
@@ -72,10 +77,10 @@ def _run_profile(profile: settings) -> collections.Counter:
     stats: collections.Counter = collections.Counter()
 
     @profile
-    @given(onnx_models(), st.sampled_from(POLICIES))
-    def fuzz(case, sim_policy):
+    @given(onnx_models(), st.sampled_from(POLICIES), st.integers(0, 3))
+    def fuzz(case, sim_policy, nvrtc):
         model, inputs, ops = case
-        _check(model, inputs, ops, sim_policy, stats)
+        _check(model, inputs, ops, sim_policy, nvrtc == 0, stats)
 
     fuzz()
     return stats
