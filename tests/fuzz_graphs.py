@@ -109,21 +109,24 @@ def _add_op(b: _Builder, kind: str, x: str, shape: tuple[int, ...]) -> bool:
     elif kind == "gemm":
         if rank != 2:
             return False
-        n, trans_b = draw(st.integers(1, 12)), draw(st.booleans())
-        if not _fits((shape[0], n)):
+        n, trans_a, trans_b = draw(st.integers(1, 12)), draw(st.booleans()), draw(st.booleans())
+        rows, k = shape[::-1] if trans_a else shape
+        if not _fits((rows, n)):
             return False
-        w = _signed(rng, (n, shape[1]) if trans_b else (shape[1], n)) / np.float32(shape[1] ** 0.5)
-        bias = _signed(rng, draw(st.sampled_from([(n,), (1, n), (shape[0], n)])))
-        b.node("Gemm", [x, b.weight(w), b.weight(bias)], (shape[0], n), transB=int(trans_b),
+        w = _signed(rng, (n, k) if trans_b else (k, n)) / np.float32(k ** 0.5)
+        bias = _signed(rng, draw(st.sampled_from([(n,), (1, n), (rows, n)])))
+        b.node("Gemm", [x, b.weight(w), b.weight(bias)], (rows, n), transA=int(trans_a), transB=int(trans_b),
                alpha=draw(st.sampled_from([1.0, 0.5])), beta=draw(st.sampled_from([1.0, 2.0])))
     elif kind == "conv":
         if rank != 4:
             return False
         n, c, h, w_ = shape
         k = draw(st.integers(1, 3))
-        stride, dil, pad = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(0, 1))
+        stride, dil = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+        pads = draw(st.lists(st.integers(0, 1), min_size=4, max_size=4))  # [top, left, bottom, right]
         span = dil * (k - 1) + 1
-        oh, ow = (h + 2 * pad - span) // stride + 1, (w_ + 2 * pad - span) // stride + 1
+        oh = (h + pads[0] + pads[2] - span) // stride + 1
+        ow = (w_ + pads[1] + pads[3] - span) // stride + 1
         depthwise = c > 1 and draw(st.booleans())
         m = c if depthwise else draw(st.integers(1, 8))
         if oh < 1 or ow < 1 or not _fits((n, m, oh, ow)):
@@ -131,7 +134,7 @@ def _add_op(b: _Builder, kind: str, x: str, shape: tuple[int, ...]) -> bool:
         weight = _signed(rng, (m, 1 if depthwise else c, k, k)) / np.float32((k * k * (1 if depthwise else c)) ** 0.5)
         inputs = [x, b.weight(weight)] + ([b.weight(_signed(rng, (m,), 0.1, 0.5))] if draw(st.booleans()) else [])
         b.node("Conv", inputs, (n, m, oh, ow), kernel_shape=[k, k], strides=[stride, stride],
-               dilations=[dil, dil], pads=[pad] * 4, group=c if depthwise else 1)
+               dilations=[dil, dil], pads=pads, group=c if depthwise else 1)
     elif kind == "transpose":
         if rank < 2:
             return False
@@ -153,9 +156,13 @@ def _add_op(b: _Builder, kind: str, x: str, shape: tuple[int, ...]) -> bool:
         if d < 2:
             return False
         start = draw(st.integers(0, d - 1))
-        end = draw(st.integers(start + 1, d))
-        step = draw(st.integers(1, 2))
+        step = draw(st.sampled_from([1, 2, -1, -2]))
+        if step > 0:
+            end = draw(st.integers(start + 1, d))
+        else:  # backwards: end -d-1 (or below) reaches element 0
+            end = draw(st.integers(-1, start - 1))
         length = len(range(start, end, step))
+        end = -d - 1 if end == -1 else end
         out = shape[:ax] + (length,) + shape[ax + 1:]
         b.node("Slice", [x, b.weight(np.asarray([start], np.int64)), b.weight(np.asarray([end], np.int64)),
                          b.weight(np.asarray([ax - rank if draw(st.booleans()) else ax], np.int64)),

@@ -26,9 +26,9 @@ from engine.schedule.pipeline import plan_model
 from engine.schedule.policies import POLICIES
 
 TOL = 1e-3
-QUICK = settings(max_examples=20, deadline=None, derandomize=True, database=None,
+QUICK = settings(max_examples=25, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-SLOW = settings(QUICK, max_examples=1000)
+SLOW = settings(QUICK, max_examples=1000, derandomize=False, print_blob=True)  # explores anew each run
 MAX_REFUSED = 0.2
 
 
