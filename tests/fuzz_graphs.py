@@ -59,6 +59,8 @@ def _broadcasts(small, shape) -> bool:
 def _add_op(b: _Builder, kind: str, x: str, shape: tuple[int, ...]) -> bool:
     """Append one op of `kind` reading `x`; False when it does not apply to this shape."""
     draw, rng, rank = b.draw, b.rng, len(shape)
+    if rank == 0 and kind not in ("unary", "exp", "binary_const", "div", "binary_pair", "reshape"):
+        return False
     if kind == "unary":
         b.node(draw(st.sampled_from(["Relu", "Sigmoid", "Tanh"])), [x], shape)
     elif kind == "exp":  # Exp of a bounded value (Tanh first) stays finite
@@ -80,9 +82,7 @@ def _add_op(b: _Builder, kind: str, x: str, shape: tuple[int, ...]) -> bool:
         b.node(draw(st.sampled_from(["Add", "Mul", "Sub"])), [y, x] if draw(st.booleans()) else [x, y], shape)
     elif kind == "reduce":
         axes = sorted(draw(st.sets(st.integers(0, rank - 1), min_size=1, max_size=rank)))
-        keep = draw(st.booleans())
-        if not keep and len(axes) == rank:
-            keep = True
+        keep = draw(st.booleans())  # keepdims=0 over every axis: a rank-0 result
         out = tuple(1 if k in axes else d for k, d in enumerate(shape)) if keep else \
             tuple(d for k, d in enumerate(shape) if k not in axes)
         op = draw(st.sampled_from(["ReduceSum", "ReduceMean", "ReduceMax"]))
@@ -179,7 +179,7 @@ def _add_op(b: _Builder, kind: str, x: str, shape: tuple[int, ...]) -> bool:
     elif kind == "gather":
         ax = draw(st.integers(0, rank - 1))
         d = shape[ax]
-        scalar = rank > 1 and draw(st.booleans())
+        scalar = draw(st.booleans())  # a scalar index on a rank-1 value: a rank-0 result
         count = 1 if scalar else draw(st.integers(1, 4))
         idx = rng.integers(-d, d, count).astype(np.int64)
         out = shape[:ax] + (() if scalar else (count,)) + shape[ax + 1:]
