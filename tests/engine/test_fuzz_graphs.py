@@ -126,3 +126,21 @@ def test_shrunk_rank0_reduction_runs_under_cuda_sim() -> None:
     for policy in POLICIES:
         _check(model, {"x": np.array([1.1369617], np.float32)}, ["Tanh", "Exp", "ReduceSum"], policy, False, stats)
     assert stats["refused"] == 0
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="open bug: stitch's softmax over 260 elements reads tw_red bytes 12+ in shared memory "
+                          "that no thread wrote (cuda-sim uninitialized_read; found by the graph fuzzer)")
+def test_shrunk_softmax_260_stitch_reads_unwritten_shared() -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["t"]),
+             helper.make_node("Softmax", ["t"], ["y"], axis=0)]
+    graph = helper.make_graph(nodes, "fuzz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 65])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [260])],
+                              [numpy_helper.from_array(np.array([260], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model, full_check=True)
+    rng = np.random.default_rng(0)
+    x = (rng.uniform(0.5, 1.5, (4, 65)) * rng.choice([-1.0, 1.0], (4, 65))).astype(np.float32)
+    _check(model, {"x": x}, ["Reshape", "Relu", "Softmax"], "stitch", False, collections.Counter())
