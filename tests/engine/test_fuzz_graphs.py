@@ -129,8 +129,9 @@ def test_shrunk_rank0_reduction_runs_under_cuda_sim() -> None:
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="open bug: stitch's softmax over 260 elements reads tw_red bytes 12+ in shared memory "
-                          "that no thread wrote (cuda-sim uninitialized_read; found by the graph fuzzer)")
+                   reason="open bug: stitch's softmax over 260 elements launches 96 threads with 64 lanes per row, "
+                          "so the third warp forms a partial group that reads tw_red[3], written by no warp "
+                          "(cuda-sim uninitialized_read; found by the graph fuzzer)")
 def test_shrunk_softmax_260_stitch_reads_unwritten_shared() -> None:
     from onnx import TensorProto, helper, numpy_helper
 
