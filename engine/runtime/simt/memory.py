@@ -80,7 +80,7 @@ class Memory:
 def garbage(shape, dtype) -> np.ndarray:
     """An uninitialised device tensor: every byte 0xFF (NaN for floats), so reads of it show in values too."""
     arr = np.empty(shape, dtype)
-    arr.view(np.uint8).reshape(-1)[:] = 0xFF
+    arr.reshape(-1).view(np.uint8)[:] = 0xFF  # flat first: numpy cannot view a 0-d array as bytes
     return arr
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from simt_samples import sample  # noqa: E402
@@ -14,7 +15,7 @@ from simt_samples import sample  # noqa: E402
 from engine.codegen.api import kernel_units  # noqa: E402
 from engine.codegen.generate import generate  # noqa: E402
 from engine.runtime.simt import run_simt  # noqa: E402
-from engine.runtime.simt.memory import Memory, SharedRegion, shared_regions  # noqa: E402
+from engine.runtime.simt.memory import Memory, SharedRegion, garbage, shared_regions  # noqa: E402
 from engine.schedule.pipeline import plan_model  # noqa: E402
 
 
@@ -71,3 +72,11 @@ def test_forgotten_arena_tensors_read_as_never_written() -> None:
         assert (words[:8, 1] == 0xFFFFFFFE).all() and (words[8:, 1] == 0xFFFFFFFF).all()
     finally:
         mem.close()
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (2, 3)])
+def test_garbage_fills_every_byte_at_any_rank(shape) -> None:
+    # A rank-0 output (ReduceSum over every axis, keepdims=0) used to raise in numpy's byte view (graph fuzzer).
+    arr = garbage(shape, np.float32)
+    assert arr.shape == shape and np.isnan(arr).all()
+    assert (arr.reshape(-1).view(np.uint8) == 0xFF).all()
