@@ -1113,7 +1113,9 @@ class CudaPrinter(Printer):
                   f"    const int lane = threadIdx.x % {lanes}, grp = threadIdx.x / {lanes}, ngrp = {self.block_dim} / {lanes};",
                   # Every thread runs the same trip count, so the full-mask shuffles below are legal.
                   "    for (int base = 0; base < n_e; base += ngrp) {",
-                  "        const int e = base + grp;"]
+                  # Threads past the last whole group (96 threads, 64 lanes per row) idle: a partial group
+                  # would reduce its row with some lanes missing.
+                  "        const int e = grp < ngrp ? base + grp : n_e;"]
         ct = self.compute_type(phase.body.dtype)
         ident = {Combine.SUM: "0.0f", Combine.PROD: "1.0f", Combine.MAX: f"(-{self.inf})",
                  Combine.MIN: self.inf}[phase.combine]
@@ -1137,7 +1139,7 @@ class CudaPrinter(Printer):
                      "if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = part;",
                      self.block_barrier,
                      "if (lane < 32) {",
-                     f"    part = lane < {warps} ? red[grp * {warps} + lane] : {ident};",
+                     f"    part = lane < {warps} && grp < ngrp ? red[grp * {warps} + lane] : {ident};",
                      f"    for (int off = {min(warps, 32) // 2 or 1}; off > 0; off >>= 1) {{",
                      f"        const {ct} o = __shfl_down_sync(0xffffffffu, part, off, 32);",
                      f"        {combine[phase.combine]}", "    }", "}",

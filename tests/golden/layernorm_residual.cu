@@ -23,7 +23,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
             const int n_e = (s_ReduceMean_2_out__sum_hi0 - s_ReduceMean_2_out__sum_lo0) * (s_ReduceMean_2_out__sum_hi1 - s_ReduceMean_2_out__sum_lo1);
             const int lane = threadIdx.x % 128, grp = threadIdx.x / 128, ngrp = blockDim.x / 128;
             for (int base = 0; base < n_e; base += ngrp) {
-                const int e = base + grp;
+                const int e = grp < ngrp ? base + grp : n_e;
                 float part = 0.0f;
                 if (e < n_e) {
                     int rem = e;
@@ -47,7 +47,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
                 if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = part;
                 __syncthreads();
                 if (lane < 32) {
-                    part = lane < 4 ? red[grp * 4 + lane] : 0.0f;
+                    part = lane < 4 && grp < ngrp ? red[grp * 4 + lane] : 0.0f;
                     for (int off = 2; off > 0; off >>= 1) {
                         const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
                         part += o;
@@ -67,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
             const int n_e = (s_ReduceMean_6_out__sum_hi0 - s_ReduceMean_6_out__sum_lo0) * (s_ReduceMean_6_out__sum_hi1 - s_ReduceMean_6_out__sum_lo1);
             const int lane = threadIdx.x % 128, grp = threadIdx.x / 128, ngrp = blockDim.x / 128;
             for (int base = 0; base < n_e; base += ngrp) {
-                const int e = base + grp;
+                const int e = grp < ngrp ? base + grp : n_e;
                 float part = 0.0f;
                 if (e < n_e) {
                     int rem = e;
@@ -95,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_add_mean_sub_pow_etc(const
                 if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = part;
                 __syncthreads();
                 if (lane < 32) {
-                    part = lane < 4 ? red[grp * 4 + lane] : 0.0f;
+                    part = lane < 4 && grp < ngrp ? red[grp * 4 + lane] : 0.0f;
                     for (int off = 2; off > 0; off >>= 1) {
                         const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
                         part += o;

@@ -29,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
             const int n_e = (s_probs__max_hi0 - s_probs__max_lo0) * (s_probs__max_hi1 - s_probs__max_lo1) * (s_probs__max_hi2 - s_probs__max_lo2) * (s_probs__max_hi3 - s_probs__max_lo3);
             const int lane = threadIdx.x % 64, grp = threadIdx.x / 64, ngrp = blockDim.x / 64;
             for (int base = 0; base < n_e; base += ngrp) {
-                const int e = base + grp;
+                const int e = grp < ngrp ? base + grp : n_e;
                 float part = (-__int_as_float(0x7f800000));
                 if (e < n_e) {
                     int rem = e;
@@ -57,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
                 if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = part;
                 __syncthreads();
                 if (lane < 32) {
-                    part = lane < 2 ? red[grp * 2 + lane] : (-__int_as_float(0x7f800000));
+                    part = lane < 2 && grp < ngrp ? red[grp * 2 + lane] : (-__int_as_float(0x7f800000));
                     for (int off = 1; off > 0; off >>= 1) {
                         const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
                         part = o > part ? o : part;
@@ -79,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
             const int n_e = (s_probs__sum_hi0 - s_probs__sum_lo0) * (s_probs__sum_hi1 - s_probs__sum_lo1) * (s_probs__sum_hi2 - s_probs__sum_lo2) * (s_probs__sum_hi3 - s_probs__sum_lo3);
             const int lane = threadIdx.x % 64, grp = threadIdx.x / 64, ngrp = blockDim.x / 64;
             for (int base = 0; base < n_e; base += ngrp) {
-                const int e = base + grp;
+                const int e = grp < ngrp ? base + grp : n_e;
                 float part = 0.0f;
                 if (e < n_e) {
                     int rem = e;
@@ -110,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(128) k00_where_mul_add_softmax_etc(
                 if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = part;
                 __syncthreads();
                 if (lane < 32) {
-                    part = lane < 2 ? red[grp * 2 + lane] : 0.0f;
+                    part = lane < 2 && grp < ngrp ? red[grp * 2 + lane] : 0.0f;
                     for (int off = 1; off > 0; off >>= 1) {
                         const float o = __shfl_down_sync(0xffffffffu, part, off, 32);
                         part += o;
