@@ -63,3 +63,17 @@ def external_data_model(location: str) -> onnx.ModelProto:
 
 
 EXTERNAL_W = (np.arange(6, dtype=np.float32) + 1).reshape(2, 3)
+
+
+def random_feeds(graph, seed: int) -> dict[str, np.ndarray]:
+    """Random inputs for `graph` (normal floats, mostly-true masks, small integer indices), never zeros."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for t in graph.inputs:
+        if t.dtype.is_float:
+            feeds[t.name] = rng.standard_normal(t.shape).astype(t.dtype.np)
+        elif t.dtype.value == "bool":
+            feeds[t.name] = rng.random(t.shape) < 0.7
+        else:
+            feeds[t.name] = rng.integers(0, 4, t.shape).astype(t.dtype.np)
+    return feeds

@@ -8,25 +8,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+from support import random_feeds  # shared with the edit fuzzer; the codegen tests import it from here
 
 SAMPLES = Path(__file__).resolve().parents[3] / "samples"
 CATALOG = json.loads((SAMPLES / "catalog.json").read_text())
 RUNNABLE = [e["name"] for e in CATALOG if e["category"] != "scale"]
 MEMORY_INTENSIVE = [e["name"] for e in CATALOG if e["category"] == "memory-intensive"]
-
-
-def random_feeds(graph, seed: int) -> dict[str, np.ndarray]:
-    """Random inputs for `graph` (normal floats, mostly-true masks, small integer indices), never zeros."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for t in graph.inputs:
-        if t.dtype.is_float:
-            feeds[t.name] = rng.standard_normal(t.shape).astype(t.dtype.np)
-        elif t.dtype.value == "bool":
-            feeds[t.name] = rng.random(t.shape) < 0.7
-        else:
-            feeds[t.name] = rng.integers(0, 4, t.shape).astype(t.dtype.np)
-    return feeds
 
 
 @functools.cache

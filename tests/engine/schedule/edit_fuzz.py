@@ -60,15 +60,9 @@ def oracle(name: str, seed: int = 7) -> tuple[dict, dict]:
     import onnxruntime as ort
 
     data, graph = load_fuzz_model(name)
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for t in graph.inputs:
-        if t.dtype.is_float:
-            feeds[t.name] = rng.standard_normal(t.shape).astype(t.dtype.np)
-        elif t.dtype.value == "bool":
-            feeds[t.name] = rng.random(t.shape) < 0.7
-        else:
-            feeds[t.name] = rng.integers(1, 4, t.shape).astype(t.dtype.np)
+    from support import random_feeds
+
+    feeds = random_feeds(graph, seed)
     sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return feeds, dict(zip(names, sess.run(names, feeds)))
