@@ -395,14 +395,6 @@ def _hull_many(a: tuple | None, b: tuple) -> tuple:
     return lo, hi
 
 
-def _hull(a: Box | None, b: Box | None) -> Box | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return tuple((min(x[0], y[0]), max(x[1], y[1])) for x, y in zip(a, b))
-
-
 def _build_segment(tile, names, graph, conns, members, params, locals_, gname, sample=False) -> Segment:
     """One segment's phases: every stage computed once per element of its region per tile, in a phase
     of its own (stored to a block buffer for in-segment consumers, to global memory for the others), or
