@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 JOBS    ?= auto
 
-.PHONY: run test test-fast test-slow test-gpu test-browser lint venv install install-dev sys-deps samples clean
+.PHONY: run test test-fast test-slow test-fuzz test-gpu test-browser lint venv install install-dev sys-deps samples clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,11 @@ test: install-dev sys-deps
 
 test-slow: install-dev
 	$(BIN)/python -m pytest -q -n $(JOBS) -m slow
+
+# The graph fuzzer's slow profile (1,000 random ONNX graphs in 8 fixed-seed shards, every policy, onnxruntime
+# as oracle); .ci/run runs it after `make test`. TILEWEAVE_FUZZ_SEED=random explores anew.
+test-fuzz: install-dev
+	$(BIN)/python -m pytest -q -n $(JOBS) -m slow tests/engine/test_fuzz_graphs.py
 
 # The first thing to run on a machine with an NVIDIA GPU (driver R580+, docs/gpu.md): every sample x policy
 # and the persistent kernel on the device, against onnxruntime. One process: the tests share the GPU.
