@@ -772,18 +772,18 @@ class CPrinter(Printer):
         taps += ["        " + x for x in self.conv_tap_vars(phase) + w_lines
                  + [f"st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw] = {w_val};"]] + ["    }", "}"]
         if direct is None:
-            def xrow(rr: int) -> list[str]:
+            def xrow(rr: int, tap: str = "kh", name: str = "x") -> list[str]:
                 # Window column (q0 + q) * sw + kw * dw sits in phase (kw * dw) % sw at (kw * dw) / sw + q0 + q.
                 at = f"kw * {dw} + q0" if sw == 1 else f"(kw * {dw}) % {sw} * {wwp // sw} + (kw * {dw}) / {sw} + q0"
-                return [f"const float* restrict x{rr} = st_x + (cl * {wh} + (oh + {rr}) * {sh} + kh * {dh}) * {wwp}"
-                        f" + {at};"]
+                return [f"const float* restrict {name}{rr} = st_x + (cl * {wh} + (oh + {rr}) * {sh} + ({tap}) * {dh})"
+                        f" * {wwp} + {at};"]
         else:  # an unpadded plain load: window rows are rows of the tensor, read in place
             (h, w), chans = c.window_vars, [] if c.depthwise else self.conv_chan_vars(phase, "c0 + cl")
 
-            def xrow(rr: int) -> list[str]:
-                return [f"const float* restrict x{rr};", "{"] + ["    " + x for x in chans] + [
-                    f"    const int {h} = (oh_lo + oh + {rr}) * {sh} + kh * {dh}, {w} = (ow_lo + q0) * {sw} + kw * {dw};",
-                    f"    x{rr} = {direct};", "}"]
+            def xrow(rr: int, tap: str = "kh", name: str = "x") -> list[str]:
+                return [f"const float* restrict {name}{rr};", "{"] + ["    " + x for x in chans] + [
+                    f"    const int {h} = (oh_lo + oh + {rr}) * {sh} + ({tap}) * {dh}, {w} = (ow_lo + q0) * {sw} + kw * {dw};",
+                    f"    {name}{rr} = {direct};", "}"]
         # C0_FMA / C0_VFMA: one rounding per step where the host has an FMA (-ffp-contract=off keeps
         # GCC from fusing a plain a * x + r). No per-kernel optimize/target attribute: GCC will not
         # inline the math helpers (c0_fmaf, erf, exp) across one, and a fused conv + GEMM kernel
@@ -829,17 +829,35 @@ class CPrinter(Printer):
             sums = [(cc, rr, j) for cc in range(nc) for rr in range(nr) for j in range(nv)]
             body += [f"{t} r{cc}_{rr}_{j}; __builtin_memcpy(&r{cc}_{rr}_{j}, arow{cc}_{rr} + {j * vw}, {nb});"
                      for cc, rr, j in sums]
+            def step_lines(tap: str, a: str, x: str, r: str) -> list[str]:
+                """One (tap row, kw) step: weights a, window rows x, sums r += a * x."""
+                out = []
+                for cc in range(nc):
+                    out += [f"const float s{a}{cc} = st_w[(((col + {cc}) * {step} + cl) * {kh} + {tap}) * {kw} + kw];",
+                            f"const {t} {a}{cc} = {{{', '.join([f's{a}{cc}'] * vw)}}};"]
+                for rr in range(nr):
+                    out += xrow(rr, tap, x)
+                    out += [f"{t} {x}{rr}_{j}; __builtin_memcpy(&{x}{rr}_{j}, {x}{rr} + {j * vw}, {nb});" for j in range(nv)]
+                    if ahead:  # the same row PREFETCH_CHANNELS input channels on (no fault past the end)
+                        out += [f"__builtin_prefetch({x}{rr} + {ahead + j * 16}, 0, 3);" for j in range(-(-nv * vw // 16))]
+                return out + [f"{r}{cc}_{rr}_{j} = C0_VFMA({a}{cc}, {x}{rr}_{j}, {r}{cc}_{rr}_{j});" for cc, rr, j in sums]
+
             body += [] if c.depthwise else ["for (int cl = 0; cl < c_k; ++cl)"]
-            body += [f"for (int kh = 0; kh < {kh}; ++kh)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
-            for cc in range(nc):
-                body += [f"    const float s{cc} = st_w[(((col + {cc}) * {step} + cl) * {kh} + kh) * {kw} + kw];",
-                         f"    const {t} a{cc} = {{{', '.join([f's{cc}'] * vw)}}};"]
-            for rr in range(nr):
-                body += ["    " + x for x in xrow(rr)]
-                body += [f"    {t} x{rr}_{j}; __builtin_memcpy(&x{rr}_{j}, x{rr} + {j * vw}, {nb});" for j in range(nv)]
-                if ahead:  # the same row PREFETCH_CHANNELS input channels on (no fault past the end)
-                    body += [f"    __builtin_prefetch(x{rr} + {ahead + j * 16}, 0, 3);" for j in range(-(-nv * vw // 16))]
-            body += [f"    r{cc}_{rr}_{j} = C0_VFMA(a{cc}, x{rr}_{j}, r{cc}_{rr}_{j});" for cc, rr, j in sums] + ["}"]
+            if len(sums) < 4 and c.depthwise and kh > 1:
+                # Fewer sums than the FMA latency hides (a depthwise tile one output row high): even and
+                # odd tap rows go to two chains of sums, added at the end (a different summation order,
+                # within rounding: measured 28 % of a convnext segment waiting on one FMA chain).
+                body += [f"{t} e{cc}_{rr}_{j} = {{0}};" for cc, rr, j in sums]
+                body += [f"for (int kh = 0; kh + 1 < {kh}; kh += 2)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
+                body += ["    " + x for x in step_lines("kh", "a", "x", "r") + step_lines("kh + 1", "b", "y", "e")]
+                body += ["}"]
+                if kh % 2:
+                    body += [f"for (int kw = 0; kw < {kw}; ++kw) {{", f"    const int kt = {kh - 1};"]
+                    body += ["    " + x for x in step_lines("kt", "a", "x", "r")] + ["}"]
+                body += [f"r{cc}_{rr}_{j} += e{cc}_{rr}_{j};" for cc, rr, j in sums]
+            else:
+                body += [f"for (int kh = 0; kh < {kh}; ++kh)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
+                body += ["    " + x for x in step_lines("kh", "a", "x", "r")] + ["}"]
             body += [f"__builtin_memcpy(arow{cc}_{rr} + {j * vw}, &r{cc}_{rr}_{j}, {nb});" for cc, rr, j in sums]
             return ["{"] + ["    " + x for x in body] + ["}"]
 
@@ -877,13 +895,22 @@ class CPrinter(Printer):
             chans = self.conv_chan_vars(phase, "c0 + cl")
             lines += [f"    for (int c0 = 0; c0 < {c.channels}; c0 += {step}) {{",
                       f"        const int c_k = {c.channels} - c0 < {step} ? {c.channels} - c0 : {step};"]
-            if window:
+            if window and len(c.chan_vars) == 1 and _k_inner(kernel, c.x, c.chan_vars[0], c.window_vars[1]):
+                lines += ["        " + x for x in self.conv_stage_channels_last(kernel, phase, wwp, step, chans)]
+            elif window:
                 lines += ["        for (int cl = 0; cl < c_k; ++cl) {"]
                 lines += ["            " + x for x in chans + window] + ["        }"]
-            lines += ["        for (int col = 0; col < c_n; ++col) {",
-                      "            const int i1 = c_lo + col;",
-                      "            for (int cl = 0; cl < c_k; ++cl) {"]
-            lines += ["                " + x for x in chans + taps]
+            # Weights stored input-channel-major (a GEMM's [K, N] read as a 1x1 conv): the output channel
+            # innermost, so the loads are contiguous (column-wise reads of a 64 KiB panel missed L1 on
+            # every load: 55 % of convnext's last MLP segment).
+            if len(c.chan_vars) == 1 and _k_inner(kernel, c.w, "i1", c.chan_vars[0]):
+                lines += ["        for (int cl = 0; cl < c_k; ++cl) {"] + ["            " + x for x in chans]
+                lines += ["            for (int col = 0; col < c_n; ++col) {", "                const int i1 = c_lo + col;"]
+            else:
+                lines += ["        for (int col = 0; col < c_n; ++col) {",
+                          "            const int i1 = c_lo + col;",
+                          "            for (int cl = 0; cl < c_k; ++cl) {"] + ["                " + x for x in chans]
+            lines += ["                " + x for x in taps]
             lines += ["            }", "        }", "        {"] + ["            " + x for x in update] + ["        }", "    }"]
         epilogue = self.gemm_epilogue(kernel, phase, f"acc[(col * {oh} + oh) * {owp} + q]")
         lines += ["    for (int col = 0; col < c_n; ++col) {",
@@ -952,6 +979,29 @@ class CPrinter(Printer):
             lines += ["            " + x for x in fast] + ["        }", "    }"]
         lines += ["    for (int ww = w_b; ww < ww_n; ++ww) {"]
         lines += ["        " + x for x in checked] + ["    }", "}"]
+        return lines
+
+    def conv_stage_channels_last(self, kernel: Kernel, phase: Phase, wwp: int, step: int,
+                                 chans: list[str]) -> list[str]:
+        """conv_stage_window for an input whose channels are contiguous (a pointwise conv reading a
+        channels-last GEMM output, as ConvNeXt's MLP does): per window position the step's channels
+        are computed in a vectorised loop (unit-stride loads, so the factor's own math — a GELU's erf —
+        runs in vector lanes) into a row, then stored to the channel-major staged window. Measured:
+        the column-innermost order ran convnext's GELU scalar, 128-element strides apart."""
+        c = phase.conv
+        (h, w), (sh, sw) = c.window_vars, c.strides
+        wh = c.window[0]
+        x_lines, x_val = self.conv_operand(kernel, phase, "x")
+        col = "ww" if sw == 1 else f"ww % {sw} * {wwp // sw} + ww / {sw}"
+        lines = ["for (int cl = 0; cl < c_k; ++cl)",
+                 "    for (int hh = 0; hh < wh_n; ++hh)",
+                 f"        for (int ww = ww_n; ww < {wwp}; ++ww) st_x[(cl * {wh} + hh) * {wwp} + {col}] = 0.0f;",
+                 "for (int hh = 0; hh < wh_n; ++hh) {", f"    const int {h} = oh_lo * {sh} + hh;",
+                 "    for (int ww = 0; ww < ww_n; ++ww) {", f"        const int {w} = ow_lo * {sw} + ww;",
+                 f"        float st_c[{step}];", "        #pragma omp simd", "        for (int cl = 0; cl < c_k; ++cl) {"]
+        lines += ["            " + x for x in chans + x_lines + [f"st_c[cl] = {x_val};"]]
+        lines += ["        }", "        for (int cl = 0; cl < c_k; ++cl)",
+                  f"            st_x[(cl * {wh} + hh) * {wwp} + {col}] = st_c[cl];", "    }", "}"]
         return lines
 
     def cache_line_values(self, kernel: Kernel, phase: Phase, tag: str, ssa: BodyWriter) -> list[str]:

@@ -85,6 +85,10 @@ CASES = {
     "depthwise_stride2_same": ((1, 5, 12, 12), 5, (3, 3), {"group": 5, "strides": [2, 2], "auto_pad": "SAME_UPPER"},
                                (1, 2, 3, 6)),
     "depthwise_5x5_valid": ((1, 3, 11, 9), 3, (5, 5), {"group": 3}, (1, 3, 7, 5)),
+    # one output row per tile (ConvNeXt's 7x7 under welder): tap rows split over two chains of sums
+    "depthwise_7x7_one_row": ((1, 4, 9, 16), 4, (7, 7), {"group": 4, "pads": [3, 3, 3, 3]}, (1, 4, 1, 16)),
+    "depthwise_4x3_dilated_one_row": ((1, 3, 12, 16), 3, (4, 3), {"group": 3, "dilations": [2, 1],
+                                                                   "pads": [3, 1, 3, 1]}, (1, 3, 1, 16)),
 }
 
 
@@ -269,3 +273,40 @@ def test_fused_conv_kernels_inline_every_math_helper(tmp_path):
                            "-fopt-info-inline-missed"], capture_output=True, text=True, check=True)
     missed = [ln for ln in proc.stderr.splitlines() if "mismatch" in ln]
     assert not missed, missed[:3]
+
+
+@pytest.mark.parametrize("case", ["depthwise_7x7_one_row", "depthwise_4x3_dilated_one_row"])
+def test_one_row_depthwise_tiles_sum_in_two_chains(tmp_path, case):
+    """A depthwise tile one output row high has one vector of sums per channel: the C target splits
+    its tap rows over two independent chains (even and odd rows, added at the end) so the FMA latency
+    is hidden; odd and even tap counts, dilation, padding; the result matches the reference."""
+    x_shape, co, kernel, attrs, tile = CASES[case]
+    graph = load_graph(_conv_model(tmp_path / "conv.onnx", x_shape, co, kernel, **attrs))
+    program = generate(_plan(graph, tile), graph, target="c")
+    source = render_c(program)
+    assert f"for (int kh = 0; kh + 1 < {kernel[0]}; kh += 2)" in source
+    assert ("const int kt = 6;" in source) == (kernel[0] % 2 == 1)
+    x = np.random.default_rng(17).standard_normal(x_shape).astype(np.float32)
+    outs, _ = run_cpu(compile_program_c(program), graph.specs, {"x": x}, graph.weights)
+    assert max_rel_error(outs["y"], run_reference(graph, {"x": x})["y"]) < TOL
+
+
+def test_channels_last_pointwise_conv_stages_channels_innermost(tmp_path):
+    """ConvNeXt's second MLP GEMM runs as a 1x1 direct conv whose input is the first GEMM's channels-last
+    output through GELU: the staging loop runs the channels innermost (unit stride, so the GELU is
+    vectorised; column-innermost it ran scalar, 128 floats apart) and the weights [K, N] are staged
+    output-channel innermost (contiguous loads); the welder program matches the reference."""
+    from chains import convnext_block
+
+    model, _, _ = convnext_block()
+    onnx.save(model, tmp_path / "block.onnx")
+    graph = load_graph(tmp_path / "block.onnx")
+    program = generate(policy_plan(graph, "welder"), graph, target="c")
+    source = render_c(program)
+    assert "st_c[cl] = " in source
+    name = graph.inputs[0].name
+    x = np.random.default_rng(23).standard_normal(graph.inputs[0].shape).astype(np.float32)
+    outs, _ = run_cpu(compile_program_c(program), graph.specs, {name: x}, graph.weights)
+    want = run_reference(graph, {name: x})
+    for out in graph.outputs:
+        assert max_rel_error(outs[out], want[out]) < TOL
