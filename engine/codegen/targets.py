@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.codegen.conv import window_interior
-from engine.codegen.kexpr import Guard, Reduce, free_vars, kmap, kwalk, substitute_body
+from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kmap, kwalk, substitute_body
 from engine.codegen.kir import Kernel, Phase, Program, Scope, Segment
 from engine.codegen.printer import BodyWriter, Printer, invariant_values
 from engine.ir import expr as E
@@ -303,6 +303,31 @@ def conv_rows(cols: int, out_rows: int, channels: int = 1) -> int:
     if conv_vector() == 16:
         return 1 if channels > 1 else max(1, min(4, 8 // nv, out_rows))
     return max(1, min(4, 12 // (channels * nv), out_rows))
+
+
+def axpy_sums(kernel: Kernel, body, var: str) -> list[Reduce]:
+    """Inlined sums in `body` (not under a guard or another reduction) that a phase's innermost loop
+    over `var` should run column-wise: their summands read memory contiguously along `var` (a weight
+    row B[k, j]) or not at all, never contiguously along the sum's own innermost variable, so
+    `for k: for j (simd): acc[j] += a(k) * B[k, j]` streams rows where the per-element form walks a
+    column of B for every output (mobilevit's attention projections: 4 x 2 x 32 regions, which the
+    GEMM path does not take, ran as scalar dot products down strided columns)."""
+    found, stack = [], [body]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Guard):
+            continue
+        if not isinstance(n, Reduce):
+            stack.extend(kchildren(n))
+            continue
+        if n.combine != Combine.SUM or n.dtype != DType.F32 or var not in free_vars(n.body) \
+                or any(isinstance(x, (Reduce, Guard)) and x is not n for x in kwalk(n.body) if var in free_vars(x)):
+            continue
+        loads = [x for x in kwalk(n.body) if isinstance(x, E.Load) and x.index and var in free_vars(x)]
+        strides = [(_flat_stride(kernel, x, var), _flat_stride(kernel, x, n.vars[-1])) for x in loads]
+        if loads and all(sv in (1, None) and sk != 1 for sv, sk in strides) and any(sv == 1 for sv, _ in strides):
+            found.append(n)
+    return found
 
 
 def _occurs(body, target) -> bool:
@@ -1066,6 +1091,7 @@ class CPrinter(Printer):
                     pre.value(node)
                 ssa.memo = pre.memo
                 lines += [depth + x for x in pre.lines]
+                lines += [depth + x for x in self.column_sums(kernel, phase, tag, ssa, d)]
             # A one-wide axis is a constant, not a loop: GCC gives up vectorising a reduction loop
             # nested in single-iteration loops with run-time bounds ("control flow in loop").
             lines.append(f"{depth}{{ const int i{d} = {tag}_lo{d};" if single[d] else
@@ -1087,6 +1113,39 @@ class CPrinter(Printer):
         for d in reversed(range(r)):
             lines.append("    " * (d + 1) + "}")
         return lines + ["}"]
+
+    def column_sums(self, kernel: Kernel, phase: Phase, tag: str, ssa: BodyWriter, d: int) -> list[str]:
+        """The axpy_sums of a phase's body, before its innermost loop over i{d}: one accumulator row
+        per sum, the sum's loop outside and the columns inside (vectorised); the parts of a summand
+        that do not depend on the column (an A element, a LayerNorm of it) are computed once per k.
+        Each element still adds its terms in k order. `ssa` then reads the row."""
+        var, lo, hi = f"i{d}", f"{tag}_lo{d}", f"{tag}_hi{d}"
+        ext = phase.region.extent[d]
+        out = []
+        for k, node in enumerate(axpy_sums(kernel, phase.body, var) if ext <= _MAX_LINE else []):
+            if node in ssa.memo:
+                continue
+            name = f"ax{k}"
+            out += [f"float {name}[{ext}];", "#pragma omp simd",
+                    f"for (int {var} = {lo}; {var} < {hi}; ++{var}) {name}[{var} - {lo}] = 0.0f;"]
+            ranges = ssa.ranges | {v: (0, n - 1) for v, n in zip(node.vars, node.extents)}
+            outer = BodyWriter(self, kernel, ranges, ssa.counter)
+            outer.memo = dict(ssa.memo)
+            for x in invariant_values(node.body, {var}, known=set(outer.memo)):
+                outer.value(x)
+            inner = BodyWriter(self, kernel, ranges, ssa.counter)
+            inner.memo = dict(outer.memo)
+            v = inner.value(node.body)
+            depth = ""
+            for rv, n in zip(node.vars, node.extents):
+                out.append(f"{depth}for (int {rv} = 0; {rv} < {n}; ++{rv}) {{")
+                depth += "    "
+            out += [depth + x for x in outer.lines]
+            out += [f"{depth}#pragma omp simd", f"{depth}for (int {var} = {lo}; {var} < {hi}; ++{var}) {{"]
+            out += [depth + "    " + x for x in inner.lines + [f"{name}[{var} - {lo}] += {v};"]]
+            out += [depth + "}"] + ["    " * j + "}" for j in reversed(range(len(node.vars)))]
+            ssa.memo[node] = f"{name}[{var} - {lo}]"
+        return out
 
     def tile_loop(self, seg: Segment) -> list[str]:
         # Guided: on a shared machine one OpenMP thread may be descheduled for a whole time slice;

@@ -199,3 +199,37 @@ def test_weight_panels_are_staged_once_per_column_tile():
     assert "st_b[" in c  # per-tile staging where B is not a weight
     got = _run(graph, program, inputs)
     assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-3
+
+
+def test_batched_projection_sums_run_column_wise(tmp_path):
+    """A sum inlined into a per-element phase whose region is several rows of several batch entries
+    (mobilevit's attention projections: 4 x 2 x 32 tiles, which the GEMM path does not take) runs with
+    the sum outside and the columns inside — acc[j] += a(k) * W[k, j], rows of W contiguous — instead
+    of one strided dot product per element (measured 4.8x on that segment); it matches onnxruntime."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from engine.api import load_graph
+    from engine.schedule.plan import Conn
+
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((32, 24)).astype(np.float32)
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("MatMul", ["s", "W"], ["m"]),
+             helper.make_node("Relu", ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "proj", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16, 24])],
+                              [onnx.numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, tmp_path / "proj.onnx")
+    g = load_graph(tmp_path / "proj.onnx")
+    out = g.stage(g.outputs[0])
+    plan = make_test_plan(g, fuse_all(g, reduce_conn=Conn.REGISTER), {out.name: Tile("", (4, 2, 24), 32, 8)})
+    program = generate(plan, g, target="c")
+    phases = [p for k in program.kernels for s in k.segments for p in s.phases]
+    assert all(p.gemm is None for p in phases)  # four batch entries per tile: not the GEMM path
+    source = render_c(program)
+    assert "ax0[i2 - " in source and "] += " in source
+    x = rng.standard_normal((4, 16, 32)).astype(np.float32)
+    outs, _ = run_cpu(compile_program_c(program), g.specs, {"x": x}, g.weights)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert rel_error(outs["y"], sess.run(None, {"x": x})[0]) < 1e-5
