@@ -830,16 +830,39 @@ class CPrinter(Printer):
             body += [" ".join(f"float r{cc}_{rr}[{width}];" for cc, rr in sums), "#pragma omp simd",
                      f"for (int q = 0; q < {n}; ++q) {{"] + [f"    r{cc}_{rr}[q] = arow{cc}_{rr}[q];" for cc, rr in sums]
             body += ["}"] + ([] if c.depthwise else ["for (int cl = 0; cl < c_k; ++cl)"])
-            body += [f"for (int kh = 0; kh < {kh}; ++kh)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
-            body += [f"    const float a{cc} = st_w[(((col + {cc}) * {step} + cl) * {kh} + kh) * {kw} + kw];"
-                     for cc in range(nc)]
-            for rr in range(nr):
-                body += ["    " + x for x in xrow(rr)]
-            body += ["    #pragma omp simd", f"    for (int q = 0; q < {n}; ++q) {{"]
-            body += [f"        r{cc}_{rr}[q] = C0_FMA(a{cc}, x{rr}[{mul}], r{cc}_{rr}[q]);" for cc, rr in sums]
-            body += ["    }", "}", "#pragma omp simd", f"for (int q = 0; q < {n}; ++q) {{"]
+
+            def step_lines(tap: str, a: str, x: str, r: str) -> list[str]:
+                out = [f"const float {a}{cc} = st_w[(((col + {cc}) * {step} + cl) * {kh} + {tap}) * {kw} + kw];"
+                       for cc in range(nc)]
+                for rr in range(nr):
+                    out += xrow(rr, tap, x)
+                out += ["#pragma omp simd", f"for (int q = 0; q < {n}; ++q) {{"]
+                return out + [f"    {r}{cc}_{rr}[q] = C0_FMA({a}{cc}, {x}{rr}[{mul}], {r}{cc}_{rr}[q]);"
+                              for cc, rr in sums] + ["}"]
+
+            if two_chains(len(sums)):  # as in vector_micro
+                body += [" ".join(f"float e{cc}_{rr}[{width}];" for cc, rr in sums), "#pragma omp simd",
+                         f"for (int q = 0; q < {n}; ++q) {{"] + [f"    e{cc}_{rr}[q] = 0.0f;" for cc, rr in sums] + ["}"]
+                body += [f"for (int kh = 0; kh + 1 < {kh}; kh += 2)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
+                body += ["    " + x for x in step_lines("kh", "a", "x", "r") + step_lines("kh + 1", "b", "y", "e")]
+                body += ["}"]
+                if kh % 2:
+                    body += [f"for (int kw = 0; kw < {kw}; ++kw) {{", f"    const int kt = {kh - 1};"]
+                    body += ["    " + x for x in step_lines("kt", "a", "x", "r")] + ["}"]
+                body += ["#pragma omp simd", f"for (int q = 0; q < {n}; ++q) {{"]
+                body += [f"    r{cc}_{rr}[q] += e{cc}_{rr}[q];" for cc, rr in sums] + ["}"]
+            else:
+                body += [f"for (int kh = 0; kh < {kh}; ++kh)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
+                body += ["    " + x for x in step_lines("kh", "a", "x", "r")] + ["}"]
+            body += ["#pragma omp simd", f"for (int q = 0; q < {n}; ++q) {{"]
             body += [f"    arow{cc}_{rr}[q] = r{cc}_{rr}[q];" for cc, rr in sums] + ["}"]
             return ["{"] + ["    " + x for x in body] + ["}"]
+
+        def two_chains(nsums: int) -> bool:
+            """Fewer sums than the FMA latency hides (a depthwise tile one output row high): even and odd
+            tap rows go to two chains of sums, added at the end (a different summation order, within
+            rounding; measured: 28 % of a convnext segment waiting on one FMA chain)."""
+            return nsums < 4 and c.depthwise and kh > 1
 
         # A window row read in place sits a whole channel plane from the next channel's: too far for
         # the hardware's stride prefetchers, so each (channel, row) load would miss to L2/L3.
@@ -868,10 +891,7 @@ class CPrinter(Printer):
                 return out + [f"{r}{cc}_{rr}_{j} = C0_VFMA({a}{cc}, {x}{rr}_{j}, {r}{cc}_{rr}_{j});" for cc, rr, j in sums]
 
             body += [] if c.depthwise else ["for (int cl = 0; cl < c_k; ++cl)"]
-            if len(sums) < 4 and c.depthwise and kh > 1:
-                # Fewer sums than the FMA latency hides (a depthwise tile one output row high): even and
-                # odd tap rows go to two chains of sums, added at the end (a different summation order,
-                # within rounding: measured 28 % of a convnext segment waiting on one FMA chain).
+            if two_chains(len(sums)):
                 body += [f"{t} e{cc}_{rr}_{j} = {{0}};" for cc, rr, j in sums]
                 body += [f"for (int kh = 0; kh + 1 < {kh}; kh += 2)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
                 body += ["    " + x for x in step_lines("kh", "a", "x", "r") + step_lines("kh + 1", "b", "y", "e")]
