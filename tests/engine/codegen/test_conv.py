@@ -310,3 +310,40 @@ def test_channels_last_pointwise_conv_stages_channels_innermost(tmp_path):
     want = run_reference(graph, {name: x})
     for out in graph.outputs:
         assert max_rel_error(outs[out], want[out]) < TOL
+
+
+def test_c_target_coarsens_rows_where_blocks_recompute_a_halo(tmp_path, monkeypatch):
+    """expand 1x1 + Relu -> depthwise 3x3 (pad 1) with the expand staged per block (SHARED) and a GPU's
+    one-output-row tiles: each block recomputes the expand on 3 rows for 1. The C target's coarsening
+    makes the blocks taller along the most-split axis (fewer, down to ROW_BLOCKS per thread's worth)
+    where that counts >= 10 % fewer flops and keeps the direct convs (mobilevit's welder program: 1.03x
+    -> 0.89x unfused); the coarse plan validates and matches the reference."""
+    from engine.codegen import coarsen
+    from engine.codegen.count import count_program
+
+    monkeypatch.setattr(coarsen, "min_tiles", lambda: 1)
+    rng = np.random.default_rng(29)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((16, 8, 1, 1)).astype(np.float32), "We"),
+             onnx.numpy_helper.from_array(rng.standard_normal((16, 1, 3, 3)).astype(np.float32), "Wd")]
+    nodes = [helper.make_node("Conv", ["x", "We"], ["e"], name="expand"), helper.make_node("Relu", ["e"], ["r"]),
+             helper.make_node("Conv", ["r", "Wd"], ["y"], name="dw", group=16, pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "halo", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(onnx.shape_inference.infer_shapes(model), tmp_path / "halo.onnx")
+    g = load_graph(tmp_path / "halo.onnx")
+    out = g.stage(g.outputs[0])
+    conns = {e: Conn.SHARED for e in g.edges}
+    plan = make_test_plan(g, conns, {out.name: Tile("", (1, 16, 1, 32), 64, 16)})
+    assert validate(plan, g, A100) == []
+    coarse = coarsen_for_c(plan, g, A100)
+    assert validate(coarse, g, A100) == []
+    (tile,) = coarse.groups[0].segments
+    assert tile.shape[2] > 1 and tile.blocks < 16, tile
+    fine, wide = generate(plan, g, A100, target="cuda"), generate(plan, g, A100, target="c")
+    flops = [sum(w.flops for w in count_program(p).values()) for p in (fine, wide)]
+    assert flops[1] <= 0.9 * flops[0], flops
+    assert sum(p.conv is not None for p in _phases(wide)) == sum(p.conv is not None for p in _phases(fine)) == 2
+    x = rng.standard_normal((1, 8, 16, 32)).astype(np.float32)
+    outs, _ = run_cpu(compile_program_c(wide), g.specs, {"x": x}, g.weights)
+    assert max_rel_error(outs["y"], run_reference(g, {"x": x})["y"]) < TOL
