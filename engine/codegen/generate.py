@@ -478,10 +478,37 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
     for s in partial:
         stage = graph.stage(s)
         body = _resolve(stage, graph, set(names) - {s}, {}, params)
-        region = Region(stage.shape, tiles, flat=-(-stage.size // ntiles))
+        boxes = _chunk_boxes(stage.shape, ntiles)
+        region = fit_region(stage.shape, tiles, boxes) if boxes else None
+        region = region or Region(stage.shape, tiles, flat=-(-stage.size // ntiles))
         phases.append(Phase(s, stage.dtype, body, region, (_global(params, graph, s),), stage.reduce,
                             stage.combine))
     return Segment(anchor.name, ntiles, tuple(phases))
+
+
+def _chunk_boxes(shape: tuple[int, ...], ntiles: int) -> list[Box] | None:
+    """Tile t's row-major chunk [t*size/ntiles, (t+1)*size/ntiles) of a tensor as a box, for every t,
+    when the chunks are boxes (whole trailing axes and an equal part of the next): a stage completed
+    in chunks is then a box region, which the GEMM path can take (swin's batched QKV projection was
+    completed element by element: 1.2 of the welder program's 3.9 ms). None otherwise."""
+    size = math.prod(shape)
+    if not shape or ntiles < 1 or size % ntiles:
+        return None
+    flat, inner, d = size // ntiles, 1, len(shape) - 1
+    while d >= 0 and flat % (inner * shape[d]) == 0:
+        inner *= shape[d]
+        d -= 1
+    if d < 0:
+        return [tuple((0, n) for n in shape)] if ntiles == 1 else None
+    part = flat // inner
+    if shape[d] % part:
+        return None
+    boxes = []
+    for t in range(ntiles):
+        at = np.unravel_index(t * flat, shape)
+        boxes.append(tuple((int(at[k]), int(at[k]) + 1) if k < d else (int(at[k]), int(at[k]) + part) if k == d
+                           else (0, n) for k, n in enumerate(shape)))
+    return boxes
 
 
 def _owned(stage: Stage, region: Region, boxes: list[Box], ntiles: int, sample) -> Region | None:

@@ -249,15 +249,9 @@ class Printer:
             return self.render_gemm_phase(kernel, phase)
         if phase.conv is not None:
             return self.render_conv_phase(kernel, phase)
-        tag = "p"
-        lines = [f"{{  // {phase.stage}"]
-        owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
         if phase.region.flat:
             return self.render_flat_phase(kernel, phase)
-        if owner is not None:
-            tag = owner.name  # bounds already declared for the tile
-        else:
-            lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
+        tag, lines = self.open_phase(kernel, phase, phase.stage)
         r = phase.region.rank
         sizes = [f"({tag}_hi{d} - {tag}_lo{d})" for d in range(r)]
         lines.append(f"    const int n_e = {' * '.join(sizes) or '1'};")
@@ -274,9 +268,10 @@ class Printer:
         return lines
 
     def open_phase(self, kernel: Kernel, phase: Phase, title: str) -> tuple[str, list[str]]:
-        """The tag naming a phase's region bounds (its block buffer's, already declared for the tile, or
-        "p" declared here) and the opening lines of its block."""
-        owner = next((b for b in kernel.locals if b.tensor == phase.stage), None)
+        """The tag naming a phase's region bounds (the block buffer it stores, already declared for the
+        tile, or "p" declared here: a stage completed in chunks for global memory has its own region,
+        not its block buffer's) and the opening lines of its block."""
+        owner = next((b for b in kernel.locals if b.tensor == phase.stage and b.name in phase.stores), None)
         tag = owner.name if owner is not None else "p"
         lines = [f"{{  // {title}"]
         if owner is None:
