@@ -44,7 +44,9 @@ def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device, built_out: dict 
     per block widened along its anchor's channel axis (axis 1 of a rank-4 NCHW anchor), and each
     segment of dot products against a weight (a GEMM of at most GEMV_ROWS rows: lstm's h @ R^T)
     widened along its columns to one block per thread, where the widened group still validates and
-    the convolution's channels / the GEMM's columns per block actually grow.
+    the convolution's channels / the GEMM's columns per block actually grow; and each segment of at
+    least ROW_BLOCKS blocks per thread made taller along its most-split axis where the kernel IR counts
+    no more flops and keeps its GEMM / conv phases (rules in `_rules`, first accepted wins).
     `built_out` (group name -> Kernel) receives each group's kernel at its final tiles, so the caller
     need not build it again."""
     from engine.codegen.generate import build_kernel
@@ -57,40 +59,23 @@ def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device, built_out: dict 
         tiles = list(group.segments)
         for seg in kernel.segments:
             tile = by_anchor.get(seg.anchor)
-            chans, cols = _dense_conv_channels(seg), _gemv_cols(seg)
             if tile is None:
                 continue
-            if chans is not None and chans < CHANNELS:
-                measure, have = _dense_conv_channels, chans
-                options = _wider(graph, tile, 1, -(-CHANNELS // chans)) if len(tile.shape) == 4 else []
-            elif cols is not None and seg.ntiles > min_tiles():
-                # Dot products streaming a weight (split statically by the C printer): one block per
-                # thread, so each thread recomputes the row the products read once, not per block.
-                measure, have = _gemv_cols, cols
-                options = _wider(graph, tile, len(tile.shape) - 1, seg.ntiles // min_tiles())
-            elif seg.ntiles >= ROW_BLOCKS * min_tiles() and len(tile.shape) >= 3:
-                # Many small blocks (a GPU's grid): fewer, taller ones along the axis with the most
-                # tiles, where that does not add work (a stencil's halo is recomputed per block, so
-                # taller blocks recompute less) — see ROW_BLOCKS.
-                axis = _most_tiled_axis(graph, tile)
-                if axis is None:
-                    continue
-                have = -count_kernel(kernel).flops
-                measure = _no_more_work(have, _tiled_phases(seg))
-                options = _wider(graph, tile, axis, seg.ntiles // min_tiles())
-            else:
-                continue
             k = tiles.index(tile)
-            for wider in options:
-                trial = tiles[:k] + [wider] + tiles[k + 1:]
-                if check_group(graph, group.stages, conns, trial, device, group.name):
-                    continue
-                built = build_kernel(dataclasses.replace(group, segments=tuple(trial)), graph, conns, device)
-                grown = next((s for s in built.segments if s.anchor == seg.anchor), None)
-                if grown is not None and (measure(grown, built) if measure.__name__ == "grows" else
-                                          (measure(grown) or 0) > have) \
-                        and built.shared_bytes <= device.max_smem_per_block_bytes:
-                    tiles, kernel = trial, built
+            for options, accept in _rules(graph, seg, tile, kernel):
+                found = None
+                for wider in options:
+                    trial = tiles[:k] + [wider] + tiles[k + 1:]
+                    if check_group(graph, group.stages, conns, trial, device, group.name):
+                        continue
+                    built = build_kernel(dataclasses.replace(group, segments=tuple(trial)), graph, conns, device)
+                    grown = next((s for s in built.segments if s.anchor == seg.anchor), None)
+                    if grown is not None and accept(grown, built) \
+                            and built.shared_bytes <= device.max_smem_per_block_bytes:
+                        found = trial, built
+                        break
+                if found:
+                    tiles, kernel = found
                     break
         groups.append(group if tiles == list(group.segments) else _with_tiles(group, tiles))
         if built_out is not None:
@@ -98,14 +83,38 @@ def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device, built_out: dict 
     return dataclasses.replace(plan, groups=tuple(groups))
 
 
+def _rules(graph: PrimGraph, seg, tile: Tile, kernel) -> list:
+    """(candidate tiles, accept(grown segment, built kernel)) per coarsening that applies to `seg`, in
+    order of preference; the first rule with an accepted candidate wins."""
+    rules = []
+    chans, cols = _dense_conv_channels(seg), _gemv_cols(seg)
+    if chans is not None and chans < CHANNELS and len(tile.shape) == 4:
+        rules.append((_wider(graph, tile, 1, -(-CHANNELS // chans)),
+                      lambda grown, built: (_dense_conv_channels(grown) or 0) > chans))
+    if cols is not None and seg.ntiles > min_tiles():
+        # Dot products streaming a weight (split statically by the C printer): one block per
+        # thread, so each thread recomputes the row the products read once, not per block.
+        rules.append((_wider(graph, tile, len(tile.shape) - 1, seg.ntiles // min_tiles()),
+                      lambda grown, built: (_gemv_cols(grown) or 0) > cols))
+    axis = _most_tiled_axis(graph, tile)
+    if seg.ntiles >= ROW_BLOCKS * min_tiles() and axis is not None:
+        # Many small blocks (a GPU's grid): fewer, taller ones along the axis with the most tiles,
+        # where that does not add work (a stencil's halo is recomputed per block, so taller blocks
+        # recompute less; a GEMM's weight is read once per block) — see ROW_BLOCKS.
+        rules.append((_wider(graph, tile, axis, seg.ntiles // min_tiles()),
+                      _no_more_work(-count_kernel(kernel).flops, _tiled_phases(seg))))
+    return rules
+
+
 def _no_more_work(have: float, tiled: int):
     def grows(seg, built) -> bool:
-        """The widened kernel counts at least 10 % fewer flops than before (`have` is minus the old
-        count): a halo recomputed per block shrinks; and the segment keeps its `tiled` GEMM / direct
-        conv phases (a region too large for them falls back to per-element loops: 14x slower). Taller
-        blocks that only save block overhead were measured slower (convnext unfused 0.30 -> 0.77 ms
-        with every segment at one block per thread)."""
-        return _tiled_phases(seg) >= tiled and -count_kernel(built).flops >= 0.9 * have
+        """The widened kernel counts no more flops than before (`have` is minus the old count; a halo
+        recomputed per block shrinks) and the segment keeps its `tiled` GEMM / direct conv phases: a
+        region too large for them falls back to per-element loops (mobilevit's expand + depthwise
+        segment: 14x slower; without this check convnext unfused went 0.30 -> 0.77 ms). Taller GEMM
+        blocks read each weight panel for more rows (bert's welder MLP: 2-row tiles, 64 of them, streamed
+        every weight 64 times; welder/unfused 1.94 -> 1.16)."""
+        return _tiled_phases(seg) >= tiled and -count_kernel(built).flops >= have
     return grows
 
 
@@ -156,4 +165,4 @@ def _wider(graph: PrimGraph, tile: Tile, axis: int, factor: int) -> list[Tile]:
 
 def _with_tiles(group: Group, tiles: list[Tile]) -> Group:
     return dataclasses.replace(group, segments=tuple(tiles), cost=None, candidates=(),
-                               reason=group.reason + "; C target: conv blocks coarsened along output channels")
+                               reason=group.reason + "; C target: blocks coarsened (fewer, larger: a CPU block is an OpenMP iteration)")
