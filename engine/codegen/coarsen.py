@@ -126,6 +126,8 @@ def _most_tiled_axis(graph: PrimGraph, tile: Tile) -> int | None:
     """The anchor axis split into the most tiles (rows of an image or of a token matrix), or None."""
     anchor = graph.stage(tile.stage)
     counts = [-(-n // t) for n, t in zip(anchor.shape, tile.shape)]
+    if not counts:  # a rank-0 anchor: one block
+        return None
     axis = max(range(len(counts)), key=lambda a: (counts[a], a))
     return axis if counts[axis] > 1 else None
 
