@@ -425,5 +425,6 @@ def kernel_sources(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: s
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def bundle_bytes(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str) -> bytes:
-    """The kernel bundle zip of the plan (CUDA + PTX/CUBIN per arch, C, program/plan/trace JSON, weights)."""
-    return api.export_bundle(_graph, _plan, get_device(device))
+    """The kernel bundle zip of the plan (CUDA + PTX/CUBIN per arch, C, program/plan/trace JSON, weights);
+    NVRTC bounded by the app's time limit (default_time_limit)."""
+    return api.export_bundle(_graph, _plan, get_device(device), time_limit=default_time_limit())

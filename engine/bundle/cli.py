@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def add_export_command(sub) -> None:
-    from engine.commands import add_plan_args
+    from engine.commands import add_plan_args, add_time_limit_arg
 
     p = sub.add_parser("export", help="write a kernel bundle (CUDA + per-kernel PTX/CUBIN, C, program/plan/trace JSON)",
                        description="Plan MODEL (or load --plan-in), generate and compile its kernels with NVRTC "
@@ -18,18 +18,21 @@ def add_export_command(sub) -> None:
     p.add_argument("--arch", action="append", help="NVRTC target, repeatable (default sm_80 and sm_90)")
     p.add_argument("--no-weights", action="store_true", help="leave weights.npz out of the bundle")
     p.add_argument("-o", "--out", required=True, help="output .zip path")
+    add_time_limit_arg(p, "the NVRTC compile (all kernels and archs together; run in a worker process that is killed)")
     p.set_defaults(func=cmd_export)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from engine.bundle.export import DEFAULT_ARCHS, bundle_info, export_bundle
     from engine.commands import check_writable, planned_model
+    from engine.flags import time_limit_s
 
+    time_limit = time_limit_s(args.time_limit)
     out = Path(args.out)
     check_writable(out)
     device, graph, plan = planned_model(args)
     data = export_bundle(graph, plan, device, archs=tuple(args.arch or DEFAULT_ARCHS),
-                         with_weights=not args.no_weights)
+                         with_weights=not args.no_weights, time_limit=time_limit)
     out.write_bytes(data)
     info = bundle_info(data)
     print(f"{out}: {info.kernels} kernels for {', '.join(info.archs)}, {len(info.files)} files, "

@@ -43,8 +43,11 @@ def export_bundle(
     archs: tuple[str, ...] = DEFAULT_ARCHS,
     with_weights: bool = True,
     trace: dict | None = None,
+    time_limit: float | None = None,
 ) -> bytes:
-    """Generate, compile (NVRTC for every arch in `archs`) and pack the plan's kernels."""
+    """Generate, compile (NVRTC for every arch in `archs`) and pack the plan's kernels. `time_limit`
+    (seconds) bounds the NVRTC compile (engine/codegen/api.py:compile_program): past it, TimeLimitError
+    and nothing is written."""
     from engine.codegen.api import (
         CompiledProgram,
         compile_program,
@@ -67,7 +70,7 @@ def export_bundle(
 
         trace = export_trace(build_rprogram(plan, device))
 
-    compiled = compile_program(program, "cuda", archs=tuple(archs))
+    compiled = compile_program(program, "cuda", archs=tuple(archs), time_limit=time_limit)
     program = fit_launches(program, compiled, device)  # cooperative grids at the compiled registers
     cuda_files = compiled_files(program, compiled)
     files = {f"cuda/{name}": data for name, data in cuda_files.items()}

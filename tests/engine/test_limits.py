@@ -108,3 +108,19 @@ def test_time_limit_from_the_flag_or_the_environment(monkeypatch):
     monkeypatch.setenv("TILEWEAVE_TIME_LIMIT", "-1")
     with pytest.raises(TileweaveError, match="TILEWEAVE_TIME_LIMIT '-1' is not a time limit"):
         time_limit_s(None)
+
+
+def test_export_bounds_nvrtc_by_the_time_limit(tmp_path, capsys):
+    """`tileweave export --time-limit`: NVRTC runs in-process, so a bounded export compiles in a worker;
+    past the limit the export stops with one line naming the NVRTC compile (exit 2) and writes nothing."""
+    from pathlib import Path
+
+    from engine.cli import main
+
+    model = Path(__file__).resolve().parents[2] / "samples" / "conv_bn_relu.onnx"
+    out = tmp_path / "bundle.zip"
+    code = main(["export", str(model), "--policy", "welder", "--time-limit", "0.05", "-o", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "NVRTC compile" in err and "0.05 s time limit" in err and "--time-limit" in err
+    assert not out.exists()
