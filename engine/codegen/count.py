@@ -214,7 +214,8 @@ def _gemm(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
     live columns evaluate b) into shared memory; every thread runs its tm x tn micro-tile over the
     step; after the k loop each live element runs the epilogue and its stores."""
     g = phase.gemm
-    m_n, n_n = ext[:, -2].astype(float), ext[:, -1].astype(float)
+    r = ext.shape[1]
+    m_n, n_n = np.prod(ext[:, r - 1 - g.rows:r - 1], axis=1).astype(float), ext[:, -1].astype(float)
     ntiles = len(ext)
     steps = -(-g.k // g.bk)
     pm, pn = g.ty * g.tm, g.tx * g.tn

@@ -303,8 +303,10 @@ def _contraction_of(p: Phase, graph: PrimGraph, repeated: bool = False) -> tuple
 
 def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None:
     region = p.region
-    if region.flat or region.rank < 2 or any(e != 1 for e in region.extent[:-2]) or not p.dtype.is_float:
+    if region.flat or region.rank < 2 or not p.dtype.is_float:
         return None
+    wide = [d for d in range(region.rank - 2) if region.extent[d] != 1]
+    rows = region.rank - 1 - wide[0] if wide else 1  # axes wide[0] .. rank-2 flattened into the rows
     found = _contraction_of(p, graph)
     if found is None:
         return None
@@ -312,15 +314,15 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None
     split = _factors(body)
     if split is None:
         return None
-    m, n = f"i{region.rank - 2}", f"i{region.rank - 1}"
+    ms, n = {f"i{d}" for d in range(region.rank - 1 - rows, region.rank - 1)}, f"i{region.rank - 1}"
     a, b = split
-    if n in free_vars(a) or m in free_vars(b):
+    if n in free_vars(a) or ms & free_vars(b):
         a, b = b, a
-    if n in free_vars(a) or m in free_vars(b):
+    if n in free_vars(a) or ms & free_vars(b):
         return None
     if any(isinstance(x, Reduce) for x in kwalk(b)) or not _row_invariant(a, tuple(names)):
         return None
-    bm, bn = region.extent[-2], region.extent[-1]
+    bm, bn = math.prod(region.extent[region.rank - 1 - rows:region.rank - 1]), region.extent[-1]
     k = math.prod(extents)
     bk = max(1, min(step, k))
     best = None
@@ -339,7 +341,7 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None
         bk //= 2
     if 4 * bk * (ty * tm + tx * tn) > _STAGE_BYTES:
         return None
-    return Gemm(a, b, target, tuple(names), tuple(extents), bm, bn, bk, tm, tn, tx, ty)
+    return Gemm(a, b, target, tuple(names), tuple(extents), bm, bn, bk, tm, tn, tx, ty, rows)
 
 
 def _factors(body) -> tuple[E.Expr, E.Expr] | None:

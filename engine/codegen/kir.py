@@ -90,7 +90,9 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Gemm:
-    """A contraction run as a tiled GEMM over the last two axes of its phase's region: per k step of
+    """A contraction run as a tiled GEMM over the last two axes of its phase's region (or, with `rows`
+    > 1, over the last axis and the `rows` axes before it flattened row-major into the GEMM's rows, where
+    factor b does not depend on them: a channels-last image's H x W pixels): per k step of
     `bk`, the block stages factor `a` (rows x k) and `b` (k x cols) into BLOCK buffers st_a/st_b, then
     each of the tx x ty threads accumulates a tm x tn register micro-tile; the epilogue (the phase body
     with `target` replaced by the accumulator, or the accumulator itself when `target` is None) runs
@@ -108,6 +110,7 @@ class Gemm:
     tn: int
     tx: int
     ty: int
+    rows: int = 1  # region axes flattened into the GEMM's rows, ending at the second-to-last axis
 
     @property
     def k(self) -> int:
@@ -125,7 +128,8 @@ class Gemm:
         return self.bk * self.tx * self.tn
 
     def describe(self) -> str:
-        return (f"tiled gemm {self.bm}x{self.bn}, k {self.k} step {self.bk}, "
+        over = f" (rows over {self.rows} axes)" if self.rows > 1 else ""
+        return (f"tiled gemm {self.bm}x{self.bn}{over}, k {self.k} step {self.bk}, "
                 f"{self.tm}x{self.tn} per thread on {self.ty}x{self.tx} threads")
 
 

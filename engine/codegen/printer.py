@@ -285,10 +285,27 @@ class Printer:
         g = phase.gemm
         tag, lines = self.open_phase(kernel, phase, f"{phase.stage}: {g.describe()}")
         r = phase.region.rank
-        lines += [f"    const int i{d} = {tag}_lo{d};" for d in range(r - 2)]
-        lines.append(f"    const int m_lo = {tag}_lo{r - 2}, m_n = {tag}_hi{r - 2} - m_lo;")
+        first = r - 1 - g.rows
+        lines += [f"    const int i{d} = {tag}_lo{d};" for d in range(first)]
+        if g.rows == 1:
+            lines.append(f"    const int m_lo = {tag}_lo{r - 2}, m_n = {tag}_hi{r - 2} - m_lo;")
+        else:  # rows over several axes: live counts per axis, flattened row-major
+            lines += [f"    const int m_lo{d} = {tag}_lo{d}, m_n{d} = {tag}_hi{d} - m_lo{d};" for d in range(first, r - 1)]
+            lines.append(f"    const int m_n = {' * '.join(f'm_n{d}' for d in range(first, r - 1))};")
         lines.append(f"    const int n_lo = {tag}_lo{r - 1}, n_n = {tag}_hi{r - 1} - n_lo;")
         return tag, lines
+
+    @staticmethod
+    def gemm_rows(phase: Phase, mm: str) -> str:
+        """The declaration of the row axes' variables at flat row `mm` of a tiled phase (gemm_head)."""
+        g, r = phase.gemm, phase.region.rank
+        if g.rows == 1:
+            return f"const int i{r - 2} = m_lo + {mm};"
+        parts, rest = [], f"({mm})"
+        for d in reversed(range(r - 1 - g.rows, r - 1)):
+            parts.append(f"i{d} = m_lo{d} + {rest} % m_n{d}")
+            rest = f"{rest} / m_n{d}"
+        return "const int " + ", ".join(reversed(parts)) + ";"
 
     @staticmethod
     def phase_ranges(phase: Phase, shape: tuple[int, ...] | None = None) -> dict:
@@ -361,7 +378,7 @@ class Printer:
         each thread runs the epilogue for its micro-tile's elements."""
         g = phase.gemm
         r = phase.region.rank
-        m, n = f"i{r - 2}", f"i{r - 1}"
+        n = f"i{r - 1}"
         pm, pn = g.ty * g.tm, g.tx * g.tn
         _, lines = self.gemm_head(kernel, phase)
         a_pre, a_lines, a_val = self.gemm_operand(kernel, phase, "a")
@@ -374,7 +391,7 @@ class Printer:
                   f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{"]
         if a_pre:  # a thread per row: the row's k-invariant reductions once, then its bk elements
             lines += ["        " + self.thread_loop("mm", str(pm)) + " {",
-                      f"            const int {m} = m_lo + (mm < m_n ? mm : 0);"]
+                      "            " + self.gemm_rows(phase, "mm < m_n ? mm : 0")]
             lines += ["            " + x for x in a_pre]
             lines += [f"            for (int kk = 0; kk < {g.bk}; ++kk) {{",
                       "                const int kf = k0 + kk;",
@@ -387,7 +404,7 @@ class Printer:
                       f"            const int mm = e / {g.bk}, kf = k0 + e % {g.bk};",
                       "            float val = 0.0f;",
                       f"            if (mm < m_n && kf < {g.k}) {{",
-                      f"                const int {m} = m_lo + mm;"]
+                      "                " + self.gemm_rows(phase, "mm")]
             lines += ["                " + x for x in self.gemm_k_vars(phase, "kf") + a_lines + [f"val = {a_val};"]]
             lines += ["            }", "            st_a[e] = val;", "        }"]
         lines += [
@@ -412,7 +429,7 @@ class Printer:
                   f"        for (int y = 0; y < {g.tn}; ++y) {{",
                   f"            const int mm = g_ty * {g.tm} + x, nn = g_tx * {g.tn} + y;",
                   "            if (mm < m_n && nn < n_n) {",
-                  f"                const int {m} = m_lo + mm, {n} = n_lo + nn;"]
+                  "                " + self.gemm_rows(phase, "mm"), f"                const int {n} = n_lo + nn;"]
         lines += ["                " + x for x in self.gemm_epilogue(kernel, phase, f"acc[x * {g.tn} + y]")]
         lines += ["            }", "        }", "    }", "}"]
         return lines

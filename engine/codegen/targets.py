@@ -202,6 +202,8 @@ def gemm_in_place(printer: Printer, kernel: Kernel, phase: Phase, which: str) ->
     if buf.dtype != DType.F32:
         return None
     r = phase.region.rank
+    if which == "a" and g.rows > 1:  # rows over several axes: no single row stride
+        return None
     axis = f"i{r - 2}" if which == "a" else f"i{r - 1}"
     outer = _flat_stride(kernel, load, axis)
     strides = [_flat_stride(kernel, load, v) for v in g.vars]
@@ -583,7 +585,7 @@ class CPrinter(Printer):
         Tiny-m tiles whose B is contiguous along k run as dot products (gemv_phase)."""
         g = phase.gemm
         r = phase.region.rank
-        m, n = f"i{r - 2}", f"i{r - 1}"
+        n = f"i{r - 1}"
         a_in = gemm_in_place(self, kernel, phase, "a")
         gemv, b_in = self.gemm_b_in(kernel, phase)
         if gemv:
@@ -646,7 +648,7 @@ class CPrinter(Printer):
                                                             brow, a_at, tail)]
         lines += ["    }",
                   "    for (int mm = 0; mm < m_n; ++mm) {",
-                  f"        const int {m} = m_lo + mm;",
+                  "        " + self.gemm_rows(phase, "mm"),
                   "        for (int nn = 0; nn < n_n; ++nn) {",
                   f"            const int {n} = n_lo + nn;"]
         lines += ["            " + x for x in self.gemm_epilogue(kernel, phase, f"acc[mm * {ldb} + nn]")]
@@ -718,7 +720,7 @@ class CPrinter(Printer):
         g = phase.gemm
         m = f"i{phase.region.rank - 2}"
         a_pre, a_lines, a_val = self.gemm_operand(kernel, phase, "a")
-        a_row = ["for (int mm = 0; mm < m_n; ++mm) {", f"    const int {m} = m_lo + mm;"]
+        a_row = ["for (int mm = 0; mm < m_n; ++mm) {", "    " + self.gemm_rows(phase, "mm")]
         a_col = ["for (int kk = 0; kk < k_n; ++kk) {"] + ["    " + x for x in self._gemm_k_head(phase)]
         store_a = a_lines + [f"st_a[mm * {ld} + kk] = {a_val};"]
         if not a_pre and _k_inner(kernel, g.a, m, g.vars[-1]):  # A's rows are its contiguous axis (transposed)
@@ -732,7 +734,7 @@ class CPrinter(Printer):
         per-element loop. A is read in place when contiguous along k, else its rows are staged once."""
         g = phase.gemm
         r = phase.region.rank
-        m, n = f"i{r - 2}", f"i{r - 1}"
+        n = f"i{r - 1}"
         _, lines = self.gemm_head(kernel, phase)
         lines += ["    " + x for x in b_in.lines]
         if a_in is not None and a_in.k == 1:
@@ -745,7 +747,7 @@ class CPrinter(Printer):
         self.helpers.add("c0_fmaf")
         w, whole = GEMV_LANES, g.k - g.k % GEMV_LANES
         lines += ["    for (int mm = 0; mm < m_n; ++mm) {",
-                  f"        const int {m} = m_lo + mm;",
+                  "        " + self.gemm_rows(phase, "mm"),
                   f"        const float* restrict arow = {arow};",
                   "        for (int nn = 0; nn < n_n; ++nn) {",
                   f"            const int {n} = n_lo + nn;",
@@ -793,9 +795,13 @@ class CPrinter(Printer):
         lines += [f"    float st_w[{co * step * kk}], acc[{co * oh * owp}];",
                   f"    for (int q = 0; q < c_n * {oh * owp}; ++q) acc[q] = 0.0f;"]
         window = self.conv_stage_window(kernel, phase, wwp)
+        # A pointwise conv over fewer pixels than a vector (ConvNeXt's last stage: 2x2) runs with the
+        # output channels in the vector lanes instead of the columns (weights staged [cl][col]).
+        by_channel = (not c.depthwise and (kh, kw) == (1, 1) and (sh, sw) == (1, 1)
+                      and oh * ow < conv_vector() <= co)
+        w_at = f"st_w[cl * {co} + col]" if by_channel else f"st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw]"
         taps = [f"for (int kh = 0; kh < {kh}; ++kh) {{", f"    for (int kw = 0; kw < {kw}; ++kw) {{"]
-        taps += ["        " + x for x in self.conv_tap_vars(phase) + w_lines
-                 + [f"st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw] = {w_val};"]] + ["    }", "}"]
+        taps += ["        " + x for x in self.conv_tap_vars(phase) + w_lines + [f"{w_at} = {w_val};"]] + ["    }", "}"]
         if direct is None:
             def xrow(rr: int, tap: str = "kh", name: str = "x") -> list[str]:
                 # Window column (q0 + q) * sw + kw * dw sits in phase (kw * dw) % sw at (kw * dw) / sw + q0 + q.
@@ -931,6 +937,21 @@ class CPrinter(Printer):
         if nc > 1:  # nc channels at a time, then one by one
             update += [f"for (; col + {nc} <= c_n; col += {nc}) {{"] + ["    " + x for x in rows_of(nc)] + ["}"]
         update += ["for (; col < c_n; ++col) {"] + ["    " + x for x in rows_of(1)] + ["}"]
+        if by_channel:  # per pixel: sums of every channel in a row, one vector FMA per input channel
+            update = ["for (int oh = 0; oh < oh_n; ++oh)", "for (int q = 0; q < ow_n; ++q) {",
+                      f"    float r[{co}];", "    #pragma omp simd",
+                      f"    for (int col = 0; col < c_n; ++col) r[col] = acc[(col * {oh} + oh) * {owp} + q];",
+                      "    for (int cl = 0; cl < c_k; ++cl) {"]
+            if direct is None:
+                update += [f"        const float x = st_x[(cl * {wh} + oh) * {wwp} + q];"]
+            else:  # the input read in place: this pixel of input channel c0 + cl
+                (h, w) = c.window_vars
+                update += ["        float x;", "        {"] + ["            " + x for x in self.conv_chan_vars(phase, "c0 + cl")]
+                update += [f"            const int {h} = oh_lo + oh, {w} = ow_lo + q;", f"            x = *({direct});", "        }"]
+            update += ["        #pragma omp simd",
+                      f"        for (int col = 0; col < c_n; ++col) r[col] = C0_FMA(st_w[cl * {co} + col], x, r[col]);",
+                      "    }", "    #pragma omp simd",
+                      f"    for (int col = 0; col < c_n; ++col) acc[(col * {oh} + oh) * {owp} + q] = r[col];", "}"]
         if direct is not None:
             window = []
         if c.depthwise:

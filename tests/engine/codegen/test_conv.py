@@ -386,3 +386,29 @@ def test_c_target_coarsens_gemm_rows_without_adding_work(monkeypatch):
     want = run_reference(g, {name: x})
     for out in g.outputs:
         assert max_rel_error(outs[out], want[out]) < TOL
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_pointwise_conv_on_few_pixels_puts_channels_in_the_lanes(tmp_path, staged):
+    """A 1x1 conv over fewer pixels than a vector (ConvNeXt's and MobileNetV2's last stage: 2x2) runs with
+    the output channels in the vector lanes (weights staged [cl][col]); its input read in place, or staged
+    (a sigmoid in front); it matches the reference."""
+    rng = np.random.default_rng(41)
+    x_shape, co = (1, 40, 2, 2), 32
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((co, 40, 1, 1)).astype(np.float32), "W")]
+    nodes = ([helper.make_node("Sigmoid", ["x"], ["s"])] if staged else []) + [
+        helper.make_node("Conv", ["s" if staged else "x", "W"], ["c"], name="conv"),
+        helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "pw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(onnx.shape_inference.infer_shapes(model), tmp_path / "pw.onnx")
+    g = load_graph(tmp_path / "pw.onnx")
+    program = generate(_plan(g, (1, 16, 2, 2)), g, target="c")
+    assert sum(p.conv is not None for p in _phases(program)) == 1
+    source = render_c(program)
+    assert f"float r[{16}];" in source and "st_w[cl * 16 + col]" in source
+    assert ("x = *(" in source) != staged
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    outs, _ = run_cpu(compile_program_c(program), g.specs, {"x": x}, g.weights)
+    assert max_rel_error(outs["y"], run_reference(g, {"x": x})["y"]) < TOL
