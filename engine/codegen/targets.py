@@ -1122,6 +1122,10 @@ class CPrinter(Printer):
             if c.producer == phase.stage:
                 keep = f"{c.at(tag, 'r0')} = {{v}};"
         lines += ["    " + x for x in self.cache_line_values(kernel, phase, tag, ssa)]
+        # A sum phase (the stage itself reduces: attention's probabilities @ V per head, which the GEMM
+        # path does not take) as one inlined sum, so it can run column-wise too.
+        whole = (Reduce(phase.body, tuple(f"r{k}" for k in range(len(phase.reduce))), phase.reduce, phase.combine,
+                        phase.dtype) if phase.combine == Combine.SUM and not keep and r else None)
         depth = "    "
         for d in range(r):
             if d == r - 1 and not single[d] and phase.combine is None:
@@ -1132,13 +1136,15 @@ class CPrinter(Printer):
                     pre.value(node)
                 ssa.memo = pre.memo
                 lines += [depth + x for x in pre.lines]
-                lines += [depth + x for x in self.column_sums(kernel, phase, tag, ssa, d)]
+                lines += [depth + x for x in self.column_sums(kernel, phase.body, phase, tag, ssa, d)]
+            elif d == r - 1 and not single[d] and whole is not None:
+                lines += [depth + x for x in self.column_sums(kernel, whole, phase, tag, ssa, d)]
             # A one-wide axis is a constant, not a loop: GCC gives up vectorising a reduction loop
             # nested in single-iteration loops with run-time bounds ("control flow in loop").
             lines.append(f"{depth}{{ const int i{d} = {tag}_lo{d};" if single[d] else
                          f"{depth}for (int i{d} = {tag}_lo{d}; i{d} < {tag}_hi{d}; ++i{d}) {{")
             depth += "    "
-        value = self.render_value(phase, ssa, keep=keep)
+        value = ssa.memo[whole] if whole is not None and whole in ssa.memo else self.render_value(phase, ssa, keep=keep)
         body = list(ssa.lines)
         for name in phase.stores:
             idx = tuple(I.var(f"i{d}") for d in range(r))
@@ -1155,15 +1161,15 @@ class CPrinter(Printer):
             lines.append("    " * (d + 1) + "}")
         return lines + ["}"]
 
-    def column_sums(self, kernel: Kernel, phase: Phase, tag: str, ssa: BodyWriter, d: int) -> list[str]:
-        """The axpy_sums of a phase's body, before its innermost loop over i{d}: one accumulator row
+    def column_sums(self, kernel: Kernel, body, phase: Phase, tag: str, ssa: BodyWriter, d: int) -> list[str]:
+        """The axpy_sums of `body` (a phase's), before its innermost loop over i{d}: one accumulator row
         per sum, the sum's loop outside and the columns inside (vectorised); the parts of a summand
         that do not depend on the column (an A element, a LayerNorm of it) are computed once per k.
         Each element still adds its terms in k order. `ssa` then reads the row."""
         var, lo, hi = f"i{d}", f"{tag}_lo{d}", f"{tag}_hi{d}"
         ext = phase.region.extent[d]
         out = []
-        for k, node in enumerate(axpy_sums(kernel, phase.body, var) if ext <= _MAX_LINE else []):
+        for k, node in enumerate(axpy_sums(kernel, body, var) if ext <= _MAX_LINE else []):
             if node in ssa.memo:
                 continue
             name = f"ax{k}"

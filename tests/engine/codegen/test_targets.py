@@ -294,3 +294,34 @@ def test_stage_completed_in_chunks_runs_as_a_gemm(tmp_path):
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for got, want in zip((outs["y"], outs["qkv"]), sess.run(None, {"x": x})):
         assert rel_error(got, want) < 1e-5
+
+
+def test_a_sum_stage_of_its_own_runs_column_wise_too(tmp_path):
+    """The same column-wise form for a phase that is the sum itself (a batched MatMul stage with a weight
+    per batch entry, as attention's probabilities @ V per head in gpt2's welder kernels, which ran as
+    strided dot products: gpt2 welder/unfused 1.5 -> 1.05); it matches onnxruntime."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from engine.api import load_graph
+
+    rng = np.random.default_rng(43)
+    w = rng.standard_normal((4, 32, 24)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "bmm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16, 24])],
+                              [onnx.numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, tmp_path / "bmm.onnx")
+    g = load_graph(tmp_path / "bmm.onnx")
+    out = g.stage(g.outputs[0])
+    plan = make_test_plan(g, {}, {out.name: Tile("", (4, 2, 24), 32, 8)})
+    program = generate(plan, g, target="c")
+    (phase,) = [p for k in program.kernels for s in k.segments for p in s.phases]
+    assert phase.combine is not None and phase.gemm is None
+    source = render_c(program)
+    assert "ax0[i2 - " in source
+    x = rng.standard_normal((4, 16, 32)).astype(np.float32)
+    outs, _ = run_cpu(compile_program_c(program), g.specs, {"x": x}, g.weights)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert rel_error(outs["y"], sess.run(None, {"x": x})[0]) < 1e-5
