@@ -846,20 +846,14 @@ class CPrinter(Printer):
                 return out + [f"    {r}{cc}_{rr}[q] = C0_FMA({a}{cc}, {x}{rr}[{mul}], {r}{cc}_{rr}[q]);"
                               for cc, rr in sums] + ["}"]
 
-            if two_chains(len(sums)):  # as in vector_micro
+            two = two_chains(len(sums))
+            if two:
                 body += [" ".join(f"float e{cc}_{rr}[{width}];" for cc, rr in sums), "#pragma omp simd",
                          f"for (int q = 0; q < {n}; ++q) {{"] + [f"    e{cc}_{rr}[q] = 0.0f;" for cc, rr in sums] + ["}"]
-                body += [f"for (int kh = 0; kh + 1 < {kh}; kh += 2)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
-                body += ["    " + x for x in step_lines("kh", "a", "x", "r") + step_lines("kh + 1", "b", "y", "e")]
-                body += ["}"]
-                if kh % 2:
-                    body += [f"for (int kw = 0; kw < {kw}; ++kw) {{", f"    const int kt = {kh - 1};"]
-                    body += ["    " + x for x in step_lines("kt", "a", "x", "r")] + ["}"]
+            body += tap_loops(step_lines, two)
+            if two:
                 body += ["#pragma omp simd", f"for (int q = 0; q < {n}; ++q) {{"]
                 body += [f"    r{cc}_{rr}[q] += e{cc}_{rr}[q];" for cc, rr in sums] + ["}"]
-            else:
-                body += [f"for (int kh = 0; kh < {kh}; ++kh)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
-                body += ["    " + x for x in step_lines("kh", "a", "x", "r")] + ["}"]
             body += ["#pragma omp simd", f"for (int q = 0; q < {n}; ++q) {{"]
             body += [f"    arow{cc}_{rr}[q] = r{cc}_{rr}[q];" for cc, rr in sums] + ["}"]
             return ["{"] + ["    " + x for x in body] + ["}"]
@@ -869,6 +863,19 @@ class CPrinter(Printer):
             tap rows go to two chains of sums, added at the end (a different summation order, within
             rounding; measured: 28 % of a convnext segment waiting on one FMA chain)."""
             return nsums < 4 and c.depthwise and kh > 1
+
+        def tap_loops(step_lines, two: bool) -> list[str]:
+            """The (kh, kw) loops over `step_lines(tap, weights, rows, sums)`: one chain of sums r, or
+            (`two`) even tap rows into r and odd ones into e, an odd last row into r."""
+            if not two:
+                return [f"for (int kh = 0; kh < {kh}; ++kh)", f"for (int kw = 0; kw < {kw}; ++kw) {{"] + \
+                    ["    " + x for x in step_lines("kh", "a", "x", "r")] + ["}"]
+            out = [f"for (int kh = 0; kh + 1 < {kh}; kh += 2)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
+            out += ["    " + x for x in step_lines("kh", "a", "x", "r") + step_lines("kh + 1", "b", "y", "e")] + ["}"]
+            if kh % 2:
+                out += [f"for (int kw = 0; kw < {kw}; ++kw) {{", f"    const int kt = {kh - 1};"]
+                out += ["    " + x for x in step_lines("kt", "a", "x", "r")] + ["}"]
+            return out
 
         # A window row read in place sits a whole channel plane from the next channel's: too far for
         # the hardware's stride prefetchers, so each (channel, row) load would miss to L2/L3.
@@ -897,18 +904,10 @@ class CPrinter(Printer):
                 return out + [f"{r}{cc}_{rr}_{j} = C0_VFMA({a}{cc}, {x}{rr}_{j}, {r}{cc}_{rr}_{j});" for cc, rr, j in sums]
 
             body += [] if c.depthwise else ["for (int cl = 0; cl < c_k; ++cl)"]
-            if two_chains(len(sums)):
-                body += [f"{t} e{cc}_{rr}_{j} = {{0}};" for cc, rr, j in sums]
-                body += [f"for (int kh = 0; kh + 1 < {kh}; kh += 2)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
-                body += ["    " + x for x in step_lines("kh", "a", "x", "r") + step_lines("kh + 1", "b", "y", "e")]
-                body += ["}"]
-                if kh % 2:
-                    body += [f"for (int kw = 0; kw < {kw}; ++kw) {{", f"    const int kt = {kh - 1};"]
-                    body += ["    " + x for x in step_lines("kt", "a", "x", "r")] + ["}"]
-                body += [f"r{cc}_{rr}_{j} += e{cc}_{rr}_{j};" for cc, rr, j in sums]
-            else:
-                body += [f"for (int kh = 0; kh < {kh}; ++kh)", f"for (int kw = 0; kw < {kw}; ++kw) {{"]
-                body += ["    " + x for x in step_lines("kh", "a", "x", "r")] + ["}"]
+            two = two_chains(len(sums))
+            body += [f"{t} e{cc}_{rr}_{j} = {{0}};" for cc, rr, j in sums] if two else []
+            body += tap_loops(step_lines, two)
+            body += [f"r{cc}_{rr}_{j} += e{cc}_{rr}_{j};" for cc, rr, j in sums] if two else []
             body += [f"__builtin_memcpy(arow{cc}_{rr} + {j * vw}, &r{cc}_{rr}_{j}, {nb});" for cc, rr, j in sums]
             return ["{"] + ["    " + x for x in body] + ["}"]
 
