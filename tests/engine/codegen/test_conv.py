@@ -304,8 +304,13 @@ def test_channels_last_pointwise_conv_stages_channels_innermost(tmp_path):
     program = generate(policy_plan(graph, "welder"), graph, target="c")
     source = render_c(program)
     assert "st_c[cl] = " in source
+    _c_matches_reference(program, graph, seed=23)
+
+
+def _c_matches_reference(program, graph, seed: int) -> None:
+    """The C program on a random input (one graph input) gives the reference executor's outputs."""
     name = graph.inputs[0].name
-    x = np.random.default_rng(23).standard_normal(graph.inputs[0].shape).astype(np.float32)
+    x = np.random.default_rng(seed).standard_normal(graph.inputs[0].shape).astype(np.float32)
     outs, _ = run_cpu(compile_program_c(program), graph.specs, {name: x}, graph.weights)
     want = run_reference(graph, {name: x})
     for out in graph.outputs:
@@ -380,12 +385,7 @@ def test_c_target_coarsens_gemm_rows_without_adding_work(monkeypatch):
     flops = [sum(w.flops for w in count_program(p).values()) for p in (fine, wide)]
     assert flops[1] <= flops[0], flops
     assert sum(p.gemm is not None for p in _phases(wide)) == sum(p.gemm is not None for p in _phases(fine)) > 0
-    name = g.inputs[0].name
-    x = np.random.default_rng(37).standard_normal(g.inputs[0].shape).astype(np.float32)
-    outs, _ = run_cpu(compile_program_c(wide), g.specs, {name: x}, g.weights)
-    want = run_reference(g, {name: x})
-    for out in g.outputs:
-        assert max_rel_error(outs[out], want[out]) < TOL
+    _c_matches_reference(wide, g, seed=37)
 
 
 @pytest.mark.parametrize("staged", [False, True])
