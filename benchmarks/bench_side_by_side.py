@@ -3,7 +3,9 @@
 program round-robin, repeat by repeat, in that one process, so the ratios between policies are not
 at the mercy of the machine's drift between processes (bench_zoo.py runs each policy in its own
 worker, minutes apart: on this shared 2-core machine onnxruntime's own time moved 1.8x between two
-cells of one model). Prints a Markdown table of medians and the ratio of each policy to the first.
+cells of one model). Prints a Markdown table of medians, the ratio of each policy to the first, and beside
+them each plan's modeled µs on the device preset (a GPU's, not this CPU's: the model's ratio is shown next
+to the measured one so the two can be compared, not because they should agree).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_side_by_side.py [--models convnext,mobilevit]
         [--policies unfused,welder] [--runs 25] [--device a100] [--timeout 600] [--json OUT.json]
@@ -94,8 +96,11 @@ def main() -> None:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), GOMP_SPINCOUNT=os.environ.get("GOMP_SPINCOUNT", "10000"))
     head = " | ".join(f"{pol} ms" for pol in policies)
     ratios = " | ".join(f"{pol} ÷ {policies[0]}" for pol in policies[1:])
-    print(f"| model | ort ms | {head} | {ratios} | max rel err |")
-    print("|---|---:|" + "---:|" * (2 * len(policies) - 1) + "---:|")
+    modeled = " | ".join(f"{pol} modeled µs" for pol in policies)
+    if len(policies) == 2:
+        modeled += f" | modeled {policies[1]} ÷ {policies[0]}"
+    print(f"| model | ort ms | {head} | {ratios} | {modeled} | max rel err |")
+    print("|---|---:|" + "---:|" * (3 * len(policies) - 1 + (len(policies) == 2)) + "---:|")
     out = {}
     for name in names:
         job = {"model": str(ZOO / f"{name}.onnx"), "policies": policies, "runs": args.runs,
@@ -115,8 +120,11 @@ def main() -> None:
         cells = r["policies"]
         ms = " | ".join(f"{cells[pol]['ms']:.3f}" for pol in policies)
         rat = " | ".join(f"{cells[pol]['ms'] / cells[policies[0]]['ms']:.2f}" for pol in policies[1:])
+        mod = " | ".join(f"{cells[pol]['modeled_us']:.1f}" for pol in policies)
+        if len(policies) == 2:  # the model's ratio beside the measured one
+            mod += f" | {cells[policies[1]]['modeled_us'] / cells[policies[0]]['modeled_us']:.2f}"
         err = max(c["max_rel_err"] for c in cells.values())
-        print(f"| {name} | {r['ort_ms']:.3f} | {ms} | {rat} | {err:.1e} |", flush=True)
+        print(f"| {name} | {r['ort_ms']:.3f} | {ms} | {rat} | {mod} | {err:.1e} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 
