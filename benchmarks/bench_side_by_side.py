@@ -7,7 +7,7 @@ cells of one model). Prints a Markdown table of medians, the ratio of each polic
 them each plan's modeled µs on the device preset (a GPU's, not this CPU's: the model's ratio is shown next
 to the measured one so the two can be compared, not because they should agree).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_side_by_side.py [--models convnext,mobilevit]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_side_by_side.py [--set zoo|samples] [--models a,b]
         [--policies unfused,welder] [--runs 25] [--device a100] [--timeout 600] [--json OUT.json]
 
 OMP_NUM_THREADS (default 1 here: two-thread whole-program times on this machine are dominated by
@@ -78,7 +78,9 @@ def work(job: dict) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
+    p.add_argument("--set", choices=("zoo", "samples"), default="zoo",
+                   help="the real-model zoo (samples/zoo/) or our own samples (samples/)")
+    p.add_argument("--models", default="", help="comma-separated names from the set (default: all)")
     p.add_argument("--policies", default="unfused,welder")
     p.add_argument("--runs", type=int, default=25)
     p.add_argument("--device", default="a100")
@@ -89,7 +91,8 @@ def main() -> None:
     if args.worker:
         print("result " + json.dumps(work(json.loads(args.worker))))
         return
-    catalog = json.loads((ZOO / "catalog.json").read_text())
+    folder = ZOO if args.set == "zoo" else ZOO.parent
+    catalog = json.loads((folder / "catalog.json").read_text())
     names = [e["name"] for e in catalog] if not args.models else args.models.split(",")
     policies = args.policies.split(",")
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
@@ -103,7 +106,7 @@ def main() -> None:
     print("|---|---:|" + "---:|" * (3 * len(policies) - 1 + (len(policies) == 2)) + "---:|")
     out = {}
     for name in names:
-        job = {"model": str(ZOO / f"{name}.onnx"), "policies": policies, "runs": args.runs,
+        job = {"model": str(folder / f"{name}.onnx"), "policies": policies, "runs": args.runs,
                "device": args.device, "threads": threads}
         try:
             proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], capture_output=True,
