@@ -89,7 +89,8 @@ def load_model(path: str, digest: str) -> LoadedModel:
 
 
 def devices() -> list[str]:
-    return list(PRESETS)
+    """The GPU presets, then host (this CPU, measured on first use: what the CPU backend runs on)."""
+    return [*PRESETS, "host"]
 
 
 @st.cache_resource(show_spinner=False)
@@ -226,7 +227,7 @@ def _checked(graph: PrimGraph, plan: Plan) -> tuple[PrimGraph, Plan]:
     preset is never opened as a file)."""
     from engine.runtime.execute import check_plan
 
-    check_plan(plan, graph, plan.device if plan.device in PRESETS else "a100")
+    check_plan(plan, graph, plan.device if plan.device in devices() else "a100")
     return graph, plan
 
 

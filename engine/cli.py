@@ -11,6 +11,7 @@ from engine.errors import TileweaveError
 # (module, function) pairs; each function adds one subparser and sets `func` on it.
 COMMANDS = [
     ("engine.commands", "add_info_command"),
+    ("engine.commands", "add_device_command"),
     ("engine.schedule.cli", "add_plan_command"),
     ("engine.codegen.cli", "add_compile_command"),
     ("engine.commands", "add_run_command"),

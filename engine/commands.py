@@ -56,12 +56,29 @@ def add_plan_args(p: argparse.ArgumentParser, policy_help: str = "fusion policy"
     _add_model_args(p)
     p.add_argument("--policy", default=DEFAULT_POLICY,
                    help=f"{policy_help}: unfused | elementwise | stitch | welder (default {DEFAULT_POLICY})")
-    p.add_argument("--device", default=DEFAULT_DEVICE,
-                   help=f"device preset (v100, a100, rtx3090, h100, h200) or .toml/.json file (default {DEFAULT_DEVICE})")
+    p.add_argument("--device", default=None,
+                   help="device preset (v100, a100, rtx3090, h100, h200), host (this CPU, measured on first use) "
+                        f"or a .toml/.json file (default: host for --backend cpu, else {DEFAULT_DEVICE})")
     p.add_argument("--plan-in", "--plan", dest="plan_in", metavar="PLAN.json",
                    help="use this saved plan instead of planning with --policy")
     p.add_argument("--no-batching", action="store_true",
                    help="welder: keep Q/K/V-style contractions separate (no operator batching)")
+    add_tune_arg(p)
+
+
+def add_tune_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tune", type=int, default=None, metavar="K",
+                   help="measure the top K tile candidates of every kernel on the device (host: the C backend; "
+                        "a GPU device needs one attached) and keep the fastest; for welder also each region's "
+                        "kernels from the other policies, so the plan is never slower than theirs; measurements "
+                        "are cached by subgraph signature")
+
+
+def default_device(args: argparse.Namespace) -> str:
+    """--device, else host when the command runs the C backend, else the GPU preset."""
+    if args.device is not None:
+        return args.device
+    return "host" if getattr(args, "backend", None) == "cpu" else DEFAULT_DEVICE
 
 
 def add_time_limit_arg(p: argparse.ArgumentParser, what: str) -> None:
@@ -78,12 +95,17 @@ def planned_model(args: argparse.Namespace):
     from engine.frontend.importer import load_graph
     from engine.schedule.pipeline import load_plan, plan_model
 
+    args.device = default_device(args)
     device = get_device(args.device)
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
+        if args.tune is not None:
+            raise TileweaveError("--tune applies when planning; a saved plan (--plan-in) runs as it is",
+                                 hint="drop --tune or --plan-in")
         graph, plan = load_plan(args.plan_in, graph)
     else:
-        graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None)
+        graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None,
+                                 tune=args.tune)
     return device, graph, plan
 
 
@@ -172,6 +194,50 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
+# ---- device ---------------------------------------------------------------------------------
+
+
+def add_device_command(sub) -> None:
+    p = sub.add_parser("device", help="show a device's figures and where each came from",
+                       description="Print every figure the cost model uses for DEVICE (default host) with its "
+                                   "source: datasheet, estimate, file, detected (read off this machine) or "
+                                   "measured (timed on it). host is probed on first use (a few seconds) and "
+                                   "cached per CPU, OpenMP thread count (OMP_NUM_THREADS) and C compiler.")
+    p.add_argument("device", nargs="?", default="host",
+                   help="host, a preset (v100, a100, rtx3090, h100, h200) or a .toml/.json file (default host)")
+    p.add_argument("--refresh", action="store_true", help="host: probe again and replace the cached figures")
+    p.add_argument("--json", action="store_true", help="print the device as JSON (what a device file holds)")
+    p.set_defaults(func=cmd_device)
+
+
+def cmd_device(args: argparse.Namespace) -> int:
+    from engine.device import get_device
+
+    if args.refresh and args.device.strip().lower() != "host":
+        raise TileweaveError("--refresh probes the host again; other devices are not measured here",
+                             hint="tileweave device host --refresh")
+    if args.refresh:
+        from engine.host import host_device
+
+        device = host_device(refresh=True)
+    else:
+        device = get_device(args.device)
+    if args.json:
+        print(device.to_json())
+        return 0
+    print(f"{device.name}: {device.description or device.kind}")
+    for key, value in sorted(device.to_dict().items()):
+        if key in ("name", "source", "description"):
+            continue
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        print(f"  {key:32s} {shown:>14s}  {device.source_of(key)}")
+    if device.name == "host":
+        from engine.host import cache_path
+
+        print(f"cached in {cache_path()}")
+    return 0
+
+
 # ---- run ------------------------------------------------------------------------------------
 
 
@@ -215,6 +281,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise BackendError(f"unknown backend '{args.backend}'", hint=f"use one of {', '.join(BACKENDS)}")
     check_sim_args(args)
     args.time_limit = time_limit_s(args.time_limit)
+    args.device = default_device(args)
     out_path = check_writable(args.outputs)
     args.budget = memory_budget(args.memory_budget, backend=args.backend,
                                 device=args.device if args.backend in ("cuda", "cuda-sim") else None)
@@ -358,10 +425,13 @@ def add_bench_command(sub) -> None:
     p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...",
                    help="bind the shape of an input with dynamic dimensions, in every MODEL (repeatable)")
     p.add_argument("--policy", action="append", dest="policies", metavar="P",
-                   help=f"policy to run (repeatable; default all: {', '.join(POLICIES)})")
-    p.add_argument("--device", default=DEFAULT_DEVICE,
-                   help=f"device preset or file the plans are made for (default {DEFAULT_DEVICE}); "
-                        "the code always runs on this CPU")
+                   help=f"policy to run, optionally P+tune (repeatable; default all: {', '.join(POLICIES)})")
+    p.add_argument("--device", default="host",
+                   help="device the plans are made for: host (this CPU, the default), a GPU preset or a device "
+                        "file; the code always runs on this CPU")
+    p.add_argument("--tune", type=int, default=None, metavar="K",
+                   help="plan the P+tune cells (e.g. --policy welder+tune) by measuring K tile candidates per "
+                        "kernel on the device (default 3); given without any P+tune policy, every policy is tuned")
     p.add_argument("--runs", type=int, default=10, help="timed runs of each side (default 10)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds per model and policy, planning and compiling included (default 120)")
@@ -377,7 +447,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"... {msg}", file=sys.stderr, flush=True)
 
     result = bench_models(args.models, args.policies, device=args.device, runs=args.runs,
-                          timeout=args.timeout, shapes=parse_shapes(args.shape), progress=progress)
+                          timeout=args.timeout, shapes=parse_shapes(args.shape), progress=progress, tune=args.tune)
     print(json.dumps(result, indent=1) if args.json else format_bench(result))
     return 0
 

@@ -17,7 +17,9 @@ from typing import Any
 
 from engine.errors import DeviceError
 
-SOURCES = ("datasheet", "estimate", "measured", "file")
+# "detected": read off this machine (the OS, the C compiler), not timed; "measured": timed on it.
+SOURCES = ("datasheet", "estimate", "measured", "detected", "file")
+KINDS = ("gpu", "cpu")
 KiB = 1024
 MiB = 1024 * 1024
 
@@ -56,6 +58,14 @@ class Device:
     nvrtc_arch: str
     # Excluded from the hash (dicts are unhashable) but compared, so equal devices hash equally.
     source: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    # "gpu", or "cpu" for the host (engine/host.py): an SM is a core running one block (an OpenMP
+    # iteration) at a time, shared memory a block's stack arrays, a grid barrier an OpenMP barrier.
+    kind: str = "gpu"
+    vector_lanes: int = 1  # fp32 SIMD lanes of a core (cpu); a GPU's lanes are its threads
+    # FLOP/s of generated per-element code (loops outside GEMM / conv micro-tiles) as the host probe
+    # measured it; 0 means peak_fp32_flops (a GPU's per-element code runs at its FMA rate).
+    elementwise_flops: float = 0.0
+    description: str = ""  # what the device is (the host's CPU model)
 
     def __post_init__(self) -> None:
         # Normalise the JSON/TOML spellings of compute_capability before validating.
@@ -102,9 +112,10 @@ class Device:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Device))
-REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in FIELDS if f != "source")
-_INT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "int"}
-_FLOAT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "float"}
+OPTIONAL_FIELDS: tuple[str, ...] = ("kind", "vector_lanes", "elementwise_flops", "description")  # default: a GPU
+REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in FIELDS if f != "source" and f not in OPTIONAL_FIELDS)
+_INT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "int" and f.name not in OPTIONAL_FIELDS}
+_FLOAT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "float" and f.name not in OPTIONAL_FIELDS}
 # Fields that may be zero (no driver reservation; a device file may model a free grid barrier).
 _NONNEGATIVE_FIELDS = {"reserved_smem_per_block_bytes", "launch_overhead_s", "grid_barrier_s"}
 _ARCH_RE = re.compile(r"^sm_\d{2,3}[af]?$")
@@ -157,6 +168,7 @@ def _validate(values: Mapping[str, Any], *, where: str) -> None:
             if key in _CEILINGS and value > _CEILINGS[key]:
                 raise DeviceError(f"{where}: key {key!r} = {value!r} is beyond any real GPU (at most "
                                   f"{_CEILINGS[key]:g}); check the figure and its unit")
+    _validate_kind(values, where)
     if values["warp_size"] not in _WARP_SIZES:
         raise DeviceError(f"{where}: key 'warp_size' must be 32 (NVIDIA) or 64, got {values['warp_size']!r}")
     if not isinstance(values["name"], str) or not values["name"]:
@@ -175,11 +187,27 @@ def _validate(values: Mapping[str, Any], *, where: str) -> None:
     if not isinstance(source, Mapping):
         raise DeviceError(f"{where}: key 'source' must be a table of field = provenance, got {source!r}")
     for key, label in source.items():
-        if key not in REQUIRED_FIELDS:
+        if key not in REQUIRED_FIELDS + OPTIONAL_FIELDS:
             raise DeviceError(f"{where}: key 'source.{key}' names no device field (known keys: {', '.join(REQUIRED_FIELDS)})")
         if label not in SOURCES:
             raise DeviceError(f"{where}: key 'source.{key}' must be one of {', '.join(SOURCES)}, got {label!r}")
     _check_limits(values, where)
+
+
+def _validate_kind(values: Mapping[str, Any], where: str) -> None:
+    kind = values.get("kind", "gpu")
+    if kind not in KINDS:
+        raise DeviceError(f"{where}: key 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
+    lanes = values.get("vector_lanes", 1)
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= 64:
+        raise DeviceError(f"{where}: key 'vector_lanes' must be an integer from 1 to 64, got {lanes!r}")
+    rate = values.get("elementwise_flops", 0.0)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= _CEILINGS["peak_fp32_flops"]:
+        raise DeviceError(f"{where}: key 'elementwise_flops' must be a number from 0 to "
+                          f"{_CEILINGS['peak_fp32_flops']:g}, got {rate!r}")
+    text = values.get("description", "")
+    if not isinstance(text, str) or len(text) > 200:
+        raise DeviceError(f"{where}: key 'description' must be a string of at most 200 characters")
 
 
 def _check_limits(v: Mapping[str, Any], where: str) -> None:
@@ -213,7 +241,7 @@ def _build(values: dict[str, Any], *, where: str) -> Device:
         values["compute_capability"] = tuple(int(p) for p in cc.split("."))
     elif isinstance(cc, list):
         values["compute_capability"] = tuple(cc)
-    for key in _FLOAT_FIELDS:
+    for key in (*_FLOAT_FIELDS, "elementwise_flops"):
         # TOML/JSON write 5e-6 and 900000000000 alike; store floats so round trips compare equal.
         if isinstance(values.get(key), int) and not isinstance(values.get(key), bool):
             values[key] = float(values[key])
@@ -294,10 +322,15 @@ def get_device(name_or_path: str | Path | Device) -> Device:
     preset = PRESETS.get(text.strip().lower())
     if preset is not None:
         return preset
+    if text.strip().lower() == "host":
+        from engine.host import host_device
+
+        return host_device()
     if Path(text).suffix.lower() in (".toml", ".json") or Path(text).exists():
         return load_device_file(text)
     raise DeviceError(
-        f"unknown device {text!r}: use a preset ({', '.join(PRESETS)}) or a path to a .toml/.json device file"
+        f"unknown device {text!r}: use a preset ({', '.join(PRESETS)}), host (this CPU, measured) or a path "
+        "to a .toml/.json device file"
     )
 
 

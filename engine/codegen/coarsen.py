@@ -39,7 +39,8 @@ def min_tiles() -> int:
     return n
 
 
-def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device, built_out: dict | None = None) -> Plan:
+def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device, built_out: dict | None = None,
+                  keep: set[str] = frozenset()) -> Plan:
     """`plan` with each segment that holds a dense convolution of fewer than CHANNELS output channels
     per block widened along its anchor's channel axis (axis 1 of a rank-4 NCHW anchor), and each
     segment of dot products against a weight (a GEMM of at most GEMV_ROWS rows: lstm's h @ R^T)
@@ -48,10 +49,11 @@ def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device, built_out: dict 
     least ROW_BLOCKS blocks per thread made taller along its most-split axis where the kernel IR counts
     no more flops and keeps its GEMM / conv phases (rules in `_rules`, first accepted wins).
     `built_out` (group name -> Kernel) receives each group's kernel at its final tiles, so the caller
-    need not build it again."""
+    need not build it again. Segments anchored in `keep` stay as they are."""
     from engine.codegen.generate import build_kernel
 
     conns = {e.key: e.conn for e in plan.edges}
+    threads = device.sm_count if device.kind == "cpu" else min_tiles()
     groups = []
     for group in plan.groups:
         kernel = build_kernel(group, graph, conns, device)
@@ -59,10 +61,10 @@ def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device, built_out: dict 
         tiles = list(group.segments)
         for seg in kernel.segments:
             tile = by_anchor.get(seg.anchor)
-            if tile is None:
+            if tile is None or seg.anchor in keep:
                 continue
             k = tiles.index(tile)
-            for options, accept in _rules(graph, seg, tile, kernel):
+            for options, accept in _rules(graph, seg, tile, kernel, threads):
                 found = None
                 for wider in options:
                     trial = tiles[:k] + [wider] + tiles[k + 1:]
@@ -83,25 +85,26 @@ def coarsen_for_c(plan: Plan, graph: PrimGraph, device: Device, built_out: dict 
     return dataclasses.replace(plan, groups=tuple(groups))
 
 
-def _rules(graph: PrimGraph, seg, tile: Tile, kernel) -> list:
+def _rules(graph: PrimGraph, seg, tile: Tile, kernel, threads: int) -> list:
     """(candidate tiles, accept(grown segment, built kernel)) per coarsening that applies to `seg`, in
-    order of preference; the first rule with an accepted candidate wins."""
+    order of preference; the first rule with an accepted candidate wins. `threads`: the OpenMP threads
+    the blocks are spread over."""
     rules = []
     chans, cols = _dense_conv_channels(seg), _gemv_cols(seg)
     if chans is not None and chans < CHANNELS and len(tile.shape) == 4:
-        rules.append((_wider(graph, tile, 1, -(-CHANNELS // chans)),
+        rules.append((_wider(graph, tile, 1, -(-CHANNELS // chans), threads),
                       lambda grown, built: (_dense_conv_channels(grown) or 0) > chans))
-    if cols is not None and seg.ntiles > min_tiles():
+    if cols is not None and seg.ntiles > threads:
         # Dot products streaming a weight (split statically by the C printer): one block per
         # thread, so each thread recomputes the row the products read once, not per block.
-        rules.append((_wider(graph, tile, len(tile.shape) - 1, seg.ntiles // min_tiles()),
+        rules.append((_wider(graph, tile, len(tile.shape) - 1, seg.ntiles // threads, threads),
                       lambda grown, built: (_gemv_cols(grown) or 0) > cols))
     axis = _most_tiled_axis(graph, tile)
-    if seg.ntiles >= ROW_BLOCKS * min_tiles() and axis is not None:
+    if seg.ntiles >= ROW_BLOCKS * threads and axis is not None:
         # Many small blocks (a GPU's grid): fewer, taller ones along the axis with the most tiles,
         # where that does not add work (a stencil's halo is recomputed per block, so taller blocks
         # recompute less; a GEMM's weight is read once per block) — see ROW_BLOCKS.
-        rules.append((_wider(graph, tile, axis, seg.ntiles // min_tiles()),
+        rules.append((_wider(graph, tile, axis, seg.ntiles // threads, threads),
                       _no_more_work(-count_kernel(kernel).flops, _tiled_phases(seg))))
     return rules
 
@@ -147,14 +150,14 @@ def _gemv_cols(seg) -> int | None:
     return gemms[0].bn if gemms and gemms[0].bm <= GEMV_ROWS and len(gemms) == 1 else None
 
 
-def _wider(graph: PrimGraph, tile: Tile, axis: int, factor: int) -> list[Tile]:
+def _wider(graph: PrimGraph, tile: Tile, axis: int, factor: int, threads: int) -> list[Tile]:
     """Candidate tiles, widest first: the anchor's `axis` (the channel axis of an NCHW anchor, or the
-    last axis) multiplied by `factor`, then by halves of it, keeping min_tiles() blocks where the plan
+    last axis) multiplied by `factor`, then by halves of it, keeping a block per thread where the plan
     had that many."""
     anchor = graph.stage(tile.stage)
     if tile.shape[axis] >= anchor.shape[axis]:
         return []
-    out, least = [], min_tiles()
+    out, least = [], threads
     while factor >= 2:
         shape = list(tile.shape)
         shape[axis] = min(anchor.shape[axis], tile.shape[axis] * factor)

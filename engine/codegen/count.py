@@ -18,6 +18,7 @@ import numpy as np
 
 from engine.codegen.kexpr import Guard, InBounds, Inlined, Reduce, kchildren, strip
 from engine.codegen.kir import Kernel, Phase, Region, Scope, Segment
+from engine.errors import PlanError
 from engine.ir import expr as E
 
 
@@ -29,6 +30,7 @@ class Work:
     included) — the work one thread spends on one output element."""
 
     flops: float = 0.0
+    tiled_flops: float = 0.0  # of `flops`: the multiply-adds of tiled GEMM and direct-conv micro-tiles
     global_load: float = 0.0  # bytes
     global_store: float = 0.0
     shared_load: float = 0.0
@@ -38,6 +40,7 @@ class Work:
 
     def add(self, other: Work, times: float = 1.0) -> None:
         self.flops += other.flops * times
+        self.tiled_flops += other.tiled_flops * times
         self.global_load += other.global_load * times
         self.global_store += other.global_store * times
         self.shared_load += other.shared_load * times
@@ -55,7 +58,7 @@ class Work:
         return self.shared_load + self.shared_store
 
     def to_json(self) -> dict:
-        return {"flops": int(self.flops), "global_load_bytes": int(self.global_load),
+        return {"flops": int(self.flops), "tiled_flops": int(self.tiled_flops), "global_load_bytes": int(self.global_load),
                 "global_store_bytes": int(self.global_store), "shared_load_bytes": int(self.shared_load),
                 "shared_store_bytes": int(self.shared_store), "nest": int(self.nest),
                 "evals": {k: int(v) for k, v in sorted(self.evals.items())}}
@@ -245,6 +248,7 @@ def _gemm(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
     live = float((np.minimum(g.ty, np.ceil(m_n / max(1, g.tm))) * np.minimum(g.tx, np.ceil(n_n / max(1, g.tn)))).sum())
     out.shared_load += steps * live * g.bk * (g.tm + g.tn) * 4
     out.flops += steps * live * g.bk * 2 * g.tm * g.tn
+    out.tiled_flops += steps * live * g.bk * 2 * g.tm * g.tn
     epi = _epilogue(kernel, phase)
     out.add(epi, float((m_n * n_n).sum()))
     out.nest = max(out.nest, g.k, epi.nest)
@@ -283,6 +287,7 @@ def _conv(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
     else:
         out.shared_load += steps * thr * inner * (c.tm + c.tm * c.tn) * 4
     out.flops += steps * thr * inner * 2 * c.tm * c.tn
+    out.tiled_flops += steps * thr * inner * 2 * c.tm * c.tn
     epi = _epilogue(kernel, phase)
     out.add(epi, float((c_n * oh_n * ow_n).sum()))
     out.nest = max(out.nest, total * kh * kw, epi.nest)
@@ -352,6 +357,16 @@ def _invariant_reductions(body, loop_vars: set[str]) -> list:
     return out
 
 
+# Distinct values one element's count may visit. The zoo's fused kernels need at most ~42,000 (mobilevit on
+# a100, counted while planning); past the budget a candidate inlines reductions into reductions (lstm steps
+# chained at REGISTER) and both counting it and running it would take too long.
+VISIT_BUDGET = 100_000
+
+
+class CountBudgetError(PlanError):
+    """A segment whose inlined expressions are too deep to count (so also to run): refused as recompute."""
+
+
 class _Counter:
     """Counts one element's SSA evaluation of expressions, as BodyWriter emits them: a memo (keyed
     on the printed, unmarked node) per scope; a reduction's invariant values hoisted into the scope
@@ -361,6 +376,7 @@ class _Counter:
         self.kernel = kernel
         self.work = Work()
         self.scopes: dict[str, bool] = {}
+        self.visits = 0
 
     def _bytes(self, tensor: str, load: bool, times: float) -> None:
         buf = self.kernel.buffer(tensor)
@@ -394,6 +410,11 @@ class _Counter:
         if key in memo:
             return
         memo[key] = True
+        self.visits += 1
+        if self.visits > VISIT_BUDGET:
+            raise CountBudgetError(
+                f"inlined expressions nest too deep to count (over {VISIT_BUDGET:,} distinct evaluations per "
+                "element): an inlined reduction re-evaluates inlined reductions", hint="connect at SHARED")
         self.work.nest = max(self.work.nest, int(round(mult)))
         if isinstance(e, Inlined):
             self.work.evals[e.stage] = self.work.evals.get(e.stage, 0.0) + mult

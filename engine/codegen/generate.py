@@ -54,9 +54,9 @@ def check_index_range(graph: PrimGraph) -> None:
 
 def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target: str = "cuda") -> Program:
     """Realise every group of `plan` as a kernel; refuses a plan for another model or one whose
-    groups do not match its edges. `target="c"` first coarsens convolution blocks along output
-    channels (`coarsen.coarsen_for_c`: a CPU block is an OpenMP iteration); the Program keeps the
-    hash of the plan it was given."""
+    groups do not match its edges. `target="c"` with a GPU device first coarsens blocks
+    (`coarsen.coarsen_for_c`: a CPU block is an OpenMP iteration; a plan for the host CPU holds those
+    tiles already); the Program keeps the hash of the plan it was given."""
     device = get_device(device) if isinstance(device, str) else device
     if plan.model_hash != graph.structural_hash:
         raise PlanError(f"plan is for model hash {plan.model_hash}, not {graph.structural_hash}",
@@ -73,7 +73,9 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
     if target not in TARGETS:
         raise CompileError(f"unknown target '{target}' (choose one of {', '.join(TARGETS)})")
     given, built = plan, {}
-    if target == "c":
+    if target == "c" and device.kind != "cpu":
+        # A GPU's plan translated for the CPU (a plan for the host has its CPU tiles already:
+        # schedule.build.coarsen_plan).
         from engine.codegen.coarsen import coarsen_for_c
 
         plan = coarsen_for_c(plan, graph, device, built)

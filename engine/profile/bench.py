@@ -15,6 +15,7 @@ from engine.errors import PlanError, TileweaveError
 from engine.limits import WorkerTimeout, run_worker, worker_env
 
 POLICIES = ("unfused", "elementwise", "stitch", "welder")
+TUNED = "+tune"  # a policy cell planned with measured tuning (`welder+tune`: plan_model(..., tune=K))
 
 
 def bench_threads() -> int:
@@ -54,9 +55,10 @@ def check_args(models: list[str], policies: list[str], device: str, runs: int, t
 
     if not models:
         raise TileweaveError("no model given", hint="tileweave bench MODEL.onnx [MODEL.onnx ...]")
-    bad = [p for p in policies if p not in POLICIES]
+    bad = [p for p in policies if p.removesuffix(TUNED) not in POLICIES]
     if bad:
-        raise PlanError(f"unknown policy '{bad[0]}'", hint=f"use one of {', '.join(POLICIES)}")
+        raise PlanError(f"unknown policy '{bad[0]}'",
+                        hint=f"use one of {', '.join(POLICIES)}, each optionally with {TUNED} (measured tuning)")
     if runs < 1:
         raise TileweaveError(f"--runs {runs} must be at least 1")
     if timeout <= 0:
@@ -67,10 +69,13 @@ def check_args(models: list[str], policies: list[str], device: str, runs: int, t
 
 
 def run_cell(model: str, policy: str, device: str, runs: int, threads: int, timeout: float,
-             shapes: dict | None = None) -> dict:
-    """One worker process; {"timeout": True, "phase": ...} when it outlives `timeout` seconds."""
-    job = {"model": str(Path(model).resolve()), "policy": policy, "device": device, "runs": runs,
-           "threads": threads, "shapes": {k: list(v) for k, v in (shapes or {}).items()}}
+             shapes: dict | None = None, tune: int = 3) -> dict:
+    """One worker process; {"timeout": True, "phase": ...} when it outlives `timeout` seconds. A policy
+    named P+tune is P's plan tuned by measurement over `tune` tile candidates per kernel."""
+    tuned = policy.endswith(TUNED)
+    job = {"model": str(Path(model).resolve()), "policy": policy.removesuffix(TUNED), "device": device,
+           "runs": runs, "threads": threads, "shapes": {k: list(v) for k, v in (shapes or {}).items()},
+           "tune": tune if tuned else None}
     env = worker_env() | {"OMP_NUM_THREADS": str(threads)}
     # libgomp's idle threads spin ~300k iterations by default; interleaved with onnxruntime's pool on
     # the same cores that spin would be charged to whichever side runs next.
@@ -92,14 +97,22 @@ def run_cell(model: str, policy: str, device: str, runs: int, threads: int, time
     return {"error": f"worker died: {tail}"}
 
 
-def bench_models(models: list[str], policies: list[str] | None = None, *, device: str = "a100",
-                 runs: int = 10, timeout: float = 120.0, shapes: dict | None = None, progress=None) -> dict:
+def bench_models(models: list[str], policies: list[str] | None = None, *, device: str = "host",
+                 runs: int = 10, timeout: float = 120.0, shapes: dict | None = None, progress=None,
+                 tune: int | None = None) -> dict:
     """{"machine": {...}, "models": [{"name", "ort_ms", "policies": {policy: {"ms", "ratio",
     "max_rel_err", "kernels", ...}}}]}. ort_ms is the median of onnxruntime's runs over all of the
     model's cells (each interleaved with ours); ratio = ms / ort_ms. A cell that timed out or failed
     has ms/ratio None and says so ("timeout": true with the phase, or "error"). `shapes` binds dynamic
-    input dimensions (as `--shape`) in every model."""
+    input dimensions (as `--shape`) in every model. Policies may be named P+tune (measured tuning over
+    `tune` candidates, default 3); with `tune` and no such name, every policy is tuned."""
+    from engine.schedule.tune import check_tune
+
     policies = list(policies or POLICIES)
+    if tune is not None:
+        check_tune(tune)
+        if not any(p.endswith(TUNED) for p in policies):
+            policies = [p + TUNED for p in policies]
     check_args(models, policies, device, runs, timeout, shapes)
     threads = bench_threads()
     result = {"machine": machine_info(threads), "device": device, "runs": runs, "timeout_s": timeout,
@@ -109,7 +122,7 @@ def bench_models(models: list[str], policies: list[str] | None = None, *, device
         for policy in policies:
             if progress:
                 progress(f"{Path(model).stem} {policy}")
-            cells[policy] = run_cell(model, policy, device, runs, threads, timeout, shapes)
+            cells[policy] = run_cell(model, policy, device, runs, threads, timeout, shapes, tune or 3)
         result["models"].append(_model_row(model, cells))
     return result
 
@@ -142,7 +155,7 @@ def format_bench(result: dict) -> str:
     m = result["machine"]
     lines = [f"machine  {m['cpu']}, {m['cores']} cores; {m['threads']} threads for onnxruntime "
              f"{m['onnxruntime']} and OpenMP; load {m['load_average']}",
-             f"plans    {result['device']} preset; medians of {result['runs']} interleaved runs; "
+             f"plans    for {result['device']}; medians of {result['runs']} interleaved runs; "
              f"timeout {result['timeout_s']:g} s per model and policy", ""]
     rows = [("model", "ort ms", "policy", "kernels", "ours ms", "ours/ort", "max rel err", "modeled us",
              "schedule s")]

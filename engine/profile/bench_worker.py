@@ -73,14 +73,15 @@ def run_job(job: dict) -> dict:
 
     _phase("schedule")
     started = time.perf_counter()
-    planned, plan = plan_model(graph, job["policy"], get_device(job["device"]))
+    device = get_device(job["device"])
+    planned, plan = plan_model(graph, job["policy"], device, tune=job.get("tune"))
     schedule_s = time.perf_counter() - started
     planned_stats = {"kernels": len(plan.groups), "modeled_us": plan.modeled_us, "dram_bytes": plan.dram_bytes,
                      "min_dram_bytes": planned.min_dram_bytes, "schedule_s": schedule_s}
     print("plan " + json.dumps(planned_stats), flush=True)  # the parent keeps these if a later phase times out
     _phase("compile")
     started = time.perf_counter()
-    program = generate(plan, planned, job["device"], target="c")
+    program = generate(plan, planned, device, target="c")
     module = compile_program_c(program)
     compile_s = time.perf_counter() - started
 

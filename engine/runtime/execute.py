@@ -45,12 +45,13 @@ def check_plan(plan: Plan, graph: PrimGraph, device: str) -> None:
 
 
 def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: str = "cpu",
-              policy: str = "welder", device: str = "a100", plan: Plan | None = None,
+              policy: str = "welder", device: str | None = None, plan: Plan | None = None,
               repeat: int = 1, library: bool = False, batching: bool | None = None,
               sim_grid_cap: int | None = None, sim_resident: int = 1,
               budget: Budget | str | int | None = None, time_limit: float | None = None,
               poll=None) -> RunResult:
     """Plan (unless `plan` is given), generate and run `graph` on `backend`; outputs by ONNX name.
+    `device` (default: host for cpu, else a100) is what a plan is made for.
     Planning goes through `plan_model` (operator batching per `batching`, default on for welder); a
     given plan runs on the graph it was made on (`graph`, or its batched form when the plan says so).
     `library` (cpu only): kernels that are a lone contraction run through NumPy BLAS.
@@ -63,6 +64,8 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
     process, killed when `poll` raises (the app's Cancel) as well."""
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend '{backend}' (choose one of {', '.join(BACKENDS)})")
+    if device is None:  # the C backend plans for the CPU it runs on; the others for a GPU preset
+        device = "host" if backend == "cpu" else "a100"
     if not isinstance(budget, Budget):
         budget = memory_budget(budget, device=device if backend in ("cuda", "cuda-sim") else None, backend=backend)
     check_graph_memory(graph, budget, backend)

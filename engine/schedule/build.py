@@ -4,12 +4,14 @@ with a Decision; `connect_greedy` is Welder's "first connect, then schedule" wal
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from engine.device import Device
 from engine.flags import debug
 from engine.ir.graph import PrimGraph, StageKind
+from engine.schedule.cost import estimate_group
 from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, components, kernel_name
 from engine.schedule.tiles import GroupSchedule, search_group
 from engine.schedule.validate import Decision
@@ -36,12 +38,32 @@ def assemble(
         sched = search_group(graph, comp, full, device, mode, fixed)
         groups.append(Group(k, kernel_name(k, graph, comp), tuple(comp), sched.tiles, _group_reason(comp, full, sched),
                             sched.cost.modeled_us if sched.cost else None, sched.candidates, sched.cost))
-    return Plan(
+    plan = Plan(
         model_hash=graph.structural_hash, model_name=graph.name, policy=policy, device=device.name,
         edges=edges, groups=tuple(groups), base_policy=base_policy, edits=tuple(edits),
-        decisions=tuple(decisions), schedule_seconds=round(time.perf_counter() - started, 4),
-        options=tuple(sorted((options or {}).items())),
+        decisions=tuple(decisions), schedule_seconds=0.0, options=tuple(sorted((options or {}).items())),
     )
+    if device.kind == "cpu":
+        plan = coarsen_plan(plan, graph, device, keep=set(fixed or ()) if policy == "user" else set())
+    return dataclasses.replace(plan, schedule_seconds=round(time.perf_counter() - started, 4))
+
+
+def coarsen_plan(plan: Plan, graph: PrimGraph, device: Device, keep: set[str] = frozenset()) -> Plan:
+    """A plan for the host CPU runs the tiles the C target runs: fewer, larger blocks where a block is an
+    OpenMP iteration (`codegen.coarsen.coarsen_for_c`), made here so the Plan shows them and the cost
+    model costs them (generate then takes the plan's tiles as they are). Segments anchored in `keep`
+    (tiles a user set) stay as they are."""
+    from engine.codegen.coarsen import coarsen_for_c
+
+    full = {e.key: e.conn for e in plan.edges}
+    coarse = coarsen_for_c(plan, graph, device, keep=keep)
+    groups = []
+    for old, new in zip(plan.groups, coarse.groups):
+        if new.segments != old.segments:
+            cost = estimate_group(graph, new.stages, full, new.segments, device, exact=True)
+            new = dataclasses.replace(new, score=cost.modeled_us, cost=cost)
+        groups.append(new)
+    return dataclasses.replace(plan, groups=tuple(groups))
 
 
 def _group_reason(comp: Sequence[str], conns: Mapping[Edge, Conn], sched: GroupSchedule) -> str:

@@ -15,10 +15,14 @@ DEFAULT_DEVICE = "a100"
 
 
 def add_plan_command(sub) -> None:
+    from engine.commands import add_tune_arg
+
     p = sub.add_parser("plan", help="fuse and tile a model with a policy; print kernels, traffic, modeled time")
     p.add_argument("model", help="ONNX model file")
     p.add_argument("--policy", default="welder", choices=["unfused", "elementwise", "stitch", "welder"])
-    p.add_argument("--device", default=DEFAULT_DEVICE, help="v100, a100, rtx3090, h100, h200 or a .toml/.json file")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help="v100, a100, rtx3090, h100, h200, host (this CPU, measured on first use) or a .toml/.json "
+                        f"file (default {DEFAULT_DEVICE})")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
     p.add_argument("--plan-out", metavar="FILE", help="write the plan JSON here")
     p.add_argument("--plan-in", metavar="FILE", help="replay this saved plan's edits on its base policy")
@@ -28,6 +32,7 @@ def add_plan_command(sub) -> None:
     p.add_argument("--recompute-bound", type=float, metavar="X",
                    help="how many times over a fused segment may compute its stages (inlined uses, tile "
                         "overlaps), a plan option (default 2); a reduction is always computed once per element")
+    add_tune_arg(p)
     p.add_argument("--explain", action="store_true",
                    help="also print every edge's connection and why (the levels refused and the rule broken)")
     p.set_defaults(func=run_plan_command)
@@ -50,13 +55,15 @@ def run_plan_command(args) -> int:
         options["recompute_bound"] = args.recompute_bound
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
+        if args.tune is not None:
+            raise PlanError("--tune applies when planning; --plan-in replays a saved plan", hint="drop one of them")
         graph, saved = load_plan(args.plan_in, graph)
         plan = replay(saved.base_policy or saved.policy, saved.edits, graph, device, options=dict(saved.options))
         kept = tuple(d for d in saved.decisions if d.startswith(BATCHING_PREFIX))
         plan = dataclasses.replace(plan, decisions=kept + plan.decisions)
     else:
         graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None,
-                                 options=options)
+                                 options=options, tune=args.tune)
     bad = validate(plan, graph, device)
     if bad:
         raise PlanError(f"plan is illegal: {bad[0]}")
@@ -108,7 +115,7 @@ def plan_summary(plan: Plan, graph) -> dict:
                           "row_split": s.row_split} for s in g.segments],
             "waves": c.waves if c else None,
             "traffic_bytes": c.traffic_bytes if c else None, "modeled_us": c.modeled_us if c else None,
-            "terms_us": c.terms_us if c else None, "reason": g.reason,
+            "terms_us": c.terms_us if c else None, "measured_us": g.measured_us, "reason": g.reason,
             "flops": c.flops if c else None, "recompute_factor": c.recompute_factor if c else None,
             "memory_intensive": all(graph.stage(s).is_memory_intensive for s in g.stages),
         })
@@ -116,6 +123,8 @@ def plan_summary(plan: Plan, graph) -> dict:
         "model": plan.model_name, "policy": plan.policy, "device": plan.device, "kernels": plan.kernels,
         "memory_intensive_kernels": sum(1 for g in groups if g["memory_intensive"]),
         "dram_bytes": plan.dram_bytes, "modeled_us": round(plan.modeled_us, 3),
+        "measured_us": None if plan.measured_us is None else round(plan.measured_us, 3),
+        "tune": dict(plan.options).get("tune"),
         "schedule_seconds": plan.schedule_seconds,
         "fused_edges": sum(1 for e in plan.edges if e.conn != Conn.KERNEL), "edges": len(plan.edges),
         "batching": list(batching_decisions(plan)),
@@ -124,7 +133,9 @@ def plan_summary(plan: Plan, graph) -> dict:
 
 
 def format_table(summary: dict) -> str:
-    rows = [("kernel", "stages", "levels", "tile", "thr", "blocks", "waves", "traffic", "us", "reason")]
+    tuned = summary.get("measured_us") is not None
+    rows = [("kernel", "stages", "levels", "tile", "thr", "blocks", "waves", "traffic", "us")
+            + (("measured us",) if tuned else ()) + ("reason",)]
     for g in summary["groups"]:
         levels: dict[str, int] = {}
         for e in g["edges"]:
@@ -132,11 +143,13 @@ def format_table(summary: dict) -> str:
         traffic = g["traffic_bytes"] or {}
         rows.append((g["name"], str(len(g["stages"])), " ".join(f"{k}{v}" for k, v in sorted(levels.items())) or "-",
                      "x".join(map(str, g["tile"])), str(g["threads"]), str(g["blocks"]), str(g["waves"]),
-                     _mb(traffic.get("dram", 0) + traffic.get("l2", 0)), f"{g['modeled_us']:.1f}", g["reason"][:60]))
+                     _mb(traffic.get("dram", 0) + traffic.get("l2", 0)), f"{g['modeled_us']:.1f}")
+                    + ((f"{g['measured_us']:.1f}",) if tuned else ()) + (g["reason"][:60],))
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     lines.append(f"{summary['kernels']} kernels ({summary['memory_intensive_kernels']} memory-intensive), "
                  f"DRAM {_mb(summary['dram_bytes'])}, modeled {summary['modeled_us']:.1f} us, "
+                 + (f"measured {summary['measured_us']:.1f} us (--tune {summary['tune']}), " if tuned else "") +
                  f"scheduled in {summary['schedule_seconds']:.2f} s  [{summary['policy']} on {summary['device']}]")
     lines += [f"batching: {d}" for d in summary.get("batching", ())]
     return "\n".join(lines)

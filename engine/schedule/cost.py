@@ -38,6 +38,7 @@ class SegmentUse:
     global_bytes: float = 0.0  # per block: the kernel IR's global loads and stores
     work: object = None  # engine.codegen.count.Work of the whole segment (every tile)
     completion: tuple[str, ...] = ()  # stages finished by a completion phase (read outside, not covered)
+    flops_tiled: float = 0.0  # per block: of flops_fp32, those in GEMM / direct-conv micro-tiles
 
 
 def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
@@ -149,7 +150,7 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     completion = tuple(p.stage for seg in kernel.segments for p in seg.phases if p.region.flat)
     return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes, min(regs, 999), evals, lines,
                       int(work.shared_bytes / per), work.flops / per, 0.0, work.global_bytes / per, work,
-                      completion)
+                      completion, work.tiled_flops / per)
 
 
 def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
@@ -206,6 +207,28 @@ def _ancestors_in(graph: PrimGraph, members: set[str], name: str) -> list[str]:
     return seen
 
 
+def _bound(terms: Sequence[float], device: Device) -> float:
+    """A segment's time from its [dram, l2, shared, compute] terms. A GPU overlaps memory and arithmetic
+    across its many resident warps: the busiest resource bounds it. A CPU core runs one block's loops at
+    a time: the memory levels it waits on add up, and out-of-order execution hides its arithmetic under
+    them (or them under it)."""
+    if device.kind == "cpu":
+        return max(sum(terms[:3]), terms[3])
+    return max(terms)
+
+
+_RESIDENT: dict[int, tuple[object, int]] = {}
+
+
+def cache_resident(graph: PrimGraph, device: Device) -> bool:
+    """Do all the model's tensors (weights, inputs, intermediates, outputs) fit the device's last-level
+    cache together? Then, run after run, none of them leaves it."""
+    hit = _RESIDENT.get(id(graph.specs))
+    if hit is None or hit[0] is not graph.specs:  # the specs are kept so their id stays unique
+        hit = _RESIDENT[id(graph.specs)] = (graph.specs, sum(nbytes(graph, t) for t in graph.specs))
+    return hit[1] <= device.l2_bytes
+
+
 def estimate_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
     segs: Sequence[Sequence[str]] | None = None, local: dict | None = None, exact: bool = False,
@@ -221,7 +244,7 @@ def estimate_group(
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.
-    dram, l2, sh, fp32, tc = ([0.0] * n for _ in range(5))
+    dram, l2, sh, fp32, tc, tiled = ([0.0] * n for _ in range(6))
     reads = writes = 0
     read_bytes: dict[str, int] = {}  # per tensor: bytes the tiles of this kernel read (capped at its size)
     for use in uses:
@@ -230,6 +253,9 @@ def estimate_group(
             read_bytes[t] = min(nbytes(graph, t), read_bytes.get(t, 0) + int(got))
     flops_once = 0.0
     charged: set[str] = set()  # an input's unread bytes come from DRAM once per kernel
+    # On a CPU whose last-level cache holds every tensor of the model, kernels read and write that cache,
+    # not DRAM (a GPU's first touch of a tensor, even one that fits its L2, is counted from DRAM).
+    llc = device.l2_bytes if device.kind == "cpu" and cache_resident(graph, device) else 0
     for k, use in enumerate(uses):
         per_block = use.tile.blocks / max(1, use.tile.row_split)
         for tensor, lines in use.read_lines.items():
@@ -238,6 +264,8 @@ def estimate_group(
             if tensor in members:  # produced by an earlier segment, behind a grid barrier
                 if nbytes(graph, tensor) > device.l2_bytes:
                     dram[k] += total
+            elif llc:
+                pass
             elif nbytes(graph, tensor) <= device.l2_bytes:
                 dram[k] += min(total, nbytes(graph, tensor))  # first touch; re-reads hit L2
             else:
@@ -246,8 +274,9 @@ def estimate_group(
         l2[k] += use.global_bytes * per_block
         sh[k] += int(use.shared_traffic * per_block)
         fp32[k] += use.flops_fp32 * per_block
+        tiled[k] += use.flops_tiled * per_block
         tc[k] += use.flops_tc * per_block
-        dram[k] += _completion_dram(graph, use, read_bytes, charged)
+        dram[k] += 0 if llc else _completion_dram(graph, use, read_bytes, charged)
     for name in stages:
         stage = graph.stage(name)
         flops_once += stage.flops
@@ -257,7 +286,7 @@ def estimate_group(
         if outside or synced:
             sectors = -(-nbytes(graph, name) // SECTOR)
             writes += sectors
-            if outside or nbytes(graph, name) > device.l2_bytes:
+            if (outside and not llc) or nbytes(graph, name) > device.l2_bytes:
                 dram[seg_of[name]] += sectors * SECTOR
     threads = max(t.threads for t in tiles)
     blocks = max(t.blocks for t in tiles)
@@ -269,10 +298,15 @@ def estimate_group(
     slots = max(1, resident) * device.sm_count
     waves = max(1, -(-blocks // slots))
 
+    # A CPU runs GEMM / direct-conv micro-tiles near its FMA peak and the rest of the arithmetic (per-element
+    # loops) at the rate the host probe measured for generated per-element code.
+    elementwise = device.elementwise_flops or device.peak_fp32_flops
+
     def seg_terms(k: int) -> list[float]:
+        compute = (tiled[k] / device.peak_fp32_flops + (fp32[k] - tiled[k]) / elementwise
+                   + tc[k] / device.peak_fp16_tensor_flops)
         return [dram[k] / device.dram_bw_bytes_per_s * 1e6, l2[k] / device.l2_bw_bytes_per_s * 1e6,
-                sh[k] / device.smem_bw_bytes_per_s * 1e6,
-                (fp32[k] / device.peak_fp32_flops + tc[k] / device.peak_fp16_tensor_flops) * 1e6]
+                sh[k] / device.smem_bw_bytes_per_s * 1e6, compute * 1e6]
 
     busy = quantised = 0.0
     for k, t in enumerate(tiles):
@@ -281,12 +315,12 @@ def estimate_group(
         b = max(1, t.blocks)
         fill = min(max(1, resident), -(-b // device.sm_count)) * device.sm_count
         quant = max(1.0, max(1, -(-b // slots)) * min(slots, fill) / b)
-        top = max(seg_terms(k))
+        top = _bound(seg_terms(k), device)
         busy += top
         quantised += top * quant
     totals = [sum(x) for x in zip(*(seg_terms(k) for k in range(n)))]
     terms = dict(zip(("dram", "l2", "shared", "compute"), totals))
-    busiest = max(totals)
+    busiest = _bound(totals, device)
     # Segments run in turn, each bound by its own busiest resource (equal to `busiest` for one segment).
     terms["segment_serialization"] = busy - busiest
     terms["wave_quantization"] = quantised - busy

@@ -30,12 +30,24 @@ def batch_graph(graph: PrimGraph) -> tuple[PrimGraph, tuple[str, ...]]:
 
 
 def plan_model(graph: PrimGraph, policy: str, device: Device | str, *, batching: bool | None = None,
-               edits: Sequence[Edit] = (), options: Mapping | None = None) -> tuple[PrimGraph, Plan]:
+               edits: Sequence[Edit] = (), options: Mapping | None = None,
+               tune: int | None = None) -> tuple[PrimGraph, Plan]:
     """(graph, plan): `policy`'s plan of `graph`, made on the operator-batched graph when `batching`
     (default: on for welder). The plan records options["batching"] and its decision log starts with the
-    batching decisions; generate and run the returned graph, not the one passed in."""
+    batching decisions; generate and run the returned graph, not the one passed in. `tune` K: the top-K
+    tile candidates of each kernel (and for welder the other policies' groupings) are timed on the device
+    and the fastest kept (engine/schedule/tune.py)."""
     from engine.codegen.generate import check_index_range
     from engine.schedule.policies import make_plan
+
+    if tune is not None:
+        from engine.schedule.tune import check_tune
+
+        check_tune(tune)
+    if isinstance(device, str):
+        from engine.device import get_device
+
+        device = get_device(device)
 
     check_index_range(graph)
     base = (options or {}).get("base_policy", policy) if policy == "user" else policy
@@ -45,6 +57,10 @@ def plan_model(graph: PrimGraph, policy: str, device: Device | str, *, batching:
     if batching:
         graph, decisions = batch_graph(graph)
     plan = make_plan(graph, policy, device, edits=tuple(edits), options={**(options or {}), "batching": batching})
+    if tune is not None:
+        from engine.schedule.tune import tune_plan
+
+        plan = tune_plan(graph, plan, device, tune)
     return graph, dataclasses.replace(plan, decisions=decisions + plan.decisions)
 
 

@@ -102,6 +102,7 @@ class Group:
     score: float | None = None
     candidates: tuple[Candidate, ...] = ()
     cost: GroupCost | None = None
+    measured_us: float | None = None  # timed on the plan's device by --tune (engine/schedule/tune.py)
 
     @property
     def threads(self) -> int:
@@ -171,6 +172,12 @@ class Plan:
     @property
     def modeled_us(self) -> float:
         return sum(g.cost.modeled_us for g in self.groups if g.cost)
+
+    @property
+    def measured_us(self) -> float | None:
+        """Sum of the kernels' times measured by --tune, None when any was not measured."""
+        times = [g.measured_us for g in self.groups]
+        return sum(times) if times and all(t is not None for t in times) else None
 
     @property
     def dram_bytes(self) -> int:
@@ -313,8 +320,16 @@ def _group(g: dict) -> Group:
         segments=tuple(_tile(t) for t in g["segments"]), reason=g["reason"], score=g.get("score"),
         candidates=tuple(Candidate(_tile(c["tile"]), c["score"], c["traffic_bytes"], c["waves"])
                          for c in g.get("candidates", ())),
-        cost=GroupCost(**cost) if cost else None,
+        cost=GroupCost(**cost) if cost else None, measured_us=_measured(g.get("measured_us")),
     )
+
+
+def _measured(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise ValueError(f"measured_us must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 @dataclass

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from engine.codegen.count import CountBudgetError
 from engine.device import Device
 from engine.ir import expr as E
 from engine.ir.graph import PrimGraph, Stage, StageKind
@@ -160,7 +161,12 @@ def search_group(
         # the one-wave rule couples them, so start again from each segment's smallest grid.
         chosen[:] = [min(pool, key=lambda t: (t.blocks, -t.threads)) for pool in pools]
         best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local)
-    cost = estimate_group(graph, stages, conns, chosen, device, segs=segs, local=local, exact=True)
+    try:
+        cost = estimate_group(graph, stages, conns, chosen, device, segs=segs, local=local, exact=True)
+    except CountBudgetError:
+        if not violations:
+            raise
+        cost = None  # refused already (the violations say why): nothing to cost
     out = GroupSchedule(tuple(chosen), best_cands, cost, violations)
     _CACHE[(key, mode, device)] = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
     return out
@@ -177,7 +183,10 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
             bad = check_group(graph, stages, conns, trial, device, segs=segs, local=local)
             if bad and len(pool) > 1:
                 continue
-            cost = estimate_group(graph, stages, conns, trial, device, segs=segs, local=local)
+            try:
+                cost = estimate_group(graph, stages, conns, trial, device, segs=segs, local=local)
+            except CountBudgetError:
+                continue  # refused by check_group (rule 9) already; a lone candidate is kept below anyway
             traffic = cost.traffic_bytes["dram"] + cost.traffic_bytes["l2"]
             scored.append(((traffic + 1) * cost.waves, cost.modeled_us, t, cost, traffic))
         if not scored:

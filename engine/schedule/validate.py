@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from engine.codegen.count import CountBudgetError
 from engine.device import Device, resident_blocks_per_sm
 from engine.errors import PlanError
 from engine.ir.graph import PrimGraph, StageKind
@@ -101,7 +102,7 @@ def check_group(
             out.append(Violation("shared_locality", f"edge {p} -> {c}",
                                  "global_sync inside one segment: the consumer's block needs the whole producer, "
                                  "which other blocks compute (make every path between them global_sync)"))
-    if any(conns.get(e) == Conn.GLOBAL_SYNC for e in inner):
+    if any(conns.get(e) == Conn.GLOBAL_SYNC for e in inner) and not any(v.rule == "recompute" for v in out):
         out.extend(_check_wave(graph, segs, conns, tiles, device, name, local))
     return out
 
@@ -144,6 +145,8 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
                                 f"{device.max_threads_per_block})")]
     try:
         use = segment_use(graph, seg, conns, tile)
+    except CountBudgetError as err:
+        return out + [Violation("recompute", subject, str(err))]
     except PlanError as err:
         return out + [Violation("segment_sink", subject, err.message)]
     if use.shared_bytes > device.max_smem_per_block_bytes:
@@ -257,6 +260,8 @@ def _times(f: float) -> str:
 
 
 def _check_wave(graph, segs, conns, tiles, device: Device, name: str, local: dict | None = None) -> list[Violation]:
+    if device.kind == "cpu":
+        return []  # the C target runs a grid barrier's segments in turn, each an OpenMP loop over all its tiles
     threads = max(t.threads for t in tiles)
     uses = [segment_use(graph, s, conns, t, local) for s, t in zip(segs, at_kernel_block(tiles))]
     regs = min(device.max_regs_per_thread, max(u.regs_per_thread for u in uses))

@@ -292,7 +292,9 @@ def test_time_limit_stops_the_c_compile_then_the_cpu_run_and_a_generous_one_runs
     argv = ["run", sample_path("gelu_chain"), "--backend", "cpu", "--inputs", io, "--outputs", tmp_path / "o.npz"]
     code, _, err = run_cli(capsys, *argv, "--time-limit", "0.01")
     assert_one_line_error(code, err, "the C compile of", "within the 0.01 s time limit", "--time-limit SECONDS")
-    assert not list((tmp_path / "cache" / "cc").glob("*.so"))  # nothing half-built is cached
+    # Nothing half-built is cached (the host probe's own libraries, built while planning for the fresh
+    # cache's host device, are whole).
+    assert not [p for p in (tmp_path / "cache" / "cc").glob("*.so") if not p.name.startswith("host_probe")]
     assert not (tmp_path / "o.npz").exists()
     code, _, err = run_cli(capsys, *argv, "--time-limit", "300")
     assert code == 0, err

@@ -17,8 +17,13 @@ GELU = str(sample_path("gelu_chain"))
 
 
 def test_json_shape_and_numbers(capsys):
-    assert main(["bench", GELU, "--policy", "elementwise", "--policy", "unfused", "--runs", "2", "--json"]) == 0
+    # A GPU preset's plans: their modeled DRAM traffic never goes under the floor (weights, inputs and
+    # outputs moved once). The host's (the default) counts no DRAM traffic for a model its last-level
+    # cache holds, run after run.
+    assert main(["bench", GELU, "--policy", "elementwise", "--policy", "unfused", "--runs", "2", "--json",
+                 "--device", "a100"]) == 0
     result = json.loads(capsys.readouterr().out)
+    assert result["device"] == "a100"
     assert {"cpu", "cores", "threads", "onnxruntime"} <= result["machine"].keys()
     [model] = result["models"]
     assert model["name"] == "gelu_chain" and model["ort_ms"] > 0
@@ -31,6 +36,20 @@ def test_json_shape_and_numbers(capsys):
         assert cell["dram_bytes"] >= model["min_dram_bytes"] > 0
     # elementwise fuses the whole chain into one kernel; unfused keeps one per ONNX node.
     assert model["policies"]["elementwise"]["kernels"] == 1 < model["policies"]["unfused"]["kernels"]
+
+
+def test_default_device_is_host_and_tuned_cells_run_beside_plain_ones(capsys):
+    assert main(["bench", GELU, "--policy", "unfused", "--policy", "unfused+tune", "--tune", "2", "--runs", "2",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["device"] == "host"
+    cells = result["models"][0]["policies"]
+    assert list(cells) == ["unfused", "unfused+tune"]
+    for cell in cells.values():
+        assert not cell["timeout"] and "error" not in cell, cell
+        assert cell["ms"] > 0 and cell["max_rel_err"] <= 1e-4
+    # Tuning picks tiles, not fusion, for unfused: one kernel per node either way.
+    assert cells["unfused+tune"]["kernels"] == cells["unfused"]["kernels"]
 
 
 def test_a_cell_past_its_timeout_is_killed_and_reported():
@@ -86,6 +105,8 @@ def test_max_rel_error_flags_a_shape_mismatch():
     (["bench", GELU, "--runs", "0"], "--runs 0 must be at least 1"),
     (["bench", GELU, "--timeout", "0"], "--timeout 0 must be positive"),
     (["bench", GELU, "--device", "a101"], "a101"),
+    (["bench", GELU, "--tune", "0"], "--tune 0"),
+    (["bench", GELU, "--policy", "welder+tuned"], "unknown policy 'welder+tuned'"),
 ])
 def test_bad_input_is_one_line_exit_2(argv, message, capsys):
     assert main(argv) == 2

@@ -154,3 +154,28 @@ def test_shared_region_too_big_is_rule_3(tmp_path, a100):
     tile = make_tile(graph.stage("sm::sum"), (1, 1), 256)
     found = check_group(graph, ["sm::exp", "sm::sum"], {("sm::exp", "sm::sum"): Conn.SHARED}, [tile], a100)
     assert "shared_locality" in {v.rule for v in found}
+
+
+def test_expressions_too_deep_to_count_are_refused_not_hung(attn_graph, a100, unfused, monkeypatch):
+    """Reductions inlined into reductions (lstm steps chained at REGISTER on the host) nest past what
+    can be counted — or run — in time: past the count's budget a segment is refused under rule 9 with
+    the reason, and the walk goes on to another level. (Budgets here are scaled down to this graph.)"""
+    from engine.codegen import count
+    from engine.schedule import cost, tiles
+    from engine.schedule import validate as v
+
+    def budget(n: int) -> None:
+        monkeypatch.setattr(count, "VISIT_BUDGET", n)
+        for module, memo in ((cost, "_USE_CACHE"), (v, "_TILE_CHECKS"), (count, "_MEMO"), (tiles, "_CACHE"),
+                             (tiles, "_NAMED")):
+            monkeypatch.setattr(module, memo, {})  # nothing counted under another budget is reused
+
+    budget(3)
+    with pytest.raises(PlanError) as err:
+        apply_edit(unfused, attn_graph, a100, Edit.make("set_edge", producer="add", consumer="sm::max",
+                                                          conn="register"))
+    assert _rule_of(err.value) == "recompute" and "too deep to count" in str(err.value)
+    budget(5)  # every stage alone fits, some fusions do not
+    plan = make_plan(attn_graph, "welder", a100)
+    assert validate(plan, attn_graph, a100) == []
+    assert any("too deep to count" in e.reason for e in plan.edges)
