@@ -8,7 +8,11 @@ them each plan's modeled µs on the device preset (a GPU's, not this CPU's: the 
 to the measured one so the two can be compared, not because they should agree).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_side_by_side.py [--set zoo|samples] [--models a,b]
-        [--policies unfused,welder] [--runs 25] [--device a100] [--timeout 600] [--json OUT.json]
+        [--policies unfused,welder,welder+tune] [--tune 3] [--runs 25] [--device a100|host] [--timeout 600]
+        [--json OUT.json]
+
+A policy named P+tune is P's plan tuned by measurement on the device (`--tune K`); with --device host the
+plans are made for this CPU.
 
 OMP_NUM_THREADS (default 1 here: two-thread whole-program times on this machine are dominated by
 libgomp barrier waits) is used for both sides: onnxruntime's intra-op threads too.
@@ -48,7 +52,10 @@ def work(job: dict) -> dict:
     device = get_device(job["device"])
     cells, runs, keep = {}, {}, []
     for policy in job["policies"]:
-        planned, plan = plan_model(graph, policy, device)
+        # P+tune: P's plan tuned by measurement on the device (engine/schedule/tune.py); tuning's own
+        # timings are taken before the round-robin below, which times every program afresh.
+        tune = job["tune"] if policy.endswith("+tune") else None
+        planned, plan = plan_model(graph, policy.removesuffix("+tune"), device, tune=tune)
         program = generate(plan, planned, device, target="c")
         env = bind_buffers(program, planned.specs, inputs, planned.weights)
         keep.append(env)  # the calls hold raw pointers into these arrays
@@ -83,7 +90,8 @@ def main() -> None:
     p.add_argument("--models", default="", help="comma-separated names from the set (default: all)")
     p.add_argument("--policies", default="unfused,welder")
     p.add_argument("--runs", type=int, default=25)
-    p.add_argument("--device", default="a100")
+    p.add_argument("--device", default="a100", help="what the plans are made for (host: this CPU, measured)")
+    p.add_argument("--tune", type=int, default=3, help="K for the P+tune policies (default 3)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per model (planning included)")
     p.add_argument("--json", metavar="OUT.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -107,7 +115,7 @@ def main() -> None:
     out = {}
     for name in names:
         job = {"model": str(folder / f"{name}.onnx"), "policies": policies, "runs": args.runs,
-               "device": args.device, "threads": threads}
+               "device": args.device, "threads": threads, "tune": args.tune}
         try:
             proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], capture_output=True,
                                   text=True, env=env, timeout=args.timeout)
