@@ -50,8 +50,8 @@ with guarded("Summarising the model"):
 st.subheader("Device and backend")
 with guarded("Choosing the device"):
     devices = services.devices()
-    device = st.selectbox("Device preset (datasheet figures)", devices, index=devices.index(state.device),
-                          key="device")
+    device = st.selectbox("Device (GPU presets: datasheet figures; host: this CPU, measured on first use)",
+                          devices, index=devices.index(state.device), key="device")
     cuda_ok, cuda_detail = services.cuda_status()
     backends = ["cuda", "cpu"] if cuda_ok else ["cpu"]
     backend = st.radio("Backend", backends, horizontal=True, key="backend",
@@ -60,6 +60,7 @@ with guarded("Choosing the device"):
         st.success(f"CUDA device found: {cuda_detail}")
     else:
         st.info(f"No GPU here ({cuda_detail}): kernels run on the CPU backend (generated C); "
-                f"GPU times are modeled for the {device} preset.")
+                + ("plans and modeled times are for this CPU." if device == "host"
+                   else f"GPU times are modeled for the {device} preset (choose host to plan for this CPU)."))
     if (device, backend) != (state.device, state.backend):
         update_state(device=device, backend=backend)

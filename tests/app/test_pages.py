@@ -49,6 +49,19 @@ def test_model_page_shows_default_sample_summary_and_cpu_note():
     assert any("CPU backend" in i.value for i in at.info)  # no GPU in the test environment
 
 
+def test_host_device_plans_for_this_cpu_on_every_page():
+    at = open_page("model")
+    at.selectbox(key="device").set_value("host").run()
+    no_traceback(at)
+    assert any("plans and modeled times are for this CPU" in i.value for i in at.info)
+    at.switch_page("pages/plan.py").run()
+    no_traceback(at)
+    assert "device host" in at.caption[0].value
+    for page in ("kernels", "timeline"):
+        at.switch_page(f"pages/{page}.py").run()
+        no_traceback(at)
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_renders_without_exception(page):
     at = open_page(page)
