@@ -21,6 +21,7 @@ import functools
 import hashlib
 import json
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def tune_plan(graph: PrimGraph, plan: Plan, device: Device, k: int, *, measure: 
     from engine.schedule.validate import validate
 
     check_tune(k)
+    started = time.perf_counter()
     measure = measure or device_measure(graph, device, repeat)
     if alternatives is None:
         alternatives = _alternatives(graph, plan, device) if plan.policy == "welder" else {}
@@ -82,12 +84,14 @@ def tune_plan(graph: PrimGraph, plan: Plan, device: Device, k: int, *, measure: 
     problems = validate(tuned, graph, device)
     if problems:  # cannot happen by construction (blocks are acyclic, tiles were valid): say so loudly
         raise PlanError(f"tuned plan refused: {problems[0]}", hint="re-plan without --tune and report this")
+    seconds = time.perf_counter() - started
     head = (f"tune: {k} tile candidate(s) per kernel measured on {device.name} ({measured} program(s) run, "
-            f"median of {repeat} launches each)")
+            f"median of {repeat} launches each; {seconds:.1f} s)")
     debug(1, head + f": {sum(g.measured_us or 0 for g in tuned.groups):.1f} us measured over {tuned.kernels} kernels")
     options = dict(tuned.options) | {"tune": k}
     return dataclasses.replace(tuned, decisions=tuned.decisions + (head,) + tuple(log),
-                               options=tuple(sorted(options.items())))
+                               options=tuple(sorted(options.items())),
+                               schedule_seconds=round(plan.schedule_seconds + seconds, 4))
 
 
 # ---- candidates -------------------------------------------------------------------------------
