@@ -75,7 +75,8 @@ def add_tune_arg(p: argparse.ArgumentParser) -> None:
 
 
 def default_device(args: argparse.Namespace) -> str:
-    """--device, else host when the command runs the C backend, else the GPU preset."""
+    """--device, else host when the command runs the C backend, else the GPU preset (a saved plan brings
+    its own device: `planned_model`)."""
     if args.device is not None:
         return args.device
     return "host" if getattr(args, "backend", None) == "cpu" else DEFAULT_DEVICE
@@ -91,21 +92,23 @@ def add_time_limit_arg(p: argparse.ArgumentParser, what: str) -> None:
 def planned_model(args: argparse.Namespace):
     """(device, graph, plan) for `add_plan_args` arguments: the saved plan (re-applying its operator
     batching) or the policy's plan; graph is the one the plan was made on."""
-    from engine.device import get_device
+    from engine.device import PRESETS, get_device
     from engine.frontend.importer import load_graph
     from engine.schedule.pipeline import load_plan, plan_model
 
-    args.device = default_device(args)
-    device = get_device(args.device)
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
         if args.tune is not None:
             raise TileweaveError("--tune applies when planning; a saved plan (--plan-in) runs as it is",
                                  hint="drop --tune or --plan-in")
         graph, plan = load_plan(args.plan_in, graph)
-    else:
-        graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None,
-                                 tune=args.tune)
+        if args.device is None:  # the device the plan was made for, when it names one
+            args.device = plan.device if plan.device in (*PRESETS, "host") else default_device(args)
+        return get_device(args.device), graph, plan
+    args.device = default_device(args)
+    device = get_device(args.device)
+    graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None,
+                             tune=args.tune)
     return device, graph, plan
 
 
@@ -281,10 +284,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise BackendError(f"unknown backend '{args.backend}'", hint=f"use one of {', '.join(BACKENDS)}")
     check_sim_args(args)
     args.time_limit = time_limit_s(args.time_limit)
-    args.device = default_device(args)
     out_path = check_writable(args.outputs)
     args.budget = memory_budget(args.memory_budget, backend=args.backend,
-                                device=args.device if args.backend in ("cuda", "cuda-sim") else None)
+                                device=default_device(args) if args.backend in ("cuda", "cuda-sim") else None)
     graph = load_graph(args.model, parse_shapes(args.shape))
     check_graph_memory(graph, args.budget, args.backend)  # before generating inputs or running anything
     given = read_npz(args.inputs) if args.inputs else {}

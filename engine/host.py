@@ -22,7 +22,7 @@ from engine.errors import DeviceError
 from engine.files import write_atomic
 
 HOST = "host"
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 _CPU_ONLY = ("kind", "vector_lanes")
 
 # The probe: every timing takes the best of several repeats (the machine is shared; the best is the
@@ -124,10 +124,11 @@ double tw_fma(long iters, int reps, float *out) {
 /* One launch of a generated kernel too small to fork threads for (the C printer runs it serially). */
 void tw_empty_launch(float *out) { out[0] += 1.f; }
 
-/* Seconds per OpenMP barrier among all threads (best of `reps` runs of `n` barriers). */
-double tw_barrier(int n, int reps) {
-    double best = 1e30;
-    for (int r = 0; r < reps; ++r) {
+/* Seconds per OpenMP barrier among all threads (best of up to `reps` runs of `n` barriers, stopping once
+   `budget` seconds are spent: on a machine busy with other work one barrier can wait a whole time slice). */
+double tw_barrier(int n, int reps, double budget) {
+    double best = 1e30, start = omp_get_wtime();
+    for (int r = 0; r < reps && (r == 0 || omp_get_wtime() - start < budget); ++r) {
         double t0 = omp_get_wtime();
         #pragma omp parallel
         for (int k = 0; k < n; ++k) {
@@ -248,7 +249,7 @@ def probe_host(threads: int) -> Device:
     lib.tw_triad.argtypes = [ctypes.c_long, ctypes.c_int]
     lib.tw_triad_private.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int]
     lib.tw_fma.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p]
-    lib.tw_barrier.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.tw_barrier.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_double]
     lib.tw_empty_launch.argtypes = [ctypes.c_void_p]
     lib.tw_empty_launch.restype = None
     _set_threads(threads)
@@ -273,7 +274,7 @@ def probe_host(threads: int) -> Device:
     iters = 1 << 24
     sums = (ctypes.c_float * max(threads, 256))()
     peak = threads * 12 * 2 * lanes * iters / lib.tw_fma(iters, 5, sums)
-    barrier = lib.tw_barrier(2000, 5)
+    barrier = lib.tw_barrier(200, 20, 0.3)
     launch = _time_launch(lib)
 
     values = dict(
