@@ -51,7 +51,8 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
               budget: Budget | str | int | None = None, time_limit: float | None = None,
               poll=None) -> RunResult:
     """Plan (unless `plan` is given), generate and run `graph` on `backend`; outputs by ONNX name.
-    `device` (default: host for cpu, else a100) is what a plan is made for.
+    `device` is what the plan is (or was) made for: default the given plan's own, else host for cpu, else
+    a100.
     Planning goes through `plan_model` (operator batching per `batching`, default on for welder); a
     given plan runs on the graph it was made on (`graph`, or its batched form when the plan says so).
     `library` (cpu only): kernels that are a lone contraction run through NumPy BLAS.
@@ -64,8 +65,11 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
     process, killed when `poll` raises (the app's Cancel) as well."""
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend '{backend}' (choose one of {', '.join(BACKENDS)})")
-    if device is None:  # the C backend plans for the CPU it runs on; the others for a GPU preset
-        device = "host" if backend == "cpu" else "a100"
+    if device is None:  # a given plan's own device; else the C backend plans for the CPU it runs on
+        from engine.device import PRESETS
+
+        device = plan.device if plan is not None and plan.device in (*PRESETS, "host") else (
+            "host" if backend == "cpu" else "a100")
     if not isinstance(budget, Budget):
         budget = memory_budget(budget, device=device if backend in ("cuda", "cuda-sim") else None, backend=backend)
     check_graph_memory(graph, budget, backend)

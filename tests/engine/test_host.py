@@ -130,6 +130,11 @@ def test_run_backend_cpu_plans_for_the_host_by_default(tmp_path, capsys):
     assert result.program.device == "host"
     want = run_model(graph, inputs, backend="reference").outputs
     assert max_rel_error(result.outputs["y"], want["y"]) <= 1e-4
+    # A plan made for a GPU preset runs as that plan, translated for the CPU, not checked against the host.
+    from engine.schedule.pipeline import plan_model
+
+    planned, gpu_plan = plan_model(graph, "welder", "a100")
+    assert run_model(planned, inputs, backend="cpu", plan=gpu_plan).program.device == "a100"
     io = sample_path("gelu_chain").with_suffix(".io.npz")
     assert main(["run", str(sample_path("gelu_chain")), "--backend", "cpu", "--inputs", str(io),
                  "--outputs", str(tmp_path / "o.npz")]) == 0
