@@ -1,7 +1,7 @@
 """Graph fuzzer: random valid ONNX models (tests/fuzz_graphs.py) through import, every policy, the reference
 and cpu backends against onnxruntime, CUDA source generation, and one policy per example under the cuda-sim
-emulator with zero findings. A clean one-line TileweaveError is an acceptable refusal, if refusals stay
-rare. Quick profile by default (25 examples, derandomized); `make test-fuzz` (which `.ci/run` runs after
+emulator with zero findings and planned for the host CPU (run on the cpu backend). A clean one-line
+TileweaveError is an acceptable refusal, if refusals stay rare. Quick profile by default (25 examples, derandomized); `make test-fuzz` (which `.ci/run` runs after
 `make test`) runs the slow profile: 1,000 examples in SLOW_SHARDS shards that pytest-xdist spreads over the
 cores, each from a fixed seed so that CI is reproducible. TILEWEAVE_FUZZ_SEED=random explores anew (a failure
 prints its reproduce blob); any other integer picks another fixed exploration."""
@@ -77,6 +77,11 @@ def _check(model, inputs, ops, sim_policy: str, nvrtc: bool, stats: collections.
                     assert result.sim.ok, "\n".join(result.sim.summary_lines())
                     for name, value in want.items():
                         assert support.max_rel_error(result.outputs[name], value) < TOL, f"cuda-sim {policy}"
+                    # The same policy planned for the host CPU (its cost terms, tiles coarsened in the plan).
+                    planned, plan = plan_model(graph, policy, get_device("host"))
+                    got = run_model(planned, inputs, backend="cpu", plan=plan).outputs
+                    for name, value in want.items():
+                        assert support.max_rel_error(got[name], value) < TOL, f"cpu {policy} on host: {name}"
         except TileweaveError as err:
             assert "\n" not in str(err), f"multi-line refusal: {err!r}"
             _note(f"refused: {err}", as_event=f"refused: {type(err).__name__}")
