@@ -1,10 +1,11 @@
 """Graph fuzzer: random valid ONNX models (tests/fuzz_graphs.py) through import, every policy, the reference
 and cpu backends against onnxruntime, CUDA source generation, and one policy per example under the cuda-sim
 emulator with zero findings and planned for the host CPU (run on the cpu backend). A clean one-line
-TileweaveError is an acceptable refusal, if refusals stay rare. Quick profile by default (25 examples, derandomized); `make test-fuzz` (which `.ci/run` runs after
-`make test`) runs the slow profile: 1,000 examples in SLOW_SHARDS shards that pytest-xdist spreads over the
-cores, each from a fixed seed so that CI is reproducible. TILEWEAVE_FUZZ_SEED=random explores anew (a failure
-prints its reproduce blob); any other integer picks another fixed exploration."""
+TileweaveError is an acceptable refusal, if refusals stay rare. Quick profile by default (25 examples,
+derandomized); `make test-fuzz` (which `.ci/run` runs after `make test`) runs the slow profile: 1,000 examples
+in SLOW_SHARDS shards that pytest-xdist spreads over the cores, each from a fixed seed so that CI is
+reproducible. TILEWEAVE_FUZZ_SEED=random explores anew (a failure prints its reproduce blob); any other
+integer picks another fixed exploration."""
 
 from __future__ import annotations
 
