@@ -16,7 +16,7 @@ from enum import StrEnum
 
 from engine.errors import PlanError
 from engine.ir.graph import PrimGraph
-from engine.tilegraph.tilegraph import stage_order
+from engine.tilegraph.tilegraph import DisjointSets
 
 SCHEMA_VERSION = 1
 
@@ -191,25 +191,11 @@ class Plan:
 def components(graph: PrimGraph, conns: dict[tuple[str, str], Conn]) -> list[list[str]]:
     """Kernel groups: connected components of the non-KERNEL edges, each in stage order, the
     list ordered by each group's first stage."""
-    parent = {s.name: s.name for s in graph.stages}
-
-    def find(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    sets = DisjointSets([s.name for s in graph.stages])
     for (p, c), conn in conns.items():
         if conn.fused:
-            parent[find(p)] = find(c)
-    groups: dict[str, list[str]] = {}
-    for s in graph.stages:
-        groups.setdefault(find(s.name), []).append(s.name)
-    # Order by position (a dict of names: Stage equality is deep and tuple.index would compare bodies).
-    position = stage_order(graph)
-    return sorted(groups.values(), key=lambda names: position[names[0]])
-
-
+            sets.union(p, c)
+    return sets.groups(graph, [s.name for s in graph.stages])
 
 
 def kernel_name(index: int, graph: PrimGraph, stages: list[str] | tuple[str, ...], limit: int = 4) -> str:

@@ -33,7 +33,7 @@ from engine.files import write_atomic
 from engine.flags import debug
 from engine.ir.graph import PrimGraph
 from engine.schedule.plan import Conn, EdgePlan, Group, Plan, Tile, components, kernel_name
-from engine.tilegraph.tilegraph import stage_order
+from engine.tilegraph.tilegraph import DisjointSets, stage_order
 
 ALTERNATIVES = ("unfused", "elementwise", "stitch")  # what a tuned welder plan is checked against
 REPEAT = 7  # launches per kernel per measurement (the median is kept)
@@ -138,30 +138,16 @@ def blocks_of(graph: PrimGraph, plans: Sequence[Plan]) -> list[list[str]]:
     blocks that lie on a cycle of the block graph merged, in a topological order: choosing any plan's
     groups per block then gives an acyclic kernel graph (a cycle would need one inside a block, hence
     inside one plan)."""
-    parent = {s.name: s.name for s in graph.stages}
-
-    def find(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    names = [s.name for s in graph.stages]
+    sets = DisjointSets(names)
     for plan in plans:
         for g in plan.groups:
             for s in g.stages[1:]:
-                parent[find(s)] = find(g.stages[0])
-    while True:
-        root = {s.name: find(s.name) for s in graph.stages}
-        cycle = _block_cycle(graph, root)
-        if not cycle:
-            break
+                sets.union(s, g.stages[0])
+    while cycle := _block_cycle(graph, {s: sets.find(s) for s in names}):
         for r in cycle[1:]:
-            parent[find(r)] = find(cycle[0])
-    blocks: dict[str, list[str]] = {}
-    for s in graph.stages:
-        blocks.setdefault(root[s.name], []).append(s.name)
-    order = stage_order(graph)
-    return _topological([sorted(b, key=order.__getitem__) for b in blocks.values()], graph)
+            sets.union(r, cycle[0])
+    return _topological(sets.groups(graph, names), graph)
 
 
 def _block_cycle(graph: PrimGraph, root: Mapping[str, str]) -> list[str]:

@@ -53,27 +53,41 @@ class GroupRegions:
     exact: bool
 
 
-def segments_of(graph: PrimGraph, stages: Sequence[str], conns: Mapping[tuple[str, str], str]) -> list[list[str]]:
-    """Segments of one group: components of its REGISTER/SHARED edges, each in stage order, ordered
-    by first stage (a GLOBAL_SYNC producer's segment always precedes its consumer's)."""
-    members = set(stages)
-    parent = {s: s for s in stages}
+class DisjointSets:
+    """Union-find over stage names (path halving): kernel groups, segments, tuning blocks."""
 
-    def find(x: str) -> str:
+    def __init__(self, names: Sequence[str]) -> None:
+        self.parent = {n: n for n in names}
+
+    def find(self, x: str) -> str:
+        parent = self.parent
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
 
+    def union(self, a: str, b: str) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+    def groups(self, graph: PrimGraph, names: Sequence[str]) -> list[list[str]]:
+        """The sets over `names`, each in stage order, ordered by their first stage."""
+        order = stage_order(graph)
+        out: dict[str, list[str]] = {}
+        for s in sorted(names, key=order.__getitem__):
+            out.setdefault(self.find(s), []).append(s)
+        return sorted(out.values(), key=lambda seg: order[seg[0]])
+
+
+def segments_of(graph: PrimGraph, stages: Sequence[str], conns: Mapping[tuple[str, str], str]) -> list[list[str]]:
+    """Segments of one group: components of its REGISTER/SHARED edges, each in stage order, ordered
+    by first stage (a GLOBAL_SYNC producer's segment always precedes its consumer's)."""
+    members = set(stages)
+    sets = DisjointSets(stages)
     for p in stages:
         for c in graph.consumers.get(p, ()):
             if c in members and conns.get((p, c)) in IN_SEGMENT:
-                parent[find(p)] = find(c)
-    order = stage_order(graph)
-    out: dict[str, list[str]] = {}
-    for s in sorted(stages, key=order.__getitem__):
-        out.setdefault(find(s), []).append(s)
-    return sorted(out.values(), key=lambda seg: order[seg[0]])
+                sets.union(p, c)
+    return sets.groups(graph, stages)
 
 
 def segment_sinks(graph: PrimGraph, segment: Sequence[str], conns: Mapping[tuple[str, str], str]) -> list[str]:
