@@ -134,4 +134,9 @@ def test_bert12_welder_plan_is_valid_and_reuses_layers():
     plan = make_plan(graph, "welder", DEVICE)
     assert validate(plan, graph, DEVICE) == []
     sizes = sorted(len(g.stages) for g in plan.groups)
-    assert plan.kernels <= 0.15 * make_plan(graph, "unfused", DEVICE).kernels and sizes[-1] < 40
+    # At most six kernels a layer (446 unfused). bert12's weights are graph inputs, so operator batching
+    # cannot join Q/K/V, and since the compute-once rules (issue 18) K's and V's projections stay kernels
+    # of their own: inlined they would be recomputed 128x per use (rule 9), staged through shared memory
+    # they model slower than apart.
+    assert plan.kernels <= 6 * 12 and sizes[-1] < 40
+    assert plan.kernels <= 0.17 * make_plan(graph, "unfused", DEVICE).kernels
