@@ -106,16 +106,20 @@ def _alternatives(graph: PrimGraph, plan: Plan, device: Device) -> dict[str, Pla
 
 def _variants(graph: PrimGraph, plan: Plan, device: Device, k: int) -> list[Plan]:
     """The plan itself, then variant j = every single-segment group on its j-th candidate tile (as the
-    device runs it: coarsened on the host), for j < k; variants that change nothing are dropped."""
+    device runs it: coarsened on the host), for j < k; variants that change nothing are dropped. Tiles a
+    user set (set_tile edits) are kept."""
     from engine.schedule.build import coarsen_plan
     from engine.schedule.cost import estimate_group
 
     out = [plan]
     conns = {e.key: e.conn for e in plan.edges}
+    pinned = {str(e.arg.get("stage")) for e in plan.edits if e.kind == "set_tile"}  # a user's tiles stay
     for j in range(1, k):
         groups, changed = [], False
         for g in plan.groups:
-            if len(g.segments) == 1 and len(g.candidates) > j and g.candidates[j].tile != g.segments[0]:
+            if g.segments[0].stage in pinned:
+                pass
+            elif len(g.segments) == 1 and len(g.candidates) > j and g.candidates[j].tile != g.segments[0]:
                 tiles = (g.candidates[j].tile,)
                 cost = estimate_group(graph, g.stages, conns, tiles, device, exact=True)
                 g = dataclasses.replace(g, segments=tiles, score=cost.modeled_us, cost=cost)
@@ -125,7 +129,7 @@ def _variants(graph: PrimGraph, plan: Plan, device: Device, k: int) -> list[Plan
             break
         variant = dataclasses.replace(plan, groups=tuple(groups))
         if device.kind == "cpu":
-            variant = coarsen_plan(variant, graph, device)
+            variant = coarsen_plan(variant, graph, device, keep=pinned)
         out.append(variant)
     return out
 

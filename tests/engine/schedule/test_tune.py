@@ -103,6 +103,28 @@ def test_tile_candidates_are_measured_and_the_fastest_kept():
     assert not validate(tuned, graph, device)
 
 
+def test_a_tile_the_user_set_is_kept():
+    """On the host, tuning re-coarsens its variants for the CPU; a tile set by a set_tile edit stays."""
+    from engine.schedule.edits import apply_edit
+    from engine.schedule.plan import Edit
+
+    device = get_device("host")
+    graph = load_graph(sample_path("layernorm_residual"))
+    base = make_plan(graph, "elementwise", device)
+    group = max(base.groups, key=lambda g: max((c.tile.blocks for c in g.candidates), default=0))
+    mine = max(group.candidates, key=lambda c: c.tile.blocks).tile  # many small blocks: coarsening widens it
+    user = apply_edit(base, graph, device, Edit.make("set_tile", stage=mine.stage, shape=list(mine.shape),
+                                                     threads=mine.threads))
+    assert user.group_of(mine.stage).segments[0].shape == mine.shape
+
+    def measure(plan):  # anything but the user's tile is faster
+        return {g.name: 10.0 if g.segments[0].shape == mine.shape else 1.0 for g in plan.groups}
+
+    tuned = tune_plan(graph, user, device, 3, measure=measure, alternatives={})
+    assert tuned.group_of(mine.stage).segments[0].shape == mine.shape
+    assert not validate(tuned, graph, device)
+
+
 def test_measurements_are_cached_by_subgraph_signature():
     device = get_device("a100")
     graph, plans = policy_plans("conv_bn_relu")
