@@ -58,7 +58,8 @@ def add_plan_args(p: argparse.ArgumentParser, policy_help: str = "fusion policy"
                    help=f"{policy_help}: unfused | elementwise | stitch | welder (default {DEFAULT_POLICY})")
     p.add_argument("--device", default=None,
                    help="device preset (v100, a100, rtx3090, h100, h200), host (this CPU, measured on first use) "
-                        f"or a .toml/.json file (default: host for --backend cpu, else {DEFAULT_DEVICE})")
+                        f"or a .toml/.json file (default: a --plan-in plan's own; else host for --backend cpu, "
+                        f"else {DEFAULT_DEVICE})")
     p.add_argument("--plan-in", "--plan", dest="plan_in", metavar="PLAN.json",
                    help="use this saved plan instead of planning with --policy")
     p.add_argument("--no-batching", action="store_true",
