@@ -15,7 +15,7 @@ import numpy as np
 import streamlit as st
 
 import engine.api as api
-from engine.device import PRESETS, get_device
+from engine.device import PRESETS, get_device, named_device
 from engine.errors import TileweaveError
 from engine.files import write_atomic
 from engine.flags import cache_dir, time_limit_s
@@ -227,7 +227,7 @@ def _checked(graph: PrimGraph, plan: Plan) -> tuple[PrimGraph, Plan]:
     preset is never opened as a file)."""
     from engine.runtime.execute import check_plan
 
-    check_plan(plan, graph, plan.device if plan.device in devices() else "a100")
+    check_plan(plan, graph, named_device(plan.device, "a100"))
     return graph, plan
 
 

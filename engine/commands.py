@@ -93,7 +93,7 @@ def add_time_limit_arg(p: argparse.ArgumentParser, what: str) -> None:
 def planned_model(args: argparse.Namespace):
     """(device, graph, plan) for `add_plan_args` arguments: the saved plan (re-applying its operator
     batching) or the policy's plan; graph is the one the plan was made on."""
-    from engine.device import PRESETS, get_device
+    from engine.device import get_device, named_device
     from engine.frontend.importer import load_graph
     from engine.schedule.pipeline import load_plan, plan_model
 
@@ -104,7 +104,7 @@ def planned_model(args: argparse.Namespace):
                                  hint="drop --tune or --plan-in")
         graph, plan = load_plan(args.plan_in, graph)
         if args.device is None:  # the device the plan was made for, when it names one
-            args.device = plan.device if plan.device in (*PRESETS, "host") else default_device(args)
+            args.device = named_device(plan.device, default_device(args))
         return get_device(args.device), graph, plan
     args.device = default_device(args)
     device = get_device(args.device)

@@ -314,6 +314,12 @@ PRESETS: dict[str, Device] = {
 }
 
 
+def named_device(name: str, default: str) -> str:
+    """`name` when it names a device without opening a file (a preset or host), else `default`: what a
+    saved plan's `device` field is run for (a device file it was made with may not be here)."""
+    return name if name in PRESETS or name == "host" else default
+
+
 def get_device(name_or_path: str | Path | Device) -> Device:
     """A preset by name (case-insensitive) or a device file (.toml/.json) by path; a Device as it is."""
     if isinstance(name_or_path, Device):

@@ -162,6 +162,12 @@ class PrimGraph:
     def flops(self) -> int:
         return sum(s.flops for s in self.stages)
 
+    @cached_property
+    def total_bytes(self) -> int:
+        """Every tensor at once: inputs, weights, intermediates and outputs (what a cache must hold to keep
+        the whole model resident)."""
+        return sum(t.nbytes for t in self.specs.values())
+
     @property
     def param_bytes(self) -> int:
         return sum(t.nbytes for t in self.constants)

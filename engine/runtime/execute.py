@@ -66,10 +66,10 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend '{backend}' (choose one of {', '.join(BACKENDS)})")
     if device is None:  # a given plan's own device; else the C backend plans for the CPU it runs on
-        from engine.device import PRESETS
+        from engine.device import named_device
 
-        device = plan.device if plan is not None and plan.device in (*PRESETS, "host") else (
-            "host" if backend == "cpu" else "a100")
+        device = "host" if backend == "cpu" else "a100"
+        device = named_device(plan.device, device) if plan is not None else device
     if not isinstance(budget, Budget):
         budget = memory_budget(budget, device=device if backend in ("cuda", "cuda-sim") else None, backend=backend)
     check_graph_memory(graph, budget, backend)

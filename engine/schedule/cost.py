@@ -217,18 +217,6 @@ def _bound(terms: Sequence[float], device: Device) -> float:
     return max(terms)
 
 
-_RESIDENT: dict[int, tuple[object, int]] = {}
-
-
-def cache_resident(graph: PrimGraph, device: Device) -> bool:
-    """Do all the model's tensors (weights, inputs, intermediates, outputs) fit the device's last-level
-    cache together? Then, run after run, none of them leaves it."""
-    hit = _RESIDENT.get(id(graph.specs))
-    if hit is None or hit[0] is not graph.specs:  # the specs are kept so their id stays unique
-        hit = _RESIDENT[id(graph.specs)] = (graph.specs, sum(nbytes(graph, t) for t in graph.specs))
-    return hit[1] <= device.l2_bytes
-
-
 def estimate_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
     segs: Sequence[Sequence[str]] | None = None, local: dict | None = None, exact: bool = False,
@@ -255,7 +243,7 @@ def estimate_group(
     charged: set[str] = set()  # an input's unread bytes come from DRAM once per kernel
     # On a CPU whose last-level cache holds every tensor of the model, kernels read and write that cache,
     # not DRAM (a GPU's first touch of a tensor, even one that fits its L2, is counted from DRAM).
-    llc = device.l2_bytes if device.kind == "cpu" and cache_resident(graph, device) else 0
+    resident = device.kind == "cpu" and graph.total_bytes <= device.l2_bytes
     for k, use in enumerate(uses):
         per_block = use.tile.blocks / max(1, use.tile.row_split)
         for tensor, lines in use.read_lines.items():
@@ -264,8 +252,8 @@ def estimate_group(
             if tensor in members:  # produced by an earlier segment, behind a grid barrier
                 if nbytes(graph, tensor) > device.l2_bytes:
                     dram[k] += total
-            elif llc:
-                pass
+            elif resident:
+                pass  # in the last-level cache since the last run
             elif nbytes(graph, tensor) <= device.l2_bytes:
                 dram[k] += min(total, nbytes(graph, tensor))  # first touch; re-reads hit L2
             else:
@@ -276,7 +264,7 @@ def estimate_group(
         fp32[k] += use.flops_fp32 * per_block
         tiled[k] += use.flops_tiled * per_block
         tc[k] += use.flops_tc * per_block
-        dram[k] += 0 if llc else _completion_dram(graph, use, read_bytes, charged)
+        dram[k] += 0 if resident else _completion_dram(graph, use, read_bytes, charged)
     for name in stages:
         stage = graph.stage(name)
         flops_once += stage.flops
@@ -286,7 +274,7 @@ def estimate_group(
         if outside or synced:
             sectors = -(-nbytes(graph, name) // SECTOR)
             writes += sectors
-            if (outside and not llc) or nbytes(graph, name) > device.l2_bytes:
+            if (outside and not resident) or nbytes(graph, name) > device.l2_bytes:
                 dram[seg_of[name]] += sectors * SECTOR
     threads = max(t.threads for t in tiles)
     blocks = max(t.blocks for t in tiles)
