@@ -315,13 +315,14 @@ def _assemble(graph: PrimGraph, plan: Plan, plans: Mapping[str, Plan], picks: Se
 # ---- measuring --------------------------------------------------------------------------------
 
 
-def device_measure(graph: PrimGraph, device: Device, repeat: int = REPEAT) -> Measure:
+def device_measure(graph: PrimGraph, device: Device, repeat: int = REPEAT, *, gpu=None) -> Measure:
     """Time a plan's kernels on `device`: the host through the C backend, a GPU through the cuda launch
-    layer (a one-line BackendError without one attached). Inputs are fixed-seed random values."""
+    layer (`gpu`: an opened Gpu, else the attached one; a one-line BackendError without one). Inputs are
+    fixed-seed random values."""
     from engine.runtime.inputs import make_inputs
 
     inputs = make_inputs(graph, seed=0)
-    if device.kind != "cpu":
+    if device.kind != "cpu" and gpu is None:
         from engine.runtime.cuda_driver import require_cuda
 
         try:
@@ -341,7 +342,8 @@ def device_measure(graph: PrimGraph, device: Device, repeat: int = REPEAT) -> Me
         else:
             from engine.runtime.cuda import run_cuda
 
-            _, profile = run_cuda(program, graph.specs, inputs, graph.weights, device=device.name, repeat=repeat)
+            _, profile = run_cuda(program, graph.specs, inputs, graph.weights, device=device.name, repeat=repeat,
+                                  gpu=gpu)
         return {t.kernel: t.us for t in profile.kernels}
     return measure
 

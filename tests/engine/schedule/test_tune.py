@@ -152,6 +152,30 @@ def test_tune_on_a_gpu_preset_without_a_gpu_is_one_line():
         plan_model(graph, "welder", "a100", tune=2)
 
 
+def test_tuning_on_a_gpu_goes_through_the_cuda_launch_layer():
+    """The GPU path end to end on the driver stand-in (tests/fake_cuda.py defines only functions the
+    installed cuda.bindings.driver has; test_cuda_launch checks that): every variant compiled with NVRTC,
+    loaded and launched, each kernel timed with events, and the plan rebuilt from those times."""
+    from cuda.bindings import driver as real_driver
+    from fake_cuda import API_NAMES, FakeDriver
+
+    from engine.runtime.cuda_launch import open_gpu
+    from engine.schedule.tune import device_measure
+
+    assert all(hasattr(real_driver, name) for name in API_NAMES)
+    device = get_device("a100")
+    graph, plans = policy_plans("layernorm_residual")
+    drv = FakeDriver(device="a100")
+    measure = device_measure(graph, device, 2, gpu=open_gpu(drv, 0, 13000))
+    alternatives = {p: pl for p, pl in plans.items() if p != "welder"}
+    tuned = tune_plan(graph, plans["welder"], device, 2, measure=measure, alternatives=alternatives)
+    assert not validate(tuned, graph, device)
+    assert all(g.measured_us is not None and g.measured_us >= 0 for g in tuned.groups)
+    launched = {c[2][0] for c in drv.calls("cuLaunchKernel") + drv.calls("cuLaunchCooperativeKernel")}
+    assert {g.name for p in plans.values() for g in p.groups} <= launched  # every policy's kernels ran
+    assert drv.calls("cuEventRecord")
+
+
 @pytest.mark.parametrize("bad", [0, 9, -1, True, 2.5])
 def test_tune_count_is_checked(bad):
     with pytest.raises(PlanError, match="--tune"):
