@@ -519,3 +519,20 @@ def measured_numbers(model_hash: str, plan_hash: str, device: str, backend: str)
     sim = _SIMS.get((model_hash, plan_hash, device))
     emulated = {k.kernel: k.global_load_bytes + k.global_store_bytes for k in sim.kernels} if sim else {}
     return (dict(run.kernel_us) if run else {}), emulated, (f"{backend} run" if run else "")
+
+
+def timeline_measured(model_hash: str, plan_hash: str, device: str, backend: str) -> dict | None:
+    """Kernel -> measured µs of the last run of this plan when those times describe the plan's device:
+    a GPU run (backend cuda), or a CPU run of a plan made for `host` (this CPU). CPU-backend times of a
+    plan for a GPU preset would put milliseconds on the GPU's vEUs: None then, the timeline stays modeled."""
+    run = _RUNS.get((model_hash, plan_hash, device, backend))
+    if run is None or not run.kernel_us or not (backend == "cuda" or device == "host"):
+        return None
+    return dict(run.kernel_us)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def annotated_onnx_bytes(path: str, model_hash: str, plan_hash: str, measured_key: str, _graph: PrimGraph,
+                         _plan: Plan, _measured: dict | None = None) -> bytes:
+    """The model file with each node's kernel, connections and modeled (measured) µs in its metadata."""
+    return api.annotate_onnx(path, _graph, _plan, _measured)
