@@ -304,3 +304,43 @@ def neighbour_groups(plan: Plan, group_id: int) -> set[int]:
         if group_at[e.consumer] == group_id:
             out.add(group_at[e.producer])
     return out
+
+
+# ---- compare -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OverviewDiff:
+    changed_nodes: frozenset[str]  # nodes of A's overview whose stages are grouped or connected differently in B
+    changed_edges: frozenset[int]  # A's kernel edges with a tensor edge connected differently in B
+    rows: tuple[dict, ...]  # per kernel of A: modeled µs in A, B's share over the same stages, delta
+
+
+def diff_overview(ov: Overview, a: Plan, b: Plan) -> OverviewDiff:
+    """Where plan B differs from plan A, on A's overview. B's time for an A kernel is the stage-weighted
+    share of the B kernels covering its stages (B may group those stages differently)."""
+    conn_b = {e.key: e.conn for e in b.edges}
+    changed = {e.key for e in a.edges if conn_b.get(e.key, e.conn) != e.conn}
+    groups_a = {g.id: g for g in a.groups}
+    b_sets = {frozenset(g.stages) for g in b.groups}
+    b_at = {s: g for g in b.groups for s in g.stages}
+    nodes, rows = set(), []
+    for n in ov.nodes:
+        members = {s for gid in n.groups for s in groups_a[gid].stages}
+        regrouped = any(frozenset(groups_a[gid].stages) not in b_sets for gid in n.groups)
+        inner = any(p in members and c in members for p, c in changed)
+        if regrouped or inner:
+            nodes.add(n.key)
+        mod_a = sum(groups_a[gid].cost.modeled_us for gid in n.groups if groups_a[gid].cost)
+        share: dict[int, float] = {}
+        for s in members:
+            g = b_at.get(s)
+            if g is not None and g.cost:
+                share[g.id] = share.get(g.id, 0.0) + g.cost.modeled_us / len(g.stages)
+        mod_b = sum(share.values())
+        rows.append({"kernel (A)": n.name + (f" ×{n.repeat}" if n.repeat > 1 else ""),
+                     "B kernels over its stages": len(share), "modeled µs A": round(mod_a, 2),
+                     "modeled µs B (share)": round(mod_b, 2), "Δ µs (B − A)": round(mod_b - mod_a, 2),
+                     "differs": n.key in nodes})
+    edges = frozenset(k for k, e in enumerate(ov.edges) if any(pair in changed for pair in e.stage_edges))
+    return OverviewDiff(frozenset(nodes), edges, tuple(rows))
