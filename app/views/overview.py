@@ -66,30 +66,48 @@ def _signatures(graph: PrimGraph, plan: Plan) -> dict[int, str]:
     return {g.id: group_signature(graph, g.stages, conns) for g in plan.groups}
 
 
+def repeat_runs(sigs: list[str], max_period: int = 64) -> list[tuple[int, int, int]]:
+    """(start, period, count) covering `sigs` in order: at each position the block of `period`
+    signatures repeated most times back to back (count >= 2, most kernels covered, shortest period on
+    a tie); (start, 1, 1) where nothing repeats. Kernel sequences of stacked layers repeat this way."""
+    runs, i = [], 0
+    while i < len(sigs):
+        best = (1, 1)  # (period, count)
+        for period in range(1, min(max_period, (len(sigs) - i) // 2) + 1):
+            block = sigs[i:i + period]
+            count = 1
+            while sigs[i + count * period:i + (count + 1) * period] == block:
+                count += 1
+            if count >= 2 and period * count > best[0] * best[1]:
+                best = (period, count)
+        runs.append((i, *best))
+        i += best[0] * best[1]
+    return runs
+
+
 def build_overview(graph: PrimGraph, plan: Plan, *, fold_repeats: bool = True) -> Overview:
-    """Kernels in plan order; with `fold_repeats`, a run of consecutive kernels with the same canonical
-    signature (engine.schedule.tiles.group_signature: same stages, shapes and connections up to tensor
-    names), each feeding the next, becomes one node with a ×N badge."""
-    sigs = _signatures(graph, plan) if fold_repeats else {}
+    """Kernels in plan order; with `fold_repeats`, a block of kernels repeated back to back with the
+    same canonical signatures (engine.schedule.tiles.group_signature: stages, shapes and connections
+    up to tensor names — stacked identical layers) is drawn once: each kernel of the first block
+    stands for its N copies (×N badge), and the edge from one copy to the next becomes a loop back."""
     group_at = {s: g.id for g in plan.groups for s in g.stages}
-    feeds = {(group_at[e.producer], group_at[e.consumer]) for e in plan.edges}
-    runs: list[list[Group]] = []
-    for g in plan.groups:
-        last = runs[-1] if runs else None
-        if (fold_repeats and last and sigs[last[-1].id] == sigs[g.id]
-                and (last[-1].id, g.id) in feeds):
-            last.append(g)
-        else:
-            runs.append([g])
+    groups = list(plan.groups)
+    if fold_repeats:
+        sigs = _signatures(graph, plan)
+        runs = repeat_runs([sigs[g.id] for g in groups])
+    else:
+        runs = [(k, 1, 1) for k in range(len(groups))]
     nodes = []
     node_at: dict[int, str] = {}
-    for run in runs:
-        first = run[0]
-        key = f"g{first.id}" + (f"x{len(run)}" if len(run) > 1 else "")
-        nodes.append(KernelNode(key, tuple(g.id for g in run), first.name, len(first.stages),
-                                conn_summary(plan, first)))
-        for g in run:
-            node_at[g.id] = key
+    for start, period, count in runs:
+        for j in range(period):
+            copies = [groups[start + j + k * period] for k in range(count)]
+            first = copies[0]
+            key = f"g{first.id}" + (f"x{count}" if count > 1 else "")
+            nodes.append(KernelNode(key, tuple(g.id for g in copies), first.name, len(first.stages),
+                                    conn_summary(plan, first)))
+            for g in copies:
+                node_at[g.id] = key
     crossing: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for e in plan.edges:
         src, dst = node_at[group_at[e.producer]], node_at[group_at[e.consumer]]
