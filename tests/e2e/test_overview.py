@@ -114,12 +114,15 @@ def test_real_model_overview_edit_compare_export(server, model, tmp_path):
         page.keyboard.type(producer)
         page.get_by_role("option").filter(has_text=f"{producer} → {consumer}").first.click()
         wait_idle(page)
-        cut = page.locator(".st-key-tg_inner_conn_kernel button")
-        assert cut.is_enabled()
+        cut = page.locator(".st-key-tg_inner_conn_kernel button:visible").first
+        deadline = time.time() + 60  # the panel re-tries every level of the newly picked edge
+        while not cut.is_enabled() and time.time() < deadline:
+            page.wait_for_timeout(250)
+        assert cut.is_enabled(), "cutting the edge is legal (the engine says so) but the button is disabled"
         cut.click()
         wait_idle(page)
         page.get_by_text("· 1 edit(s) ·").first.wait_for(timeout=60_000)
-        page.locator(".st-key-tg_undo button").click()
+        page.locator(".st-key-tg_undo button:visible").first.click()
         wait_idle(page)
         page.get_by_text("· 0 edit(s) ·").first.wait_for(timeout=60_000)
 
