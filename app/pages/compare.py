@@ -47,17 +47,6 @@ with guarded("Comparing plans"):
     diff = diff_plans(a, b, a_label, b_label, tuple(r.total_us if r else None for r in runs))
     st.dataframe(pd.DataFrame(diff.headline, columns=["metric", a_label, b_label]), hide_index=True,
                  width="stretch")
-    c1, c2 = st.columns(2)
-    c1.caption(f"Kernels only in {a_label}")
-    c1.dataframe(pd.DataFrame({"kernel": diff.only_a}), hide_index=True, width="stretch")
-    c2.caption(f"Kernels only in {b_label}")
-    c2.dataframe(pd.DataFrame({"kernel": diff.only_b}), hide_index=True, width="stretch")
-    st.caption("Same stages, different tile or cost")
-    st.dataframe(pd.DataFrame(diff.changed_groups, columns=["kernel", a_label, b_label]), hide_index=True,
-                 width="stretch")
-    st.caption("Edge connections that differ")
-    st.dataframe(pd.DataFrame(diff.changed_edges, columns=["edge", a_label, b_label]), hide_index=True,
-                 width="stretch")
     st.subheader("On the graph")
     st.caption("Orange: kernels whose stages are grouped or connected differently in the other plan, and "
                "edges between kernels that the other plan connects differently. Colour: modeled time (µs).")
@@ -75,5 +64,16 @@ with guarded("Comparing plans"):
                        f"{len(marks.changed_edges)} of {len(ov.edges)} kernel edge(s) differ from "
                        f"{other_label}")
             st.dataframe(pd.DataFrame(marks.rows), hide_index=True, width="stretch", key=f"cmp_rows_{k}_{plan.plan_hash}")
+    c1, c2 = st.columns(2)
+    c1.caption(f"Kernels only in {a_label}")
+    c1.dataframe(pd.DataFrame({"kernel": diff.only_a}), hide_index=True, width="stretch")
+    c2.caption(f"Kernels only in {b_label}")
+    c2.dataframe(pd.DataFrame({"kernel": diff.only_b}), hide_index=True, width="stretch")
+    st.caption("Same stages, different tile or cost")
+    st.dataframe(pd.DataFrame(diff.changed_groups, columns=["kernel", a_label, b_label]), hide_index=True,
+                 width="stretch")
+    st.caption("Edge connections that differ")
+    st.dataframe(pd.DataFrame(diff.changed_edges, columns=["edge", a_label, b_label]), hide_index=True,
+                 width="stretch")
     st.download_button("Export diff as Markdown", diff_to_markdown(diff), file_name="plan_diff.md",
                        mime="text/markdown", key="cmp_md")

@@ -16,6 +16,7 @@ from engine.schedule.plan import Conn, Group, Plan
 from engine.schedule.tiles import group_signature
 
 CHANGED = "#ff6f00"  # kernels and edges that differ from the compared plan
+VISIBLE_RANKS = 12  # layout rows shown before the user pans
 
 
 @dataclass(frozen=True)
@@ -234,10 +235,10 @@ def overview_figure(ov: Overview, positions: dict[str, tuple[float, float]], pla
     lo, hi = (min(have), max(have)) if have else (0.0, 1.0)
     fig = go.Figure()
     fig.add_trace(go.Scatter(
-        x=xs, y=ys, mode="markers+text", text=texts, textposition="middle center",
+        x=xs, y=ys, mode="markers+text", text=texts, textposition="middle right",
         textfont={"size": 9}, hovertext=hovers, hoverinfo="text", customdata=[n.key for n in ov.nodes],
         name="kernels", showlegend=False,
-        marker={"symbol": "square", "size": 34, "color": [c if c is not None else lo for c in colours],
+        marker={"symbol": "square", "size": 26, "color": [c if c is not None else lo for c in colours],
                 "colorscale": "YlOrRd", "cmin": lo, "cmax": hi if hi > lo else lo + 1e-9,
                 "showscale": bool(have), "opacity": 0.85,
                 "colorbar": {"title": {"text": f"{overlay} ({unit})"}, "thickness": 12},
@@ -268,11 +269,18 @@ def overview_figure(ov: Overview, positions: dict[str, tuple[float, float]], pla
             fig.add_trace(go.Scatter(x=lx, y=ly, mode="lines", hoverinfo="skip", name=legend,
                                      line={"color": line_colour, "width": line_width}))
     fig.data = fig.data[2:] + fig.data[:2]  # lines underneath; nodes and midpoints stay on top
-    height = max(360, min(1400, int(90 * (max(ys) - min(ys) + 1) if ys else 360)))
+    # Graphviz ranks are rows: show at most VISIBLE_RANKS of them at first (readable labels); the
+    # rest is a drag (pan) or scroll (zoom) away.
+    rows = sorted(set(ys), reverse=True)
+    y_range = None
+    if len(rows) > VISIBLE_RANKS:
+        y_range = [rows[VISIBLE_RANKS - 1] - 0.4, rows[0] + 0.4]
+    height = max(360, min(900, 75 * min(len(rows), VISIBLE_RANKS)))
     fig.update_layout(height=height, margin={"l": 10, "r": 10, "t": 10, "b": 10}, dragmode="pan",
                       clickmode="event+select", hovermode="closest", plot_bgcolor="white",
                       legend={"orientation": "h", "y": -0.02},
-                      xaxis={"visible": False}, yaxis={"visible": False, "scaleanchor": "x"})
+                      xaxis={"visible": False, "range": [min(xs) - 0.6, max(xs) + 2.6] if xs else None},
+                      yaxis={"visible": False, "range": y_range})
     return fig
 
 

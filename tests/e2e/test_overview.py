@@ -136,6 +136,7 @@ def test_real_model_overview_edit_compare_export(server, model, tmp_path):
         changed = page.get_by_text("differ from current plan").first.inner_text()
         assert " 0 of" not in changed.split("and")[1], changed
         page.get_by_text("changed vs compared plan").last.wait_for(timeout=60_000)  # the highlighted edges' legend
+        page.get_by_text("changed vs compared plan").last.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / f"{model}_compare.png"))
 
         # export annotated ONNX and load it back
