@@ -54,9 +54,10 @@ with guarded("Comparing plans"):
             st.tabs([f"A: {a_label}", f"B: {b_label}"]),
             [(a, a_graph, b, b_label), (b, b_graph, a, a_label)])):
         with tab:
-            ov = build_overview(on, plan)
-            marks = diff_overview(ov, plan, other)
-            positions = services.layout_positions(plan.plan_hash, True, overview_dot(ov))
+            with st.spinner("Laying out the kernels (Graphviz; once per plan)…"):
+                ov = build_overview(on, plan)
+                marks = diff_overview(ov, plan, other)
+                positions = services.layout_positions(plan.plan_hash, True, overview_dot(ov))
             st.plotly_chart(overview_figure(ov, positions, plan, values=overlay_values(plan, "modeled time"),
                                             changed_nodes=marks.changed_nodes, changed_edges=marks.changed_edges),
                             key=f"cmp_graph_{k}_{plan.plan_hash}", config={"scrollZoom": True, "displaylogo": False})

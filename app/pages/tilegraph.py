@@ -51,8 +51,9 @@ with guarded("Drawing the tile-graph"):
         commit_state(redo(state))
         st.rerun()
 
-    overview = build_overview(graph, plan, fold_repeats=fold)
-    positions = services.layout_positions(plan.plan_hash, fold, overview_dot(overview))
+    with st.spinner("Laying out the kernels (Graphviz; once per plan)…"):
+        overview = build_overview(graph, plan, fold_repeats=fold)
+        positions = services.layout_positions(plan.plan_hash, fold, overview_dot(overview))
     values = overlay_values(plan, overlay, measured, emulated)
     if overlay != "modeled time" and not values:
         st.info(f"No {overlay} numbers for this plan yet: run it on the Kernels page "
