@@ -148,3 +148,23 @@ def test_compare_marks_what_the_other_plan_does_differently(softmax):
     assert all(r["Δ µs (B − A)"] == 0 for r in same.rows)
     ov_w = build_overview(graph, welder, fold_repeats=False)
     assert diff_overview(ov_w, welder, unfused).changed_nodes  # welder's fused kernels are split in unfused
+
+
+def test_roofline_shows_measured_points_beside_modeled(softmax):
+    from app.views.roofline import roofline_figure, roofline_points
+    from engine.device import get_device
+
+    _, plan, _ = softmax
+    rng = random.Random(9)
+    measured = {g.name: rng.uniform(1, 100) for g in plan.groups[:2]}
+    points = roofline_points(plan, "dram", measured)
+    modeled = [p for p in points if p["source"] == "modeled"]
+    ran = [p for p in points if p["source"] == "measured"]
+    assert len(modeled) == sum(1 for g in plan.groups if g.cost and g.cost.traffic_bytes.get("dram") and g.cost.flops)
+    assert {p["kernel"] for p in ran} <= set(measured) and ran
+    for p in ran:
+        g = next(g for g in plan.groups if g.name == p["kernel"])
+        assert p["flops_per_s"] == pytest.approx(g.cost.flops / (measured[g.name] * 1e-6))
+        assert p["intensity"] == next(m["intensity"] for m in modeled if m["kernel"] == g.name)
+    names = [t.name for t in roofline_figure(plan, get_device("a100"), "dram", measured).data]
+    assert "modeled" in names and "measured" in names
