@@ -218,8 +218,13 @@ def test_batched_plan_reaches_the_tilegraph_and_kernels_pages():
     no_traceback(at)
     graph = services.load_model(str(services.sample_path("bert_layer")), "bert_layer").graph
     on, off = (services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", b).plan for b in (True, False))
+    on_graph = services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", True).graph
     assert len(at.dataframe[0].value) == on.kernels != off.kernels  # the table lists the batched plan's kernels
+    holder = on.group_of(next(s.name for s in on_graph.stages if s.name.endswith(".batched"))).name
+    at.selectbox(key="kernels_source_pick").set_value(holder).run()
     assert any("batched" in c.value for c in at.code)  # generated source names the batched stage
+    assert all(len(c.value) < len(services.kernel_sources(on_graph, on, graph.structural_hash, on.plan_hash,
+                                                          "a100")["c"]) for c in at.code)  # one kernel shown
 
 
 def simt_table(at: AppTest, column: str):
