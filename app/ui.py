@@ -59,8 +59,9 @@ def current_model() -> tuple[AppState, services.LoadedModel]:
 
 def current_plan(state: AppState, loaded: services.LoadedModel) -> services.PlanResult:
     """The current plan with the graph it was made on (`.graph`: operator-batched for welder)."""
-    return services.build_plan(loaded.graph, state.model_hash, state.base_policy, state.device,
-                               services.edits_key(state.edits), state.batching)
+    with st.spinner(f"Planning {state.model_name} with {state.base_policy} (once per model, policy and edits)…"):
+        return services.build_plan(loaded.graph, state.model_hash, state.base_policy, state.device,
+                                   services.edits_key(state.edits), state.batching)
 
 
 def commit_state(state: AppState) -> AppState:
