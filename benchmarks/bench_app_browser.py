@@ -40,6 +40,7 @@ def main() -> int:
             wait_idle(page)
             for _visit in ("first", "second"):
                 for name, marker in PAGES.items():
+                    print(f"{_visit} visit: {name}", file=sys.stderr, flush=True)
                     start = time.perf_counter()
                     page.get_by_role("link", name=name, exact=True).click()
                     page.get_by_role("heading", name=name).first.wait_for(timeout=300_000)
