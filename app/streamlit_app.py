@@ -27,5 +27,11 @@ nav = st.navigation([
     st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page(PAGES / "export.py", title="Export", icon=":material/download:"),
 ])
-with guarded(f"The {nav.title} page"):
+# Each browser session plans with its own memo tables (engine/memo.py): Streamlit runs sessions on
+# threads, and a session's tables are dropped with it.
+if "engine_caches" not in st.session_state:
+    from engine.memo import Caches
+
+    st.session_state["engine_caches"] = Caches("workbench session")
+with guarded(f"The {nav.title} page"), st.session_state["engine_caches"].active():
     nav.run()

@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+    finally:
+        from engine.memo import report_at_debug
+
+        report_at_debug()
 
 
 def _quote(arg: str) -> str:

@@ -33,6 +33,7 @@ from engine.errors import CompileError, PlanError, ShapeError
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
+from engine.memo import memo
 from engine.runtime.memory import plan_memory
 from engine.schedule.plan import Conn, Group, Plan, Tile, plan_to_json
 from engine.tilegraph.propagate import Box, propagate_many
@@ -572,7 +573,8 @@ def covers(graph: PrimGraph, names, conns, tile: Tile, stage: str) -> bool:
     members = set(names)
     inner = tuple((p, c, str(conns.get((p, c)))) for p in names for c in graph.consumers.get(p, ()) if c in members)
     key = (graph.structural_hash, tuple(names), inner, tile.stage, tile.shape, stage)
-    hit = _COVER.get(key)
+    table = memo("generate.covers", 50000)
+    hit = table.get(key)
     if hit is None:
         anchor = graph.stage(tile.stage)
         # Only the stages between `stage` and the anchor shape its region.
@@ -598,13 +600,8 @@ def covers(graph: PrimGraph, names, conns, tile: Tile, stage: str) -> bool:
                 if b is not None:
                     mask[tuple(slice(lo, hi) for lo, hi in b)] = True
             hit = bool(mask.all())
-        if len(_COVER) > 50000:
-            _COVER.clear()
-        _COVER[key] = hit
+        table.put(key, hit)
     return hit
-
-
-_COVER: dict[tuple, bool] = {}
 
 
 def _covered_by_spans(graph: PrimGraph, names, conns, tile: Tile, stage: str) -> bool | None:
@@ -737,9 +734,6 @@ def _covers(stage: Stage, boxes: list[Box]) -> bool:
     return bool(mask.all())
 
 
-_RESOLVED: dict[tuple, tuple[E.Expr, tuple[str, ...]]] = {}
-
-
 def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[str, str], params) -> E.Expr:
     """Inline REGISTER producers into the body and point every load at a buffer name (memoised: the
     cost model realises the same segments for many candidate tiles; the body does not depend on them)."""
@@ -754,19 +748,15 @@ def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[s
     reads = {t for x in closure | {stage.name} for t in graph.stage(x).inputs}
     key = (graph.structural_hash, stage.name, frozenset(closure),
            tuple(sorted((t, block_buf[t]) for t in reads if t in block_buf)))
-    hit = _RESOLVED.get(key)
+    table = memo("generate.resolved", 20000)
+    hit = table.get(key)
     if hit is None:
         used: dict[str, Buffer] = {}
         body = _resolve_body(stage, graph, closure, block_buf, used)
-        if len(_RESOLVED) > 20000:
-            _RESOLVED.clear()
-        hit = _RESOLVED[key] = (body, tuple(used))
+        hit = table.put(key, (body, tuple(used)))
     for t in hit[1]:
         _global(params, graph, t)
     return hit[0]
-
-
-_EXPANDED: dict[tuple, object] = {}
 
 
 def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[str, str], params) -> E.Expr:
@@ -774,6 +764,7 @@ def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: d
     ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(stage.reduce)})
 
     depth = [0]
+    table = memo("generate.expanded", 50000)
 
     def closure_of(name: str) -> frozenset:
         out, todo = set(), [name]
@@ -790,7 +781,7 @@ def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: d
         # A producer read at one index, at one nesting depth, through the same inlined chain expands
         # to the same value wherever it is read (memoised across stages and trial groups).
         key = (graph.structural_hash, e, depth[0], closure_of(e.tensor))
-        hit = _EXPANDED.get(key)
+        hit = table.get(key)
         if hit is None:
             producer = graph.stage(e.tensor)
             mapping = {f"i{k}": ix for k, ix in enumerate(e.index)}
@@ -809,9 +800,7 @@ def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: d
             value = Inlined(producer.name, value)
             if e.pad is not None:
                 value = Guard(InBounds(e.index, producer.shape), value, E.imm(e.pad, e.dtype))
-            if len(_EXPANDED) > 50000:
-                _EXPANDED.clear()
-            hit = _EXPANDED[key] = value
+            hit = table.put(key, value)
         return hit
 
     body = kmap(stage.body, expand)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from engine.device import Device, resident_blocks_per_sm
 from engine.ir import expr as E
 from engine.ir.graph import PrimGraph, Stage, StageKind
+from engine.memo import memo
 from engine.schedule.plan import Conn, GroupCost, Tile
 from engine.tilegraph.propagate import Box, box_size
 from engine.tilegraph.tilegraph import GroupRegions, anchor_box, propagate_group, segments_of, typical_index
@@ -61,15 +62,13 @@ def lines_of(box: Box, itemsize: int) -> int:
     return rows * max(1, -(-run // LINE))
 
 
-_AXES_CACHE: dict[tuple, tuple[frozenset[str], int]] = {}
-
-
 def load_axes(consumer: Stage, producer: str) -> tuple[frozenset[str], int]:
     """Variables the consumer's loads of `producer` depend on, and how many distinct loads there are."""
     key = (id(consumer.body), consumer.name, producer)
-    hit = _AXES_CACHE.get(key)
+    table = memo("cost.load_axes", 50000)
+    hit = table.get(key)
     if hit is None or hit[0] is not consumer.body:  # the body is kept so its id stays unique
-        hit = _AXES_CACHE[key] = (consumer.body, _load_axes(consumer, producer))
+        hit = table.put(key, (consumer.body, _load_axes(consumer, producer)))
     return hit[1]
 
 
@@ -98,9 +97,6 @@ def thread_split_axes(stage: Stage, box: Box, tile: Tile) -> frozenset[str]:
     return frozenset(out)
 
 
-_USE_CACHE: dict[tuple, SegmentUse] = {}
-
-
 def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
                 local: dict | None = None, exact: bool = False) -> SegmentUse:
     """Per-block regions, footprint and evaluations of one segment under `tile` (memoised: the tile
@@ -119,17 +115,8 @@ def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in segment for c in graph.consumers.get(p, ())))
     key = (graph.structural_hash, tuple(segment), touching, tile, exact)
-    return _memo(_USE_CACHE, key, lambda: _segment_use(graph, segment, conns, tile, members, exact))
-
-
-def _memo(cache: dict, key, compute):
-    """cache[key], computed on a miss; the cache is emptied when it grows past 50k entries."""
-    hit = cache.get(key)
-    if hit is None:
-        if len(cache) > 50000:
-            cache.clear()
-        hit = cache[key] = compute()
-    return hit
+    return memo("cost.segment_use", 50000).lookup(
+        key, lambda: _segment_use(graph, segment, conns, tile, members, exact))
 
 
 def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members,
@@ -169,15 +156,12 @@ def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     return kernel, count_kernel(kernel)
 
 
-_REGION_CACHE: dict[tuple, GroupRegions] = {}
-
-
 def _regions(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str, box: Box) -> GroupRegions:
     # Tile search re-propagates the same (segment, tile shape) for every thread mapping it tries.
     members = set(segment)
     inner = tuple((p, c, str(conns.get((p, c)))) for p in segment for c in graph.consumers.get(p, ()) if c in members)
     key = (graph.structural_hash, tuple(segment), inner, anchor, box)
-    return _memo(_REGION_CACHE, key, lambda: propagate_group(graph, segment, conns, anchor, box))
+    return memo("cost.regions", 50000).lookup(key, lambda: propagate_group(graph, segment, conns, anchor, box))
 
 
 def _completion_dram(graph: PrimGraph, use: SegmentUse, read_bytes: Mapping[str, int], charged: set) -> int:

@@ -18,6 +18,7 @@ from engine.codegen.count import CountBudgetError
 from engine.device import Device, resident_blocks_per_sm
 from engine.errors import PlanError
 from engine.ir.graph import PrimGraph, StageKind
+from engine.memo import memo
 from engine.schedule.cost import at_kernel_block, segment_use
 from engine.schedule.plan import SCHEMA_VERSION, Conn, Plan, Tile, components
 from engine.tilegraph.propagate import box_size
@@ -107,9 +108,6 @@ def check_group(
     return out
 
 
-_TILE_CHECKS: dict[tuple, list[Violation]] = {}
-
-
 def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str, local: dict | None = None) -> list[Violation]:
     """`_check_tile`, memoised: a tile search re-checks every segment's unchanged tile per candidate
     (`local`: the search's own memo, keyed on segment and tile alone — its connections are fixed)."""
@@ -121,12 +119,8 @@ def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str, loca
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in seg for c in graph.consumers.get(p, ())))
     key = (graph.structural_hash, tuple(seg), touching, tile, device, name, recompute_bound())
-    hit = _TILE_CHECKS.get(key)
-    if hit is None:
-        if len(_TILE_CHECKS) > 50000:
-            _TILE_CHECKS.clear()
-        hit = _TILE_CHECKS[key] = _check_tile(graph, seg, conns, tile, device, name)
-    return list(hit)
+    return list(memo("validate.tile_checks", 50000).lookup(
+        key, lambda: tuple(_check_tile(graph, seg, conns, tile, device, name))))
 
 
 def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> list[Violation]:
