@@ -16,7 +16,7 @@ import numpy as np
 from engine.errors import BackendError, ShapeError, TileweaveError
 from engine.ir.graph import PrimGraph, StageKind, TensorSpec
 
-BACKENDS = ("reference", "cpu", "cuda", "cuda-sim")
+BACKENDS = ("reference", "cpu", "cuda", "cuda-sim", "opencl")
 DEFAULT_POLICY = "welder"
 DEFAULT_DEVICE = "a100"
 
@@ -250,12 +250,13 @@ def add_run_command(sub) -> None:
                        description="Run MODEL. Inputs missing from --inputs are generated with a fixed "
                                    "seed (engine/runtime/inputs.py). The .npz keys are the model's "
                                    "graph input/output names.")
-    add_plan_args(p, "fusion policy for cpu/cuda/cuda-sim")
+    add_plan_args(p, "fusion policy for cpu/cuda/cuda-sim/opencl")
     p.add_argument("--backend", default="reference", metavar="{" + ",".join(BACKENDS) + "}",
                    help="reference: NumPy over primitive stages; cpu: generated C; cuda: generated CUDA; "
                         "cuda-sim: the generated CUDA run on the CPU by the SIMT emulator, checked for "
                         "deadlocks, partial barriers/shuffles, out-of-range and never-written accesses and "
-                        "races (any finding: exit 1)")
+                        "races (any finding: exit 1); opencl: the CUDA program's kernels printed as OpenCL C, "
+                        "run on the first OpenCL device (a GPU, else e.g. PoCL on the CPU; needs pyopencl)")
     p.add_argument("--inputs", metavar="IN.npz",
                    help="input arrays keyed by graph input name (arrays named like outputs are ignored)")
     p.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default 0)")
@@ -271,7 +272,8 @@ def add_run_command(sub) -> None:
                    help="refuse the run before allocating anything when its inputs, constants, intermediates "
                         "(arena) and outputs exceed SIZE (e.g. 8GiB, 512MiB, 2GB; default: half of host RAM, "
                         "for --backend cuda the device's memory_bytes, for cuda-sim at most that)")
-    add_time_limit_arg(p, "the compile, or the run (cpu, cuda, cuda-sim, reference; each gets the whole limit),")
+    add_time_limit_arg(p, "the compile, or the run (cpu, cuda, cuda-sim, reference; each gets the whole limit; "
+                          "opencl: build and run together),")
     p.set_defaults(func=cmd_run)
 
 

@@ -84,6 +84,8 @@ class Printer:
     helper_prefix = "static inline"
     table_qualifier = "static const"
     restrict = "restrict"
+    global_space = ""  # address-space qualifier of a tensor parameter's pointer (OpenCL: __global)
+    local_space = ""  # ... and of a pointer into a block's shared memory (OpenCL: __local)
     block_barrier = "/* block barrier */"
     grid_barrier = "/* grid barrier */"
     locals_in_kernel_scope = False
@@ -134,7 +136,8 @@ class Printer:
         args = self.leading_params(kernel)
         for b in kernel.params:
             const = "" if b.name in written else "const "
-            args.append(f"{const}{self.storage_type(b.dtype)}* {self.restrict} {b.name}")
+            args.append(f"{self.global_space}{const}{self.storage_type(b.dtype)}* {self.restrict} {b.name}")
+        args += self.trailing_params(kernel)
         return f"{self.kernel_prefix}void {self.kernel_qualifiers(kernel)}{kernel.name}({', '.join(args)})"
 
     def kernel_qualifiers(self, kernel: Kernel) -> str:
@@ -143,6 +146,10 @@ class Printer:
 
     def leading_params(self, kernel: Kernel) -> list[str]:
         """Parameters before the tensors (a persistent kernel's task functions take their tile first)."""
+        return []
+
+    def trailing_params(self, kernel: Kernel) -> list[str]:
+        """Parameters after the tensors (OpenCL passes a block's shared memory as one)."""
         return []
 
     def kernel_locals(self, kernel: Kernel) -> list[str]:
@@ -887,7 +894,8 @@ class BodyWriter:
             choice = f"{self.value(cond)} ? {ld.tensor} : ({choice})"
         ptr = self.fresh()
         self.picks += 1
-        self.lines.append(f"const {self.p.storage_type(buf.dtype)}* {ptr} = {choice};")
+        space = self.p.global_space if buf.scope == Scope.GLOBAL else self.p.local_space
+        self.lines.append(f"{space}const {self.p.storage_type(buf.dtype)}* {ptr} = {choice};")
         return self.p.load_value(f"{ptr}[{self.offset(buf, last.index)}]", buf.dtype)
 
     def _text(self, e) -> str:
