@@ -306,8 +306,8 @@ class Printer:
     def gemm_rows(phase: Phase, mm: str) -> str:
         """The declaration of the row axes' variables at flat row `mm` of a tiled phase (gemm_head)."""
         g, r = phase.gemm, phase.region.rank
-        if g.rows == 1:
-            return f"const int i{r - 2} = m_lo + {mm};"
+        if g.rows == 1:  # `mm` may be an expression (`mm < m_n ? mm : 0`): parenthesised, it stays one term
+            return f"const int i{r - 2} = m_lo + {mm if mm.isidentifier() else f'({mm})'};"
         parts, rest = [], f"({mm})"
         for d in reversed(range(r - 1 - g.rows, r - 1)):
             parts.append(f"i{d} = m_lo{d} + {rest} % m_n{d}")
