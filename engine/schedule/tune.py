@@ -67,7 +67,7 @@ def tune_plan(graph: PrimGraph, plan: Plan, device: Device, k: int, *, measure: 
     try:
         job = prepare_tune(graph, plan, device, k, db=db, alternatives=alternatives, repeat=repeat)
         if job.tasks:
-            run_local(job.tasks, {job.model: measure or device_measure(graph, device, repeat)}, db, device,
+            run_local(job.tasks, {graph.structural_hash: measure or device_measure(graph, device, repeat)}, db, device,
                       repeat=repeat, progress=progress)
         return finish_tune(job, db)
     finally:
@@ -85,6 +85,7 @@ class MeasureTask:
 
     task_id: str
     model: str
+    graph_hash: str  # the graph the plan is of (runners look it up by this)
     policy: str
     variant: int
     plan: Plan
@@ -145,7 +146,8 @@ def prepare_tune(graph: PrimGraph, plan: Plan, device: Device, k: int, *, db: Tu
     for policy, j, variant, keys in variants:
         if any(sig not in known and sig not in pending for sig in keys.values()):
             task_id = hashlib.sha256(f"{job_id}/{model}/{policy}/{j}".encode()).hexdigest()[:24]
-            tasks.append(MeasureTask(task_id, model, policy, j, variant, tuple(sorted(keys.items()))))
+            tasks.append(MeasureTask(task_id, model, graph.structural_hash, policy, j, variant,
+                                     tuple(sorted(keys.items()))))
             pending.update(keys.values())
     return TuneJob(graph, plan, device, k, repeat, model, plans, variants, tasks, known, version,
                    time.perf_counter())
@@ -159,11 +161,11 @@ def task_rows(task: MeasureTask, times: Mapping[str, float], device: Device, rep
 
 def run_local(tasks: Sequence[MeasureTask], measures: Mapping[str, Measure], db: TuneDB, device: Device, *,
               repeat: int = REPEAT, progress: Progress | None = None) -> None:
-    """Measure `tasks` one after another in this process (`measures`: the measure function per task
-    model), recording each result as it comes."""
+    """Measure `tasks` one after another in this process (`measures`: the measure function per graph
+    hash), recording each result as it comes."""
     worker = f"{socket.gethostname()}:{os.getpid()}"
     for n, task in enumerate(tasks, 1):
-        db.record(task_rows(task, measures[task.model](task.plan), device, repeat, worker))
+        db.record(task_rows(task, measures[task.graph_hash](task.plan), device, repeat, worker))
         if progress:
             progress(n, len(tasks))
 
