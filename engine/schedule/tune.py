@@ -145,7 +145,7 @@ def prepare_tune(graph: PrimGraph, plan: Plan, device: Device, k: int, *, db: Tu
     tasks = []
     for policy, j, variant, keys in variants:
         if any(sig not in known and sig not in pending for sig in keys.values()):
-            task_id = hashlib.sha256(f"{job_id}/{model}/{policy}/{j}".encode()).hexdigest()[:24]
+            task_id = hashlib.sha256(f"{job_id}/{model}/{plan.policy}/{policy}/{j}".encode()).hexdigest()[:24]
             tasks.append(MeasureTask(task_id, model, graph.structural_hash, policy, j, variant,
                                      tuple(sorted(keys.items()))))
             pending.update(keys.values())

@@ -2,9 +2,10 @@
 hash, code version), in SQLite (default `cache_dir()/tune/tune.sqlite`, `--db FILE`,
 TILEWEAVE_TUNE_DB), exported and imported as JSON lines of the same rows so clusters' results merge.
 
-One row is one measurement of one kernel by one task (the median of its launches). A task's rows are
-written with INSERT OR IGNORE on (task id, signature), so a task that ran twice (a worker died after
-measuring, the task was retried) is recorded once. A lookup is the median over every row of its key.
+One row is one measurement of one kernel by one task (the median of its launches; two identical layers
+of a model are two rows of one signature). A task's rows are written with INSERT OR IGNORE on (task id,
+signature, kernel), so a task that ran twice (its worker died after measuring and it was retried) is
+recorded once. A lookup is the median over every row of its key.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ CREATE TABLE IF NOT EXISTS measurements (
   kernel       TEXT NOT NULL DEFAULT '',
   worker       TEXT NOT NULL DEFAULT '',
   created      REAL NOT NULL,
-  PRIMARY KEY (task_id, signature)
+  PRIMARY KEY (task_id, signature, kernel)
 );
 CREATE INDEX IF NOT EXISTS measurements_key ON measurements (signature, device, device_hash, code_version);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -160,14 +161,14 @@ class TuneDB:
     def rows(self, *, task_ids: Sequence[str] | None = None) -> list[Measurement]:
         """Every row (or those of `task_ids`), oldest first."""
         if task_ids is None:
-            cur = self._conn.execute(f"SELECT {', '.join(COLUMNS)} FROM measurements ORDER BY created, task_id, signature")
+            cur = self._conn.execute(f"SELECT {', '.join(COLUMNS)} FROM measurements ORDER BY created, task_id, kernel")
             return [Measurement(*r) for r in cur]
         out = []
         ids = list(task_ids)
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
             cur = self._conn.execute(f"SELECT {', '.join(COLUMNS)} FROM measurements WHERE task_id IN "
-                                     f"({','.join('?' * len(chunk))}) ORDER BY created, task_id, signature", chunk)
+                                     f"({','.join('?' * len(chunk))}) ORDER BY created, task_id, kernel", chunk)
             out += [Measurement(*r) for r in cur]
         return out
 
@@ -177,7 +178,7 @@ class TuneDB:
     # ---- writing ----
 
     def record(self, rows: Iterable[Measurement]) -> int:
-        """Insert `rows` in one transaction, ignoring any whose (task id, signature) is already there;
+        """Insert `rows` in one transaction, ignoring any whose (task id, signature, kernel) is there already;
         the number inserted."""
         rows = [r for r in rows if r.us >= 0 and r.us < float("inf")]
         if not rows:
