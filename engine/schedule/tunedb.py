@@ -172,6 +172,14 @@ class TuneDB:
             out += [Measurement(*r) for r in cur]
         return out
 
+    def summary(self) -> list[dict]:
+        """Rows and distinct signatures per device and code version, the most rows first."""
+        cur = self._conn.execute("SELECT device, device_hash, code_version, COUNT(*), COUNT(DISTINCT signature), "
+                                 "MAX(created) FROM measurements GROUP BY device, device_hash, code_version "
+                                 "ORDER BY COUNT(*) DESC")
+        return [{"device": d, "device_hash": h, "code_version": v, "rows": n, "signatures": s, "last": t}
+                for d, h, v, n, s, t in cur]
+
     def count(self) -> int:
         return self._conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
 
