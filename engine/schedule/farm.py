@@ -104,7 +104,8 @@ def tune_models(models: Sequence[str | Path], device: Device | str, *, policies:
         if local:
             from engine.schedule.measure import require_gpu_for
 
-            require_gpu_for(device) if tasks else None
+            if tasks:
+                require_gpu_for(device)
             measures = {h: _local_measure(g, device, repeat, compile_fn, time_fn) for h, g in graphs.items()}
             run_local(tasks, measures, db, device, repeat=repeat, progress=step)
             where = f"in this process ({socket.gethostname()})"

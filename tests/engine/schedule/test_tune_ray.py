@@ -100,3 +100,23 @@ def test_a_job_survives_killed_workers_and_records_each_result_once(tmp_path):
                             compile_fn=fake_compile(killed_compile), time_fn=fake_time(None))
     assert local.tasks == report.tasks
     assert [p.groups for p in local.plans] == [p.groups for p in report.plans]
+
+
+def test_an_engine_error_in_a_task_comes_back_as_its_one_line(tmp_path):
+    from engine.errors import CompileError
+
+    def compile_fn(graph, plan, device):
+        raise CompileError(f"C program {plan.policy} failed to compile: a test says so")
+
+    with TuneDB(tmp_path / "t.sqlite") as db:
+        with pytest.raises(CompileError, match="failed to compile: a test says so"):
+            tune_models(SAMPLES[:1], "host", k=1, db=db, compile_fn=compile_fn, time_fn=fake_time(None))
+        assert db.count() == 0
+
+
+def test_a_gpu_device_on_a_ray_without_gpus_is_one_line(tmp_path):
+    from engine.errors import BackendError
+
+    with TuneDB(tmp_path / "t.sqlite") as db:
+        with pytest.raises(BackendError, match="the Ray cluster has no GPU to measure on"):
+            tune_models(SAMPLES[:1], "a100", k=1, db=db)
