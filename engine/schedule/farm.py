@@ -77,8 +77,9 @@ def tune_models(models: Sequence[str | Path], device: Device | str, *, policies:
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise TileweaveError(f"--workers {workers!r}: the number of CPUs for the embedded Ray must be 1 or more",
                              hint="e.g. --workers 2")
-    if cluster is not None:
-        check_address(cluster)
+    address = None if local else cluster or os.environ.get("RAY_ADDRESS", "").strip() or None
+    if address:  # before planning: a wrong address is the user's first mistake to hear about
+        reach_address(address)
     device = get_device(device) if isinstance(device, str) else device
     started = time.perf_counter()
     own_db = not isinstance(db, TuneDB)
@@ -135,7 +136,7 @@ def _row(job: TuneJob, plan: Plan) -> dict:
             "candidates": len(job.variants), "measured": len(job.tasks),
             "db_hits": len({sig for *_, keys in job.variants for sig in keys.values()} & job.known.keys()),
             "untuned_us": round(sum(untuned), 3) if all(u is not None for u in untuned) else None,
-            "tuned_us": plan.measured_us}
+            "tuned_us": None if plan.measured_us is None else round(plan.measured_us, 3)}
 
 
 # ---- Ray --------------------------------------------------------------------------------------
@@ -151,6 +152,18 @@ def check_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def reach_address(address: str) -> None:
+    """A one-line error unless something listens at the Ray address (ray.init waits minutes on an address
+    nobody listens at)."""
+    host, port = check_address(address)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as err:
+        raise TileweaveError(f"--cluster {address}: nothing answers there ({err.strerror or err})",
+                             hint="start the head with `ray start --head --port PORT`, or drop --cluster (and "
+                                  "unset RAY_ADDRESS) to run on this machine") from None
+
+
 def start_ray(cluster: str | None = None, workers: int | None = None) -> str:
     """Connect this process to Ray and say where the work runs: the cluster at `cluster` (or
     RAY_ADDRESS), else an embedded Ray with `workers` CPUs (default every core) and one host_cpu; an
@@ -164,13 +177,7 @@ def start_ray(cluster: str | None = None, workers: int | None = None) -> str:
         if workers is not None:
             raise TileweaveError("--workers sizes the embedded Ray; a cluster brings its own workers",
                                  hint="drop --workers, or drop --cluster (and unset RAY_ADDRESS)")
-        host, port = check_address(address)
-        try:  # ray.init waits minutes on an address nobody listens at: ask the socket first
-            socket.create_connection((host, port), timeout=5).close()
-        except OSError as err:
-            raise TileweaveError(f"--cluster {address}: nothing answers there ({err.strerror or err})",
-                                 hint="start the head with `ray start --head --port PORT`, or drop --cluster to "
-                                      "run on this machine") from None
+        reach_address(address)
         try:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as err:
