@@ -29,10 +29,13 @@ def embedded_ray(tmp_path_factory):
         ray.shutdown()
     old = os.environ.get("TILEWEAVE_CACHE")
     os.environ["TILEWEAVE_CACHE"] = str(tmp_path_factory.mktemp("ray-cache"))
+    address = os.environ.pop("RAY_ADDRESS", None)  # ray.init would join that cluster instead
     ray.init(num_cpus=2, resources={"host_cpu": 1}, include_dashboard=False, log_to_driver=False,
              configure_logging=False, object_store_memory=128 << 20)
     yield
     ray.shutdown()
+    if address is not None:
+        os.environ["RAY_ADDRESS"] = address
     if old is None:
         os.environ.pop("TILEWEAVE_CACHE", None)
     else:
