@@ -429,3 +429,29 @@ def bundle_bytes(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str
     """The kernel bundle zip of the plan (CUDA + PTX/CUBIN per arch, C, program/plan/trace JSON, weights);
     NVRTC bounded by the app's time limit (default_time_limit)."""
     return api.export_bundle(_graph, _plan, get_device(device), time_limit=default_time_limit())
+
+
+# ---- tuning ----------------------------------------------------------------------------------
+
+_TUNES: dict[tuple, api.TuneReport] = {}  # the last tune job per (model hash, policy, K)
+
+
+def tune_model(path: str, model_hash: str, policy: str, k: int, *, progress=None) -> api.TuneReport:
+    """Measured tuning of the model on this CPU (`tileweave tune --in-process`: the same tasks and the same
+    tuning database, measured one after another in this process); `progress(done, total, db hits)`.
+    Not an st.cache function: `progress` writes to the page. The last report is kept for the page."""
+    report = api.tune_models([path], "host", policies=(policy,), k=k, local=True, progress=progress)
+    _TUNES[(model_hash, policy, k)] = report
+    return report
+
+
+def last_tune(model_hash: str, policy: str, k: int) -> api.TuneReport | None:
+    return _TUNES.get((model_hash, policy, k))
+
+
+def tune_db_summary() -> tuple[str, list[dict]]:
+    """The tuning database's file and its rows per device and code version."""
+    from engine.schedule.tunedb import TuneDB
+
+    with TuneDB() as db:
+        return str(db.path), db.summary()

@@ -25,6 +25,7 @@ nav = st.navigation([
     st.Page(PAGES / "kernels.py", title="Kernels", icon=":material/memory:"),
     st.Page(PAGES / "timeline.py", title="Timeline", icon=":material/timeline:"),
     st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page(PAGES / "tuning.py", title="Tuning", icon=":material/speed:"),
     st.Page(PAGES / "export.py", title="Export", icon=":material/download:"),
 ])
 # Each browser session plans with its own memo tables (engine/memo.py): Streamlit runs sessions on

@@ -19,6 +19,7 @@ from engine.runtime.execute import RunResult, run_model
 from engine.runtime.inputs import make_inputs
 from engine.runtime.reference import run_reference
 from engine.schedule.edits import apply_edit, apply_to_identical_layers, replay
+from engine.schedule.farm import TuneReport, tune_models
 from engine.schedule.pipeline import batching_decisions, graph_for_plan, load_plan, plan_model
 from engine.schedule.policies import POLICIES, make_plan
 from engine.schedule.validate import validate
@@ -29,5 +30,5 @@ __all__ = [
     "generate", "render_cuda", "render_c", "run_model", "RunResult", "compile_program", "make_inputs",
     "export_bundle", "bench_models",
     "POLICIES", "make_plan", "validate", "replay", "apply_edit", "apply_to_identical_layers",
-    "plan_model", "load_plan", "graph_for_plan", "batching_decisions",
+    "plan_model", "load_plan", "graph_for_plan", "batching_decisions", "tune_models", "TuneReport",
 ]

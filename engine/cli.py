@@ -18,6 +18,7 @@ COMMANDS = [
     ("engine.rprogram.cli", "add_rprogram_command"),
     ("engine.bundle.cli", "add_export_command"),
     ("engine.commands", "add_bench_command"),
+    ("engine.schedule.tune_cli", "add_tune_command"),
     ("engine.commands", "add_app_command"),
 ]
 

@@ -72,7 +72,7 @@ def add_tune_arg(p: argparse.ArgumentParser) -> None:
                    help="measure the top K tile candidates of every kernel on the device (host: the C backend; "
                         "a GPU device needs one attached) and keep the fastest; for welder also each region's "
                         "kernels from the other policies, so the plan is never slower than theirs; measurements "
-                        "are cached by subgraph signature")
+                        "go to the tuning database (TILEWEAVE_TUNE_DB), keyed by subgraph signature, device and code version")
 
 
 def default_device(args: argparse.Namespace) -> str:
