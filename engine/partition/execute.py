@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.codegen.kir import Program
+from engine.device import Device
 from engine.errors import PartitionError
 from engine.ir.graph import PrimGraph
 from engine.partition.model import Partition
@@ -76,6 +77,8 @@ def connect(cluster: str | None, devices: int):
     if ray.is_initialized():
         return ray
     address = cluster or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        check_reachable(address)
     try:
         if address:
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -86,6 +89,21 @@ def connect(cluster: str | None, devices: int):
         raise PartitionError(f"cannot reach the Ray cluster at {address!r} ({first})",
                              hint="start one with `ray start --head` and pass its address, or drop --cluster") from None
     return ray
+
+
+def check_reachable(address: str, timeout: float = 3.0) -> None:
+    """One line, fast, when HOST:PORT (or ray://HOST:PORT) does not answer (ray.init would retry for
+    minutes); "auto" and other forms are left to Ray."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise PartitionError(f"cannot reach the Ray cluster at {address!r} ({err.strerror or err})",
+                             hint="start one with `ray start --head` and pass its address, or drop --cluster") from None
 
 
 def device_programs(program: Program, partition: Partition) -> list[Program]:
@@ -101,7 +119,7 @@ def device_programs(program: Program, partition: Partition) -> list[Program]:
 
 
 def run_partition(graph: PrimGraph, plan: Plan, partition: Partition, inputs: Mapping[str, np.ndarray], *,
-                  device: str, cluster: str | None = None) -> PartitionRun:
+                  device: Device | str, cluster: str | None = None) -> PartitionRun:
     """Run `partition` of (graph, plan) on `partition.devices` Ray actors; outputs by ONNX name."""
     from engine.codegen.generate import generate
     from engine.partition.plan import INPUT_DEVICE

@@ -265,6 +265,11 @@ def tp_candidates(graph: PrimGraph, plan: Plan, device: Device, devices: int) ->
     return big, slow, sorted(cuts, key=lambda n: -cuts[n].weight_bytes)
 
 
+def check_devices(devices) -> None:
+    if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_DEVICES:
+        raise PartitionError(f"--devices must be an integer from 1 to {MAX_DEVICES}, got {devices!r}")
+
+
 def partition_model(graph: PrimGraph, plan: Plan, device: Device | str, devices: int,
                     link: Link | str = DEFAULT_LINK) -> tuple[PrimGraph, Plan, Partition]:
     """(graph, plan, partition) of a planned model over `devices` copies of `device`: the pipeline cut of
@@ -272,8 +277,7 @@ def partition_model(graph: PrimGraph, plan: Plan, device: Device | str, devices:
     also the cut with those contractions split over all devices; and when nothing fits yet, the cut with
     the largest-weight contractions split, one more at a time until one fits. The lowest modeled
     makespan wins. Run the returned graph and plan (they carry the splits)."""
-    if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_DEVICES:
-        raise PartitionError(f"--devices must be an integer from 1 to {MAX_DEVICES}, got {devices!r}")
+    check_devices(devices)
     device = get_device(device) if isinstance(device, str) else device
     link = get_link(link)
     single = (plan.modeled_us, device_peak(kernel_facts(graph, plan), graph, set(graph.outputs))[1])
