@@ -240,17 +240,27 @@ def split_plan(graph: PrimGraph, plan: Plan, device: Device, stages: list[str],
                devices: int) -> tuple[PrimGraph, Plan, dict[str, int]]:
     """`graph` with each of `stages` split over `devices` and its plan: the base policy's plan of the new
     graph with every edge into or out of a slice cut (a slice is a kernel of its own, pinned to its device)."""
-    from engine.schedule.edits import apply_edit
+    from engine.schedule.build import assemble
     from engine.schedule.pipeline import plan_model
+    from engine.schedule.plan import Conn
+    from engine.schedule.validate import validate
 
     for name in stages:
         graph = split_contraction(graph, split_axis(graph, graph.stage(name)), devices)
     pinned = {s: j for name in stages for j, s in enumerate(slice_names(name, devices))}
     base = plan.base_policy or plan.policy
     graph, new = plan_model(graph, base, device, batching=False)
-    for p, c in graph.edges:
-        if (p in pinned or c in pinned) and new.edge(p, c).conn.fused:
-            new = apply_edit(new, graph, device, Edit.make("split", producer=p, consumer=c))
+    cut = [(p, c) for p, c in graph.edges if (p in pinned or c in pinned) and new.edge(p, c).conn.fused]
+    if cut:  # all at once: cutting one slice's edges alone may leave a group that loops through another
+        conns = {e.key: Conn.KERNEL if e.key in cut else e.conn for e in new.edges}
+        edits = tuple(Edit.make("split", producer=p, consumer=c) for p, c in cut)
+        reasons = {e.key: "partition: a tensor-parallel slice is a kernel of its own" if e.key in cut else e.reason
+                   for e in new.edges}
+        new = assemble(graph, device, conns, policy="user", mode=base if base != "user" else "welder",
+                       reasons=reasons, base_policy=base, edits=edits, options=dict(new.options))
+        problems = validate(new, graph, device)
+        if problems:
+            raise PlanError(f"cutting the slices of {', '.join(stages)} out of their kernels is illegal: {problems[0]}")
     return graph, new, pinned
 
 
@@ -300,7 +310,7 @@ def partition_model(graph: PrimGraph, plan: Plan, device: Device | str, devices:
         big, slow, by_weight = tp_candidates(graph, plan, device, devices)
         if big:
             attempt(big, f"weights over {TP_WEIGHT_SHARE:.0%} of a device's {device.memory_bytes:,} B")
-        if slow:
+        if slow and set(slow) - set(big):
             attempt(list(dict.fromkeys(big + slow)), f"kernels over 1/{devices} of the modeled {plan.modeled_us:.1f} µs")
         for k in range(1, len(by_weight) + 1):
             if found:
