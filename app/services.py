@@ -429,3 +429,14 @@ def bundle_bytes(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str
     """The kernel bundle zip of the plan (CUDA + PTX/CUBIN per arch, C, program/plan/trace JSON, weights);
     NVRTC bounded by the app's time limit (default_time_limit)."""
     return api.export_bundle(_graph, _plan, get_device(device), time_limit=default_time_limit())
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def partition_for(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str, devices: int,
+                  link: str):
+    """(graph, plan, Partition) of the current plan over `devices` copies of `device` (modeled; no Ray)."""
+    return api.partition_model(_graph, _plan, device, devices, link)
+
+
+def partition_trace_text(part) -> str:
+    return json.dumps(api.export_partition_trace(part))
