@@ -455,3 +455,17 @@ def tune_db_summary() -> tuple[str, list[dict]]:
 
     with TuneDB() as db:
         return str(db.path), db.summary()
+
+
+# ---- partition -------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def partition_for(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str, devices: int,
+                  link: str):
+    """(graph, plan, Partition) of the current plan over `devices` copies of `device` (modeled; no Ray)."""
+    return api.partition_model(_graph, _plan, device, devices, link)
+
+
+def partition_trace_text(part) -> str:
+    return json.dumps(api.export_partition_trace(part))

@@ -24,6 +24,7 @@ nav = st.navigation([
     st.Page(PAGES / "plan.py", title="Plan", icon=":material/edit:"),
     st.Page(PAGES / "kernels.py", title="Kernels", icon=":material/memory:"),
     st.Page(PAGES / "timeline.py", title="Timeline", icon=":material/timeline:"),
+    st.Page(PAGES / "partition.py", title="Partition", icon=":material/device_hub:"),
     st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page(PAGES / "tuning.py", title="Tuning", icon=":material/speed:"),
     st.Page(PAGES / "export.py", title="Export", icon=":material/download:"),

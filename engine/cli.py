@@ -16,6 +16,7 @@ COMMANDS = [
     ("engine.codegen.cli", "add_compile_command"),
     ("engine.commands", "add_run_command"),
     ("engine.rprogram.cli", "add_rprogram_command"),
+    ("engine.partition.cli", "add_partition_command"),
     ("engine.bundle.cli", "add_export_command"),
     ("engine.commands", "add_bench_command"),
     ("engine.schedule.tune_cli", "add_tune_command"),

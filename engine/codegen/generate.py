@@ -81,7 +81,7 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
 
         plan = coarsen_for_c(plan, graph, device, built)
     kernels, launches = [], []
-    for group in _launch_order(plan, graph):
+    for group in launch_order(plan, graph):
         kernel = built.get(group.name) or build_kernel(group, graph, conns, device)
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
@@ -99,7 +99,7 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
     )
 
 
-def _launch_order(plan: Plan, graph: PrimGraph) -> list[Group]:
+def launch_order(plan: Plan, graph: PrimGraph) -> list[Group]:
     """Groups in a topological order of their dependencies (plan order among ready groups): a group
     is listed by its first stage, which need not come after every group it reads from."""
     of = {s: g.id for g in plan.groups for s in g.stages}
