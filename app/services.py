@@ -20,6 +20,7 @@ from engine.errors import TileweaveError
 from engine.files import write_atomic
 from engine.flags import cache_dir, time_limit_s
 from engine.ir.graph import PrimGraph
+from engine.memo import Memo
 from engine.runtime.simt.report import Finding, KernelTraffic
 from engine.schedule.plan import Conn, Edit, Plan, plan_to_json
 
@@ -433,7 +434,9 @@ def bundle_bytes(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str
 
 # ---- tuning ----------------------------------------------------------------------------------
 
-_TUNES: dict[tuple, api.TuneReport] = {}  # the last tune job per (model hash, policy, K)
+# The last tune job per (model hash, policy, K), for every session (the measurements themselves are in the
+# shared tuning database): bounded and thread-safe, as Streamlit runs sessions on threads.
+_TUNES = Memo("app.tunes", 16)
 
 
 def tune_model(path: str, model_hash: str, policy: str, k: int, *, progress=None) -> api.TuneReport:
@@ -441,8 +444,7 @@ def tune_model(path: str, model_hash: str, policy: str, k: int, *, progress=None
     tuning database, measured one after another in this process); `progress(done, total, db hits)`.
     Not an st.cache function: `progress` writes to the page. The last report is kept for the page."""
     report = api.tune_models([path], "host", policies=(policy,), k=k, local=True, progress=progress)
-    _TUNES[(model_hash, policy, k)] = report
-    return report
+    return _TUNES.put((model_hash, policy, k), report)
 
 
 def last_tune(model_hash: str, policy: str, k: int) -> api.TuneReport | None:
