@@ -28,7 +28,7 @@ from engine.codegen.kexpr import (
     substitute_body,
 )
 from engine.codegen.kir import Buffer, Gemm, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
-from engine.codegen.micro import MicroBudget, micro_budget, stage_gemms
+from engine.codegen.micro import MicroBudget, micro_budget, scalar_staging, stage_gemms
 from engine.device import Device, get_device, wave_grid
 from engine.errors import CompileError, PlanError, ShapeError
 from engine.ir import expr as E
@@ -84,6 +84,8 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
     kernels, launches = [], []
     for group in launch_order(plan, graph):
         kernel = built.get(group.name) or build_kernel(group, graph, conns, device)
+        if target == "c":
+            kernel = scalar_staging(kernel)
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
                             f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",

@@ -75,6 +75,16 @@ def stage_gemms(kernel: Kernel, device: Device) -> Kernel:
     return double if after >= min(before, 2) and after > 0 else single
 
 
+def scalar_staging(kernel: Kernel) -> Kernel:
+    """`kernel` with every GEMM staged element by element into one buffer: what the C target runs (its
+    printer has a GEMM of its own; a GPU plan's kernels translated for it keep no GPU staging)."""
+    if not kernel.gemms:
+        return kernel
+    return dataclasses.replace(kernel, segments=tuple(dataclasses.replace(s, phases=tuple(
+        dataclasses.replace(p, gemm=dataclasses.replace(p.gemm, vec_a=1, vec_b=1, buffers=1)) if p.gemm else p
+        for p in s.phases)) for s in kernel.segments))
+
+
 def vector_width(kernel: Kernel, phase: Phase, which: str, width: int) -> int:
     """`width` when every staging load of factor `which` can be one aligned vector: the factor is a
     plain fp32 load of a global tensor (no pad guard, no gather), contiguous along the axis the staging

@@ -163,3 +163,11 @@ def test_staged_gemm_under_cuda_sim_matches_numpy_and_the_count(tmp_path, m, k, 
     work, (got,) = count_kernel(program.kernels[0]), report.kernels
     assert (got.shared_load_bytes, got.shared_store_bytes) == (work.shared_load, work.shared_store)
     assert (got.global_load_bytes, got.global_store_bytes) == (work.global_load, work.global_store)
+
+
+def test_the_c_target_of_a_gpu_plan_stages_element_by_element(tmp_path) -> None:
+    path = _matmul(tmp_path / "mm.onnx", 64, 96, 64)
+    graph = load_graph(path)
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", (32, 32), 64, 4)})
+    (g,) = [g for k in generate(plan, graph, A100, target="c").kernels for g in k.gemms]
+    assert (g.vec_a, g.vec_b, g.buffers) == (1, 1, 1)
