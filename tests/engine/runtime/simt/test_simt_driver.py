@@ -149,11 +149,9 @@ def test_bad_arguments_are_one_line_errors() -> None:
 def test_double_buffered_gemm_without_its_step_barrier_races_on_the_staging_tiles() -> None:
     graph, plan, program, inputs, _ = _program("nerf_mlp", "unfused")
     assert any(g.buffers == 2 for k in program.kernels for g in k.gemms)
-    for kernel, src in kernel_units(program):
-        lines = src.splitlines()
-        loop = next((n for n, text in enumerate(lines) if "for (int ks = 0;" in text), None)
-        if loop is not None:
-            break
+    kernel, src = next((name, src) for name, src in kernel_units(program) if "for (int ks = 0;" in src)
+    lines = src.splitlines()
+    loop = next(n for n, text in enumerate(lines) if "for (int ks = 0;" in text)
     cut = next(n for n in range(loop, len(lines)) if lines[n].strip() == "__syncthreads();")
     broken = "\n".join(lines[:cut] + ["// step barrier removed"] + lines[cut + 1:]) + "\n"
     _, report = run_simt(program, graph.specs, inputs, graph.weights, sources={kernel: broken})
