@@ -28,6 +28,7 @@ from engine.codegen.kexpr import (
     substitute_body,
 )
 from engine.codegen.kir import Buffer, Gemm, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
+from engine.codegen.micro import MicroBudget, micro_budget, scalar_staging, stage_gemms
 from engine.device import Device, get_device, wave_grid
 from engine.errors import CompileError, PlanError, ShapeError
 from engine.ir import expr as E
@@ -83,6 +84,8 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
     kernels, launches = [], []
     for group in launch_order(plan, graph):
         kernel = built.get(group.name) or build_kernel(group, graph, conns, device)
+        if target == "c":
+            kernel = scalar_staging(kernel)
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
                             f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",
@@ -203,14 +206,15 @@ def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = 
     the grid allows), that box standing for every tile of the grid (the cost model counts this;
     `generate` never uses it) — a mapping gives that tile's region
     per stage, propagated already (one-segment groups)."""
-    limit = (device or get_device("a100")).max_smem_per_block_bytes
-    kernel = _build_kernel(group, graph, conns, sample=sample)
-    if kernel.shared_bytes > limit and (kernel.gemms or kernel.convs):
-        kernel = _build_kernel(group, graph, conns, tiled=False, sample=sample)
+    device = device or get_device("a100")
+    budget = micro_budget(device)
+    kernel = stage_gemms(_build_kernel(group, graph, conns, budget, sample=sample), device)
+    if kernel.shared_bytes > device.max_smem_per_block_bytes and (kernel.gemms or kernel.convs):
+        kernel = _build_kernel(group, graph, conns, budget, tiled=False, sample=sample)
     return kernel
 
 
-def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True,
+def _build_kernel(group: Group, graph: PrimGraph, conns, budget: MicroBudget, tiled: bool = True,
                   sample: bool | Mapping = False) -> Kernel:
     members = set(group.stages)
     params: dict[str, Buffer] = {}
@@ -220,7 +224,7 @@ def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True,
     for tile, names in _segments(group, graph, conns):
         seg = _build_segment(tile, names, graph, conns, members, params, locals_, group.name, sample)
         if tiled:
-            seg = _map_conv(_map_gemm(seg, tile, threads, graph), threads, graph)
+            seg = _map_conv(_map_gemm(seg, tile, threads, graph, budget), threads, graph)
         segments.append(seg)
     segments = [_map_lanes(seg, threads) for seg in segments]
     origin = tuple(dict.fromkeys(o for s in group.stages for o in graph.stage(s).origin))
@@ -245,19 +249,16 @@ def _map_lanes(seg: Segment, threads: int) -> Segment:
     return dataclasses.replace(seg, phases=tuple(phases))
 
 
-_STAGE_BYTES = 48 * 1024  # A + B staging per k step: the static shared-memory budget of a block
-_MAX_MICRO = 128  # accumulators per thread (registers)
-
-
-def _map_gemm(seg: Segment, tile: Tile, threads: int, graph: PrimGraph) -> Segment:
+def _map_gemm(seg: Segment, tile: Tile, threads: int, graph: PrimGraph, budget: MicroBudget) -> Segment:
     """Phases whose contraction is a product of a (rows x k) and a (k x cols) factor over the last two
-    axes of a region that is one element wide in every other axis become tiled GEMMs."""
+    axes of a region that is one element wide in every other axis become tiled GEMMs, their micro-tile
+    within the device's accumulator budget and their k step within its staging budget."""
     step = 1
     for r in tile.reduce_step:
         step *= r
     phases = []
     for p in seg.phases:
-        gemm = _gemm_of(p, graph, threads, step if tile.reduce_step else 32)
+        gemm = _gemm_of(p, graph, threads, step if tile.reduce_step else 32, budget)
         phases.append(dataclasses.replace(p, gemm=gemm) if gemm else p)
     return dataclasses.replace(seg, phases=tuple(phases))
 
@@ -304,7 +305,7 @@ def _contraction_of(p: Phase, graph: PrimGraph, repeated: bool = False) -> tuple
     return found[0], found[0].body, found[0].vars, found[0].extents
 
 
-def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None:
+def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroBudget) -> Gemm | None:
     region = p.region
     if region.flat or region.rank < 2 or not p.dtype.is_float:
         return None
@@ -338,11 +339,11 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None
             best = (key, tm, tn, tx, ty)
         tx *= 2
     _, tm, tn, tx, ty = best
-    if tm * tn > _MAX_MICRO or threads % tx:
+    if tm * tn > budget.accumulators or threads % tx:
         return None
-    while bk > 4 and 4 * bk * (ty * tm + tx * tn) > _STAGE_BYTES:
+    while bk > 4 and 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
         bk //= 2
-    if 4 * bk * (ty * tm + tx * tn) > _STAGE_BYTES:
+    if 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
         return None
     return Gemm(a, b, target, tuple(names), tuple(extents), bm, bn, bk, tm, tn, tx, ty, rows)
 

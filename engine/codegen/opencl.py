@@ -50,6 +50,7 @@ class OpenCLPrinter(CudaPrinter):
     header = OPENCL_HEADER
     f16_type = "half"
     thread_id = "(int)get_local_id(0)"
+    vector_loads = False  # OpenCL spells them vloadN/vstoreN: its GEMM staging stays scalar
     block_dim = "(int)get_local_size(0)"
     block_id = "(int)get_group_id(0)"
     grid_dim = "(int)get_num_groups(0)"

@@ -1236,6 +1236,7 @@ class CudaPrinter(Printer):
     header = CUDA_HEADER
     f16_type = "__half"
     thread_id = "threadIdx.x"
+    vector_loads = True
     block_dim = "blockDim.x"  # threads of the block the kernel was generated for (a constant in a task)
     block_id = "blockIdx.x"
     grid_dim = "gridDim.x"

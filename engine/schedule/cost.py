@@ -98,33 +98,34 @@ def thread_split_axes(stage: Stage, box: Box, tile: Tile) -> frozenset[str]:
 
 
 def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
-                local: dict | None = None, exact: bool = False) -> SegmentUse:
+                local: dict | None = None, exact: bool = False, device: Device | None = None) -> SegmentUse:
     """Per-block regions, footprint and evaluations of one segment under `tile` (memoised: the tile
     search and the validity checks ask for the same segment many times). `local`: a memo for callers
     whose `conns` stay fixed (one tile search), keyed on the segment and tile alone. The work counts
     come from the kernel IR realised at a typical (interior) tile standing for all, or with `exact` over
     every tile as `generate` builds it (edge tiles count as they print: the figure a chosen tile's cost
-    reports, equal to the printed kernel's count)."""
+    reports, equal to the printed kernel's count). `device` picks the micro-kernel's parameters
+    (engine/codegen/micro.py; the a100 preset's when None)."""
     if local is not None:
-        lkey = ("use", tuple(segment), tile, exact)
+        lkey = ("use", tuple(segment), tile, exact, device)
         hit = local.get(lkey)
         if hit is None:
-            hit = local[lkey] = segment_use(graph, segment, conns, tile, exact=exact)
+            hit = local[lkey] = segment_use(graph, segment, conns, tile, exact=exact, device=device)
         return hit
     members = set(segment)
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in segment for c in graph.consumers.get(p, ())))
-    key = (graph.structural_hash, tuple(segment), touching, tile, exact)
+    key = (graph.structural_hash, tuple(segment), touching, tile, exact, device)
     return memo("cost.segment_use", 50000).lookup(
-        key, lambda: _segment_use(graph, segment, conns, tile, members, exact))
+        key, lambda: _segment_use(graph, segment, conns, tile, members, exact, device))
 
 
 def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members,
-                 exact: bool = False) -> SegmentUse:
+                 exact: bool = False, device: Device | None = None) -> SegmentUse:
     anchor = graph.stage(tile.stage)
     box = anchor_box(anchor.shape, tile.shape, typical_index(anchor.shape, tile.shape))
     regions = _regions(graph, segment, conns, tile.stage, box)
-    kernel, work = segment_work(graph, segment, conns, tile, False if exact else regions.stages)
+    kernel, work = segment_work(graph, segment, conns, tile, False if exact else regions.stages, device)
     per = max(1, kernel.ntiles)
     evals = {s: work.evals.get(s, 0.0) / per for s in segment}
     anchor_elems = box_size(regions.stages.get(tile.stage, ()))
@@ -141,7 +142,7 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
 
 
 def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
-                 regions: Mapping | bool | None = None):
+                 regions: Mapping | bool | None = None, device: Device | None = None):
     """(kernel, Work): the segment realised by codegen at its typical tile (standing for every tile of
     its grid: `typical_index`; `regions`, that tile's box per stage when the caller has them; False: every
     tile, as `generate` builds it) and the kernel IR's count of it — the flops and accesses of the code
@@ -152,7 +153,7 @@ def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
 
     group = Group(0, "segment", tuple(segment), (tile,), "")
     full = {e: conns.get(e, Conn.KERNEL) for p in segment for e in ((p, c) for c in graph.consumers.get(p, ()))}
-    kernel = build_kernel(group, graph, full, sample=True if regions is None else regions)
+    kernel = build_kernel(group, graph, full, device, sample=True if regions is None else regions)
     return kernel, count_kernel(kernel)
 
 
@@ -212,7 +213,7 @@ def estimate_group(
     segs = segs if segs is not None else segments_of(graph, stages, conns)
     if len(segs) != len(tiles):
         raise ValueError(f"{len(segs)} segments but {len(tiles)} tiles")
-    uses = [segment_use(graph, seg, conns, t, local, exact) for seg, t in zip(segs, at_kernel_block(tiles))]
+    uses = [segment_use(graph, seg, conns, t, local, exact, device) for seg, t in zip(segs, at_kernel_block(tiles))]
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.

@@ -138,7 +138,7 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
         return out + [Violation("footprint", subject, f"{tile.threads} threads per block (limit "
                                 f"{device.max_threads_per_block})")]
     try:
-        use = segment_use(graph, seg, conns, tile)
+        use = segment_use(graph, seg, conns, tile, device=device)
     except CountBudgetError as err:
         return out + [Violation("recompute", subject, str(err))]
     except PlanError as err:
@@ -166,7 +166,7 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
     ragged = any(n % t for n, t in zip(anchor.shape, tile.shape))
     if ragged and any(v.rule == "recompute" for v in found):
         # One typical tile stood for every tile: edge tiles are smaller. Count them as they print.
-        found = _recompute(graph, seg, conns, tile, segment_use(graph, seg, conns, tile, exact=True))
+        found = _recompute(graph, seg, conns, tile, segment_use(graph, seg, conns, tile, exact=True, device=device))
     out.extend(found)
     if tile.row_split > 1:
         ok_split = anchor.kind == StageKind.REDUCE and tile.stage not in graph.outputs and all(
@@ -257,7 +257,7 @@ def _check_wave(graph, segs, conns, tiles, device: Device, name: str, local: dic
     if device.kind == "cpu":
         return []  # the C target runs a grid barrier's segments in turn, each an OpenMP loop over all its tiles
     threads = max(t.threads for t in tiles)
-    uses = [segment_use(graph, s, conns, t, local) for s, t in zip(segs, at_kernel_block(tiles))]
+    uses = [segment_use(graph, s, conns, t, local, device=device) for s, t in zip(segs, at_kernel_block(tiles))]
     regs = min(device.max_regs_per_thread, max(u.regs_per_thread for u in uses))
     resident, _ = resident_blocks_per_sm(device, threads, regs, max(u.shared_bytes for u in uses))
     wave = resident * device.sm_count
