@@ -6,12 +6,12 @@ FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 TILEWEAVE_CACHE=/tmp/tileweave-cache
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc g++ libc6-dev graphviz make \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc g++ libc6-dev graphviz make pocl-opencl-icd \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/tileweave
 COPY . .
-RUN pip install -e .
+RUN pip install -e '.[opencl]'
 
 EXPOSE 8501
 CMD ["streamlit", "run", "app/streamlit_app.py", "--server.headless", "true", "--server.address", "0.0.0.0"]

@@ -19,11 +19,12 @@ install-dev: venv
 	$(BIN)/pip install -q -e '.[dev]'
 
 # Debian packages the tests need: graphviz (dot) for SVG rendering and the overview layout, chromium for the browser tests, g++ for
-# the cuda-sim emulator.
+# the cuda-sim emulator, PoCL (OpenCL on the CPU) for the OpenCL backend.
 sys-deps:
-	@if ! command -v dot >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium g++ >/dev/null; \
-	  else echo "need Debian packages graphviz, chromium and g++: sudo apt-get install graphviz chromium g++"; fi; \
+	@if ! command -v dot >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1 \
+	    || ! ls /etc/OpenCL/vendors/*.icd >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium g++ pocl-opencl-icd >/dev/null; \
+	  else echo "need Debian packages graphviz, chromium, g++ and pocl-opencl-icd: sudo apt-get install graphviz chromium g++ pocl-opencl-icd"; fi; \
 	fi
 
 # Starts the workbench on the default bundled sample (no GPU needed) and prints its local URL.

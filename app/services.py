@@ -20,6 +20,7 @@ from engine.errors import TileweaveError
 from engine.files import write_atomic
 from engine.flags import cache_dir, time_limit_s
 from engine.ir.graph import PrimGraph
+from engine.memo import Memo
 from engine.runtime.simt.report import Finding, KernelTraffic
 from engine.schedule.plan import Conn, Edit, Plan, plan_to_json
 
@@ -536,3 +537,44 @@ def annotated_onnx_bytes(path: str, model_hash: str, plan_hash: str, measured_ke
                          _plan: Plan, _measured: dict | None = None) -> bytes:
     """The model file with each node's kernel, connections and modeled (measured) µs in its metadata."""
     return api.annotate_onnx(path, _graph, _plan, _measured)
+
+
+# ---- tuning ----------------------------------------------------------------------------------
+
+# The last tune job per (model hash, policy, K), for every session (the measurements themselves are in the
+# shared tuning database): bounded and thread-safe, as Streamlit runs sessions on threads.
+_TUNES = Memo("app.tunes", 16)
+
+
+def tune_model(path: str, model_hash: str, policy: str, k: int, *, progress=None) -> api.TuneReport:
+    """Measured tuning of the model on this CPU (`tileweave tune --in-process`: the same tasks and the same
+    tuning database, measured one after another in this process); `progress(done, total, db hits)`.
+    Not an st.cache function: `progress` writes to the page. The last report is kept for the page."""
+    report = api.tune_models([path], "host", policies=(policy,), k=k, local=True, progress=progress)
+    return _TUNES.put((model_hash, policy, k), report)
+
+
+def last_tune(model_hash: str, policy: str, k: int) -> api.TuneReport | None:
+    return _TUNES.get((model_hash, policy, k))
+
+
+def tune_db_summary() -> tuple[str, list[dict]]:
+    """The tuning database's file and its rows per device and code version."""
+    from engine.schedule.tunedb import TuneDB
+
+    with TuneDB() as db:
+        return str(db.path), db.summary()
+
+
+# ---- partition -------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def partition_for(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str, device: str, devices: int,
+                  link: str):
+    """(graph, plan, Partition) of the current plan over `devices` copies of `device` (modeled; no Ray)."""
+    return api.partition_model(_graph, _plan, device, devices, link)
+
+
+def partition_trace_text(part) -> str:
+    return json.dumps(api.export_partition_trace(part))

@@ -24,8 +24,16 @@ nav = st.navigation([
     st.Page(PAGES / "plan.py", title="Plan", icon=":material/edit:"),
     st.Page(PAGES / "kernels.py", title="Kernels", icon=":material/memory:"),
     st.Page(PAGES / "timeline.py", title="Timeline", icon=":material/timeline:"),
+    st.Page(PAGES / "partition.py", title="Partition", icon=":material/device_hub:"),
     st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page(PAGES / "tuning.py", title="Tuning", icon=":material/speed:"),
     st.Page(PAGES / "export.py", title="Export", icon=":material/download:"),
 ])
-with guarded(f"The {nav.title} page"):
+# Each browser session plans with its own memo tables (engine/memo.py): Streamlit runs sessions on
+# threads, and a session's tables are dropped with it.
+if "engine_caches" not in st.session_state:
+    from engine.memo import Caches
+
+    st.session_state["engine_caches"] = Caches("workbench session")
+with guarded(f"The {nav.title} page"), st.session_state["engine_caches"].active():
     nav.run()

@@ -16,8 +16,10 @@ COMMANDS = [
     ("engine.codegen.cli", "add_compile_command"),
     ("engine.commands", "add_run_command"),
     ("engine.rprogram.cli", "add_rprogram_command"),
+    ("engine.partition.cli", "add_partition_command"),
     ("engine.bundle.cli", "add_export_command"),
     ("engine.commands", "add_bench_command"),
+    ("engine.schedule.tune_cli", "add_tune_command"),
     ("engine.commands", "add_app_command"),
 ]
 
@@ -53,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+    finally:
+        from engine.memo import report_at_debug
+
+        report_at_debug()
 
 
 def _quote(arg: str) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 from engine.errors import BackendError, ShapeError, TileweaveError
 from engine.ir.graph import PrimGraph, StageKind, TensorSpec
 
-BACKENDS = ("reference", "cpu", "cuda", "cuda-sim")
+BACKENDS = ("reference", "cpu", "cuda", "cuda-sim", "opencl")
 DEFAULT_POLICY = "welder"
 DEFAULT_DEVICE = "a100"
 
@@ -72,7 +72,7 @@ def add_tune_arg(p: argparse.ArgumentParser) -> None:
                    help="measure the top K tile candidates of every kernel on the device (host: the C backend; "
                         "a GPU device needs one attached) and keep the fastest; for welder also each region's "
                         "kernels from the other policies, so the plan is never slower than theirs; measurements "
-                        "are cached by subgraph signature")
+                        "go to the tuning database (TILEWEAVE_TUNE_DB), keyed by subgraph signature, device and code version")
 
 
 def default_device(args: argparse.Namespace) -> str:
@@ -250,12 +250,13 @@ def add_run_command(sub) -> None:
                        description="Run MODEL. Inputs missing from --inputs are generated with a fixed "
                                    "seed (engine/runtime/inputs.py). The .npz keys are the model's "
                                    "graph input/output names.")
-    add_plan_args(p, "fusion policy for cpu/cuda/cuda-sim")
+    add_plan_args(p, "fusion policy for cpu/cuda/cuda-sim/opencl")
     p.add_argument("--backend", default="reference", metavar="{" + ",".join(BACKENDS) + "}",
                    help="reference: NumPy over primitive stages; cpu: generated C; cuda: generated CUDA; "
                         "cuda-sim: the generated CUDA run on the CPU by the SIMT emulator, checked for "
                         "deadlocks, partial barriers/shuffles, out-of-range and never-written accesses and "
-                        "races (any finding: exit 1)")
+                        "races (any finding: exit 1); opencl: the CUDA program's kernels printed as OpenCL C, "
+                        "run on the first OpenCL device (a GPU, else e.g. PoCL on the CPU; needs pyopencl)")
     p.add_argument("--inputs", metavar="IN.npz",
                    help="input arrays keyed by graph input name (arrays named like outputs are ignored)")
     p.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default 0)")
@@ -271,7 +272,14 @@ def add_run_command(sub) -> None:
                    help="refuse the run before allocating anything when its inputs, constants, intermediates "
                         "(arena) and outputs exceed SIZE (e.g. 8GiB, 512MiB, 2GB; default: half of host RAM, "
                         "for --backend cuda the device's memory_bytes, for cuda-sim at most that)")
-    add_time_limit_arg(p, "the compile, or the run (cpu, cuda, cuda-sim, reference; each gets the whole limit),")
+    add_time_limit_arg(p, "the compile, or the run (cpu, cuda, cuda-sim, reference; each gets the whole limit; "
+                          "opencl: build and run together),")
+    from engine.partition.cli import add_link_args
+
+    add_link_args(p, devices_required=False)
+    p.add_argument("--cluster", metavar="ADDRESS", default=None,
+                   help="with --devices N > 1: the Ray cluster to run the device actors on (default: RAY_ADDRESS, "
+                        "else an embedded Ray on this machine's cores)")
     p.set_defaults(func=cmd_run)
 
 
@@ -284,6 +292,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.backend not in BACKENDS:
         raise BackendError(f"unknown backend '{args.backend}'", hint=f"use one of {', '.join(BACKENDS)}")
     check_sim_args(args)
+    check_devices_args(args)
     args.time_limit = time_limit_s(args.time_limit)
     out_path = check_writable(args.outputs)
     args.budget = memory_budget(args.memory_budget, backend=args.backend,
@@ -298,6 +307,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     report = None
     if args.backend == "cuda-sim":
         outputs, report = run_sim(graph, inputs, args)
+    elif args.devices > 1:
+        outputs = run_devices(inputs, args)
     else:
         outputs = run_backend(graph, inputs, args)
     write_npz(out_path, outputs)
@@ -330,6 +341,38 @@ def check_sim_args(args: argparse.Namespace) -> None:
         raise TileweaveError(f"--sim-grid-cap must be 0 (no cap) or positive, got {args.sim_grid_cap}")
     if args.sim_resident < 1:
         raise TileweaveError(f"--sim-resident must be at least 1, got {args.sim_resident}")
+
+
+def check_devices_args(args: argparse.Namespace) -> None:
+    from engine.partition.links import DEFAULT_LINK
+    from engine.partition.plan import check_devices
+
+    check_devices(args.devices)
+    if args.devices == 1 and (args.cluster or args.link != DEFAULT_LINK):
+        raise TileweaveError("--link and --cluster apply to a partitioned run", hint="add --devices N (N > 1)")
+    if args.devices > 1 and args.backend != "cpu":
+        raise BackendError(f"--devices {args.devices} runs the partition's parts on Ray actors with the C "
+                           f"backend only, not --backend {args.backend}", hint="use --backend cpu")
+    if args.devices > 1 and args.cluster:
+        from engine.partition.execute import check_reachable
+
+        check_reachable(args.cluster)  # before planning: a wrong address is one line, fast
+    if args.devices > 1 and args.time_limit is not None:
+        raise TileweaveError("--time-limit does not bound a partitioned run", hint="drop --time-limit or --devices")
+
+
+def run_devices(inputs: dict[str, np.ndarray], args: argparse.Namespace) -> dict:
+    """Outputs of the partition of the planned model over `args.devices` Ray actors (C backend)."""
+    from engine.partition.cli import partitioned_model
+    from engine.partition.execute import run_partition
+
+    device, graph, plan, part = partitioned_model(args)
+    result = run_partition(graph, plan, part, inputs, device=device, cluster=args.cluster)
+    print(f"partition: {part.devices} devices on Ray at {result.address}, kernels per device "
+          f"{[len(s.kernels) for s in part.stages]}, tensor parallel: {', '.join(part.tensor_parallel) or 'none'}")
+    print(f"transfers: {len(result.received)} measured, {result.transfer_bytes:,} B "
+          f"(plan: {len(part.transfers)}, {part.transfer_bytes:,} B)")
+    return result.outputs
 
 
 def run_sim(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.Namespace):

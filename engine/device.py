@@ -62,6 +62,9 @@ class Device:
     # iteration) at a time, shared memory a block's stack arrays, a grid barrier an OpenMP barrier.
     kind: str = "gpu"
     vector_lanes: int = 1  # fp32 SIMD lanes of a core (cpu); a GPU's lanes are its threads
+    # Widest global/shared access one thread issues (NVIDIA: 16 B, LDG.128/LDS.128): the vector width of
+    # the GEMM's staging loads (engine/codegen/micro.py).
+    vector_load_bytes: int = 16
     # FLOP/s of generated per-element code (loops outside GEMM / conv micro-tiles) as the host probe
     # measured it; 0 means peak_fp32_flops (a GPU's per-element code runs at its FMA rate).
     elementwise_flops: float = 0.0
@@ -112,7 +115,7 @@ class Device:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Device))
-OPTIONAL_FIELDS: tuple[str, ...] = ("kind", "vector_lanes", "elementwise_flops", "description")  # default: a GPU
+OPTIONAL_FIELDS: tuple[str, ...] = ("kind", "vector_lanes", "vector_load_bytes", "elementwise_flops", "description")  # default: a GPU
 REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in FIELDS if f != "source" and f not in OPTIONAL_FIELDS)
 _INT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "int" and f.name not in OPTIONAL_FIELDS}
 _FLOAT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "float" and f.name not in OPTIONAL_FIELDS}
@@ -201,6 +204,9 @@ def _validate_kind(values: Mapping[str, Any], where: str) -> None:
     lanes = values.get("vector_lanes", 1)
     if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= 64:
         raise DeviceError(f"{where}: key 'vector_lanes' must be an integer from 1 to 64, got {lanes!r}")
+    vb = values.get("vector_load_bytes", 16)
+    if isinstance(vb, bool) or not isinstance(vb, int) or vb not in (4, 8, 16, 32, 64):
+        raise DeviceError(f"{where}: key 'vector_load_bytes' must be 4, 8, 16, 32 or 64, got {vb!r}")
     rate = values.get("elementwise_flops", 0.0)
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= _CEILINGS["peak_fp32_flops"]:
         raise DeviceError(f"{where}: key 'elementwise_flops' must be a number from 0 to "

@@ -53,3 +53,8 @@ class BundleError(TileweaveError):
 
 class TimeLimitError(TileweaveError):
     """A compile or run outlived its time budget (`--time-limit`, TILEWEAVE_TIME_LIMIT) and was stopped."""
+
+
+class PartitionError(TileweaveError):
+    """A multi-device partition that cannot be made (too few kernels, no split fits the devices' memory)
+    or run (Ray missing or a cluster address that does not answer)."""

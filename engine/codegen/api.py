@@ -10,11 +10,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.codegen.generate import TARGETS  # noqa: F401  (re-exported: the CLI lists them)
+from engine.codegen.generate import TARGETS
 from engine.codegen.kir import Program, program_to_json
 from engine.codegen.targets import render_c, render_cuda
 from engine.errors import CompileError, TileweaveError
 from engine.limits import call_bounded
+
+COMPILE_TARGETS = (*TARGETS, "opencl")  # opencl: the CUDA program's kernels printed as OpenCL C
+EXTENSIONS = {"cuda": "cu", "c": "c", "opencl": "cl"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,11 @@ def compile_program(program: Program, target: str, *, arch: str = "sm_80",
 
         source = render_c(program)
         return CompiledProgram("c", source, library=str(compile_c(source, name=program.name, timeout=time_limit)))
-    raise CompileError(f"unknown target '{target}' (choose one of {', '.join(TARGETS)})")
+    if target == "opencl":  # built for the first OpenCL device: the build is the check
+        from engine.runtime.opencl import build_opencl
+
+        return CompiledProgram("opencl", build_opencl(program)[4])
+    raise CompileError(f"unknown target '{target}' (choose one of {', '.join(COMPILE_TARGETS)})")
 
 
 def fit_launches(program: Program, compiled: CompiledProgram, device) -> Program:
@@ -98,7 +105,7 @@ def fit_launches(program: Program, compiled: CompiledProgram, device) -> Program
 def compiled_files(program: Program, compiled: CompiledProgram) -> dict[str, bytes]:
     """File name -> bytes: the program source (NAME.cu or NAME.c) and, for CUDA, per kernel
     KERNEL.cu, KERNEL.ARCH.ptx and KERNEL.ARCH.cubin."""
-    ext = "cu" if compiled.target == "cuda" else "c"
+    ext = EXTENSIONS[compiled.target]
     files = {f"{program.name}.{ext}": compiled.source.encode()}
     for k in compiled.kernels:
         if f"{k.name}.cu" in files:
@@ -118,7 +125,7 @@ def program_json(program: Program, compiled: CompiledProgram, files: dict[str, b
         return {"file": prefix + name, "sha256": hashlib.sha256(files[name]).hexdigest()}
 
     meta = program_to_json(program)
-    ext = "cu" if compiled.target == "cuda" else "c"
+    ext = EXTENSIONS[compiled.target]
     per_kernel = {}
     for k in compiled.kernels:
         per_kernel[k.name] = {

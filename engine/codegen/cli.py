@@ -1,4 +1,4 @@
-"""`tileweave compile MODEL --policy P --device D --target {cuda,c} -o DIR`: plan (or --plan-in),
+"""`tileweave compile MODEL --policy P --device D --target {cuda,c,opencl} -o DIR`: plan (or --plan-in),
 validate, generate, compile; writes the sources, per-kernel PTX + CUBIN (cuda) and program.json."""
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ Plan MODEL (or load --plan-in), refuse an illegal plan, generate the kernels and
 translation unit: prelude, helpers, kernel) and, per arch, KERNEL.ARCH.ptx and KERNEL.ARCH.cubin
 (NVRTC; --arch, default the device's arch); program.json. --target c writes NAME.c (compiled with
 the system C compiler to check it, built for this host's CPU; convolution blocks coarsened along
-output channels, so its grids can be smaller than CUDA's) and program.json. program.json holds the
+output channels, so its grids can be smaller than CUDA's) and program.json. --target opencl writes
+NAME.cl (the CUDA program's kernels printed as OpenCL C 1.2, a kernel's grid-barrier segments as kernels
+of their own, built for the first OpenCL device to check it; needs pyopencl) and program.json.
+program.json holds the
 launch list (kernel, source, per-arch ptx/cubin files with sha256, grid, block, shared bytes,
 cooperative, args; a cooperative grid is one wave of the device at the registers the first --arch's
 CUBIN uses, re-capped on a GPU by the driver's occupancy), per kernel and arch the compiled registers,
@@ -30,25 +33,25 @@ def add_compile_command(sub) -> None:
                                        "program.json", description=_DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_plan_args(p)
-    p.add_argument("--target", default="cuda", metavar="{cuda,c}",
-                   help="cuda: NVRTC, per-kernel .ptx/.cubin; c: OpenMP C through the system compiler "
-                        "(default cuda)")
+    p.add_argument("--target", default="cuda", metavar="{cuda,c,opencl}",
+                   help="cuda: NVRTC, per-kernel .ptx/.cubin; c: OpenMP C through the system compiler; "
+                        "opencl: OpenCL C built for the first OpenCL device (default cuda)")
     p.add_argument("--arch", action="append", metavar="sm_XX",
                    help="cuda: NVRTC architecture, repeatable (default: the device's, e.g. sm_80 for a100)")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder (created)")
-    add_time_limit_arg(p, "the compile (NVRTC for every kernel and arch, or the C compiler)")
+    add_time_limit_arg(p, "the compile (NVRTC for every kernel and arch, or the C compiler; not the OpenCL build)")
     p.set_defaults(func=cmd_compile)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from engine.codegen.api import TARGETS, compile_program, fit_launches, write_compiled
+    from engine.codegen.api import COMPILE_TARGETS, compile_program, fit_launches, write_compiled
     from engine.codegen.generate import generate
     from engine.commands import planned_model
     from engine.flags import time_limit_s
     from engine.runtime.execute import check_plan
 
-    if args.target not in TARGETS:
-        raise CompileError(f"unknown target '{args.target}'", hint=f"use one of {', '.join(TARGETS)}")
+    if args.target not in COMPILE_TARGETS:
+        raise CompileError(f"unknown target '{args.target}'", hint=f"use one of {', '.join(COMPILE_TARGETS)}")
     if args.arch and args.target != "cuda":
         raise CompileError("--arch applies to --target cuda only")
     time_limit = time_limit_s(args.time_limit)
@@ -60,7 +63,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             check_arch(arch)
     device, graph, plan = planned_model(args)
     check_plan(plan, graph, device.name)
-    program = generate(plan, graph, device, target=args.target)
+    program = generate(plan, graph, device, target="cuda" if args.target == "opencl" else args.target)
     archs = tuple(dict.fromkeys(args.arch or (device.nvrtc_arch,)))
     compiled = compile_program(program, args.target, archs=archs, time_limit=time_limit)
     program = fit_launches(program, compiled, device)  # cooperative grids at the compiled registers

@@ -20,6 +20,7 @@ from engine.codegen.kexpr import Guard, InBounds, Inlined, Reduce, kchildren, st
 from engine.codegen.kir import Kernel, Phase, Region, Scope, Segment
 from engine.errors import PlanError
 from engine.ir import expr as E
+from engine.memo import memo
 
 
 @dataclass
@@ -161,33 +162,25 @@ def _phase_work(kernel: Kernel, phase: Phase, threads: int, tiles: slice | None)
     return _elementwise(kernel, phase, elems)
 
 
-_MEMO: dict[tuple, tuple[object, Work]] = {}
-
-
 def _memo(kernel: Kernel, root, key: tuple, compute) -> Work:
     """Per-element counts depend only on the expression and the buffers it names (their scope and
-    dtype): memoised on the expression object (kept alive beside its entry) — the cost model counts
-    the same bodies for many candidate tiles."""
+    dtype): memoised on the expression object (kept alive beside its entry, so its id stays its own) —
+    the cost model counts the same bodies for many candidate tiles."""
+    table = memo("count.work", 50000)
     full = (id(root), key, _scopes(kernel))
-    hit = _MEMO.get(full)
+    hit = table.get(full)
     if hit is None or hit[0] is not root:
-        if len(_MEMO) > 50000:
-            _MEMO.clear()
-        hit = _MEMO[full] = (root, compute())
+        hit = table.put(full, (root, compute()))
     return hit[1]
-
-
-_SCOPES: dict[int, tuple[Kernel, tuple]] = {}
 
 
 def _scopes(kernel: Kernel) -> tuple:
     """What a load's bytes depend on besides the expression: each buffer's scope and dtype."""
-    hit = _SCOPES.get(id(kernel))
+    table = memo("count.scopes", 1000)
+    hit = table.get(id(kernel))
     if hit is None or hit[0] is not kernel:
-        if len(_SCOPES) > 1000:
-            _SCOPES.clear()
-        hit = _SCOPES[id(kernel)] = (kernel, tuple(sorted((b.name, b.scope.value, b.dtype.value)
-                                                            for b in kernel.params + kernel.locals)))
+        hit = table.put(id(kernel), (kernel, tuple(sorted((b.name, b.scope.value, b.dtype.value)
+                                                          for b in kernel.params + kernel.locals))))
     return hit[1]
 
 
@@ -324,14 +317,10 @@ def _epilogue(kernel: Kernel, phase: Phase) -> Work:
 # ---- one element ----------------------------------------------------------------------------
 
 
-_STRIPPED: dict[int, tuple] = {}
-
-
 def _strip(e):
-    """kexpr.strip, memoised across calls (the counter strips every node it meets)."""
-    if len(_STRIPPED) > 200000:
-        _STRIPPED.clear()
-    return strip(e, _STRIPPED)
+    """kexpr.strip, memoised across calls (the counter strips every node it meets; the session's
+    "count.strip" table, keyed on node identity with the node kept beside its entry)."""
+    return strip(e, memo("count.strip", 200000).raw())
 
 
 def _invariant_reductions(body, loop_vars: set[str]) -> list:

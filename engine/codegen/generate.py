@@ -28,11 +28,13 @@ from engine.codegen.kexpr import (
     substitute_body,
 )
 from engine.codegen.kir import Buffer, Gemm, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
+from engine.codegen.micro import MicroBudget, micro_budget, scalar_staging, stage_gemms
 from engine.device import Device, get_device, wave_grid
 from engine.errors import CompileError, PlanError, ShapeError
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
+from engine.memo import memo
 from engine.runtime.memory import plan_memory
 from engine.schedule.plan import Conn, Group, Plan, Tile, plan_to_json
 from engine.tilegraph.propagate import Box, propagate_many
@@ -80,8 +82,10 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
 
         plan = coarsen_for_c(plan, graph, device, built)
     kernels, launches = [], []
-    for group in _launch_order(plan, graph):
+    for group in launch_order(plan, graph):
         kernel = built.get(group.name) or build_kernel(group, graph, conns, device)
+        if target == "c":
+            kernel = scalar_staging(kernel)
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
                             f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",
@@ -98,7 +102,7 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
     )
 
 
-def _launch_order(plan: Plan, graph: PrimGraph) -> list[Group]:
+def launch_order(plan: Plan, graph: PrimGraph) -> list[Group]:
     """Groups in a topological order of their dependencies (plan order among ready groups): a group
     is listed by its first stage, which need not come after every group it reads from."""
     of = {s: g.id for g in plan.groups for s in g.stages}
@@ -202,14 +206,15 @@ def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = 
     the grid allows), that box standing for every tile of the grid (the cost model counts this;
     `generate` never uses it) — a mapping gives that tile's region
     per stage, propagated already (one-segment groups)."""
-    limit = (device or get_device("a100")).max_smem_per_block_bytes
-    kernel = _build_kernel(group, graph, conns, sample=sample)
-    if kernel.shared_bytes > limit and (kernel.gemms or kernel.convs):
-        kernel = _build_kernel(group, graph, conns, tiled=False, sample=sample)
+    device = device or get_device("a100")
+    budget = micro_budget(device)
+    kernel = stage_gemms(_build_kernel(group, graph, conns, budget, sample=sample), device)
+    if kernel.shared_bytes > device.max_smem_per_block_bytes and (kernel.gemms or kernel.convs):
+        kernel = _build_kernel(group, graph, conns, budget, tiled=False, sample=sample)
     return kernel
 
 
-def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True,
+def _build_kernel(group: Group, graph: PrimGraph, conns, budget: MicroBudget, tiled: bool = True,
                   sample: bool | Mapping = False) -> Kernel:
     members = set(group.stages)
     params: dict[str, Buffer] = {}
@@ -219,7 +224,7 @@ def _build_kernel(group: Group, graph: PrimGraph, conns, tiled: bool = True,
     for tile, names in _segments(group, graph, conns):
         seg = _build_segment(tile, names, graph, conns, members, params, locals_, group.name, sample)
         if tiled:
-            seg = _map_conv(_map_gemm(seg, tile, threads, graph), threads, graph)
+            seg = _map_conv(_map_gemm(seg, tile, threads, graph, budget), threads, graph)
         segments.append(seg)
     segments = [_map_lanes(seg, threads) for seg in segments]
     origin = tuple(dict.fromkeys(o for s in group.stages for o in graph.stage(s).origin))
@@ -244,19 +249,16 @@ def _map_lanes(seg: Segment, threads: int) -> Segment:
     return dataclasses.replace(seg, phases=tuple(phases))
 
 
-_STAGE_BYTES = 48 * 1024  # A + B staging per k step: the static shared-memory budget of a block
-_MAX_MICRO = 128  # accumulators per thread (registers)
-
-
-def _map_gemm(seg: Segment, tile: Tile, threads: int, graph: PrimGraph) -> Segment:
+def _map_gemm(seg: Segment, tile: Tile, threads: int, graph: PrimGraph, budget: MicroBudget) -> Segment:
     """Phases whose contraction is a product of a (rows x k) and a (k x cols) factor over the last two
-    axes of a region that is one element wide in every other axis become tiled GEMMs."""
+    axes of a region that is one element wide in every other axis become tiled GEMMs, their micro-tile
+    within the device's accumulator budget and their k step within its staging budget."""
     step = 1
     for r in tile.reduce_step:
         step *= r
     phases = []
     for p in seg.phases:
-        gemm = _gemm_of(p, graph, threads, step if tile.reduce_step else 32)
+        gemm = _gemm_of(p, graph, threads, step if tile.reduce_step else 32, budget)
         phases.append(dataclasses.replace(p, gemm=gemm) if gemm else p)
     return dataclasses.replace(seg, phases=tuple(phases))
 
@@ -303,7 +305,7 @@ def _contraction_of(p: Phase, graph: PrimGraph, repeated: bool = False) -> tuple
     return found[0], found[0].body, found[0].vars, found[0].extents
 
 
-def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None:
+def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroBudget) -> Gemm | None:
     region = p.region
     if region.flat or region.rank < 2 or not p.dtype.is_float:
         return None
@@ -337,11 +339,11 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int) -> Gemm | None
             best = (key, tm, tn, tx, ty)
         tx *= 2
     _, tm, tn, tx, ty = best
-    if tm * tn > _MAX_MICRO or threads % tx:
+    if tm * tn > budget.accumulators or threads % tx:
         return None
-    while bk > 4 and 4 * bk * (ty * tm + tx * tn) > _STAGE_BYTES:
+    while bk > 4 and 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
         bk //= 2
-    if 4 * bk * (ty * tm + tx * tn) > _STAGE_BYTES:
+    if 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
         return None
     return Gemm(a, b, target, tuple(names), tuple(extents), bm, bn, bk, tm, tn, tx, ty, rows)
 
@@ -572,7 +574,8 @@ def covers(graph: PrimGraph, names, conns, tile: Tile, stage: str) -> bool:
     members = set(names)
     inner = tuple((p, c, str(conns.get((p, c)))) for p in names for c in graph.consumers.get(p, ()) if c in members)
     key = (graph.structural_hash, tuple(names), inner, tile.stage, tile.shape, stage)
-    hit = _COVER.get(key)
+    table = memo("generate.covers", 50000)
+    hit = table.get(key)
     if hit is None:
         anchor = graph.stage(tile.stage)
         # Only the stages between `stage` and the anchor shape its region.
@@ -598,13 +601,8 @@ def covers(graph: PrimGraph, names, conns, tile: Tile, stage: str) -> bool:
                 if b is not None:
                     mask[tuple(slice(lo, hi) for lo, hi in b)] = True
             hit = bool(mask.all())
-        if len(_COVER) > 50000:
-            _COVER.clear()
-        _COVER[key] = hit
+        table.put(key, hit)
     return hit
-
-
-_COVER: dict[tuple, bool] = {}
 
 
 def _covered_by_spans(graph: PrimGraph, names, conns, tile: Tile, stage: str) -> bool | None:
@@ -737,9 +735,6 @@ def _covers(stage: Stage, boxes: list[Box]) -> bool:
     return bool(mask.all())
 
 
-_RESOLVED: dict[tuple, tuple[E.Expr, tuple[str, ...]]] = {}
-
-
 def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[str, str], params) -> E.Expr:
     """Inline REGISTER producers into the body and point every load at a buffer name (memoised: the
     cost model realises the same segments for many candidate tiles; the body does not depend on them)."""
@@ -754,19 +749,15 @@ def _resolve(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[s
     reads = {t for x in closure | {stage.name} for t in graph.stage(x).inputs}
     key = (graph.structural_hash, stage.name, frozenset(closure),
            tuple(sorted((t, block_buf[t]) for t in reads if t in block_buf)))
-    hit = _RESOLVED.get(key)
+    table = memo("generate.resolved", 20000)
+    hit = table.get(key)
     if hit is None:
         used: dict[str, Buffer] = {}
         body = _resolve_body(stage, graph, closure, block_buf, used)
-        if len(_RESOLVED) > 20000:
-            _RESOLVED.clear()
-        hit = _RESOLVED[key] = (body, tuple(used))
+        hit = table.put(key, (body, tuple(used)))
     for t in hit[1]:
         _global(params, graph, t)
     return hit[0]
-
-
-_EXPANDED: dict[tuple, object] = {}
 
 
 def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: dict[str, str], params) -> E.Expr:
@@ -774,6 +765,7 @@ def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: d
     ranges.update({f"r{k}": (0, n - 1) for k, n in enumerate(stage.reduce)})
 
     depth = [0]
+    table = memo("generate.expanded", 50000)
 
     def closure_of(name: str) -> frozenset:
         out, todo = set(), [name]
@@ -790,7 +782,7 @@ def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: d
         # A producer read at one index, at one nesting depth, through the same inlined chain expands
         # to the same value wherever it is read (memoised across stages and trial groups).
         key = (graph.structural_hash, e, depth[0], closure_of(e.tensor))
-        hit = _EXPANDED.get(key)
+        hit = table.get(key)
         if hit is None:
             producer = graph.stage(e.tensor)
             mapping = {f"i{k}": ix for k, ix in enumerate(e.index)}
@@ -809,9 +801,7 @@ def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: d
             value = Inlined(producer.name, value)
             if e.pad is not None:
                 value = Guard(InBounds(e.index, producer.shape), value, E.imm(e.pad, e.dtype))
-            if len(_EXPANDED) > 50000:
-                _EXPANDED.clear()
-            hit = _EXPANDED[key] = value
+            hit = table.put(key, value)
         return hit
 
     body = kmap(stage.body, expand)

@@ -160,17 +160,19 @@ def kwalk(e):
         stack.extend(reversed(kchildren(n)))
 
 
-_FREE_VARS: dict = {}
-
-
 def free_vars(e, memo: dict | None = None) -> frozenset[str]:
     """Loop variables an expression depends on (an inlined reduction binds its own). Memoised on the
-    node across calls (a pure function of its structure) unless the caller passes its own memo."""
+    node across calls (a pure function of its structure: the session's "kexpr.free_vars" table) unless
+    the caller passes its own memo (keyed on node identity)."""
     if memo is None:
-        if len(_FREE_VARS) > 200000:
-            _FREE_VARS.clear()
-        memo = _FREE_VARS
-    key = e if memo is _FREE_VARS else id(e)
+        from engine.memo import memo as table
+
+        return _free_vars(e, table("kexpr.free_vars", 200000).raw(), True)
+    return _free_vars(e, memo, False)
+
+
+def _free_vars(e, memo: dict, by_value: bool) -> frozenset[str]:
+    key = e if by_value else id(e)
     if key in memo:
         return memo[key]
     if isinstance(e, (E.Load, InBounds)):
@@ -178,14 +180,14 @@ def free_vars(e, memo: dict | None = None) -> frozenset[str]:
     elif isinstance(e, E.IndexVal):
         out = e.expr.vars()
     elif isinstance(e, Guard):
-        out = free_vars(e.cond, memo) | free_vars(e.x, memo)
+        out = _free_vars(e.cond, memo, by_value) | _free_vars(e.x, memo, by_value)
     elif isinstance(e, Reduce):
-        out = free_vars(e.body, memo) - set(e.vars)
+        out = _free_vars(e.body, memo, by_value) - set(e.vars)
     elif isinstance(e, Inlined):
-        out = free_vars(e.x, memo)
+        out = _free_vars(e.x, memo, by_value)
     else:
         kids = E.children(e)
-        out = frozenset().union(*(free_vars(c, memo) for c in kids)) if kids else frozenset()
+        out = frozenset().union(*(_free_vars(c, memo, by_value) for c in kids)) if kids else frozenset()
     memo[key] = out
     return out
 

@@ -96,7 +96,14 @@ class Gemm:
     `bk`, the block stages factor `a` (rows x k) and `b` (k x cols) into BLOCK buffers st_a/st_b, then
     each of the tx x ty threads accumulates a tm x tn register micro-tile; the epilogue (the phase body
     with `target` replaced by the accumulator, or the accumulator itself when `target` is None) runs
-    per element after the k loop. Staging buffers are padded to ty*tm rows / tx*tn columns."""
+    per element after the k loop. Staging buffers are padded to ty*tm rows / tx*tn columns.
+
+    The micro-kernel's parameters come from the device (engine/codegen/micro.py): tm x tn within its
+    register budget, bk within its shared-memory budget; `vec_a` / `vec_b` elements per staging load of
+    each factor (4: one float4 along a's k axis / b's column axis, where the factor is a plain global
+    load, contiguous and 16-byte aligned there; 1: scalar), and `buffers` staging buffers (2: the next k
+    tile is staged while the current one is consumed, one block barrier per k step). Printers without
+    vector loads or double buffering (C, OpenCL) print the scalar single-buffered loop from the same IR."""
 
     a: Expr  # over the batch axes, the row axis and `vars`
     b: Expr  # over the batch axes, the column axis and `vars`
@@ -111,6 +118,9 @@ class Gemm:
     tx: int
     ty: int
     rows: int = 1  # region axes flattened into the GEMM's rows, ending at the second-to-last axis
+    vec_a: int = 1
+    vec_b: int = 1
+    buffers: int = 1
 
     @property
     def k(self) -> int:
@@ -121,16 +131,26 @@ class Gemm:
 
     @property
     def a_elems(self) -> int:
+        """Floats of one A staging buffer."""
         return self.ty * self.tm * self.bk
 
     @property
     def b_elems(self) -> int:
+        """Floats of one B staging buffer."""
         return self.bk * self.tx * self.tn
+
+    @property
+    def params(self) -> dict:
+        """The micro-kernel's parameters, as program.json records them."""
+        return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "tm": self.tm, "tn": self.tn, "tx": self.tx,
+                "ty": self.ty, "vec_a": self.vec_a, "vec_b": self.vec_b, "buffers": self.buffers}
 
     def describe(self) -> str:
         over = f" (rows over {self.rows} axes)" if self.rows > 1 else ""
+        vec = "".join(f", {w}-wide loads of {n}" for n, w in (("a", self.vec_a), ("b", self.vec_b)) if w > 1)
+        bufs = ", double-buffered" if self.buffers == 2 else ""
         return (f"tiled gemm {self.bm}x{self.bn}{over}, k {self.k} step {self.bk}, "
-                f"{self.tm}x{self.tn} per thread on {self.ty}x{self.tx} threads")
+                f"{self.tm}x{self.tn} per thread on {self.ty}x{self.tx} threads{vec}{bufs}")
 
 
 @dataclass(frozen=True)
@@ -160,6 +180,8 @@ class Conv:
     tn: int
     tx: int
     ty: int
+
+    buffers = 1  # the direct convolution stages one buffer per step (no double buffering yet)
 
     @property
     def channels(self) -> int:
@@ -271,10 +293,12 @@ class Kernel:
 
     @property
     def staging(self) -> tuple[int, int]:
-        """Floats of the GEMM/conv staging buffers st_a, st_b (shared by the kernel's tiled phases),
-        placed in shared memory after the BLOCK buffers."""
+        """Floats of the GEMM/conv staging buffers st_a, st_b (shared by the kernel's tiled phases; a
+        double-buffered GEMM's two buffers one after the other), placed in shared memory after the
+        BLOCK buffers."""
         tiled = self.gemms + self.convs
-        return (max((g.a_elems for g in tiled), default=0), max((g.b_elems for g in tiled), default=0))
+        return (max((g.a_elems * g.buffers for g in tiled), default=0),
+                max((g.b_elems * g.buffers for g in tiled), default=0))
 
     @property
     def locals_bytes(self) -> int:
@@ -393,6 +417,7 @@ def program_to_json(program: Program) -> dict:
                         "extent": list(b.region.extent) if b.region else []} for b in k.locals],
             "segments": [{"anchor": s.anchor, "ntiles": s.ntiles, "phases": [p.describe() for p in s.phases]}
                          for s in k.segments],
+            "gemms": [{"stage": p.stage, **p.gemm.params} for s in k.segments for p in s.phases if p.gemm],
         })
     return {
         "name": program.name, "model_hash": program.model_hash, "plan_hash": program.plan_hash,

@@ -84,12 +84,15 @@ class Printer:
     helper_prefix = "static inline"
     table_qualifier = "static const"
     restrict = "restrict"
+    global_space = ""  # address-space qualifier of a tensor parameter's pointer (OpenCL: __global)
+    local_space = ""  # ... and of a pointer into a block's shared memory (OpenCL: __local)
     block_barrier = "/* block barrier */"
     grid_barrier = "/* grid barrier */"
     locals_in_kernel_scope = False
     header = ""
     f16_type = "_Float16"
     thread_id = "0"  # this thread's index in its block (tiled GEMM micro-tiles)
+    vector_loads = False  # floatN vector loads and make_floatN (the GEMM's staging: Gemm.vec_a/vec_b)
     inf = "INFINITY"
     nan = "NAN"
 
@@ -134,7 +137,8 @@ class Printer:
         args = self.leading_params(kernel)
         for b in kernel.params:
             const = "" if b.name in written else "const "
-            args.append(f"{const}{self.storage_type(b.dtype)}* {self.restrict} {b.name}")
+            args.append(f"{self.global_space}{const}{self.storage_type(b.dtype)}* {self.restrict} {b.name}")
+        args += self.trailing_params(kernel)
         return f"{self.kernel_prefix}void {self.kernel_qualifiers(kernel)}{kernel.name}({', '.join(args)})"
 
     def kernel_qualifiers(self, kernel: Kernel) -> str:
@@ -143,6 +147,10 @@ class Printer:
 
     def leading_params(self, kernel: Kernel) -> list[str]:
         """Parameters before the tensors (a persistent kernel's task functions take their tile first)."""
+        return []
+
+    def trailing_params(self, kernel: Kernel) -> list[str]:
+        """Parameters after the tensors (OpenCL passes a block's shared memory as one)."""
         return []
 
     def kernel_locals(self, kernel: Kernel) -> list[str]:
@@ -299,8 +307,8 @@ class Printer:
     def gemm_rows(phase: Phase, mm: str) -> str:
         """The declaration of the row axes' variables at flat row `mm` of a tiled phase (gemm_head)."""
         g, r = phase.gemm, phase.region.rank
-        if g.rows == 1:
-            return f"const int i{r - 2} = m_lo + {mm};"
+        if g.rows == 1:  # `mm` may be an expression (`mm < m_n ? mm : 0`): parenthesised, it stays one term
+            return f"const int i{r - 2} = m_lo + {mm if mm.isidentifier() else f'({mm})'};"
         parts, rest = [], f"({mm})"
         for d in reversed(range(r - 1 - g.rows, r - 1)):
             parts.append(f"i{d} = m_lo{d} + {rest} % m_n{d}")
@@ -375,64 +383,159 @@ class Printer:
     def render_gemm_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         """Threads stage A (rows x bk) and B (bk x cols) tiles cooperatively, barrier, each thread
         accumulates its tm x tn micro-tile from the staged tiles in registers, barrier; after the k loop
-        each thread runs the epilogue for its micro-tile's elements."""
+        each thread runs the epilogue for its micro-tile's elements. Double-buffered (`gemm.buffers` 2):
+        the first k tile is staged before the loop; in each step the next tile goes into the other
+        buffer while this one is consumed, and one barrier ends the step (it orders this step's reads of
+        the current buffer before the next step's writes to it, and this step's staging before the
+        next step's reads)."""
+        g = phase.gemm
+        lines = self.gemm_prologue(kernel, phase)
+        if g.buffers == 1:
+            lines.append(f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{")
+            lines += ["        " + x for x in self.gemm_stage(kernel, phase, "st_a", "st_b")]
+            lines.append(f"        {self.block_barrier}")
+            lines += ["        " + x for x in self.gemm_accumulate(phase, "st_a", "st_b")]
+            lines += [f"        {self.block_barrier}", "    }"]
+            return lines + self.gemm_store(kernel, phase)
+        steps, sp = -(-g.k // g.bk), self.local_space
+        lines += ["    {  // the first k tile into buffer 0", "        const int k0 = 0;"]
+        lines += ["        " + x for x in self.gemm_stage(kernel, phase, "st_a", "st_b")]
+        lines += ["    }", f"    {self.block_barrier}",
+                  f"    for (int ks = 0; ks < {steps}; ++ks) {{",
+                  f"        if (ks + 1 < {steps}) {{  // the next k tile into the other buffer",
+                  f"            const int k0 = (ks + 1) * {g.bk};",
+                  f"            {sp}float* sa = st_a + ((ks + 1) & 1) * {g.a_elems};",
+                  f"            {sp}float* sb = st_b + ((ks + 1) & 1) * {g.b_elems};"]
+        lines += ["            " + x for x in self.gemm_stage(kernel, phase, "sa", "sb")]
+        lines += ["        }",
+                  f"        {sp}float* ca = st_a + (ks & 1) * {g.a_elems};",
+                  f"        {sp}float* cb = st_b + (ks & 1) * {g.b_elems};"]
+        lines += ["        " + x for x in self.gemm_accumulate(phase, "ca", "cb")]
+        lines += [f"        {self.block_barrier}", "    }"]
+        return lines + self.gemm_store(kernel, phase)
+
+    def gemm_prologue(self, kernel: Kernel, phase: Phase) -> list[str]:
+        """A tiled phase's head, thread coordinates in the micro-tile grid and zeroed accumulators."""
+        g = phase.gemm
+        _, lines = self.gemm_head(kernel, phase)
+        return lines + [f"    const int g_tx = {self.thread_id} % {g.tx}, g_ty = {self.thread_id} / {g.tx};",
+                        # A thread whose micro-tile lies wholly past the tile's rows or columns only stages.
+                        f"    const bool live = g_ty < {g.ty} && g_ty * {g.tm} < m_n && g_tx * {g.tn} < n_n;",
+                        f"    float acc[{g.tm * g.tn}];",
+                        f"    for (int q = 0; q < {g.tm * g.tn}; ++q) acc[q] = 0.0f;"]
+
+    def gemm_stage(self, kernel: Kernel, phase: Phase, sa: str, sb: str) -> list[str]:
+        """The block's threads stage the k tile starting at `k0` of factor a into `sa` (pm rows x bk)
+        and of factor b into `sb` (bk x pn), zero past the tile's live rows, columns and k."""
         g = phase.gemm
         r = phase.region.rank
         n = f"i{r - 1}"
         pm, pn = g.ty * g.tm, g.tx * g.tn
-        _, lines = self.gemm_head(kernel, phase)
         a_pre, a_lines, a_val = self.gemm_operand(kernel, phase, "a")
         _, b_lines, b_val = self.gemm_operand(kernel, phase, "b")
-        lines += [f"    const int g_tx = {self.thread_id} % {g.tx}, g_ty = {self.thread_id} / {g.tx};",
-                  # A thread whose micro-tile lies wholly past the tile's rows or columns only stages.
-                  f"    const bool live = g_ty < {g.ty} && g_ty * {g.tm} < m_n && g_tx * {g.tn} < n_n;",
-                  f"    float acc[{g.tm * g.tn}];",
-                  f"    for (int q = 0; q < {g.tm * g.tn}; ++q) acc[q] = 0.0f;",
-                  f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{"]
-        if a_pre:  # a thread per row: the row's k-invariant reductions once, then its bk elements
-            lines += ["        " + self.thread_loop("mm", str(pm)) + " {",
-                      "            " + self.gemm_rows(phase, "mm < m_n ? mm : 0")]
-            lines += ["            " + x for x in a_pre]
-            lines += [f"            for (int kk = 0; kk < {g.bk}; ++kk) {{",
-                      "                const int kf = k0 + kk;",
-                      "                float val = 0.0f;",
-                      f"                if (mm < m_n && kf < {g.k}) {{"]
-            lines += ["                    " + x for x in self.gemm_k_vars(phase, "kf") + a_lines + [f"val = {a_val};"]]
-            lines += ["                }", f"                st_a[mm * {g.bk} + kk] = val;", "            }", "        }"]
+        wa, wb = (g.vec_a, g.vec_b) if self.vector_loads else (1, 1)
+        lines = []
+        if wa > 1:
+            lines += self.gemm_stage_vector(kernel, phase, "a", sa, wa, a_lines, a_val)
+        elif a_pre:  # a thread per row: the row's k-invariant reductions once, then its bk elements
+            lines += [self.thread_loop("mm", str(pm)) + " {",
+                      "    " + self.gemm_rows(phase, "mm < m_n ? mm : 0")]
+            lines += ["    " + x for x in a_pre]
+            lines += [f"    for (int kk = 0; kk < {g.bk}; ++kk) {{",
+                      "        const int kf = k0 + kk;",
+                      "        float val = 0.0f;",
+                      f"        if (mm < m_n && kf < {g.k}) {{"]
+            lines += ["            " + x for x in self.gemm_k_vars(phase, "kf") + a_lines + [f"val = {a_val};"]]
+            lines += ["        }", f"        {sa}[mm * {g.bk} + kk] = val;", "    }", "}"]
         else:
-            lines += ["        " + self.thread_loop("e", str(pm * g.bk)) + " {",
-                      f"            const int mm = e / {g.bk}, kf = k0 + e % {g.bk};",
-                      "            float val = 0.0f;",
-                      f"            if (mm < m_n && kf < {g.k}) {{",
-                      "                " + self.gemm_rows(phase, "mm")]
-            lines += ["                " + x for x in self.gemm_k_vars(phase, "kf") + a_lines + [f"val = {a_val};"]]
-            lines += ["            }", "            st_a[e] = val;", "        }"]
-        lines += [
-                  "        " + self.thread_loop("e", str(g.bk * pn)) + " {",
-                  f"            const int nn = e % {pn}, kf = k0 + e / {pn};",
-                  "            float val = 0.0f;",
-                  f"            if (nn < n_n && kf < {g.k}) {{",
-                  f"                const int {n} = n_lo + nn;"]
-        lines += ["                " + x for x in self.gemm_k_vars(phase, "kf") + b_lines + [f"val = {b_val};"]]
-        lines += ["            }", "            st_b[e] = val;", "        }",
-                  f"        {self.block_barrier}",
-                  f"        for (int kk = 0; kk < (live ? {g.bk} : 0); ++kk) {{",
-                  f"            float ra[{g.tm}], rb[{g.tn}];",
-                  f"            for (int x = 0; x < {g.tm}; ++x) ra[x] = st_a[(g_ty * {g.tm} + x) * {g.bk} + kk];",
-                  f"            for (int y = 0; y < {g.tn}; ++y) rb[y] = st_b[kk * {pn} + g_tx * {g.tn} + y];",
-                  f"            for (int x = 0; x < {g.tm}; ++x)",
-                  f"                for (int y = 0; y < {g.tn}; ++y) acc[x * {g.tn} + y] += ra[x] * rb[y];",
-                  "        }",
-                  f"        {self.block_barrier}",
-                  "    }",
-                  f"    for (int x = 0; x < {g.tm}; ++x) {{",
-                  f"        for (int y = 0; y < {g.tn}; ++y) {{",
-                  f"            const int mm = g_ty * {g.tm} + x, nn = g_tx * {g.tn} + y;",
-                  "            if (mm < m_n && nn < n_n) {",
-                  "                " + self.gemm_rows(phase, "mm"), f"                const int {n} = n_lo + nn;"]
+            lines += [self.thread_loop("e", str(pm * g.bk)) + " {",
+                      f"    const int mm = e / {g.bk}, kf = k0 + e % {g.bk};",
+                      "    float val = 0.0f;",
+                      f"    if (mm < m_n && kf < {g.k}) {{",
+                      "        " + self.gemm_rows(phase, "mm")]
+            lines += ["        " + x for x in self.gemm_k_vars(phase, "kf") + a_lines + [f"val = {a_val};"]]
+            lines += ["    }", f"    {sa}[e] = val;", "}"]
+        if wb > 1:
+            return lines + self.gemm_stage_vector(kernel, phase, "b", sb, wb, b_lines, b_val)
+        lines += [self.thread_loop("e", str(g.bk * pn)) + " {",
+                  f"    const int nn = e % {pn}, kf = k0 + e / {pn};",
+                  "    float val = 0.0f;",
+                  f"    if (nn < n_n && kf < {g.k}) {{",
+                  f"        const int {n} = n_lo + nn;"]
+        lines += ["        " + x for x in self.gemm_k_vars(phase, "kf") + b_lines + [f"val = {b_val};"]]
+        return lines + ["    }", f"    {sb}[e] = val;", "}"]
+
+    def gemm_stage_vector(self, kernel: Kernel, phase: Phase, which: str, dst: str, w: int,
+                          scalar_lines: list[str], scalar_val: str) -> list[str]:
+        """Staging of factor `which` (a plain global load, contiguous along a's k / b's columns and
+        aligned: `micro.vector_width`) `w` elements per thread and load: one vector load where all `w`
+        are inside the tile and k, else each element alone under its guard; one vector store to the
+        staging buffer."""
+        g = phase.gemm
+        r = phase.region.rank
+        pm, pn = g.ty * g.tm, g.tx * g.tn
+        vt = f"float{w}"
+        load = g.a if which == "a" else g.b
+        buf = kernel.buffer(load.tensor)
+        at = BodyWriter(self, kernel, self.gemm_ranges(phase)).offset(buf, load.index)
+        parts = "xyzw"[:w]
+        vector = [f"const {vt} v4 = ((const {self.global_space}{vt}*)({buf.name} + {at}))[0];",
+                  " ".join(f"q[{j}] = v4.{c};" for j, c in enumerate(parts))]
+        zero = ", ".join(["0.0f"] * w)
+        store = f"(({self.local_space}{vt}*){dst})[e] = make_{vt}({', '.join(f'q[{j}]' for j in range(w))});"
+        if which == "a":
+            lines = [self.thread_loop("e", str(pm * g.bk // w)) + " {",
+                     f"    const int mm = e / {g.bk // w}, kf = k0 + e % {g.bk // w} * {w};",
+                     f"    float q[{w}] = {{{zero}}};",
+                     "    if (mm < m_n) {",
+                     "        " + self.gemm_rows(phase, "mm"),
+                     f"        if (kf + {w - 1} < {g.k}) {{"]
+            lines += ["            " + x for x in self.gemm_k_vars(phase, "kf") + vector]
+            lines += ["        } else {",
+                      f"            for (int j = 0; j < {w}; ++j) {{",
+                      "                const int kj = kf + j;",
+                      f"                if (kj < {g.k}) {{"]
+            lines += ["                    " + x for x in self.gemm_k_vars(phase, "kj") + scalar_lines
+                      + [f"q[j] = {scalar_val};"]]
+            return lines + ["                }", "            }", "        }", "    }", "    " + store, "}"]
+        n = f"i{r - 1}"
+        lines = [self.thread_loop("e", str(g.bk * pn // w)) + " {",
+                 f"    const int nn = e % {pn // w} * {w}, kf = k0 + e / {pn // w};",
+                 f"    float q[{w}] = {{{zero}}};",
+                 f"    if (kf < {g.k}) {{"]
+        lines += ["        " + x for x in self.gemm_k_vars(phase, "kf")]
+        lines += [f"        if (nn + {w - 1} < n_n) {{", f"            const int {n} = n_lo + nn;"]
+        lines += ["            " + x for x in vector]
+        lines += ["        } else {",
+                  f"            for (int j = 0; j < {w}; ++j) {{",
+                  "                if (nn + j < n_n) {",
+                  f"                    const int {n} = n_lo + nn + j;"]
+        lines += ["                    " + x for x in scalar_lines + [f"q[j] = {scalar_val};"]]
+        return lines + ["                }", "            }", "        }", "    }", "    " + store, "}"]
+
+    def gemm_accumulate(self, phase: Phase, sa: str, sb: str) -> list[str]:
+        """Each live thread's tm x tn micro-tile over the k tile staged in `sa`, `sb`."""
+        g = phase.gemm
+        pn = g.tx * g.tn
+        return [f"for (int kk = 0; kk < (live ? {g.bk} : 0); ++kk) {{",
+                f"    float ra[{g.tm}], rb[{g.tn}];",
+                f"    for (int x = 0; x < {g.tm}; ++x) ra[x] = {sa}[(g_ty * {g.tm} + x) * {g.bk} + kk];",
+                f"    for (int y = 0; y < {g.tn}; ++y) rb[y] = {sb}[kk * {pn} + g_tx * {g.tn} + y];",
+                f"    for (int x = 0; x < {g.tm}; ++x)",
+                f"        for (int y = 0; y < {g.tn}; ++y) acc[x * {g.tn} + y] += ra[x] * rb[y];",
+                "}"]
+
+    def gemm_store(self, kernel: Kernel, phase: Phase) -> list[str]:
+        """After the k loop: the epilogue of each live element of the thread's micro-tile; closes the phase."""
+        g = phase.gemm
+        n = f"i{phase.region.rank - 1}"
+        lines = [f"    for (int x = 0; x < {g.tm}; ++x) {{",
+                 f"        for (int y = 0; y < {g.tn}; ++y) {{",
+                 f"            const int mm = g_ty * {g.tm} + x, nn = g_tx * {g.tn} + y;",
+                 "            if (mm < m_n && nn < n_n) {",
+                 "                " + self.gemm_rows(phase, "mm"), f"                const int {n} = n_lo + nn;"]
         lines += ["                " + x for x in self.gemm_epilogue(kernel, phase, f"acc[x * {g.tn} + y]")]
-        lines += ["            }", "        }", "    }", "}"]
-        return lines
+        return lines + ["            }", "        }", "    }", "}"]
 
     # ---- direct convolution ----------------------------------------------------------------
     def conv_head(self, kernel: Kernel, phase: Phase) -> list[str]:
@@ -887,7 +990,8 @@ class BodyWriter:
             choice = f"{self.value(cond)} ? {ld.tensor} : ({choice})"
         ptr = self.fresh()
         self.picks += 1
-        self.lines.append(f"const {self.p.storage_type(buf.dtype)}* {ptr} = {choice};")
+        space = self.p.global_space if buf.scope == Scope.GLOBAL else self.p.local_space
+        self.lines.append(f"{space}const {self.p.storage_type(buf.dtype)}* {ptr} = {choice};")
         return self.p.load_value(f"{ptr}[{self.offset(buf, last.index)}]", buf.dtype)
 
     def _text(self, e) -> str:

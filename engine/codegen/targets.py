@@ -1236,9 +1236,13 @@ class CudaPrinter(Printer):
     header = CUDA_HEADER
     f16_type = "__half"
     thread_id = "threadIdx.x"
+    vector_loads = True
     block_dim = "blockDim.x"  # threads of the block the kernel was generated for (a constant in a task)
+    block_id = "blockIdx.x"
+    grid_dim = "gridDim.x"
     inf = "__int_as_float(0x7f800000)"  # NVRTC has no math.h, so no INFINITY/NAN macros
     nan = "__int_as_float(0x7fffffff)"
+    shared_decl = "extern __shared__ __align__(16) unsigned char smem[];"  # dynamic shared memory
 
     def load_value(self, text: str, dtype) -> str:
         from engine.ir.dtypes import DType
@@ -1251,7 +1255,7 @@ class CudaPrinter(Printer):
         return f"__float2half({text})" if dtype == DType.F16 else text
 
     def thread_loop(self, var: str, count: str) -> str:
-        return f"for (int {var} = threadIdx.x; {var} < {count}; {var} += {self.block_dim})"
+        return f"for (int {var} = {self.thread_id}; {var} < {count}; {var} += {self.block_dim})"
 
     def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         """A reduction whose rows are shared by `threads_per_row` lanes: each lane reduces a strided
@@ -1309,11 +1313,11 @@ class CudaPrinter(Printer):
         return lines
 
     def tile_loop(self, seg: Segment) -> list[str]:
-        return [f"for (int t = blockIdx.x; t < {seg.ntiles}; t += gridDim.x) {{"]
+        return [f"for (int t = {self.block_id}; t < {seg.ntiles}; t += {self.grid_dim}) {{"]
 
     def tile_loop_end(self, seg: Segment, last: bool) -> list[str]:
         # The barrier before the next tile keeps a fast thread from overwriting shared tiles in use.
-        return ["    __syncthreads();", "}"] + ([] if last else [self.grid_barrier])
+        return ["    " + self.block_barrier, "}"] + ([] if last else [self.grid_barrier])
 
     def kernel_locals(self, kernel: Kernel) -> list[str]:
         # Dynamic shared memory: blocks may use more than the 48 KiB a static __shared__ array allows
@@ -1321,18 +1325,19 @@ class CudaPrinter(Printer):
         a, b = kernel.staging
         if not kernel.locals and not a and not kernel.reduce_scratch_bytes:
             return []
-        lines = ["extern __shared__ __align__(16) unsigned char smem[];"]
+        lines = [self.shared_decl]
+        sp = self.local_space
         if kernel.reduce_scratch_bytes:  # cross-warp reduction partials, after everything else
             at = kernel.shared_bytes - kernel.reduce_scratch_bytes
-            lines.append(f"unsigned char* tw_red = smem + {at};  // a slot per warp")
+            lines.append(f"{sp}unsigned char* tw_red = smem + {at};  // a slot per warp")
         for buf, off in zip(kernel.locals, kernel.shared_offsets):
             t = self.storage_type(buf.dtype)
-            lines.append(f"{t}* {buf.name} = ({t}*)(smem + {off});  // {buf.capacity} elements")
+            lines.append(f"{sp}{t}* {buf.name} = ({sp}{t}*)(smem + {off});  // {buf.capacity} elements")
         if a:  # GEMM staging tiles after the block buffers
             at = kernel.locals_bytes
-            lines.append(f"float* st_a = (float*)(smem + {at});  // {a} elements")
-            lines.append(f"float* st_b = (float*)(smem + {at + -(-4 * a // 16) * 16});  // {b} elements")
-        return lines
+            lines.append(f"{sp}float* st_a = ({sp}float*)(smem + {at});  // {a} elements")
+            lines.append(f"{sp}float* st_b = ({sp}float*)(smem + {at + -(-4 * a // 16) * 16});  // {b} elements")
+        return [x for x in lines if x]
 
     def kernel_qualifiers(self, kernel: Kernel) -> str:
         return f"__launch_bounds__({kernel.threads}) "

@@ -1,5 +1,7 @@
 """Chrome trace-event export of rPrograms (opens in Perfetto / chrome://tracing): one process per
-program, one thread per vEU plus a control track (launch, grid barriers); `validate_trace` checks the rules."""
+program, one thread per vEU plus a control track (launch, grid barriers); of a multi-device partition, one
+process per device (its kernels) plus one for the links (a thread per device pair); `validate_trace`
+checks the rules."""
 
 from __future__ import annotations
 
@@ -69,9 +71,39 @@ def _x(name: str, cat: str, pid: int, tid: int, start_ns: int, end_ns: int, args
             "dur": _us(max(0, end_ns - start_ns)), "args": args}
 
 
-def write_trace(programs: RProgram | Sequence[RProgram], path: str | Path) -> Path:
-    """Export, check, and write the trace JSON; RProgramError if it breaks a rule."""
-    trace = export_trace(programs)
+def export_partition_trace(partition) -> dict:
+    """A Partition's modeled timeline of one request: process d+1 is device d (one track of its kernels,
+    tensor-parallel slices marked), the last process holds one track per directed link (its transfers)."""
+    events: list[dict] = []
+    for d in range(partition.devices):
+        pid = d + 1
+        events += _named(pid, f"device {d} ({partition.device})", [(0, "kernels")])
+        for k in (k for k in partition.kernels if k.device == d):
+            events.append(_x(k.kernel, "kernel,modeled", pid, 0, _ns(k.start_us), _ns(k.end_us),
+                             {"device": d, "tensor_parallel": k.tensor_parallel, "source": "modeled"}))
+    pairs = sorted({(t.src, t.dst) for t in partition.transfers})
+    pid = partition.devices + 1
+    events += _named(pid, f"links ({partition.link.name})", [(k, f"device {a} → {b}") for k, (a, b) in enumerate(pairs)])
+    for t in partition.transfers:
+        events.append(_x(t.tensor, "transfer,modeled", pid, pairs.index((t.src, t.dst)), _ns(t.start_us),
+                         _ns(t.end_us), {"bytes": t.bytes, "src": t.src, "dst": t.dst, "source": "modeled"}))
+    return {"traceEvents": events, "displayTimeUnit": "ns",
+            "otherData": {"tool": "tileweave partition", "makespan_us": partition.makespan_us}}
+
+
+def _named(pid: int, title: str, threads: list[tuple[int, str]]) -> list[dict]:
+    out = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": title}},
+           {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
+    for tid, name in threads:
+        out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+        out.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    return out
+
+
+def write_trace(programs: RProgram | Sequence[RProgram], path: str | Path, *, trace: dict | None = None) -> Path:
+    """Export, check, and write the trace JSON (`trace`: an already exported one, e.g. a partition's);
+    RProgramError if it breaks a rule."""
+    trace = trace if trace is not None else export_trace(programs)
     problems = validate_trace(trace)
     if problems:
         raise RProgramError(f"trace breaks {len(problems)} rule(s), first: {problems[0]}")

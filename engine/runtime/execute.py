@@ -1,6 +1,7 @@
 """Executors: a PrimGraph (+ Plan) and inputs in, outputs and a Profile out, on one backend:
-`reference` (NumPy over stages), `cpu` (generated C), `cuda` (generated CUDA through cuda-python) or
-`cuda-sim` (the same CUDA source run by the SIMT emulator, with a SimReport of its findings)."""
+`reference` (NumPy over stages), `cpu` (generated C), `cuda` (generated CUDA through cuda-python),
+`cuda-sim` (the same CUDA source run by the SIMT emulator, with a SimReport of its findings) or `opencl`
+(the CUDA program's kernels printed as OpenCL C, on the first OpenCL device: PoCL's CPU device here)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from engine.runtime.reference import run_reference
 from engine.schedule.pipeline import graph_for_plan, plan_model
 from engine.schedule.plan import Plan
 
-BACKENDS = ("cpu", "cuda", "cuda-sim", "reference")
+BACKENDS = ("cpu", "cuda", "cuda-sim", "opencl", "reference")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,11 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
         outs, report = run_simt(program, graph.specs, inputs, graph.weights, grid_cap=cap, resident=sim_resident,
                                 plan=plan, time_limit=time_limit, poll=poll)
         return RunResult(outs, None, program, report)
+    elif backend == "opencl":
+        from engine.runtime.opencl import run_opencl
+
+        outs, profile = call_bounded(run_opencl, program, graph.specs, inputs, graph.weights, repeat=repeat,
+                                     seconds=time_limit, poll=poll, what=f"the OpenCL build and run of {program.name}")
     else:
         from engine.runtime.cuda import run_cuda
 

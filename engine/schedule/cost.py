@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from engine.device import Device, resident_blocks_per_sm
 from engine.ir import expr as E
 from engine.ir.graph import PrimGraph, Stage, StageKind
+from engine.memo import memo
 from engine.schedule.plan import Conn, GroupCost, Tile
 from engine.tilegraph.propagate import Box, box_size
 from engine.tilegraph.tilegraph import GroupRegions, anchor_box, propagate_group, segments_of, typical_index
@@ -61,15 +62,13 @@ def lines_of(box: Box, itemsize: int) -> int:
     return rows * max(1, -(-run // LINE))
 
 
-_AXES_CACHE: dict[tuple, tuple[frozenset[str], int]] = {}
-
-
 def load_axes(consumer: Stage, producer: str) -> tuple[frozenset[str], int]:
     """Variables the consumer's loads of `producer` depend on, and how many distinct loads there are."""
     key = (id(consumer.body), consumer.name, producer)
-    hit = _AXES_CACHE.get(key)
+    table = memo("cost.load_axes", 50000)
+    hit = table.get(key)
     if hit is None or hit[0] is not consumer.body:  # the body is kept so its id stays unique
-        hit = _AXES_CACHE[key] = (consumer.body, _load_axes(consumer, producer))
+        hit = table.put(key, (consumer.body, _load_axes(consumer, producer)))
     return hit[1]
 
 
@@ -98,46 +97,35 @@ def thread_split_axes(stage: Stage, box: Box, tile: Tile) -> frozenset[str]:
     return frozenset(out)
 
 
-_USE_CACHE: dict[tuple, SegmentUse] = {}
-
-
 def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
-                local: dict | None = None, exact: bool = False) -> SegmentUse:
+                local: dict | None = None, exact: bool = False, device: Device | None = None) -> SegmentUse:
     """Per-block regions, footprint and evaluations of one segment under `tile` (memoised: the tile
     search and the validity checks ask for the same segment many times). `local`: a memo for callers
     whose `conns` stay fixed (one tile search), keyed on the segment and tile alone. The work counts
     come from the kernel IR realised at a typical (interior) tile standing for all, or with `exact` over
     every tile as `generate` builds it (edge tiles count as they print: the figure a chosen tile's cost
-    reports, equal to the printed kernel's count)."""
+    reports, equal to the printed kernel's count). `device` picks the micro-kernel's parameters
+    (engine/codegen/micro.py; the a100 preset's when None)."""
     if local is not None:
-        lkey = ("use", tuple(segment), tile, exact)
+        lkey = ("use", tuple(segment), tile, exact, device)
         hit = local.get(lkey)
         if hit is None:
-            hit = local[lkey] = segment_use(graph, segment, conns, tile, exact=exact)
+            hit = local[lkey] = segment_use(graph, segment, conns, tile, exact=exact, device=device)
         return hit
     members = set(segment)
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in segment for c in graph.consumers.get(p, ())))
-    key = (graph.structural_hash, tuple(segment), touching, tile, exact)
-    return _memo(_USE_CACHE, key, lambda: _segment_use(graph, segment, conns, tile, members, exact))
-
-
-def _memo(cache: dict, key, compute):
-    """cache[key], computed on a miss; the cache is emptied when it grows past 50k entries."""
-    hit = cache.get(key)
-    if hit is None:
-        if len(cache) > 50000:
-            cache.clear()
-        hit = cache[key] = compute()
-    return hit
+    key = (graph.structural_hash, tuple(segment), touching, tile, exact, device)
+    return memo("cost.segment_use", 50000).lookup(
+        key, lambda: _segment_use(graph, segment, conns, tile, members, exact, device))
 
 
 def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members,
-                 exact: bool = False) -> SegmentUse:
+                 exact: bool = False, device: Device | None = None) -> SegmentUse:
     anchor = graph.stage(tile.stage)
     box = anchor_box(anchor.shape, tile.shape, typical_index(anchor.shape, tile.shape))
     regions = _regions(graph, segment, conns, tile.stage, box)
-    kernel, work = segment_work(graph, segment, conns, tile, False if exact else regions.stages)
+    kernel, work = segment_work(graph, segment, conns, tile, False if exact else regions.stages, device)
     per = max(1, kernel.ntiles)
     evals = {s: work.evals.get(s, 0.0) / per for s in segment}
     anchor_elems = box_size(regions.stages.get(tile.stage, ()))
@@ -154,7 +142,7 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
 
 
 def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
-                 regions: Mapping | bool | None = None):
+                 regions: Mapping | bool | None = None, device: Device | None = None):
     """(kernel, Work): the segment realised by codegen at its typical tile (standing for every tile of
     its grid: `typical_index`; `regions`, that tile's box per stage when the caller has them; False: every
     tile, as `generate` builds it) and the kernel IR's count of it — the flops and accesses of the code
@@ -165,11 +153,8 @@ def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
 
     group = Group(0, "segment", tuple(segment), (tile,), "")
     full = {e: conns.get(e, Conn.KERNEL) for p in segment for e in ((p, c) for c in graph.consumers.get(p, ()))}
-    kernel = build_kernel(group, graph, full, sample=True if regions is None else regions)
+    kernel = build_kernel(group, graph, full, device, sample=True if regions is None else regions)
     return kernel, count_kernel(kernel)
-
-
-_REGION_CACHE: dict[tuple, GroupRegions] = {}
 
 
 def _regions(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str, box: Box) -> GroupRegions:
@@ -177,7 +162,7 @@ def _regions(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: s
     members = set(segment)
     inner = tuple((p, c, str(conns.get((p, c)))) for p in segment for c in graph.consumers.get(p, ()) if c in members)
     key = (graph.structural_hash, tuple(segment), inner, anchor, box)
-    return _memo(_REGION_CACHE, key, lambda: propagate_group(graph, segment, conns, anchor, box))
+    return memo("cost.regions", 50000).lookup(key, lambda: propagate_group(graph, segment, conns, anchor, box))
 
 
 def _completion_dram(graph: PrimGraph, use: SegmentUse, read_bytes: Mapping[str, int], charged: set) -> int:
@@ -228,7 +213,7 @@ def estimate_group(
     segs = segs if segs is not None else segments_of(graph, stages, conns)
     if len(segs) != len(tiles):
         raise ValueError(f"{len(segs)} segments but {len(tiles)} tiles")
-    uses = [segment_use(graph, seg, conns, t, local, exact) for seg, t in zip(segs, at_kernel_block(tiles))]
+    uses = [segment_use(graph, seg, conns, t, local, exact, device) for seg, t in zip(segs, at_kernel_block(tiles))]
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.

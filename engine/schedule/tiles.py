@@ -16,7 +16,9 @@ from dataclasses import dataclass, replace
 from engine.codegen.count import CountBudgetError
 from engine.device import Device
 from engine.ir import expr as E
+from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
+from engine.memo import memo
 from engine.schedule.cost import estimate_group
 from engine.schedule.plan import Candidate, GroupCost, Tile
 from engine.schedule.validate import Violation, check_group, recompute_bound
@@ -133,15 +135,14 @@ def search_group(
     # tiles: the same structure one layer on hits the cache too).
     pinned = tuple(sorted((canon[s], replace(fixed[s], stage=canon[s])) for s in stages if s in fixed))
     key = (group_signature(graph, stages, conns), pinned, recompute_bound())
-    hit = _NAMED.get((key, mode, device, tuple(names)))
+    named, cache = memo("tiles.named", 20000), memo("tiles.subgraph", 50000)
+    hit = named.get((key, mode, device, tuple(names)))
     if hit is not None:
         return hit
-    hit = _CACHE.get((key, mode, device))
+    hit = cache.get((key, mode, device))
     if hit is not None:
-        if len(_NAMED) > 20000:
-            _NAMED.clear()
-        out = _NAMED[(key, mode, device, tuple(names))] = _rename(hit, [f"s{j}" for j in range(len(names))], names)
-        return out
+        return named.put((key, mode, device, tuple(names)),
+                         _rename(hit, [f"s{j}" for j in range(len(names))], names))
     segs = segments_of(graph, stages, conns)
     chosen: list[Tile] = []
     pools: list[list[Tile]] = []
@@ -168,7 +169,7 @@ def search_group(
             raise
         cost = None  # refused already (the violations say why): nothing to cost
     out = GroupSchedule(tuple(chosen), best_cands, cost, violations)
-    _CACHE[(key, mode, device)] = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
+    cache.put((key, mode, device), _rename(out, list(stages), [f"s{j}" for j in range(len(stages))]))
     return out
 
 
@@ -215,12 +216,8 @@ def _distinct(scored: list) -> list:
 
 
 # ---- subgraph cache -------------------------------------------------------------------------
-
-_CACHE: dict[tuple, GroupSchedule] = {}
-_NAMED: dict[tuple, GroupSchedule] = {}  # cache hits already renamed to a group's own stage names
-
-
-_SIG_CACHE: dict[tuple, str] = {}
+# The session's "tiles.subgraph" table holds each searched group under its signature with canonical
+# stage names (s0, s1, ...); "tiles.named" holds hits already renamed to a group's own stage names.
 
 
 def group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) -> str:
@@ -229,12 +226,7 @@ def group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) -> 
     members = set(stages)
     inner = tuple(str(conns.get((p, c), "kernel")) for p in stages for c in graph.consumers.get(p, ()) if c in members)
     key = (graph.structural_hash, tuple(stages), inner)
-    hit = _SIG_CACHE.get(key)
-    if hit is None:
-        if len(_SIG_CACHE) > 50000:
-            _SIG_CACHE.clear()
-        hit = _SIG_CACHE[key] = _group_signature(graph, stages, conns)
-    return hit
+    return memo("tiles.signature", 50000).lookup(key, lambda: _group_signature(graph, stages, conns))
 
 
 def _group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) -> str:
@@ -262,7 +254,9 @@ def _group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) ->
 
 def _canon(e: E.Expr, names: Mapping[str, str]) -> str:
     if isinstance(e, E.Load):
-        return f"{names.get(e.tensor, e.tensor)}[{', '.join(map(str, e.index))}]{e.pad}"
+        return f"{names.get(e.tensor, e.tensor)}[{', '.join(_canon_index(ix, names) for ix in e.index)}]{e.pad}"
+    if isinstance(e, E.IndexVal):
+        return f"index:{e.dtype.value}({_canon_index(e.expr, names)})"
     if isinstance(e, (E.Unary, E.Cast)):
         return f"{getattr(e, 'op', 'cast')}:{e.dtype.value}({_canon(e.x, names)})"
     if isinstance(e, E.Binary):
@@ -270,6 +264,19 @@ def _canon(e: E.Expr, names: Mapping[str, str]) -> str:
     if isinstance(e, E.Select):
         return f"sel({_canon(e.cond, names)},{_canon(e.a, names)},{_canon(e.b, names)})"
     return E.format_expr(e)
+
+
+def _canon_index(ix: I.Lin, names: Mapping[str, str]) -> str:
+    """An index's text with the tensors it gathers through (Gather's indices) renamed as the group's
+    loads are: two layers gathering through different index tensors of one shape sign alike."""
+    gathered = ix.indirect_tensors()
+    if not gathered:
+        return str(ix)
+    for k, t in enumerate(gathered):  # through placeholders, so a new name never meets an old one
+        ix = I.rename_tensor(ix, t, f"\0{k}")
+    for k, t in enumerate(gathered):
+        ix = I.rename_tensor(ix, f"\0{k}", names.get(t, t))
+    return str(ix)
 
 
 def _rename(s: GroupSchedule, old: list[str], new: list[str]) -> GroupSchedule:

@@ -9,37 +9,40 @@ merged so any choice stays acyclic), and each block runs the groups of whichever
 measured, are fastest there. So the tuned welder plan is never slower, kernel by kernel, than the
 unfused, elementwise or stitch plan: the greedy walk's path dependence is checked against measurement.
 
-Measurements are cached by subgraph signature (the group's canonical structure and tiles, the device's
-figures and the code generator's sources), in this process and on disk, so repeated layers and repeated
-runs are measured once.
+The work is a job (`prepare_tune`): the variants, and a list of independent measure tasks (compile a
+variant's kernels, then time them) for the kernels the tuning database (engine/schedule/tunedb.py) does
+not hold yet, keyed by subgraph signature (the group's canonical structure and tiles), device and code
+version, so repeated layers and repeated runs are measured once. The tasks run here (`run_local`) or on
+a Ray cluster (engine/schedule/farm.py); `finish_tune` chooses from the database.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
-import statistics
+import os
+import socket
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-
-import numpy as np
 
 from engine.device import Device
-from engine.errors import BackendError, PlanError
-from engine.files import write_atomic
+from engine.errors import PlanError
 from engine.flags import debug
 from engine.ir.graph import PrimGraph
+from engine.schedule.measure import REPEAT, Measure, codegen_version, device_measure
 from engine.schedule.plan import Conn, EdgePlan, Group, Plan, Tile, components, kernel_name
+from engine.schedule.tunedb import TuneDB, new_rows
 from engine.tilegraph.tilegraph import DisjointSets, stage_order
 
+__all__ = ["check_tune", "tune_plan", "prepare_tune", "run_local", "finish_tune", "blocks_of", "device_measure",
+           "codegen_version", "MeasureTask", "TuneJob"]
+
 ALTERNATIVES = ("unfused", "elementwise", "stitch")  # what a tuned welder plan is checked against
-REPEAT = 7  # launches per kernel per measurement (the median is kept)
 MAX_TUNE = 8
 
-Measure = Callable[[Plan], Mapping[str, float]]  # a plan -> microseconds per kernel (group) name
+Progress = Callable[[int, int], None]  # (tasks done, tasks in all)
 
 
 def check_tune(k) -> int:
@@ -51,44 +54,145 @@ def check_tune(k) -> int:
 
 
 def tune_plan(graph: PrimGraph, plan: Plan, device: Device, k: int, *, measure: Measure | None = None,
-              alternatives: Mapping[str, Plan] | None = None, repeat: int = REPEAT) -> Plan:
+              alternatives: Mapping[str, Plan] | None = None, repeat: int = REPEAT, db: TuneDB | None = None,
+              progress: Progress | None = None) -> Plan:
     """`plan` (of `graph`, for `device`) with each kernel's tiles — and, for welder, each block's
-    grouping among the policies' — chosen by measurement. `measure` times a plan's kernels (default: on
-    the device itself, see `device_measure`); `alternatives` are the other policies' plans of `graph`
-    (default: made here for welder, none for other policies)."""
-    from engine.schedule.validate import validate
-
+    grouping among the policies' — chosen by measurement, in this process. `measure` times a plan's
+    kernels (default: on the device itself, see `device_measure`); `alternatives` are the other policies'
+    plans of `graph` (default: made here for welder, none for other policies); `db` is the tuning
+    database measurements are read from and recorded in (default: `TuneDB()`)."""
     check_tune(k)
-    started = time.perf_counter()
-    measure = measure or device_measure(graph, device, repeat)
+    own = db is None
+    db = TuneDB() if own else db
+    try:
+        job = prepare_tune(graph, plan, device, k, db=db, alternatives=alternatives, repeat=repeat)
+        if job.tasks:
+            run_local(job.tasks, {graph.structural_hash: measure or device_measure(graph, device, repeat)}, db, device,
+                      repeat=repeat, progress=progress)
+        return finish_tune(job, db)
+    finally:
+        if own:
+            db.close()
+
+
+# ---- jobs and tasks ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureTask:
+    """One plan variant to compile and time: its kernels' subgraph signatures by kernel name. `task_id`
+    is fixed before the task runs, so a retried task's rows are recorded once."""
+
+    task_id: str
+    model: str
+    graph_hash: str  # the graph the plan is of (runners look it up by this)
+    policy: str
+    variant: int
+    plan: Plan
+    signatures: tuple[tuple[str, str], ...]
+
+
+@dataclasses.dataclass
+class TuneJob:
+    """Everything a tune of one plan needs: the policies' plans and their variants with each kernel's
+    signature, the tasks still to measure, and what the database already knew when it was prepared."""
+
+    graph: PrimGraph
+    plan: Plan
+    device: Device
+    k: int
+    repeat: int
+    model: str
+    plans: dict[str, Plan]
+    variants: list[tuple[str, int, Plan, dict[str, str]]]  # (policy, j, variant, kernel -> signature)
+    tasks: list[MeasureTask]
+    known: dict[str, float]  # signature -> us, served from the database
+    code_version: str
+    started: float
+    times: dict[str, float] = dataclasses.field(default_factory=dict)  # after finish_tune: every signature's us
+
+    def candidates(self) -> list[dict]:
+        """Per variant and kernel: its tiles and measured time, and whether the database already had it
+        (after `finish_tune`)."""
+        rows = []
+        for policy, j, variant, keys in self.variants:
+            for g in variant.groups:
+                sig = keys[g.name]
+                rows.append({"model": self.model, "policy": policy, "candidate": j, "kernel": g.name,
+                             "tiles": " ".join("x".join(map(str, t.shape)) for t in g.segments),
+                             "measured_us": self.times.get(sig), "from_db": sig in self.known, "signature": sig})
+        return rows
+
+
+def prepare_tune(graph: PrimGraph, plan: Plan, device: Device, k: int, *, db: TuneDB,
+                 alternatives: Mapping[str, Plan] | None = None, repeat: int = REPEAT, model: str = "",
+                 job_id: str | None = None, pending: set[str] | None = None) -> TuneJob:
+    """The tune of `plan` as a job: its variants and the measure tasks the database cannot serve. A
+    variant is measured when one of its kernels is neither in the database nor measured by an earlier
+    task (of this job, or of any job sharing `pending`)."""
+    check_tune(k)
     if alternatives is None:
         alternatives = _alternatives(graph, plan, device) if plan.policy == "welder" else {}
     plans = {plan.policy: plan, **{p: a for p, a in alternatives.items() if p != plan.policy}}
     conns_of = {p: {e.key: e.conn for e in pl.edges} for p, pl in plans.items()}
-    cache = _Cache(device)
+    version = codegen_version()
+    model = model or graph.name
+    job_id = job_id or uuid.uuid4().hex
+    pending = set() if pending is None else pending
+    variants = [(policy, j, variant, {g.name: _key(graph, g, conns_of[policy]) for g in variant.groups})
+                for policy, base in plans.items() for j, variant in enumerate(_variants(graph, base, device, k))]
+    known = db.lookup({sig for *_, keys in variants for sig in keys.values()}, device, version)
+    tasks = []
+    for policy, j, variant, keys in variants:
+        if any(sig not in known and sig not in pending for sig in keys.values()):
+            task_id = hashlib.sha256(f"{job_id}/{model}/{plan.policy}/{policy}/{j}".encode()).hexdigest()[:24]
+            tasks.append(MeasureTask(task_id, model, graph.structural_hash, policy, j, variant,
+                                     tuple(sorted(keys.items()))))
+            pending.update(keys.values())
+    return TuneJob(graph, plan, device, k, repeat, model, plans, variants, tasks, known, version,
+                   time.perf_counter())
+
+
+def task_rows(task: MeasureTask, times: Mapping[str, float], device: Device, repeat: int, worker: str):
+    """The database rows of one task's result."""
+    return new_rows(task.task_id, dict(task.signatures), times, device, codegen_version(), repeat,
+                    model=task.model, policy=task.policy, worker=worker)
+
+
+def run_local(tasks: Sequence[MeasureTask], measures: Mapping[str, Measure], db: TuneDB, device: Device, *,
+              repeat: int = REPEAT, progress: Progress | None = None) -> None:
+    """Measure `tasks` one after another in this process (`measures`: the measure function per graph
+    hash), recording each result as it comes."""
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    for n, task in enumerate(tasks, 1):
+        db.record(task_rows(task, measures[task.graph_hash](task.plan), device, repeat, worker))
+        if progress:
+            progress(n, len(tasks))
+
+
+def finish_tune(job: TuneJob, db: TuneDB) -> Plan:
+    """The tuned plan of a prepared job whose tasks have all run: per kernel the fastest candidate in the
+    database, per block (welder) the fastest policy's kernels."""
+    from engine.schedule.validate import validate
+
+    graph, plan, device = job.graph, job.plan, job.device
+    job.times = db.lookup({sig for *_, keys in job.variants for sig in keys.values()}, device, job.code_version)
     best: dict[tuple[str, str], tuple[float, tuple[Tile, ...]]] = {}  # (policy, group name) -> (us, tiles)
-    measured = 0
-    for policy, base in plans.items():
-        for variant in _variants(graph, base, device, k):
-            keys = {g.name: _key(graph, g, conns_of[policy], cache.salt) for g in variant.groups}
-            if any(cache.get(key) is None for key in keys.values()):
-                for name, us in measure(variant).items():
-                    cache.add(keys[name], us)
-                measured += 1
-            for g in variant.groups:
-                us = cache.get(keys[g.name])
-                if us is not None and (best.get((policy, g.name)) is None or us < best[(policy, g.name)][0]):
-                    best[(policy, g.name)] = (us, g.segments)
-    cache.save()
-    tuned, log = _choose(graph, plan, plans, best, device)
+    for policy, _, variant, keys in job.variants:
+        for g in variant.groups:
+            us = job.times.get(keys[g.name])
+            if us is not None and (best.get((policy, g.name)) is None or us < best[(policy, g.name)][0]):
+                best[(policy, g.name)] = (us, g.segments)
+    tuned, log = _choose(graph, plan, job.plans, best, device)
     problems = validate(tuned, graph, device)
     if problems:  # cannot happen by construction (blocks are acyclic, tiles were valid): say so loudly
         raise PlanError(f"tuned plan refused: {problems[0]}", hint="re-plan without --tune and report this")
-    seconds = time.perf_counter() - started
-    head = (f"tune: {k} tile candidate(s) per kernel measured on {device.name} ({measured} program(s) run, "
-            f"median of {repeat} launches each; {seconds:.1f} s)")
+    seconds = time.perf_counter() - job.started
+    served = len({sig for *_, keys in job.variants for sig in keys.values()} & job.known.keys())
+    head = (f"tune: {job.k} tile candidate(s) per kernel measured on {device.name} ({len(job.tasks)} program(s) run, "
+            f"{served} kernel(s) served from the tuning database, median of {job.repeat} launches each; {seconds:.1f} s)")
     debug(1, head + f": {sum(g.measured_us or 0 for g in tuned.groups):.1f} us measured over {tuned.kernels} kernels")
-    options = dict(tuned.options) | {"tune": k}
+    options = dict(tuned.options) | {"tune": job.k}
     return dataclasses.replace(tuned, decisions=tuned.decisions + (head,) + tuple(log),
                                options=tuple(sorted(options.items())),
                                schedule_seconds=round(plan.schedule_seconds + seconds, 4))
@@ -312,97 +416,16 @@ def _assemble(graph: PrimGraph, plan: Plan, plans: Mapping[str, Plan], picks: Se
     return dataclasses.replace(plan, edges=tuple(edges), groups=tuple(groups))
 
 
-# ---- measuring --------------------------------------------------------------------------------
+# ---- signatures -------------------------------------------------------------------------------
 
 
-def device_measure(graph: PrimGraph, device: Device, repeat: int = REPEAT, *, gpu=None) -> Measure:
-    """Time a plan's kernels on `device`: the host through the C backend, a GPU through the cuda launch
-    layer (`gpu`: an opened Gpu, else the attached one; a one-line BackendError without one). Inputs are
-    fixed-seed random values."""
-    from engine.runtime.inputs import make_inputs
-
-    inputs = make_inputs(graph, seed=0)
-    if device.kind != "cpu" and gpu is None:
-        from engine.runtime.cuda_driver import require_cuda
-
-        try:
-            require_cuda()
-        except BackendError as err:
-            raise BackendError(f"--tune measures on the device and no GPU is attached ({err})",
-                               hint="tune for this CPU with --device host, or drop --tune") from None
-
-    def measure(plan: Plan) -> dict[str, float]:
-        from engine.codegen.generate import generate
-
-        program = generate(plan, graph, device, target="c" if device.kind == "cpu" else "cuda")
-        if device.kind == "cpu":
-            from engine.runtime.cpu import compile_program_c, run_cpu
-
-            _, profile = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights, repeat=repeat)
-        else:
-            from engine.runtime.cuda import run_cuda
-
-            _, profile = run_cuda(program, graph.specs, inputs, graph.weights, device=device.name, repeat=repeat,
-                                  gpu=gpu)
-        return {t.kernel: t.us for t in profile.kernels}
-    return measure
-
-
-def _key(graph: PrimGraph, group: Group, conns: Mapping, salt: str) -> str:
+def _key(graph: PrimGraph, group: Group, conns: Mapping) -> str:
     """Subgraph signature of a group on its tiles: its canonical structure (tensor names renamed, so a
-    repeated layer has the same key), the tiles with their anchors renamed alike, and `salt`."""
+    repeated layer has the same key) and the tiles with their anchors renamed alike. The device and the
+    code version are the database's other key columns."""
     from engine.schedule.tiles import group_signature
 
     pos = {s: f"s{j}" for j, s in enumerate(group.stages)}
     tiles = [dataclasses.replace(t, stage=pos.get(t.stage, t.stage)) for t in group.segments]
-    text = json.dumps([group_signature(graph, group.stages, conns), [dataclasses.astuple(t) for t in tiles], salt])
+    text = json.dumps([group_signature(graph, group.stages, conns), [dataclasses.astuple(t) for t in tiles]])
     return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-@functools.cache
-def codegen_version() -> str:
-    """A hash of the sources that decide what a kernel compiles to and how it is timed: a change to any
-    of them makes earlier measurements stale."""
-    import engine
-
-    root = Path(engine.__file__).parent
-    h = hashlib.sha256()
-    for path in sorted([*root.glob("codegen/*.py"), root / "runtime" / "cpu.py", root / "runtime" / "cuda.py"]):
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
-
-
-class _Cache:
-    """Microseconds per subgraph key: the samples this process measured and those on disk for the device
-    (`cache_dir()/tune/`), median over every sample."""
-
-    _memory: dict[str, dict[str, list[float]]] = {}
-
-    def __init__(self, device: Device):
-        from engine.flags import cache_dir
-
-        self.salt = hashlib.sha256((device.to_json() + codegen_version()).encode()).hexdigest()[:16]
-        self.path = cache_dir() / "tune" / f"{device.name}-{self.salt}.json"
-        self.samples = self._memory.setdefault(self.salt, {})
-        if not self.samples and self.path.exists():
-            try:
-                data = json.loads(self.path.read_text())
-                self.samples.update({k: [float(x) for x in v] for k, v in data.items() if isinstance(v, list)})
-            except (OSError, ValueError, TypeError):
-                pass  # a damaged cache only costs a measurement
-        self.dirty = False
-
-    def get(self, key: str) -> float | None:
-        got = self.samples.get(key)
-        return statistics.median(got) if got else None
-
-    def add(self, key: str, us: float) -> None:
-        if np.isfinite(us) and us >= 0:
-            self.samples.setdefault(key, []).append(float(us))
-            self.dirty = True
-
-    def save(self) -> None:
-        if self.dirty:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path, json.dumps(self.samples, sort_keys=True).encode())
-            self.dirty = False

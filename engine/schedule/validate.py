@@ -18,6 +18,7 @@ from engine.codegen.count import CountBudgetError
 from engine.device import Device, resident_blocks_per_sm
 from engine.errors import PlanError
 from engine.ir.graph import PrimGraph, StageKind
+from engine.memo import memo
 from engine.schedule.cost import at_kernel_block, segment_use
 from engine.schedule.plan import SCHEMA_VERSION, Conn, Plan, Tile, components
 from engine.tilegraph.propagate import box_size
@@ -107,9 +108,6 @@ def check_group(
     return out
 
 
-_TILE_CHECKS: dict[tuple, list[Violation]] = {}
-
-
 def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str, local: dict | None = None) -> list[Violation]:
     """`_check_tile`, memoised: a tile search re-checks every segment's unchanged tile per candidate
     (`local`: the search's own memo, keyed on segment and tile alone — its connections are fixed)."""
@@ -121,12 +119,8 @@ def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str, loca
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in seg for c in graph.consumers.get(p, ())))
     key = (graph.structural_hash, tuple(seg), touching, tile, device, name, recompute_bound())
-    hit = _TILE_CHECKS.get(key)
-    if hit is None:
-        if len(_TILE_CHECKS) > 50000:
-            _TILE_CHECKS.clear()
-        hit = _TILE_CHECKS[key] = _check_tile(graph, seg, conns, tile, device, name)
-    return list(hit)
+    return list(memo("validate.tile_checks", 50000).lookup(
+        key, lambda: tuple(_check_tile(graph, seg, conns, tile, device, name))))
 
 
 def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> list[Violation]:
@@ -144,7 +138,7 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
         return out + [Violation("footprint", subject, f"{tile.threads} threads per block (limit "
                                 f"{device.max_threads_per_block})")]
     try:
-        use = segment_use(graph, seg, conns, tile)
+        use = segment_use(graph, seg, conns, tile, device=device)
     except CountBudgetError as err:
         return out + [Violation("recompute", subject, str(err))]
     except PlanError as err:
@@ -172,7 +166,7 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
     ragged = any(n % t for n, t in zip(anchor.shape, tile.shape))
     if ragged and any(v.rule == "recompute" for v in found):
         # One typical tile stood for every tile: edge tiles are smaller. Count them as they print.
-        found = _recompute(graph, seg, conns, tile, segment_use(graph, seg, conns, tile, exact=True))
+        found = _recompute(graph, seg, conns, tile, segment_use(graph, seg, conns, tile, exact=True, device=device))
     out.extend(found)
     if tile.row_split > 1:
         ok_split = anchor.kind == StageKind.REDUCE and tile.stage not in graph.outputs and all(
@@ -263,7 +257,7 @@ def _check_wave(graph, segs, conns, tiles, device: Device, name: str, local: dic
     if device.kind == "cpu":
         return []  # the C target runs a grid barrier's segments in turn, each an OpenMP loop over all its tiles
     threads = max(t.threads for t in tiles)
-    uses = [segment_use(graph, s, conns, t, local) for s, t in zip(segs, at_kernel_block(tiles))]
+    uses = [segment_use(graph, s, conns, t, local, device=device) for s, t in zip(segs, at_kernel_block(tiles))]
     regs = min(device.max_regs_per_thread, max(u.regs_per_thread for u in uses))
     resident, _ = resident_blocks_per_sm(device, threads, regs, max(u.shared_bytes for u in uses))
     wave = resident * device.sm_count

@@ -16,29 +16,25 @@ from engine.tilegraph.propagate import Box, Region, _union, box_size, full_box, 
 IN_SEGMENT = ("register", "shared")
 
 
-_ORDER_CACHE: dict[int, tuple[PrimGraph, dict[str, int]]] = {}
-
-
 def stage_order(graph: PrimGraph) -> dict[str, int]:
     """Stage name -> topological position (memoised per graph object)."""
-    hit = _ORDER_CACHE.get(id(graph))
-    if hit is None or hit[0] is not graph:
-        if len(_ORDER_CACHE) > 64:
-            _ORDER_CACHE.clear()
-        hit = _ORDER_CACHE[id(graph)] = (graph, {s.name: k for k, s in enumerate(graph.stages)})
-    return hit[1]
-
-
-_SHAPES_CACHE: dict[int, tuple[PrimGraph, dict[str, tuple[int, ...]]]] = {}
+    return _per_graph("tilegraph.order", graph, lambda: {s.name: k for k, s in enumerate(graph.stages)})
 
 
 def tensor_shapes(graph: PrimGraph) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape for every input, constant and stage (memoised per graph object)."""
-    hit = _SHAPES_CACHE.get(id(graph))
+    return _per_graph("tilegraph.shapes", graph, lambda: {n: t.shape for n, t in graph.specs.items()})
+
+
+def _per_graph(name: str, graph: PrimGraph, compute):
+    """A value derived from one graph object, memoised on its identity (the graph is kept beside the
+    entry, so its id cannot be reused by another graph while the entry lives)."""
+    from engine.memo import memo
+
+    table = memo(name, 64)
+    hit = table.get(id(graph))
     if hit is None or hit[0] is not graph:
-        if len(_SHAPES_CACHE) > 64:
-            _SHAPES_CACHE.clear()
-        hit = _SHAPES_CACHE[id(graph)] = (graph, {n: t.shape for n, t in graph.specs.items()})
+        hit = table.put(id(graph), (graph, compute()))
     return hit[1]
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 # Finding kinds, in the order the CLI lists them.
-KINDS = ("deadlock", "partial_barrier", "partial_shuffle", "out_of_range", "uninitialized_read", "race")
+KINDS = ("deadlock", "partial_barrier", "partial_shuffle", "out_of_range", "uninitialized_read", "race", "misaligned")
 
 
 @dataclass(frozen=True)

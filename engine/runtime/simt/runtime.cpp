@@ -24,6 +24,11 @@ void tw_report_oor(const Buffer* b, int64_t off, int64_t n, int line, int write)
                 (long long)elems);
 }
 
+void tw_report_misaligned(const Buffer* b, int64_t off, int64_t n, int line, int write) {
+    add_finding(MISALIGNED, line, buffer_name(b), off, 0, "%lld-byte %s of %s at byte %lld, not %lld-byte aligned",
+                (long long)n, write ? "write" : "read", buffer_name(b), (long long)off, (long long)n);
+}
+
 void tw_report_uninit(const Buffer* b, int64_t off, int line) {
     add_finding(UNINITIALIZED, line, buffer_name(b), off, 0, "read of %s at byte %lld, never written", buffer_name(b),
                 (long long)off);

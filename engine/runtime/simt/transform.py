@@ -17,7 +17,7 @@ from engine.errors import CompileError
 TYPE_WORDS = frozenset({
     "void", "bool", "char", "short", "int", "long", "float", "double", "signed", "unsigned", "half", "__half",
     "__nv_bfloat16", "size_t", "int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t",
-    "uint64_t",
+    "uint64_t", "float2", "float4",
 })
 CV = frozenset({"const", "volatile"})
 

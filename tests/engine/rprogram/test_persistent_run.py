@@ -4,6 +4,7 @@ registers (vEUs folded onto it), a cooperative launch of `buf`, zeroed `done` an
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,9 @@ def vit():
 def test_launcher_sizes_the_grid_from_occupancy_and_folds_the_veus(vit):
     graph, program, rp = vit
     drv = FakeDriver(device="a100")
+    # The stand-in reports the occupancy of an A100 with half its register file, where the compiled kernel
+    # holds fewer blocks per SM than the rProgram's vEUs assume (on a full A100 it fits them all).
+    drv.preset = dataclasses.replace(drv.preset, regs_per_sm=drv.preset.regs_per_sm // 2)
     gpu = open_gpu(drv, 0, 13000)
     rng = np.random.default_rng(11)
     feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype.np) for t in graph.inputs}
@@ -43,7 +47,7 @@ def test_launcher_sizes_the_grid_from_occupancy_and_folds_the_veus(vit):
     assert set(outs) == set(graph.output_names) and run.runs == 2
     src = persistent_cuda(program, rp)
     fn = next(f for f in drv.functions.values() if f["name"] == "tw_persistent")
-    per_sm, _ = resident_blocks_per_sm(A100, src.block, fn["registers"], src.shared_bytes)
+    per_sm, _ = resident_blocks_per_sm(drv.preset, src.block, fn["registers"], src.shared_bytes)
     assert run.registers == fn["registers"] and run.resident_per_sm == per_sm
     assert run.grid == min(rp.vdevice.veus, per_sm * A100.sm_count) < rp.vdevice.veus  # folded
     assert "folded" in run.why

@@ -22,11 +22,8 @@ SAMPLES = ("bert_layer", "conv_bn_relu", "layernorm_residual", "mobilenetv2_bloc
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
-    """Measurements are cached on disk and in the process: each test starts with none."""
-    from engine.schedule import tune
-
+    """Measurements are kept in the tuning database under the cache folder: each test starts with none."""
     monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
-    monkeypatch.setattr(tune._Cache, "_memory", {})
 
 
 def policy_plans(name: str, device="a100"):

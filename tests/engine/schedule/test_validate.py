@@ -160,15 +160,17 @@ def test_expressions_too_deep_to_count_are_refused_not_hung(attn_graph, a100, un
     """Reductions inlined into reductions (lstm steps chained at REGISTER on the host) nest past what
     can be counted — or run — in time: past the count's budget a segment is refused under rule 9 with
     the reason, and the walk goes on to another level. (Budgets here are scaled down to this graph.)"""
+    import contextlib
+
     from engine.codegen import count
-    from engine.schedule import cost, tiles
-    from engine.schedule import validate as v
+    from engine.memo import Caches
+
+    session = contextlib.ExitStack()
 
     def budget(n: int) -> None:
         monkeypatch.setattr(count, "VISIT_BUDGET", n)
-        for module, memo in ((cost, "_USE_CACHE"), (v, "_TILE_CHECKS"), (count, "_MEMO"), (tiles, "_CACHE"),
-                             (tiles, "_NAMED")):
-            monkeypatch.setattr(module, memo, {})  # nothing counted under another budget is reused
+        session.close()
+        session.enter_context(Caches().active())  # fresh tables: nothing counted under another budget is reused
 
     budget(3)
     with pytest.raises(PlanError) as err:
@@ -179,3 +181,4 @@ def test_expressions_too_deep_to_count_are_refused_not_hung(attn_graph, a100, un
     plan = make_plan(attn_graph, "welder", a100)
     assert validate(plan, attn_graph, a100) == []
     assert any("too deep to count" in e.reason for e in plan.edges)
+    session.close()

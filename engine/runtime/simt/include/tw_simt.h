@@ -72,6 +72,7 @@ extern uint32_t tw_g;           // grid epoch: +1 per launch and per grid sync
 extern tw::Dim3 tw_block_dim, tw_grid_dim;
 extern uint64_t tw_bytes[4];  // bytes loaded/stored: [space * 2 + is_store]
 void tw_report_oor(const tw::Buffer* b, int64_t off, int64_t n, int line, int write);
+void tw_report_misaligned(const tw::Buffer* b, int64_t off, int64_t n, int line, int write);
 void tw_report_uninit(const tw::Buffer* b, int64_t off, int line);
 void tw_report_race(const tw::Buffer* b, int64_t off, const tw::Access* prev, int prev_write, int write, int line);
 int tw_ordered_across(uint32_t block, uint32_t ep);
@@ -116,6 +117,19 @@ TW_HOT bool check(const Buffer* b, const void* p, int64_t n, int line, const voi
 
 template <class T>
 struct ref;
+
+// A vector access (float2/float4) must be aligned to its size, as on a GPU (where a misaligned one faults):
+// tensors and shared buffers start aligned (256 B / 16 B), so the offset into the buffer decides. A
+// misaligned access is reported and not performed.
+template <class T>
+TW_HOT bool aligned(const Buffer* b, const void* p, int line, int write) {
+    if constexpr (alignof(T) <= 4) return true;
+    if (!b) return true;
+    const int64_t off = (const char*)p - b->base;
+    if (off % (int64_t)alignof(T) == 0) return true;
+    tw_report_misaligned(b, off, sizeof(T), line, write);
+    return false;
+}
 
 // The index of p[i] with the line of the expression that converted it.
 struct Idx {
@@ -179,12 +193,12 @@ struct ref {
     ref(const ref&) = default;
     TW_HOT V load() const {
         V v;
-        if (check<false>(b, p, sizeof(T), line)) std::memcpy((void*)&v, (const void*)p, sizeof(T));
+        if (aligned<V>(b, p, line, 0) && check<false>(b, p, sizeof(T), line)) std::memcpy((void*)&v, (const void*)p, sizeof(T));
         else std::memset((void*)&v, 0, sizeof(T));
         return v;
     }
     TW_HOT void store(const V& v) const {
-        if (check<true>(b, p, sizeof(T), line, &v)) std::memcpy((void*)p, (const void*)&v, sizeof(T));
+        if (aligned<V>(b, p, line, 1) && check<true>(b, p, sizeof(T), line, &v)) std::memcpy((void*)p, (const void*)&v, sizeof(T));
     }
     TW_HOT operator V() const { return load(); }
     TW_HOT const ref& operator=(const V& v) const { store(v); return *this; }
@@ -275,6 +289,16 @@ inline __half __float2half_rn(float f) { return __half(f); }
 inline __half __hadd(__half a, __half b) { return __half((float)a + (float)b); }
 inline __half __hmul(__half a, __half b) { return __half((float)a * (float)b); }
 inline __half __hsub(__half a, __half b) { return __half((float)a - (float)b); }
+
+// ---- vector types (the GEMM's staging loads) ----------------------------------------------------------
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 // ---- math ---------------------------------------------------------------------------------------------
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }

@@ -18,7 +18,7 @@ using namespace tw;
 
 namespace {
 
-enum Kind : int { DEADLOCK, PARTIAL_BARRIER, PARTIAL_SHUFFLE, OUT_OF_RANGE, UNINITIALIZED, RACE, KINDS };
+enum Kind : int { DEADLOCK, PARTIAL_BARRIER, PARTIAL_SHUFFLE, OUT_OF_RANGE, UNINITIALIZED, RACE, MISALIGNED, KINDS };
 enum State : int { RUNNABLE, AT_BARRIER, AT_WARP, AT_GRID, DONE, STOPPED, AT_NAMED };
 constexpr int NAMED_BARRIERS = 16;  // bar.sync ids; 0 is __syncthreads
 constexpr uint64_t CANARY = 0x7477736d63616e61ull;

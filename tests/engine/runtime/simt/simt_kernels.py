@@ -189,3 +189,18 @@ extern "C" __global__ void stuck(const float* __restrict__ x, float* __restrict_
 def bad_line(source: str, tag: str = "BAD") -> int:
     """1-based line of the line marked `// TAG`."""
     return next(n for n, text in enumerate(source.splitlines(), 1) if text.rstrip().endswith(f"// {tag}"))
+
+# float4 loads and stores through global and shared memory; the broken one reads one float past alignment.
+COPY4 = r"""
+extern "C" __global__ void copy4(const float* __restrict__ x, float* __restrict__ y) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* s = (float*)(smem + 0);
+    const int v = blockIdx.x * blockDim.x + threadIdx.x;
+    const float4 a = ((const float4*)(x + 4 * v))[0];
+    ((float4*)s)[threadIdx.x] = make_float4(a.w, a.z, a.y, a.x);
+    __syncthreads();
+    const float4 b = ((const float4*)s)[threadIdx.x];
+    ((float4*)(y + 4 * v))[0] = b;
+}
+"""
+COPY4_MISALIGNED = COPY4.replace("((const float4*)(x + 4 * v))[0];", "((const float4*)(x + 4 * v + 1))[0];  // BAD")

@@ -224,3 +224,22 @@ def test_named_barrier_that_never_completes_stops_the_launch(rng) -> None:
     assert [(f.kind, f.line) for f in report.findings] == [("partial_barrier", line)] and report.stopped
     message = report.findings[0].message
     assert f"32 at a named barrier line {line}" in message and f"96 at __syncthreads line {line + 1}" in message
+
+
+def test_float4_loads_and_stores_are_checked_and_counted(rng) -> None:
+    x = rng.standard_normal(512).astype(np.float32)
+    (_, y), report = run_cuda_source(K.COPY4, "copy4", [(x, "in"), (np.empty(512, np.float32), "out")],
+                                     grid=2, block=64, shared_bytes=1024)
+    assert report.ok, report.summary_lines()
+    np.testing.assert_array_equal(y, x.reshape(-1, 4)[:, ::-1].ravel())
+    k = report.kernels[0]
+    assert (k.global_load_bytes, k.global_store_bytes, k.shared_load_bytes) == (2048, 2048, 2048)
+
+
+def test_misaligned_float4_load_is_reported(rng) -> None:
+    x = rng.standard_normal(520).astype(np.float32)
+    _, report = run_cuda_source(K.COPY4_MISALIGNED, "copy4", [(x, "in"), (np.empty(512, np.float32), "out")],
+                                grid=2, block=64, shared_bytes=1024)
+    found = _kinds(report)
+    assert set(found) == {"misaligned"} and found["misaligned"] == [K.bad_line(K.COPY4_MISALIGNED, "BAD")]
+    assert "16-byte read of x at byte 4, not 16-byte aligned" in report.findings[0].message

@@ -1,0 +1,124 @@
+"""Measuring a plan variant on the device in two steps that may run on different machines: compile (a plan
+in, its generated program and, for the host, the shared library's bytes out: CPU work) and time (the
+compiled variant in, microseconds per kernel out: the device's work)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from engine.codegen.kir import Program
+from engine.device import Device
+from engine.errors import BackendError
+from engine.ir.graph import PrimGraph
+from engine.schedule.plan import Plan
+
+REPEAT = 7  # launches per kernel per measurement (the median is kept)
+
+Measure = Callable[[Plan], Mapping[str, float]]  # a plan -> microseconds per kernel (group) name
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """A plan variant built for its device: the generated program, and for the host the C source and the
+    shared library's bytes (so a measure worker on another machine loads what was compiled here)."""
+
+    plan: Plan
+    program: Program
+    source: str = ""
+    library: bytes = b""
+    library_name: str = ""
+
+
+def compile_variant(graph: PrimGraph, plan: Plan, device: Device) -> Compiled:
+    """Generate and compile `plan`'s kernels: the C compiler for the host (through its disk cache), NVRTC
+    for the device preset's arch for a GPU (this fills the NVRTC disk cache the measuring side reads)."""
+    from engine.codegen.generate import generate
+
+    program = generate(plan, graph, device, target="c" if device.kind == "cpu" else "cuda")
+    if device.kind != "cpu":
+        from engine.codegen.api import compile_program
+        from engine.codegen.nvrtc import supported_archs
+        from engine.runtime.cuda import build_arch
+
+        compile_program(program, "cuda", archs=(build_arch(device.nvrtc_arch, supported_archs()),))
+        return Compiled(plan, program)
+    from engine.codegen.ccompile import compile_c
+    from engine.codegen.targets import render_c
+
+    source = render_c(program)
+    path = compile_c(source, name=program.name)
+    return Compiled(plan, program, source, path.read_bytes(), path.name)
+
+
+def time_compiled(graph: PrimGraph, compiled: Compiled, device: Device, repeat: int = REPEAT, *,
+                  inputs: Mapping[str, np.ndarray] | None = None, gpu=None) -> dict[str, float]:
+    """Microseconds per kernel of a compiled variant, the median of `repeat` launches each: the host
+    through the C backend, a GPU through the cuda launch layer (`gpu`: an opened Gpu, else the attached
+    one). `inputs` default to the fixed-seed random ones."""
+    from engine.runtime.inputs import make_inputs
+
+    inputs = make_inputs(graph, seed=0) if inputs is None else inputs
+    if device.kind != "cpu":
+        from engine.runtime.cuda import run_cuda
+
+        _, profile = run_cuda(compiled.program, graph.specs, inputs, graph.weights, device=device.name,
+                              repeat=repeat, gpu=gpu)
+        return {t.kernel: t.us for t in profile.kernels}
+    from engine.codegen.ccompile import load_library
+    from engine.files import write_atomic
+    from engine.flags import cache_dir
+    from engine.runtime.cpu import CpuModule, run_cpu
+
+    path = cache_dir() / "cc" / compiled.library_name
+    if not path.exists():  # compiled on another machine: same name, same bytes (the name holds the source's hash)
+        write_atomic(path, compiled.library)
+    module = CpuModule(compiled.program, compiled.source, load_library(path), str(path))
+    _, profile = run_cpu(module, graph.specs, inputs, graph.weights, repeat=repeat)
+    return {t.kernel: t.us for t in profile.kernels}
+
+
+def require_gpu_for(device: Device) -> None:
+    """A one-line BackendError when `device` is a GPU and none is attached."""
+    if device.kind == "cpu":
+        return
+    from engine.runtime.cuda_driver import require_cuda
+
+    try:
+        require_cuda()
+    except BackendError as err:
+        raise BackendError(f"--tune measures on the device and no GPU is attached ({err})",
+                           hint="tune for this CPU with --device host, or drop --tune") from None
+
+
+def device_measure(graph: PrimGraph, device: Device, repeat: int = REPEAT, *, gpu=None) -> Measure:
+    """Time a plan's kernels on `device` in this process: compile, then time (see `compile_variant`,
+    `time_compiled`; `gpu`: an opened Gpu, else the attached one, a one-line BackendError without one).
+    Inputs are fixed-seed random values."""
+    from engine.runtime.inputs import make_inputs
+
+    inputs = make_inputs(graph, seed=0)
+    if gpu is None:
+        require_gpu_for(device)
+
+    def measure(plan: Plan) -> dict[str, float]:
+        return time_compiled(graph, compile_variant(graph, plan, device), device, repeat, inputs=inputs, gpu=gpu)
+    return measure
+
+
+@functools.cache
+def codegen_version() -> str:
+    """A hash of the sources that decide what a kernel compiles to and how it is timed: a change to any
+    of them makes earlier measurements stale."""
+    import engine
+
+    root = Path(engine.__file__).parent
+    h = hashlib.sha256()
+    for path in sorted([*root.glob("codegen/*.py"), root / "runtime" / "cpu.py", root / "runtime" / "cuda.py"]):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,105 @@
+"""engine/partition/plan.py: pipeline stages under memory budgets, tensor-parallel splits, transfers,
+the event-simulated makespan and the --json schema."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mlp import write_mlp, write_small_device
+from support import sample_path
+
+from engine.device import get_device
+from engine.errors import PartitionError
+from engine.frontend.importer import load_graph
+from engine.partition.links import LINKS
+from engine.partition.plan import kernel_facts, partition_model
+from engine.runtime.reference import run_reference
+from engine.schedule.pipeline import plan_model
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mlp")
+    path, inputs = write_mlp(folder)
+    device = get_device(write_small_device(folder))
+    graph, plan = plan_model(load_graph(path, {}), "welder", device)
+    return graph, plan, device, inputs
+
+
+@pytest.fixture(scope="module")
+def bert():
+    graph, plan = plan_model(load_graph(sample_path("bert_layer"), {}), "welder", "a100")
+    return graph, plan
+
+
+def test_two_devices_beat_one_when_the_weights_do_not_fit(mlp):
+    graph, plan, device, _ = mlp
+    assert graph.param_bytes > device.memory_bytes  # the model cannot live on one device
+    g2, p2, part = partition_model(graph, plan, device, 2, "nvlink")
+    assert not part.single_device_fits
+    assert part.tensor_parallel  # a weight over half a device is split over both
+    assert part.makespan_us < part.single_device_us
+    assert all(s.peak_bytes <= device.memory_bytes for s in part.stages)
+    assert {k.device for k in part.kernels if k.tensor_parallel} == {0, 1}
+
+
+def test_pipeline_alone_cannot_fit_and_says_why(mlp):
+    graph, plan, device, _ = mlp
+    with pytest.raises(PartitionError, match="fits 10,000,000 B per device"):
+        partition_model(graph, plan, device.__class__.from_dict(device.to_dict() | {"memory_bytes": 10_000_000}),
+                        2, "nvlink")
+
+
+def test_split_graph_computes_the_same_outputs(mlp):
+    graph, plan, device, inputs = mlp
+    g2, _, part = partition_model(graph, plan, device, 2, "nvlink")
+    assert g2.structural_hash != graph.structural_hash
+    want, got = run_reference(graph, inputs), run_reference(g2, inputs)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_transfers_are_the_tensors_read_across_devices(bert):
+    graph, plan = bert
+    g2, p2, part = partition_model(graph, plan, "a100", 2, "pcie")
+    facts = {k.name: k for k in kernel_facts(g2, p2)}
+    where = {k.kernel: k.device for k in part.kernels}
+    made = {t: where[k.name] for k in facts.values() for t in k.writes} | {t.name: 0 for t in g2.inputs}
+    want = {(t, made[t], where[k.name]) for k in facts.values() for t in k.reads if made[t] != where[k.name]}
+    assert {(t.tensor, t.src, t.dst) for t in part.transfers} == want
+    link = LINKS["pcie"]
+    for t in part.transfers:
+        assert t.bytes == g2.specs[t.tensor].nbytes
+        assert t.us == pytest.approx(link.latency_s * 1e6 + t.bytes / link.bandwidth_bytes_per_s * 1e6)
+        assert t.end_us - t.start_us == pytest.approx(t.us)
+    # one request: kernels on one device never overlap, and a kernel starts after its inputs arrive
+    for d in range(2):
+        slots = [k for k in part.kernels if k.device == d]
+        assert all(a.end_us <= b.start_us + 1e-9 for a, b in zip(slots, slots[1:]))
+    arrive = {(t.tensor, t.dst): t.end_us for t in part.transfers}
+    for k in part.kernels:
+        for t in facts[k.kernel].reads:
+            assert k.start_us >= arrive.get((t, k.device), 0.0) - 1e-9
+    assert part.makespan_us >= max(k.end_us for k in part.kernels)
+    assert part.makespan_us > part.single_device_us  # a chain on a slow link pays for its transfer
+
+
+def test_json_schema(bert):
+    graph, plan = bert
+    js = partition_model(graph, plan, "a100", 2, "nvlink")[2].to_json()
+    assert isinstance(js["devices"], int) and js["devices"] == 2
+    assert [s["device"] for s in js["stages"]] == [0, 1]
+    for s in js["stages"]:
+        assert set(s) >= {"device", "kernels", "peak_bytes"} and s["kernels"] and isinstance(s["peak_bytes"], int)
+    for t in js["transfers"]:
+        assert set(t) >= {"tensor", "src", "dst", "bytes", "us"} and t["src"] != t["dst"]
+    assert isinstance(js["makespan_us"], float) and isinstance(js["single_device_us"], float)
+    kernels = [k for s in js["stages"] for k in s["kernels"]]
+    assert sorted(kernels) == sorted(k["kernel"] for k in js["kernels"])
+
+
+def test_too_few_kernels_and_bad_device_count(bert):
+    graph, plan = bert
+    with pytest.raises(PartitionError, match="fewer than --devices 9"):
+        partition_model(graph, plan, "a100", 9, "pcie")
+    with pytest.raises(PartitionError, match="from 1 to 64"):
+        partition_model(graph, plan, "a100", 0, "pcie")
