@@ -18,7 +18,7 @@ install: venv
 install-dev: venv
 	$(BIN)/pip install -q -e '.[dev]'
 
-# Debian packages the tests need: graphviz (dot) for SVG rendering, chromium for the browser tests, g++ for
+# Debian packages the tests need: graphviz (dot) for SVG rendering and the overview layout, chromium for the browser tests, g++ for
 # the cuda-sim emulator, PoCL (OpenCL on the CPU) for the OpenCL backend.
 sys-deps:
 	@if ! command -v dot >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1 \

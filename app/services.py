@@ -137,17 +137,76 @@ def edits_key(edits: tuple[Edit, ...]) -> str:
     return json.dumps([edit_to_json(e) for e in edits], sort_keys=True)
 
 
+_PLANS: dict[tuple, PlanResult] = {}  # (model, policy, device, batching, edits key) -> plan, for extending
+
+
+def _remember(key: tuple, result: PlanResult) -> PlanResult:
+    if len(_PLANS) > 64:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = result
+    return result
+
+
+def _extend_known(model_hash: str, policy: str, device: str, edits: tuple[Edit, ...],
+                  batching: bool) -> tuple[PrimGraph, Plan] | None:
+    """The plan of `edits` made by applying the last edits to an already built plan of a prefix of
+    them (engine apply_edit: the same validated path replay takes), or None when no prefix is known.
+    A large model's policy plan takes many seconds; one more edit on it takes milliseconds."""
+    for cut in range(len(edits) - 1, -1, -1):
+        known = _PLANS.get((model_hash, policy, device, batching, edits_key(edits[:cut])))
+        if known is not None and not known.refused:
+            graph, plan = known.graph, known.plan
+            dev = get_device(device)
+            for edit in edits[cut:]:
+                plan = api.apply_edit(plan, graph, dev, edit)
+            return graph, plan
+    return None
+
+
+def check_edits(graph: PrimGraph, model_hash: str, policy: str, device: str, edits: tuple[Edit, ...],
+                batching: bool = True) -> Plan:
+    """The plan with `edits`, or PlanError naming the rule the first refused one breaks; extends a
+    known plan of a prefix of `edits` when there is one (see _extend_known)."""
+    extended = _extend_known(model_hash, policy, device, tuple(edits), batching)
+    if extended is not None:
+        return extended[1]
+    return plan_with_edits(graph, policy, device, tuple(edits), batching)[1]
+
+
+def legal_connections(graph: PrimGraph, model_hash: str, policy: str, device: str, edits: tuple[Edit, ...],
+                      batching: bool, producer: str, consumer: str) -> list[tuple[str, str]]:
+    """(connection, "" when legal else the rule it breaks) for every level of one edge, each tried
+    through the validated edit path on top of the current edits."""
+    out = []
+    for conn in Conn:
+        edit = Edit.make("set_edge", producer=producer, consumer=consumer, conn=conn.value)
+        try:
+            check_edits(graph, model_hash, policy, device, tuple(edits) + (edit,), batching)
+            out.append((conn.value, ""))
+        except TileweaveError as err:
+            out.append((conn.value, str(err)))
+    return out
+
+
 @st.cache_resource(show_spinner=False, max_entries=64)
 def build_plan(_graph: PrimGraph, model_hash: str, policy: str, device: str, key: str,
                batching: bool = True) -> PlanResult:
-    """Base policy plan with the edits of `key` replayed in order. When the whole list is refused
-    (e.g. the base policy or the batching changed under it), edits are re-tried one by one: refused
-    ones are reported and skipped so the others still apply."""
+    """Base policy plan with the edits of `key` replayed in order (extending a known plan of a prefix
+    of them when there is one). When the whole list is refused (e.g. the base policy or the batching
+    changed under it), edits are re-tried one by one: refused ones are reported and skipped so the
+    others still apply."""
     start = time.perf_counter()
     edits = edits_from_json(json.loads(key))
+    memo = (model_hash, policy, device, batching, key)
+    try:
+        extended = _extend_known(model_hash, policy, device, edits, batching) if edits else None
+        if extended is not None:
+            return _remember(memo, PlanResult(*extended, (), time.perf_counter() - start))
+    except TileweaveError:
+        pass
     try:
         graph, plan = plan_with_edits(_graph, policy, device, edits, batching)
-        return PlanResult(graph, plan, (), time.perf_counter() - start)
+        return _remember(memo, PlanResult(graph, plan, (), time.perf_counter() - start))
     except TileweaveError:
         pass
     kept: list[Edit] = []
@@ -159,7 +218,7 @@ def build_plan(_graph: PrimGraph, model_hash: str, policy: str, device: str, key
         except TileweaveError as err:
             refused.append((k, str(err)))
     graph, plan = plan_with_edits(_graph, policy, device, tuple(kept), batching)
-    return PlanResult(graph, plan, tuple(refused), time.perf_counter() - start)
+    return _remember(memo, PlanResult(graph, plan, tuple(refused), time.perf_counter() - start))
 
 
 def edit_to_json(edit: Edit) -> dict:
@@ -430,6 +489,54 @@ def bundle_bytes(_graph: PrimGraph, _plan: Plan, model_hash: str, plan_hash: str
     """The kernel bundle zip of the plan (CUDA + PTX/CUBIN per arch, C, program/plan/trace JSON, weights);
     NVRTC bounded by the app's time limit (default_time_limit)."""
     return api.export_bundle(_graph, _plan, get_device(device), time_limit=default_time_limit())
+
+
+# ---- overview layout -----------------------------------------------------------------------------
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def layout_positions(plan_hash: str, fold: bool, dot: str) -> dict[str, tuple[float, float]]:
+    """Graphviz `dot -Tplain` node positions of an overview's DOT; cached per (plan hash, folding)."""
+    import subprocess
+
+    from app.views.overview import parse_plain
+
+    try:
+        done = subprocess.run(["dot", "-Tplain"], input=dot.encode(), capture_output=True, timeout=60, check=False)
+    except FileNotFoundError:
+        raise AppError("Graphviz's 'dot' program is not installed", hint="apt-get install graphviz") from None
+    except subprocess.TimeoutExpired:
+        raise AppError("Graphviz took over 60 s to lay out the overview") from None
+    if done.returncode != 0:
+        first = done.stderr.decode(errors="replace").strip().splitlines()[:1]
+        raise AppError(f"Graphviz could not lay out the overview ({first[0] if first else done.returncode})")
+    return parse_plain(done.stdout.decode())
+
+
+def measured_numbers(model_hash: str, plan_hash: str, device: str, backend: str) -> tuple[dict, dict, str]:
+    """(kernel -> measured µs, kernel -> emulated bytes, where the times came from) of the last run and
+    cuda-sim verification of exactly this plan; empty when it has not been run."""
+    run = _RUNS.get((model_hash, plan_hash, device, backend))
+    sim = _SIMS.get((model_hash, plan_hash, device))
+    emulated = {k.kernel: k.global_load_bytes + k.global_store_bytes for k in sim.kernels} if sim else {}
+    return (dict(run.kernel_us) if run else {}), emulated, (f"{backend} run" if run else "")
+
+
+def timeline_measured(model_hash: str, plan_hash: str, device: str, backend: str) -> dict | None:
+    """Kernel -> measured µs of the last run of this plan when those times describe the plan's device:
+    a GPU run (backend cuda), or a CPU run of a plan made for `host` (this CPU). CPU-backend times of a
+    plan for a GPU preset would put milliseconds on the GPU's vEUs: None then, the timeline stays modeled."""
+    run = _RUNS.get((model_hash, plan_hash, device, backend))
+    if run is None or not run.kernel_us or not (backend == "cuda" or device == "host"):
+        return None
+    return dict(run.kernel_us)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def annotated_onnx_bytes(path: str, model_hash: str, plan_hash: str, measured_key: str, _graph: PrimGraph,
+                         _plan: Plan, _measured: dict | None = None) -> bytes:
+    """The model file with each node's kernel, connections and modeled (measured) µs in its metadata."""
+    return api.annotate_onnx(path, _graph, _plan, _measured)
 
 
 # ---- tuning ----------------------------------------------------------------------------------

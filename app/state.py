@@ -30,6 +30,9 @@ class AppState:
     restored_for: str = ""  # model hash whose autosaved edits were already restored
     notice: str = ""  # one message carried across a rerun (e.g. why an edit was refused)
     running: str = ""  # key of the run panel whose compile/run is in flight ("" when none)
+    # Tile-graph selection, by stage names so it survives edits: ("kernel", a stage of it) or
+    # ("edge", producer, consumer) of one tensor edge between kernels; () when nothing is selected.
+    selection: tuple[str, ...] = ()
 
 
 def get_state() -> AppState:
@@ -42,6 +45,11 @@ def get_state() -> AppState:
 def set_state(state: AppState) -> AppState:
     st.session_state[KEY] = state
     return state
+
+
+def widget_value(key: str, default=None):
+    """A widget's value from the previous rerun, read before the widget is drawn (a chart's click)."""
+    return st.session_state.get(key, default)
 
 
 def update_state(**changes) -> AppState:
@@ -79,4 +87,4 @@ def switch_model(state: AppState, name: str, path: str, model_hash: str) -> AppS
     if state.model_hash == model_hash and state.model_path == path:
         return state
     return dataclasses.replace(state, model_name=name, model_path=path, model_hash=model_hash,
-                               edits=(), redo=(), restored_for="", notice="")
+                               edits=(), redo=(), restored_for="", notice="", selection=())

@@ -10,8 +10,9 @@ from contextlib import contextmanager
 import streamlit as st
 
 from app import services
-from app.state import AppState, get_state, set_state, switch_model, update_state
+from app.state import AppState, get_state, push_edits, set_state, switch_model, update_state
 from engine.errors import TileweaveError
+from engine.schedule.plan import Edit
 
 
 @contextmanager
@@ -58,8 +59,9 @@ def current_model() -> tuple[AppState, services.LoadedModel]:
 
 def current_plan(state: AppState, loaded: services.LoadedModel) -> services.PlanResult:
     """The current plan with the graph it was made on (`.graph`: operator-batched for welder)."""
-    return services.build_plan(loaded.graph, state.model_hash, state.base_policy, state.device,
-                               services.edits_key(state.edits), state.batching)
+    with st.spinner(f"Planning {state.model_name} with {state.base_policy} (once per model, policy and edits)…"):
+        return services.build_plan(loaded.graph, state.model_hash, state.base_policy, state.device,
+                                   services.edits_key(state.edits), state.batching)
 
 
 def commit_state(state: AppState) -> AppState:
@@ -74,3 +76,17 @@ def show_notice() -> None:
     state = get_state()
     if state.notice:
         st.warning(state.notice)
+
+
+def submit_edits(state: AppState, loaded: services.LoadedModel, edits: list[Edit]) -> None:
+    """Validate the edit list with the new edits; keep them (autosaved, undoable) only if the engine
+    accepts them all, else show the rule the first refused one breaks."""
+    try:
+        with st.spinner("Validating the edit…"):
+            services.check_edits(loaded.graph, state.model_hash, state.base_policy, state.device,
+                                 state.edits + tuple(edits), state.batching)
+    except TileweaveError as err:
+        st.error(f"Refused: {err}")
+        return
+    commit_state(push_edits(state, edits))
+    st.rerun()

@@ -6,6 +6,7 @@ Each function is pure in its inputs (the app caches on model hash + plan hash).
 
 from __future__ import annotations
 
+from engine.bundle.annotate import annotate_onnx
 from engine.bundle.export import export_bundle
 from engine.codegen.api import compile_program
 from engine.codegen.generate import generate
@@ -31,7 +32,7 @@ __all__ = [
     "build_rprogram", "export_trace", "export_partition_trace", "partition_model", "get_link", "LINKS",
     "run_partition",
     "generate", "render_cuda", "render_c", "run_model", "RunResult", "compile_program", "make_inputs",
-    "export_bundle", "bench_models",
+    "export_bundle", "annotate_onnx", "bench_models",
     "POLICIES", "make_plan", "validate", "replay", "apply_edit", "apply_to_identical_layers",
     "plan_model", "load_plan", "graph_for_plan", "batching_decisions", "tune_models", "TuneReport",
 ]

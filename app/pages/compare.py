@@ -1,5 +1,6 @@
 """Compare page: two plans of the model side by side (policies, the edited plan, or a saved plan
-JSON): headline numbers, per-group differences, Markdown export."""
+JSON): each plan's kernel overview with what differs from the other highlighted and per-kernel deltas,
+headline numbers, per-group differences, Markdown export."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import streamlit as st
 from app import services
 from app.ui import current_model, current_plan, guarded
 from app.views.diff import diff_plans, diff_to_markdown
+from app.views.overview import build_overview, diff_overview, overlay_values, overview_dot, overview_figure
 
 st.title("Compare")
 CURRENT = "current plan (with edits)"
@@ -22,18 +24,21 @@ with guarded("Comparing plans"):
     def pick(column, label: str, default: int):
         choice = column.selectbox(label, options, index=default, key=f"cmp_{label}")
         if choice == CURRENT:
-            return choice, current_plan(state, loaded).plan
+            planned = current_plan(state, loaded)
+            return choice, planned.plan, planned.graph
         if choice == SAVED:
             upload = column.file_uploader(f"Plan JSON or bundle .zip for {label}", type=["json", "zip"],
                                           key=f"cmp_file_{label}")
             if upload is None:
-                return choice, None
-            return upload.name, services.read_plan_json(upload.getvalue(), graph)[1]
-        return choice, services.build_plan(graph, state.model_hash, choice, state.device, "[]", state.batching).plan
+                return choice, None, None
+            on, plan = services.read_plan_json(upload.getvalue(), graph)
+            return upload.name, plan, on
+        planned = services.build_plan(graph, state.model_hash, choice, state.device, "[]", state.batching)
+        return choice, planned.plan, planned.graph
 
     left, right = st.columns(2)
-    a_label, a = pick(left, "A", 0)
-    b_label, b = pick(right, "B", 1 if len(options) > 2 else 0)
+    a_label, a, a_graph = pick(left, "A", 0)
+    b_label, b, b_graph = pick(right, "B", 1 if len(options) > 2 else 0)
     if a is None or b is None:
         st.info("Upload the saved plan JSON to compare it.")
         st.stop()
@@ -42,6 +47,24 @@ with guarded("Comparing plans"):
     diff = diff_plans(a, b, a_label, b_label, tuple(r.total_us if r else None for r in runs))
     st.dataframe(pd.DataFrame(diff.headline, columns=["metric", a_label, b_label]), hide_index=True,
                  width="stretch")
+    st.subheader("On the graph")
+    st.caption("Orange: kernels whose stages are grouped or connected differently in the other plan, and "
+               "edges between kernels that the other plan connects differently. Colour: modeled time (µs).")
+    for k, (tab, (plan, on, other, other_label)) in enumerate(zip(
+            st.tabs([f"A: {a_label}", f"B: {b_label}"]),
+            [(a, a_graph, b, b_label), (b, b_graph, a, a_label)])):
+        with tab:
+            with st.spinner("Laying out the kernels (Graphviz; once per plan)…"):
+                ov = build_overview(on, plan)
+                marks = diff_overview(ov, plan, other)
+                positions = services.layout_positions(plan.plan_hash, True, overview_dot(ov))
+            st.plotly_chart(overview_figure(ov, positions, plan, values=overlay_values(plan, "modeled time"),
+                                            changed_nodes=marks.changed_nodes, changed_edges=marks.changed_edges),
+                            key=f"cmp_graph_{k}_{plan.plan_hash}", config={"scrollZoom": True, "displaylogo": False})
+            st.caption(f"{len(marks.changed_nodes)} of {len(ov.nodes)} kernel node(s) and "
+                       f"{len(marks.changed_edges)} of {len(ov.edges)} kernel edge(s) differ from "
+                       f"{other_label}")
+            st.dataframe(pd.DataFrame(marks.rows), hide_index=True, width="stretch", key=f"cmp_rows_{k}_{plan.plan_hash}")
     c1, c2 = st.columns(2)
     c1.caption(f"Kernels only in {a_label}")
     c1.dataframe(pd.DataFrame({"kernel": diff.only_a}), hide_index=True, width="stretch")

@@ -1,6 +1,9 @@
-"""Export page: the kernel bundle, the plan JSON and the rProgram trace JSON of the current plan."""
+"""Export page: the kernel bundle, the plan JSON, the rProgram trace JSON (measured durations when the
+plan was run on its device) and the model as annotated ONNX (our decisions in each node's metadata)."""
 
 from __future__ import annotations
+
+import json
 
 import streamlit as st
 
@@ -18,8 +21,24 @@ with guarded("Preparing the exports"):
     st.download_button("Plan JSON", services.plan_json_text(plan), file_name=f"{stem}_plan.json",
                        mime="application/json", key="export_plan")
 
+with guarded("Exporting the annotated model"):
+    ran = services.cached_run(planned.graph, plan, state.model_hash, plan.plan_hash, state.device, state.backend,
+                              state.model_path)
+    ran_us = dict(ran.kernel_us) if ran else None
+    st.download_button("Export annotated ONNX",
+                       lambda: services.annotated_onnx_bytes(state.model_path, state.model_hash, plan.plan_hash,
+                                                             json.dumps(ran_us, sort_keys=True), planned.graph, plan,
+                                                             ran_us),
+                       file_name=f"{stem}_annotated.onnx", mime="application/octet-stream", key="export_onnx",
+                       help="the model with tileweave.kernel, .connection, .kernel_modeled_us (and "
+                            ".kernel_measured_us after a run) in each node's metadata: open it in Netron or "
+                            "Model Explorer (engine.api.annotate_onnx; CLI: tileweave export --annotated-onnx)")
+
 with guarded("Exporting the trace"):
-    rp = services.rprogram_for(plan, state.model_hash, plan.plan_hash, state.device, None, "")
+    measured = services.timeline_measured(state.model_hash, plan.plan_hash, state.device, state.backend)
+    rp = services.rprogram_for(plan, state.model_hash, plan.plan_hash, state.device, measured,
+                               json.dumps(measured, sort_keys=True) if measured else "")
+    st.caption("Trace durations: " + ("measured by the last run" if measured else "modeled (not run on this device)"))
     st.download_button("Trace JSON (Chrome / Perfetto)", services.trace_json_text(rp),
                        file_name=f"{stem}_trace.json", mime="application/json", key="export_trace")
 

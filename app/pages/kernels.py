@@ -10,7 +10,7 @@ import streamlit as st
 from app import services
 from app.run_panel import bounded_controls, run_bounded, run_panel
 from app.ui import current_model, current_plan, guarded
-from app.views.kernels import kernel_rows
+from app.views.kernels import kernel_rows, kernel_sources
 from app.views.roofline import LEVEL_BW, roofline_figure
 from app.views.simt import (
     FINDING_COLUMNS,
@@ -64,9 +64,15 @@ with guarded("Verifying on the SIMT emulator"):
 with guarded("Showing generated source"):
     st.subheader("Generated source")
     sources = services.kernel_sources(planned.graph, plan, state.model_hash, plan.plan_hash, state.device)
+    names = [g.name for g in plan.groups]
+    shown = st.selectbox("Kernel", names, key="kernels_source_pick",
+                         help="one kernel's code at a time; the downloads hold the whole program")
     cuda_tab, c_tab = st.tabs(["CUDA C", "C (CPU backend)"])
-    cuda_tab.code(sources["cuda"], language="cuda")
-    c_tab.code(sources["c"], language="c")
+    for tab, lang, ext in ((cuda_tab, "cuda", "cu"), (c_tab, "c", "c")):
+        parts = kernel_sources(sources[lang])
+        tab.code(parts.get(shown, sources[lang]), language=lang)
+        tab.download_button(f"Download the whole program (.{ext})", sources[lang], key=f"kernels_src_{lang}",
+                            file_name=f"{state.model_name}_{plan.policy}.{ext}", mime="text/plain")
 
 with guarded("Drawing the rooflines"):
     st.subheader("Roofline per memory level")

@@ -16,7 +16,11 @@ names = [e["name"] for e in entries]
 
 with guarded("Loading the model"):
     state, _ = current_model()
-    source = st.radio("Source", ["Bundled sample", "Upload .onnx"], horizontal=True, key="model_source")
+    # An uploaded model stays current when the user comes back to this page (the radio's own state is
+    # gone after visiting another page: default it from the model, never to a sample that replaces it).
+    uploaded = bool(state.model_path) and state.model_name not in names
+    source = st.radio("Source", ["Bundled sample", "Upload .onnx"], horizontal=True, key="model_source",
+                      index=1 if uploaded else 0)
     if source == "Bundled sample":
         index = names.index(state.model_name) if state.model_name in names else 0
         name = st.selectbox("Sample", names, index=index, key="sample",
@@ -28,6 +32,8 @@ with guarded("Loading the model"):
     else:
         upload = st.file_uploader(f"ONNX model (at most {services.UPLOAD_LIMIT_MB} MiB)", type=["onnx"],
                                   key="upload")
+        if upload is None and uploaded:
+            st.caption(f"Current model: {state.model_name} (uploaded earlier)")
         if upload is not None:
             path = services.save_upload(upload.name, upload.getvalue())
             if str(path) != state.model_path:

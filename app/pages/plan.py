@@ -10,11 +10,10 @@ import pandas as pd
 import streamlit as st
 
 from app import services
-from app.state import clear_edits, push_edits, redo, undo
-from app.ui import commit_state, current_model, current_plan, guarded
+from app.state import clear_edits, redo, undo
+from app.ui import commit_state, current_model, current_plan, guarded, submit_edits
 from app.views.layers import matching_edges
 from app.views.tables import decision_rows, describe_edit, edge_label
-from engine.errors import TileweaveError
 from engine.schedule.plan import Edit
 
 st.title("Plan")
@@ -42,15 +41,7 @@ with guarded("Loading the plan"):
 
 
 def submit(edits: list[Edit]) -> None:
-    """Validate the edit list with the new edits; keep them only if the engine accepts them all."""
-    try:
-        services.plan_with_edits(loaded.graph, state.base_policy, state.device, state.edits + tuple(edits),
-                                 state.batching)
-    except TileweaveError as err:
-        st.error(f"Refused: {err}")
-        return
-    commit_state(push_edits(state, edits))
-    st.rerun()
+    submit_edits(state, loaded, edits)
 
 
 with guarded("Editing the plan"):
@@ -94,7 +85,7 @@ with guarded("Editing the plan"):
                     except ValueError:
                         st.error(f"Refused: tile '{after['tile']}' of {after['kernel']} is not like 32x64")
                         break
-                    edits.append(Edit.make("set_tile", group_stage=before["anchor stage"], shape=shape,
+                    edits.append(Edit.make("set_tile", stage=before["anchor stage"], shape=shape,
                                            threads=int(after["threads"])))
             else:
                 if edits:

@@ -19,17 +19,16 @@ with guarded("Scheduling the rProgram"):
     planned = current_plan(state, loaded)
     plan = planned.plan
     run = run_panel(state, planned, key="timeline_run")
-    # Only GPU measurements describe this vDevice: CPU-backend times (C kernels on the host) would put
-    # milliseconds on an a100's vEUs, so with the CPU backend the timeline stays modeled.
-    measured = run.kernel_us if run and state.backend == "cuda" else None
+    measured = services.timeline_measured(state.model_hash, plan.plan_hash, state.device, state.backend) if run else None
     key = json.dumps(measured, sort_keys=True) if measured else ""
     rp = services.rprogram_for(plan, state.model_hash, plan.plan_hash, state.device, measured, key)
     left, mid, right = st.columns(3)
     left.metric("Sequential kernels", f"{rp.sequential_us:.1f} µs")
     mid.metric("rProgram makespan", f"{rp.makespan_us:.1f} µs", f"{rp.speedup:.2f}× faster")
     right.metric("vEU utilisation", f"{rp.utilization:.0%}")
-    st.caption("Durations are " + ("measured on the GPU" if measured else
-                                   f"modeled for {state.device} (cost model; CPU-backend times are not GPU times)"))
+    st.caption("Durations are " + (f"measured ({state.backend} run on {state.device})" if measured else
+                                   f"modeled for {state.device} (cost model; CPU-backend times are GPU times only "
+                                   "for a plan made for the host device)"))
     st.plotly_chart(timeline_figure(rp), key="timeline_chart")
     st.dataframe(pd.DataFrame(makespan_rows(rp)), hide_index=True)
     st.download_button("Download Chrome trace (open in Perfetto)", services.trace_json_text(rp),

@@ -30,9 +30,10 @@ def _q(text: str) -> str:
 
 def plan_to_dot(graph: PrimGraph, plan: Plan, *, selected_group: int | None = None,
                 selected_edge: tuple[str, str] | None = None, collapse_layers: bool = False,
-                show_inputs: bool = True) -> str:
+                show_inputs: bool = True, only_groups: set[int] | None = None) -> str:
     """DOT text for `plan` over `graph`. Node ids are positional (n0, n1, …) so stage names with
-    slashes and colons never need escaping outside labels."""
+    slashes and colons never need escaping outside labels. `only_groups`: draw just those groups'
+    stages and the edges among them (one kernel and its neighbours of a large model)."""
     hidden: dict[str, str] = {}  # stage -> id of the node standing for its collapsed layer
     lines = ["digraph tilegraph {", "  rankdir=TB; compound=true; newrank=true;",
              '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
@@ -49,8 +50,12 @@ def plan_to_dot(graph: PrimGraph, plan: Plan, *, selected_group: int | None = No
     ids = {s.name: f"n{k}" for k, s in enumerate(graph.stages)}
     outputs = set(graph.outputs)
 
+    drawn: set[str] = set()
     for g in plan.groups:
+        if only_groups is not None and g.id not in only_groups:
+            continue
         visible = [s for s in g.stages if s not in hidden]
+        drawn.update(visible)
         if not visible:
             continue
         cost = fmt_us(g.cost.modeled_us) if g.cost else "not modeled"
@@ -67,7 +72,7 @@ def plan_to_dot(graph: PrimGraph, plan: Plan, *, selected_group: int | None = No
 
     if show_inputs:
         for k, t in enumerate(graph.inputs):
-            readers = [c for c in graph.consumers.get(t.name, ()) if c not in hidden]
+            readers = [c for c in graph.consumers.get(t.name, ()) if c not in hidden and c in drawn]
             if not readers:
                 continue
             label = _q(t.name + "\n" + fmt_shape(t.shape))
@@ -77,6 +82,8 @@ def plan_to_dot(graph: PrimGraph, plan: Plan, *, selected_group: int | None = No
 
     seen: set[tuple[str, str]] = set()
     for e in plan.edges:
+        if only_groups is not None and not (e.producer in drawn and e.consumer in drawn):
+            continue
         src = hidden.get(e.producer, ids[e.producer])
         dst = hidden.get(e.consumer, ids[e.consumer])
         if src == dst or (src, dst) in seen:

@@ -28,3 +28,13 @@ def kernel_rows(graph: PrimGraph, plan: Plan, measured_us: dict[str, float] | No
             "achieved GB/s": round(dram / (got * 1e-6) / 1e9, 1) if got and dram else None,
         })
     return rows
+
+
+def kernel_sources(source: str) -> dict[str, str]:
+    """Kernel name -> its code (comment, index tables, function) cut out of a whole printed program;
+    {} when the source does not split (the page then shows it whole). The browser highlights one
+    kernel at a time: a 20,000-line program in one code block takes it seconds."""
+    from engine.codegen.ccompile import split_kernels
+
+    split = split_kernels(source)
+    return dict(split[1]) if split else {}

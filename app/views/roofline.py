@@ -1,5 +1,6 @@
-"""Roofline per memory level: each kernel at (flops / bytes from that level, flops / modeled or
-measured time) under the device's peak compute and that level's bandwidth."""
+"""Roofline per memory level: each kernel at (flops / bytes from that level, flops / modeled time),
+and beside it at flops / measured time when the plan was run, under the device's peak compute and
+that level's bandwidth."""
 
 from __future__ import annotations
 
@@ -12,17 +13,18 @@ LEVEL_BW = {"dram": "dram_bw_bytes_per_s", "l2": "l2_bw_bytes_per_s", "shared": 
 
 
 def roofline_points(plan: Plan, level: str, measured_us: dict[str, float] | None = None) -> list[dict]:
-    """Kernels with a cost and traffic at `level`: intensity (FLOP/B) and achieved FLOP/s."""
+    """Kernels with a cost and traffic at `level`: intensity (FLOP/B) and FLOP/s at the modeled time,
+    plus a "measured" point at the same intensity for each kernel `measured_us` times."""
     out = []
     for g in plan.groups:
         if not g.cost or not g.cost.traffic_bytes.get(level) or not g.cost.flops:
             continue
-        us = (measured_us or {}).get(g.name, g.cost.modeled_us)
-        if us <= 0:
-            continue
-        out.append({"kernel": g.name, "intensity": g.cost.flops / g.cost.traffic_bytes[level],
-                    "flops_per_s": g.cost.flops / (us * 1e-6),
-                    "source": "measured" if measured_us and g.name in measured_us else "modeled"})
+        intensity = g.cost.flops / g.cost.traffic_bytes[level]
+        times = [("modeled", g.cost.modeled_us), ("measured", (measured_us or {}).get(g.name))]
+        for source, us in times:
+            if us is not None and us > 0:
+                out.append({"kernel": g.name, "intensity": intensity, "flops_per_s": g.cost.flops / (us * 1e-6),
+                            "source": source})
     return out
 
 

@@ -114,7 +114,7 @@ def describe_edit(edit: Edit) -> str:
         return f"split at {a['producer']} → {a['consumer']}"
     if edit.kind == "set_tile":
         shape = fmt_shape(tuple(a.get("shape", ()))) if a.get("shape") else "—"
-        return f"set_tile {a.get('group_stage')}: tile {shape}, {a.get('threads')} threads"
+        return f"set_tile {a.get('stage', a.get('group_stage'))}: tile {shape}, {a.get('threads')} threads"
     return f"{edit.kind} " + ", ".join(f"{k}={v}" for k, v in edit.args)
 
 

@@ -1,4 +1,5 @@
-"""`tileweave export MODEL --policy P --device D -o bundle.zip`: the kernel bundle of a plan."""
+"""`tileweave export MODEL --policy P --device D -o bundle.zip`: the kernel bundle of a plan;
+`--annotated-onnx OUT.onnx`: the model with each node's kernel, connections and modeled µs in its metadata."""
 
 from __future__ import annotations
 
@@ -17,20 +18,33 @@ def add_export_command(sub) -> None:
     add_plan_args(p)
     p.add_argument("--arch", action="append", help="NVRTC target, repeatable (default sm_80 and sm_90)")
     p.add_argument("--no-weights", action="store_true", help="leave weights.npz out of the bundle")
-    p.add_argument("-o", "--out", required=True, help="output .zip path")
+    p.add_argument("-o", "--out", help="output .zip path of the kernel bundle")
+    p.add_argument("--annotated-onnx", metavar="OUT", help="also (or only) write the model as ONNX with each node's "
+                   "kernel, connection levels and modeled µs in its metadata_props (Netron shows them)")
     add_time_limit_arg(p, "the NVRTC compile (all kernels and archs together; run in a worker process that is killed)")
     p.set_defaults(func=cmd_export)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from engine.bundle.annotate import annotate_onnx
     from engine.bundle.export import DEFAULT_ARCHS, bundle_info, export_bundle
     from engine.commands import check_writable, planned_model
+    from engine.errors import TileweaveError
     from engine.flags import time_limit_s
 
+    if not args.out and not args.annotated_onnx:
+        raise TileweaveError("nothing to export: give -o bundle.zip, --annotated-onnx model.onnx, or both")
     time_limit = time_limit_s(args.time_limit)
-    out = Path(args.out)
-    check_writable(out)
+    for path in (args.out, args.annotated_onnx):
+        if path:
+            check_writable(Path(path))
     device, graph, plan = planned_model(args)
+    if args.annotated_onnx:
+        Path(args.annotated_onnx).write_bytes(annotate_onnx(args.model, graph, plan))
+        print(f"{args.annotated_onnx}: {Path(args.model).name} annotated with {plan.kernels} kernels of {plan.policy}")
+    if not args.out:
+        return 0
+    out = Path(args.out)
     data = export_bundle(graph, plan, device, archs=tuple(args.arch or DEFAULT_ARCHS),
                          with_weights=not args.no_weights, time_limit=time_limit)
     out.write_bytes(data)

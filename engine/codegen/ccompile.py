@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from engine.errors import CompileError, TimeLimitError
@@ -164,3 +165,84 @@ def load_library(path: str | Path) -> ctypes.CDLL:
         return ctypes.CDLL(str(path))
     except OSError as err:
         raise CompileError(f"cannot load {path}: {err}; delete it to force a rebuild") from None
+
+
+# ---- per-kernel objects: an edit recompiles only the kernels whose source changed -------------------
+
+_KERNEL_DEF = re.compile(r"^// (\w+): stages ", re.M)  # the comment each printed kernel starts with
+_UNIT_SYMBOL = "tw_kernel_unit"  # each kernel is compiled under this name, renamed when linked
+
+
+def split_kernels(source: str) -> tuple[str, list[tuple[str, str]]] | None:
+    """(prelude, [(kernel name, its code)]) of a program's C source as the printer writes it: the prelude
+    (includes, macros, static inline helpers) up to the first kernel's `// name: stages` comment; each
+    kernel (comment, its static index tables, its function) up to the next. None when there are fewer
+    than two kernels (nothing to gain)."""
+    starts = list(_KERNEL_DEF.finditer(source))
+    if len(starts) < 2:
+        return None
+    ends = [m.start() for m in starts[1:]] + [len(source)]
+    return source[:starts[0].start()], [(m.group(1), source[m.start():end]) for m, end in zip(starts, ends)]
+
+
+def compile_c_kernels(source: str, *, name: str, timeout: float | None = None, poll=None) -> Path:
+    """compile_c for a program's C source, built as one object per kernel and linked: each object is
+    cached on its prelude + definition with the kernel's name canonicalised, so after an edit only the
+    kernels whose code changed are compiled again (renumbered kernel names included: the cached object's
+    symbol is renamed with objcopy). Same library path and cache hit as compile_c; where the source does
+    not split, objcopy is missing or a unit fails, compile_c builds it whole (and reports any error)."""
+    cmd = find_compiler()
+    options = _default_options(tuple(cmd))
+    key_parts = [_CACHE_FORMAT, source, list(options), list(LINK_LIBS), _compiler_version(tuple(cmd))]
+    if any("native" in opt for opt in options):
+        key_parts.append(_host_fingerprint())
+    key = hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()
+    folder = cache_dir() / "cc"
+    lib = folder / f"{_safe(name)}-{key[:20]}.so"
+    split = split_kernels(source)
+    if lib.exists() or split is None or shutil.which("objcopy") is None:
+        return compile_c(source, name=name, timeout=timeout, poll=poll)
+    timeout = timeout or time_limit_s() or _COMPILE_TIMEOUT_S
+    deadline = time.monotonic() + timeout
+    prelude, kernels = split
+    objects = folder / "obj"
+    objects.mkdir(parents=True, exist_ok=True)
+    unit_options = [o for o in options if o != "-shared"]
+    work = Path(tempfile.mkdtemp(dir=folder, prefix=f".{_safe(name)}."))
+    try:
+        linked = []
+        for kernel, text in kernels:
+            unit = prelude + text.replace(kernel, _UNIT_SYMBOL)  # the function and its tables (tab_<name>_…)
+            unit_key = hashlib.sha256(json.dumps(key_parts[:1] + [unit] + key_parts[2:]).encode()).hexdigest()
+            obj = objects / f"{unit_key[:24]}.o"
+            if not obj.exists():
+                src = work / f"{_safe(kernel)}.c"
+                src.write_text(unit)
+                tmp = work / f"{_safe(kernel)}.o"
+                code, out, err = run_worker([*cmd, *unit_options, "-c", str(src), "-o", str(tmp)],
+                                            timeout=max(deadline - time.monotonic(), 0.1), poll=poll, env=dict(os.environ))
+                if code != 0:
+                    debug(2, f"cc {name}: kernel {kernel} failed alone ({_first_error(err + out)}); building whole")
+                    return compile_c(source, name=name, timeout=max(deadline - time.monotonic(), 0.1), poll=poll)
+                os.replace(tmp, obj)
+                debug(2, f"cc {name}: compiled kernel {kernel}")
+            named = work / f"{_safe(kernel)}.linked.o"
+            code, out, err = run_worker(["objcopy", f"--redefine-sym={_UNIT_SYMBOL}={kernel}", str(obj), str(named)],
+                                        timeout=max(deadline - time.monotonic(), 0.1), poll=poll, env=dict(os.environ))
+            if code != 0:
+                return compile_c(source, name=name, timeout=max(deadline - time.monotonic(), 0.1), poll=poll)
+            linked.append(str(named))
+        write_atomic(folder / f"{lib.stem}.c", source.encode())  # beside the library, as compile_c keeps it
+        tmp = work / "lib.so"
+        code, out, err = run_worker([*cmd, *options, *linked, "-o", str(tmp), *LINK_LIBS],
+                                    timeout=max(deadline - time.monotonic(), 0.1), poll=poll, env=dict(os.environ))
+        if code != 0:
+            return compile_c(source, name=name, timeout=max(deadline - time.monotonic(), 0.1), poll=poll)
+        os.replace(tmp, lib)
+    except WorkerTimeout:
+        raise TimeLimitError(f"the C compile of {name} did not finish within the {timeout:g} s time limit",
+                             hint=RAISE_IT) from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    debug(2, f"cc {name}: linked {len(kernels)} kernel objects into {lib.name}")
+    return lib

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.codegen.ccompile import compile_c, load_library
+from engine.codegen.ccompile import compile_c_kernels, load_library
 from engine.codegen.kir import Program
 from engine.codegen.targets import render_c
 from engine.errors import ShapeError
@@ -41,7 +41,7 @@ def compile_program_c(program: Program, *, time_limit: float | None = None, poll
     """Render and compile `program`; the C compiler may take `time_limit` seconds, `poll` may cancel it
     (see compile_c)."""
     source = render_c(program)
-    path = compile_c(source, name=program.name, timeout=time_limit, poll=poll)
+    path = compile_c_kernels(source, name=program.name, timeout=time_limit, poll=poll)
     return CpuModule(program, source, load_library(path), str(path))
 
 

@@ -119,7 +119,7 @@ EDIT_KINDS = ("set_edge", "split", "merge", "set_tile")
 @dataclass(frozen=True)
 class Edit:
     """One user edit. kinds: set_edge(producer, consumer, conn), split(producer, consumer),
-    merge(producer, consumer, conn?), set_tile(group_stage, shape, threads, reduce_step?)."""
+    merge(producer, consumer, conn?), set_tile(stage, shape, threads, reduce_step?)."""
 
     kind: str
     args: tuple[tuple[str, object], ...]

@@ -4,12 +4,14 @@ verification (a clean run; an engine error as one line)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from app import services
+from app.state import KEY
 from app.views.fmt import fmt_bytes
 from app.views.simt import FINDING_COLUMNS
 from engine.errors import BackendError
@@ -69,14 +71,74 @@ def test_every_page_renders_without_exception(page):
     assert at.title[0].value.lower().replace("-", "") == page.replace("tilegraph", "tilegraph")
 
 
-def test_tilegraph_selection_shows_group_details():
-    at = open_page("tilegraph")
-    group = at.selectbox(key="tg_group")
-    group.set_value(group.options[-1]).run()
+def select(at: AppTest, *selection: str) -> None:
+    """What a click in the overview does (its on_select callback): store the selection by stage names."""
+    at.session_state[KEY] = dataclasses.replace(at.session_state[KEY], selection=selection)
+    at.run()
+
+
+def test_tilegraph_draws_the_kernel_overview_not_every_stage():
+    at = open_page("tilegraph", "bert_layer")
     no_traceback(at)
-    assert at.json, "group details not shown"
-    at.button(key="tg_render_svg").click().run()
+    assert not at.get("graphviz_chart"), "the stage-level graph must not be drawn by default"
+    assert any("node(s) for" in c.value for c in at.caption)
+    at.button(key="tg_draw_all").click().run()
     no_traceback(at)
+    assert at.get("graphviz_chart")
+
+
+def test_a_clicked_kernel_shows_its_stages_details_and_edits():
+    at = open_page("tilegraph", "masked_softmax")
+    graph = services.load_model(str(services.sample_path("masked_softmax")), "masked_softmax").graph
+    plan = services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", True).plan
+    group = plan.groups[-1]
+    select(at, "kernel", group.stages[-1])
+    no_traceback(at)
+    assert group.name in [h.value for h in at.subheader]
+    assert f"Stages of {group.name} and its neighbours" in [h.value for h in at.subheader]
+    assert at.get("graphviz_chart") and at.json
+    for key in ("tg_tile", "tg_threads"):
+        assert at.text_input(key=key) if key == "tg_tile" else at.number_input(key=key)
+
+
+def test_an_edge_clicked_in_the_overview_offers_legal_connections_and_undo_restores():
+    at = open_page("plan", "masked_softmax")
+    at.selectbox(key="plan_policy").set_value("unfused").run()
+    at.switch_page("pages/tilegraph.py").run()
+    graph = services.load_model(str(services.sample_path("masked_softmax")), "masked_softmax").graph
+    plan = services.build_plan(graph, graph.structural_hash, "unfused", "a100", "[]", True).plan
+    before = at.caption[0].value
+    # Fusing Add → exp alone would put the two kernels on a cycle through the max reduction (illegal);
+    # another edge is legal at register.
+    illegal = next(e for e in plan.edges if e.producer == "Add_6_out" and e.consumer == "probs::exp")
+    select(at, "edge", illegal.producer, illegal.consumer)
+    no_traceback(at)
+    assert at.button(key="tg_conn_register").disabled
+    assert any(c.value.startswith(":grey[register: ") and "rule" in c.value for c in at.caption)
+    for e in plan.edges:
+        select(at, "edge", e.producer, e.consumer)
+        if not at.button(key="tg_conn_register").disabled:
+            break
+    else:
+        pytest.fail("no edge of unfused masked_softmax can be fused at register")
+    at.button(key="tg_conn_register").click().run()
+    no_traceback(at)
+    assert "1 edit(s)" in at.caption[0].value and at.caption[0].value != before
+    at.button(key="tg_undo").click().run()
+    assert at.caption[0].value == before
+    at.button(key="tg_redo").click().run()
+    assert "1 edit(s)" in at.caption[0].value
+
+
+def test_search_selects_the_kernel_holding_an_onnx_node():
+    at = open_page("tilegraph", "masked_softmax")
+    graph = services.load_model(str(services.sample_path("masked_softmax")), "masked_softmax").graph
+    stage = graph.stages[2]
+    at.text_input(key="tg_search").set_value(stage.origin[0]).run()
+    at.button(key="tg_hit_go").click().run()
+    no_traceback(at)
+    plan = services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", True).plan
+    assert plan.group_of(stage.name).name in [h.value for h in at.subheader]
 
 
 def test_switching_sample_changes_the_summary():
@@ -146,13 +208,23 @@ def test_welder_batches_qkv_and_the_toggle_turns_it_off():
 def test_batched_plan_reaches_the_tilegraph_and_kernels_pages():
     at = open_page("tilegraph", "bert_layer")
     no_traceback(at)
-    assert any(".batched" in o for o in at.selectbox(key="tg_edge").options)
+    graph = services.load_model(str(services.sample_path("bert_layer")), "bert_layer").graph
+    batched = services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", True).graph
+    stage = next(s.name for s in batched.stages if s.name.endswith(".batched"))
+    select(at, "kernel", stage)
+    no_traceback(at)
+    assert any(stage in str(j.value) for j in at.json)  # the kernel holding the batched stage opens
     at.switch_page("pages/kernels.py").run()
     no_traceback(at)
     graph = services.load_model(str(services.sample_path("bert_layer")), "bert_layer").graph
     on, off = (services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", b).plan for b in (True, False))
+    on_graph = services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", True).graph
     assert len(at.dataframe[0].value) == on.kernels != off.kernels  # the table lists the batched plan's kernels
+    holder = on.group_of(next(s.name for s in on_graph.stages if s.name.endswith(".batched"))).name
+    at.selectbox(key="kernels_source_pick").set_value(holder).run()
     assert any("batched" in c.value for c in at.code)  # generated source names the batched stage
+    assert all(len(c.value) < len(services.kernel_sources(on_graph, on, graph.structural_hash, on.plan_hash,
+                                                          "a100")["c"]) for c in at.code)  # one kernel shown
 
 
 def simt_table(at: AppTest, column: str):

@@ -91,7 +91,7 @@ def test_pick_sample_edit_edge_run_and_see_timeline(server):
         page.screenshot(path=str(ARTIFACTS / "1_model.png"), full_page=True)
 
         page.get_by_role("link", name="Tile-graph").click()
-        page.locator('[data-testid="stGraphVizChart"] svg').first.wait_for(timeout=60_000)
+        page.locator('[data-testid="stPlotlyChart"]').first.wait_for(timeout=60_000)  # the kernel overview
         page.screenshot(path=str(ARTIFACTS / "2_tilegraph.png"), full_page=True)
 
         page.get_by_role("link", name="Plan").click()
