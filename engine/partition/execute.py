@@ -41,7 +41,9 @@ class StageWorker:
         self.device = device
         self.module = compile_program_c(program)
         self.specs = dict(specs)
-        self.env = {k: np.ascontiguousarray(v, dtype=specs[k].dtype.np) for k, v in {**weights, **inputs}.items()}
+        # Copies: an array Ray hands over is a read-only view of its object store, valid only while the
+        # caller holds the object; kernels later read (and may write) these buffers.
+        self.env = {k: np.array(v, dtype=specs[k].dtype.np, order="C", copy=True) for k, v in {**weights, **inputs}.items()}
         self.received: list[tuple[str, int, int]] = []
         self.seconds = 0.0
 
@@ -49,7 +51,7 @@ class StageWorker:
         """Take `arrays` (named `names_in`, sent by other actors), run `kernels` in order, return the tensors
         `names_out` (for other actors) and the count of kernels run last."""
         for name, arr in zip(names_in, arrays):
-            self.env[name] = np.ascontiguousarray(arr, dtype=self.specs[name].dtype.np)
+            self.env[name] = np.array(arr, dtype=self.specs[name].dtype.np, order="C", copy=True)  # see __init__
             self.received.append((name, self.device, int(arr.nbytes)))
         started = time.perf_counter()
         for launch in (ln for ln in self.module.program.launches if ln.kernel in set(kernels)):
