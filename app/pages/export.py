@@ -25,10 +25,11 @@ with guarded("Exporting the annotated model"):
     ran = services.cached_run(planned.graph, plan, state.model_hash, plan.plan_hash, state.device, state.backend,
                               state.model_path)
     ran_us = dict(ran.kernel_us) if ran else None
-    st.download_button("Export annotated ONNX",
-                       lambda: services.annotated_onnx_bytes(state.model_path, state.model_hash, plan.plan_hash,
-                                                             json.dumps(ran_us, sort_keys=True), planned.graph, plan,
-                                                             ran_us),
+    # Made here, in the page's run (cached per plan and measurement): a deferred callable runs outside the
+    # script's thread, and in the browser tests its download sometimes never came (the button stayed disabled).
+    annotated = services.annotated_onnx_bytes(state.model_path, state.model_hash, plan.plan_hash,
+                                              json.dumps(ran_us, sort_keys=True), planned.graph, plan, ran_us)
+    st.download_button("Export annotated ONNX", annotated,
                        file_name=f"{stem}_annotated.onnx", mime="application/octet-stream", key="export_onnx",
                        help="the model with tileweave.kernel, .connection, .kernel_modeled_us (and "
                             ".kernel_measured_us after a run) in each node's metadata: open it in Netron or "
