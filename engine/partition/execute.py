@@ -34,24 +34,23 @@ class StageWorker:
     """One device: its part of the program compiled once, then run piece by piece. Tensors it made or
     received stay in its own memory; only what the transfer plan names leaves it."""
 
-    def __init__(self, device: int, program: Program, specs: Mapping, weights: Mapping[str, np.ndarray],
-                 inputs: Mapping[str, np.ndarray]):
+    def __init__(self, blob: bytes):
         from engine.runtime.cpu import compile_program_c
 
+        device, program, specs, weights, inputs = unpack(blob)
         self.device = device
         self.module = compile_program_c(program)
         self.specs = dict(specs)
-        # Copies: an array Ray hands over is a read-only view of its object store, valid only while the
-        # caller holds the object; kernels later read (and may write) these buffers.
-        self.env = {k: np.array(v, dtype=specs[k].dtype.np, order="C", copy=True) for k, v in {**weights, **inputs}.items()}
+        self.env = {k: np.ascontiguousarray(v, dtype=specs[k].dtype.np) for k, v in {**weights, **inputs}.items()}
         self.received: list[tuple[str, int, int]] = []
         self.seconds = 0.0
 
-    def run(self, kernels: list[str], names_in: list[str], names_out: list[str], *arrays) -> tuple:
-        """Take `arrays` (named `names_in`, sent by other actors), run `kernels` in order, return the tensors
-        `names_out` (for other actors) and the count of kernels run last."""
-        for name, arr in zip(names_in, arrays):
-            self.env[name] = np.array(arr, dtype=self.specs[name].dtype.np, order="C", copy=True)  # see __init__
+    def run(self, kernels: list[str], names_in: list[str], names_out: list[str], *blobs: bytes) -> tuple:
+        """Take the tensors `names_in` (each packed by the actor that made it), run `kernels` in order, return
+        the tensors `names_out` packed for other actors, and the count of kernels run last."""
+        for name, blob in zip(names_in, blobs):
+            arr = unpack(blob)
+            self.env[name] = np.ascontiguousarray(arr, dtype=self.specs[name].dtype.np)
             self.received.append((name, self.device, int(arr.nbytes)))
         started = time.perf_counter()
         for launch in (ln for ln in self.module.program.launches if ln.kernel in set(kernels)):
@@ -60,13 +59,29 @@ class StageWorker:
                     self.env[t] = np.empty(self.specs[t].shape, self.specs[t].dtype.np)
             self.module.function(launch.kernel)(*[self.env[t].ctypes.data for t in launch.args])
         self.seconds += time.perf_counter() - started
-        return (*[self.env[n] for n in names_out], len(kernels))
+        return (*[pack(self.env[n]) for n in names_out], len(kernels))
 
-    def fetch(self, names: list[str]) -> list[np.ndarray]:
-        return [self.env[n] for n in names]
+    def fetch(self, names: list[str]) -> list[bytes]:
+        return [pack(self.env[n]) for n in names]
 
     def report(self) -> tuple[list[tuple[str, int, int]], float]:
         return self.received, self.seconds
+
+
+def pack(value) -> bytes:
+    """What goes through Ray between the driver and the actors: our own pickle bytes. Ray's serializer
+    handed an actor a dict of TensorSpec with values under the wrong keys ('layer_norm_3' -> the spec of
+    'conv2d::conv') in a process that had loaded NVRTC (convnext's second device then computed garbage);
+    pickle and cloudpickle round-trip the same dict intact, and Ray moves bytes as they are."""
+    import pickle
+
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack(blob: bytes):
+    import pickle
+
+    return pickle.loads(blob)
 
 
 def connect(cluster: str | None, devices: int):
@@ -139,9 +154,9 @@ def run_partition(graph: PrimGraph, plan: Plan, partition: Partition, inputs: Ma
     workers = []
     for d, prog in enumerate(progs):
         consts = {t for ln in prog.launches for t in ln.args if t in graph.weights}
-        workers.append(actor.remote(d, prog, {t: graph.specs[t] for ln in prog.launches for t in ln.args}
-                                    | {t.name: t for t in graph.inputs}, {t: graph.weights[t] for t in consts},
-                                    given if d == INPUT_DEVICE else {}))
+        specs = {t: graph.specs[t] for ln in prog.launches for t in ln.args} | {t.name: t for t in graph.inputs}
+        workers.append(actor.remote(pack((d, prog, specs, {t: graph.weights[t] for t in consts},
+                                          given if d == INPUT_DEVICE else {}))))
 
     # Pieces: runs of consecutive launches on one device, each one actor call.
     pieces: list[tuple[int, list[str]]] = []
@@ -179,7 +194,7 @@ def run_partition(graph: PrimGraph, plan: Plan, partition: Partition, inputs: Ma
         outputs = {}
         for name, t in zip(graph.output_names, graph.outputs):
             d = where[next(k for k in program.launches if t in program.kernel(k.kernel).stages).kernel]
-            outputs[name] = np.array(ray.get(workers[d].fetch.remote([t]))[0])
+            outputs[name] = np.array(unpack(ray.get(workers[d].fetch.remote([t]))[0]))
         reports = ray.get([w.report.remote() for w in workers])
     finally:
         for w in workers:
