@@ -18,6 +18,7 @@ from engine.device import Device
 from engine.errors import PartitionError
 from engine.ir.graph import PrimGraph
 from engine.partition.model import Partition
+from engine.raywire import pack, unpack
 from engine.schedule.plan import Plan
 
 
@@ -66,22 +67,6 @@ class StageWorker:
 
     def report(self) -> tuple[list[tuple[str, int, int]], float]:
         return self.received, self.seconds
-
-
-def pack(value) -> bytes:
-    """What goes through Ray between the driver and the actors: our own pickle bytes. Ray's serializer
-    handed an actor a dict of TensorSpec with values under the wrong keys ('layer_norm_3' -> the spec of
-    'conv2d::conv') in a process that had loaded NVRTC (convnext's second device then computed garbage);
-    pickle and cloudpickle round-trip the same dict intact, and Ray moves bytes as they are."""
-    import pickle
-
-    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def unpack(blob: bytes):
-    import pickle
-
-    return pickle.loads(blob)
 
 
 def connect(cluster: str | None, devices: int):

@@ -23,6 +23,7 @@ from pathlib import Path
 from engine.device import Device
 from engine.errors import BackendError, TileweaveError
 from engine.ir.graph import PrimGraph
+from engine.raywire import pack, unpack
 from engine.schedule.measure import REPEAT, Compiled, codegen_version, compile_variant, time_compiled
 from engine.schedule.plan import Plan
 from engine.schedule.tune import MeasureTask, TuneJob, task_rows
@@ -200,14 +201,17 @@ def _describe(ray, what: str) -> str:
             f"{int(res.get(HOST_RESOURCE, 0))} host_cpu")
 
 
-def _compile_task(graph: PrimGraph, plan: Plan, device: Device, compile_fn: CompileFn) -> Compiled:
-    return compile_fn(graph, plan, device)
+def _compile_task(blob: bytes) -> bytes:
+    """A compile task: (graph, plan, device, compile_fn) packed in, the Compiled packed out (raywire)."""
+    graph, plan, device, compile_fn = unpack(blob)
+    return pack(compile_fn(graph, plan, device))
 
 
 class Measurer:
     """A Ray actor owning one device (one GPU, or the host CPU): times compiled variants one at a time."""
 
-    def __init__(self, device: Device, version: str):
+    def __init__(self, blob: bytes):
+        device, version = unpack(blob)
         if codegen_version() != version:
             raise BackendError(f"worker {socket.gethostname()} runs tileweave code {codegen_version()}, the driver "
                                f"{version}", hint="install the same tileweave on every node of the cluster")
@@ -215,9 +219,12 @@ class Measurer:
         self.gpu = None
         self.inputs: dict[str, dict] = {}
 
-    def measure(self, graph: PrimGraph, compiled: Compiled, repeat: int, time_fn: TimeFn) -> tuple[dict, str]:
+    def measure(self, graph_blob: bytes, compiled_blob: bytes, args: bytes) -> bytes:
+        """Time one compiled variant; everything in and out packed (raywire): ((times, worker))."""
         from engine.runtime.inputs import make_inputs
 
+        graph, compiled = unpack(graph_blob), unpack(compiled_blob)
+        repeat, time_fn = unpack(args)
         if self.device.kind != "cpu" and self.gpu is None:
             from engine.runtime.cuda_driver import attached_gpu
 
@@ -225,7 +232,7 @@ class Measurer:
         inputs = self.inputs.setdefault(graph.structural_hash, make_inputs(graph, seed=0))
         kwargs = {"inputs": inputs} if self.gpu is None else {"inputs": inputs, "gpu": self.gpu}
         times = dict(time_fn(graph, compiled, self.device, repeat, **kwargs))
-        return times, f"{socket.gethostname()}:{os.getpid()}"
+        return pack((times, f"{socket.gethostname()}:{os.getpid()}"))
 
     def pid(self) -> int:
         return os.getpid()
@@ -256,18 +263,19 @@ def run_ray(tasks: Sequence[MeasureTask], graphs: Mapping[str, PrimGraph], db: T
 
     slots = measure_slots(ray, device)
     count = slots.pop("count")
-    refs = {h: ray.put(g) for h, g in graphs.items()}
+    refs = {h: ray.put(pack(g)) for h, g in graphs.items()}
     compile_remote = ray.remote(num_cpus=1, max_retries=RETRIES)(_compile_task)
     actor_class = ray.remote(Measurer).options(num_cpus=0, max_restarts=RETRIES, max_task_retries=RETRIES, **slots)
-    actors = [actor_class.remote(device, codegen_version()) for _ in range(min(count, len(tasks)))]
-    compiling = {compile_remote.remote(refs[t.graph_hash], t.plan, device, compile_fn): t for t in tasks}
+    actors = [actor_class.remote(pack((device, codegen_version()))) for _ in range(min(count, len(tasks)))]
+    compiling = {compile_remote.remote(pack((graphs[t.graph_hash], t.plan, device, compile_fn))): t for t in tasks}
+    timing = pack((repeat, time_fn))
     ready: deque = deque()
     free, measuring, done = list(actors), {}, 0
     while compiling or ready or measuring:
         while ready and free:
             task, compiled = ready.popleft()
             actor = free.pop()
-            measuring[actor.measure.remote(refs[task.graph_hash], compiled, repeat, time_fn)] = (task, actor)
+            measuring[actor.measure.remote(refs[task.graph_hash], compiled, timing)] = (task, actor)
         finished, _ = ray.wait([*compiling, *measuring], num_returns=1)
         for ref in finished:
             if ref in compiling:
@@ -286,7 +294,7 @@ def run_ray(tasks: Sequence[MeasureTask], graphs: Mapping[str, PrimGraph], db: T
 def _get(ray, ref, task: MeasureTask):
     """ray.get, with the engine's own errors as themselves and a dead worker as one line."""
     try:
-        return ray.get(ref)
+        return unpack(ray.get(ref))
     except ray.exceptions.RayTaskError as err:
         cause = getattr(err, "cause", None)
         if isinstance(cause, TileweaveError):
