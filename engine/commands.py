@@ -50,6 +50,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="bind the shape of an input with dynamic dimensions (repeatable)")
 
 
+def add_models_args(p: argparse.ArgumentParser, nargs: str = "+") -> None:
+    """MODEL... and --shape bound in every MODEL: what the many-model commands take (bench, tune)."""
+    p.add_argument("models", nargs=nargs, metavar="MODEL", help="paths to .onnx files")
+    p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...",
+                   help="bind the shape of an input with dynamic dimensions, in every MODEL (repeatable)")
+
+
 def add_plan_args(p: argparse.ArgumentParser, policy_help: str = "fusion policy") -> None:
     """MODEL, --shape, --policy, --device, --plan-in (alias --plan) and --no-batching: what every
     command that plans a model takes (compile, run, rprogram, export)."""
@@ -467,9 +474,7 @@ def add_bench_command(sub) -> None:
                                    "and schedule seconds. Inputs come from MODEL's .io.npz beside it when "
                                    "there is one, else the fixed-seed generator. A cell that outlives "
                                    "--timeout is killed and reported as a timeout.")
-    p.add_argument("models", nargs="+", metavar="MODEL", help="paths to .onnx files")
-    p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...",
-                   help="bind the shape of an input with dynamic dimensions, in every MODEL (repeatable)")
+    add_models_args(p)
     p.add_argument("--policy", action="append", dest="policies", metavar="P",
                    help=f"policy to run, optionally P+tune (repeatable; default all: {', '.join(POLICIES)})")
     p.add_argument("--device", default="host",

@@ -12,6 +12,7 @@ from engine.errors import TileweaveError
 
 
 def add_tune_command(sub) -> None:
+    from engine.commands import add_models_args
     from engine.schedule.tune import MAX_TUNE
 
     p = sub.add_parser(
@@ -24,9 +25,7 @@ def add_tune_command(sub) -> None:
                     "recorded once. Ray starts embedded on this machine unless --cluster or RAY_ADDRESS names a "
                     "cluster. Measurements are kept in the tuning database, keyed by subgraph signature, device "
                     "and code version: a second run of the same job measures nothing. See docs/scale-out.md.")
-    p.add_argument("models", nargs="*", metavar="MODEL", help="paths to .onnx files")
-    p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...",
-                   help="bind the shape of an input with dynamic dimensions, in every MODEL (repeatable)")
+    add_models_args(p, nargs="*")
     p.add_argument("--device", default="host",
                    help="device measured on: host (this CPU, the default) or a GPU preset (v100, a100, rtx3090, "
                         "h100, h200) or device file, measured on the cluster's GPUs")

@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from e2e.test_workbench import ARGS, ARTIFACTS, CHROMIUM, ROOT, start_app, wait_idle
+from e2e.test_workbench import ARGS, ARTIFACTS, CHROMIUM, ROOT, wait_idle
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (make sys-deps)")]
@@ -22,14 +22,6 @@ PAGES = {  # page -> text its content shows once drawn
     "Tile-graph": "node(s) for", "Plan": "Base policy", "Kernels": "Compile + run", "Timeline": "rProgram makespan",
     "Compare": "differ from", "Export": "Export annotated ONNX", "Model": "Min DRAM traffic",
 }
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    proc, url = start_app(tmp_path_factory.mktemp("cache"))
-    yield url
-    proc.terminate()
-    proc.wait(timeout=20)
 
 
 def cuttable_edge(model: Path) -> tuple[int, str, str]:

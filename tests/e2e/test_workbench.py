@@ -53,14 +53,6 @@ def start_app(cache: Path) -> tuple[subprocess.Popen, str]:
     pytest.fail("streamlit did not start: " + proc.stdout.read().decode(errors="replace")[-2000:])
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    proc, url = start_app(tmp_path_factory.mktemp("cache"))
-    yield url
-    proc.terminate()
-    proc.wait(timeout=20)
-
-
 def choose(page, label: str, option: str) -> None:
     """Pick `option` in the Streamlit selectbox labelled `label`."""
     box = page.locator('[data-testid="stSelectbox"]').filter(has_text=label).first
