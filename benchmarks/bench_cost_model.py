@@ -1,5 +1,6 @@
-"""The cost model held to measurement on the host CPU: for each model and policy, the plan made for
-`--device host`, its kernels timed by the C backend (median of --runs launches each), and per model:
+"""The cost model held to measurement, on the host CPU or an attached GPU: for each model and policy, the
+plan made for `--device` (host, or a GPU preset / `gpu` for the attached GPU's), its kernels timed by the
+C backend or by CUDA events around each launch (median of --runs launches each), and per model:
 Spearman's rho between modeled and measured kernel times, the median |log(measured / modeled)| (as a
 factor), modeled and measured program time per policy, and whether the model ranks the policies as
 the measurement does. One worker process per model (planning included), so a model that hangs is
@@ -7,20 +8,27 @@ reported and the rest still run.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_cost_model.py [--set zoo|samples] [--models a,b]
         [--policies unfused,elementwise,stitch,welder] [--runs 9] [--timeout 900] [--json OUT.json]
+        [--device host|gpu|PRESET] [--jobs N]
 
 The host's figures come from `tileweave device host` (probed on first use, cached); OMP_NUM_THREADS sets
-the threads of both the plan (the host device's cores) and the run.
+the threads of both the plan (the host device's cores) and the run. On a GPU (`--device gpu` plans for the
+preset matching the attached GPU) planning and NVRTC compiling run first, --jobs models at a time (CPU
+work, pickled to a temporary folder), then each model's kernels are timed alone on the GPU, one process
+per model; the GPU rows also carry each output's error against onnxruntime (inputs from the model's
+.io.npz) and each kernel's registers as the driver reports them beside the CUBIN parser's count.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,6 +62,69 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / var if var else float("nan")
 
 
+def prepare(job: dict) -> dict:
+    """GPU, first step (CPU work): every policy planned for the preset and compiled with NVRTC; the
+    planned graphs and compiled variants pickled to job["store"]."""
+    import pickle
+
+    from engine.device import get_device
+    from engine.frontend.importer import load_graph
+    from engine.schedule.measure import compile_variant
+    from engine.schedule.pipeline import plan_model
+
+    device = get_device(job["device"])
+    graph = load_graph(job["model"])
+    out = {}
+    for policy in job["policies"]:
+        t0 = time.perf_counter()
+        planned, plan = plan_model(graph, policy, device)
+        seconds = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out[policy] = (planned, compile_variant(planned, plan, device), seconds, time.perf_counter() - t0)
+    Path(job["store"]).write_bytes(pickle.dumps(out))
+    return {p: {"schedule_s": round(v[2], 2), "compile_s": round(v[3], 2)} for p, v in out.items()}
+
+
+def time_on_gpu(job: dict) -> dict:
+    """GPU, second step: each prepared variant's kernels timed on the attached GPU, its outputs checked
+    against onnxruntime, its registers read from the driver."""
+    import pickle
+
+    from engine.device import get_device
+    from engine.profile.bench_worker import bench_inputs, max_rel_error, ort_session
+    from engine.runtime.cuda import load_program, run_cuda
+    from engine.runtime.cuda_driver import attached_gpu
+    from engine.schedule.measure import time_compiled
+
+    device = get_device(job["device"])
+    prepared = pickle.loads(Path(job["store"]).read_bytes())
+    gpu = attached_gpu()
+    out = {}
+    for policy, (planned, compiled, schedule_s, compile_s) in prepared.items():
+        inputs = bench_inputs(planned, Path(job["model"]))
+        sess = ort_session(Path(job["model"]), 4)
+        names = [o.name for o in sess.get_outputs()]
+        want = dict(zip(names, sess.run(names, {k: v for k, v in inputs.items()
+                                                if k in {i.name for i in sess.get_inputs()}})))
+        got, _ = run_cuda(compiled.program, planned.specs, inputs, planned.weights, device=device.name, gpu=gpu)
+        measured = time_compiled(planned, compiled, device, job["runs"], gpu=gpu)
+        meta, functions = load_program(gpu, compiled.program, gpu.arch)
+        parsed = {k["name"]: k.get("resources", {}).get(gpu.arch, {}).get("registers") for k in meta["kernels"]}
+        driver = {name: fn.registers for name, fn in functions.items()}
+        for fn in functions.values():
+            gpu.unload(fn)
+        plan = compiled.plan
+        out[policy] = {"schedule_s": round(schedule_s, 2), "compile_s": round(compile_s, 2),
+                       "max_rel_err": max_rel_error(got, want), "gpu": gpu.name,
+                       "modeled_total_us": plan.modeled_us, "dram_bytes": plan.dram_bytes, "kernels": [
+            {"name": g.name, "stages": len(g.stages), "modeled_us": g.cost.modeled_us if g.cost else None,
+             "measured_us": measured[g.name], "terms_us": g.cost.terms_us if g.cost else {},
+             "registers_driver": driver.get(g.name), "registers_parsed": parsed.get(g.name),
+             "traffic_bytes": g.cost.traffic_bytes if g.cost else {}, "flops": g.cost.flops if g.cost else 0}
+            for g in plan.groups]}
+    return out
+
+
 def work(job: dict) -> dict:
     """In the worker: every policy planned for the host, its kernels measured."""
     from engine.device import get_device
@@ -61,6 +132,10 @@ def work(job: dict) -> dict:
     from engine.schedule.pipeline import plan_model
     from engine.schedule.tune import device_measure
 
+    if job.get("step") == "prepare":
+        return prepare(job)
+    if job.get("step") == "time":
+        return time_on_gpu(job)
     device = get_device("host")
     graph = load_graph(job["model"])
     out = {}
@@ -90,13 +165,41 @@ def summarize(name: str, cells: dict) -> dict:
             "same_ranking": by_model == by_measure, "same_best": by_model[0] == by_measure[0]}
 
 
+def run_worker(job: dict, timeout: float, threads: str) -> dict | str:
+    """One worker process for `job`: its JSON result, or a one-line reason it has none."""
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], capture_output=True,
+                              text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS=threads))
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:g} s"
+    if proc.returncode != 0:
+        return f"failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def gpu_device(name: str) -> str:
+    """`gpu` -> the preset matching the attached GPU; a preset as it is. Exits when no GPU is attached."""
+    from engine.device import preset_for_gpu
+    from engine.runtime.cuda_driver import cuda_available
+
+    ok, detail = cuda_available()
+    if not ok:
+        raise SystemExit(f"error: --device {name} times kernels on a GPU and none is usable: {detail}")
+    print(f"GPU: {detail}", file=sys.stderr)
+    return preset_for_gpu(detail) if name == "gpu" else name
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--set", choices=tuple(SETS), default="zoo")
     p.add_argument("--models", default="")
     p.add_argument("--policies", default="unfused,elementwise,stitch,welder")
     p.add_argument("--runs", type=int, default=9)
-    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per worker process")
+    p.add_argument("--device", default="host", help="host (C backend), gpu (the attached GPU's preset) or a GPU preset")
+    p.add_argument("--jobs", type=int, default=1, help="GPU: models planned and compiled at once")
+    p.add_argument("--store", metavar="DIR", help="GPU: keep the prepared variants here (MODEL.pkl; default a "
+                                                  "temporary folder), e.g. for benchmarks/gpu_counters.py")
     p.add_argument("--json", metavar="OUT.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -108,30 +211,51 @@ def main() -> int:
     names = [n for n in args.models.split(",") if n] or sorted(x.stem for x in folder.glob("*.onnx") if x.stem != "bert12")
     policies = [x for x in args.policies.split(",") if x]
     threads = os.environ.get("OMP_NUM_THREADS", "") or str(os.cpu_count())
+    on_gpu = args.device != "host"
+    device = gpu_device(args.device) if on_gpu else "host"
     results, all_rows = [], []
-    for name in names:
-        job = {"model": str(folder / f"{name}.onnx"), "policies": policies, "runs": args.runs}
-        try:
-            proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], capture_output=True,
-                                  text=True, timeout=args.timeout, env=dict(os.environ, OMP_NUM_THREADS=threads))
-        except subprocess.TimeoutExpired:
-            print(f"{name}: timed out after {args.timeout:g} s", file=sys.stderr)
-            continue
-        if proc.returncode != 0:
-            print(f"{name}: failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-            continue
-        cells = json.loads(proc.stdout.strip().splitlines()[-1])
-        results.append(summarize(name, cells) | {"cells": cells})
-        all_rows += [k for c in cells.values() for k in c["kernels"] if k["modeled_us"]]
-        print(f"{name}: done", file=sys.stderr)
-    print(f"Host, {threads} thread(s); kernels timed as the median of {args.runs} launches.\n")
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.store or scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
+        jobs = {name: {"model": str(folder / f"{name}.onnx"), "policies": policies, "runs": args.runs,
+                       "device": device, "store": str(Path(tmp) / f"{name}.pkl")} for name in names}
+        ready = dict.fromkeys(names, None)
+        if on_gpu:  # plan and compile in parallel (CPU only), then time one model at a time
+            started = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+                futures = {pool.submit(run_worker, jobs[n] | {"step": "prepare"}, args.timeout, "1"): n for n in names}
+                for f in concurrent.futures.as_completed(futures):
+                    ready[futures[f]] = f.result()
+                    print(f"{futures[f]}: prepared ({time.perf_counter() - started:.0f} s): "
+                          f"{ready[futures[f]] if isinstance(ready[futures[f]], str) else 'ok'}", file=sys.stderr)
+        for name in names:
+            if isinstance(ready[name], str):
+                print(f"{name}: {ready[name]}", file=sys.stderr)
+                continue
+            cells = run_worker(jobs[name] | ({"step": "time"} if on_gpu else {}), args.timeout, threads)
+            if isinstance(cells, str):
+                print(f"{name}: {cells}", file=sys.stderr)
+                continue
+            results.append(summarize(name, cells) | {"cells": cells})
+            all_rows += [k for c in cells.values() for k in c["kernels"] if k["modeled_us"]]
+            print(f"{name}: done", file=sys.stderr)
+            if args.json:  # after every model, so a run cut short keeps what it measured
+                Path(args.json).write_text(json.dumps(results, indent=1))
+    where = f"{device} preset, timed on {results[0]['cells'][policies[0]].get('gpu', 'the GPU')} with CUDA events" \
+        if on_gpu and results else f"Host, {threads} thread(s)"
+    print(f"{where}; kernels timed as the median of {args.runs} launches.\n")
     print("| model | kernels | Spearman ρ | median factor | " + " | ".join(f"{p} modeled / measured µs" for p in policies)
-          + " | ranking by model | by measurement |")
-    print("|---|---:|---:|---:|" + "---:|" * len(policies) + "---|---|")
+          + " | ranking by model | by measurement |" + (" max rel err | registers driver = parsed |" if on_gpu else ""))
+    print("|---|---:|---:|---:|" + "---:|" * len(policies) + "---|---|" + ("---:|---:|" if on_gpu else ""))
     for r in results:
         cols = " | ".join(f"{r['programs'][p][0]:.0f} / {r['programs'][p][1]:.0f}" for p in policies)
+        extra = ""
+        if on_gpu:
+            ks = [k for c in r["cells"].values() for k in c["kernels"]]
+            same = sum(k["registers_driver"] == k["registers_parsed"] for k in ks)
+            extra = f" {max(c['max_rel_err'] for c in r['cells'].values()):.1e} | {same}/{len(ks)} |"
         print(f"| {r['model']} | {r['kernels']} | {r['rho']:.2f} | {r['median_factor']:.2f}x | {cols} | "
-              f"{' < '.join(r['rank_model'])} | {' < '.join(r['rank_measured'])} |")
+              f"{' < '.join(r['rank_model'])} | {' < '.join(r['rank_measured'])} |{extra}")
     if all_rows:
         mod, mea = [k["modeled_us"] for k in all_rows], [k["measured_us"] for k in all_rows]
         logs = [abs(math.log(b / a)) for a, b in zip(mod, mea) if a > 0 and b > 0]

@@ -65,8 +65,8 @@ def add_plan_args(p: argparse.ArgumentParser, policy_help: str = "fusion policy"
                    help=f"{policy_help}: unfused | elementwise | stitch | welder (default {DEFAULT_POLICY})")
     p.add_argument("--device", default=None,
                    help="device preset (v100, a100, rtx3090, h100, h200), host (this CPU, measured on first use) "
-                        f"or a .toml/.json file (default: a --plan-in plan's own; else host for --backend cpu, "
-                        f"else {DEFAULT_DEVICE})")
+                        f"or a .toml/.json file (default: a --plan-in plan's own; else host for --backend cpu, the "
+                        f"attached GPU's preset for --backend cuda, else {DEFAULT_DEVICE})")
     p.add_argument("--plan-in", "--plan", dest="plan_in", metavar="PLAN.json",
                    help="use this saved plan instead of planning with --policy")
     p.add_argument("--no-batching", action="store_true",
@@ -83,11 +83,16 @@ def add_tune_arg(p: argparse.ArgumentParser) -> None:
 
 
 def default_device(args: argparse.Namespace) -> str:
-    """--device, else host when the command runs the C backend, else the GPU preset (a saved plan brings
-    its own device: `planned_model`)."""
+    """--device, else host when the command runs the C backend, the attached GPU's preset for the CUDA
+    backend, else the default GPU preset (a saved plan brings its own device: `planned_model`)."""
     if args.device is not None:
         return args.device
-    return "host" if getattr(args, "backend", None) == "cpu" else DEFAULT_DEVICE
+    backend = getattr(args, "backend", None)
+    if backend == "cuda":
+        from engine.runtime.execute import attached_preset
+
+        return attached_preset(DEFAULT_DEVICE)
+    return "host" if backend == "cpu" else DEFAULT_DEVICE
 
 
 def add_time_limit_arg(p: argparse.ArgumentParser, what: str) -> None:

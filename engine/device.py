@@ -320,6 +320,17 @@ PRESETS: dict[str, Device] = {
 }
 
 
+# Marketing names as the driver reports them (cuDeviceGetName) -> the preset planned for by default.
+_GPU_NAMES = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("RTX 3090", "rtx3090"), ("V100", "v100"))
+
+
+def preset_for_gpu(gpu_name: str, default: str = "a100") -> str:
+    """The preset matching a GPU's driver name ("NVIDIA H100 80GB HBM3" -> "h100"), else `default`: what
+    the CUDA backend plans for when no --device is given."""
+    upper = gpu_name.upper()
+    return next((preset for key, preset in _GPU_NAMES if key in upper), default)
+
+
 def named_device(name: str, default: str) -> str:
     """`name` when it names a device without opening a file (a preset or host), else `default`: what a
     saved plan's `device` field is run for (a device file it was made with may not be here)."""

@@ -45,6 +45,16 @@ def check_plan(plan: Plan, graph: PrimGraph, device: str) -> None:
         raise PlanError(f"plan refused: {problems[0]}{more}", hint="fix the plan or re-plan with a policy")
 
 
+def attached_preset(default: str = "a100") -> str:
+    """The preset matching the attached GPU (engine/device.py: preset_for_gpu), else `default` (no GPU,
+    or one no preset describes)."""
+    from engine.device import preset_for_gpu
+    from engine.runtime.cuda_driver import cuda_available
+
+    ok, name = cuda_available()
+    return preset_for_gpu(name, default) if ok else default
+
+
 def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: str = "cpu",
               policy: str = "welder", device: str | None = None, plan: Plan | None = None,
               repeat: int = 1, library: bool = False, batching: bool | None = None,
@@ -52,8 +62,8 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
               budget: Budget | str | int | None = None, time_limit: float | None = None,
               poll=None) -> RunResult:
     """Plan (unless `plan` is given), generate and run `graph` on `backend`; outputs by ONNX name.
-    `device` is what the plan is (or was) made for: default the given plan's own, else host for cpu, else
-    a100.
+    `device` is what the plan is (or was) made for: default the given plan's own, else host for cpu, the
+    attached GPU's preset for cuda (`attached_preset`), else a100.
     Planning goes through `plan_model` (operator batching per `batching`, default on for welder); a
     given plan runs on the graph it was made on (`graph`, or its batched form when the plan says so).
     `library` (cpu only): kernels that are a lone contraction run through NumPy BLAS.
@@ -69,7 +79,7 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
     if device is None:  # a given plan's own device; else the C backend plans for the CPU it runs on
         from engine.device import named_device
 
-        device = "host" if backend == "cpu" else "a100"
+        device = "host" if backend == "cpu" else attached_preset() if backend == "cuda" else "a100"
         device = named_device(plan.device, device) if plan is not None else device
     if not isinstance(budget, Budget):
         budget = memory_budget(budget, device=device if backend in ("cuda", "cuda-sim") else None, backend=backend)

@@ -230,3 +230,22 @@ def test_resident_blocks_never_exceed_any_resource(preset, threads, regs, smem) 
     bigger = dataclasses.replace(device, max_blocks_per_sm=blocks + 1, source=device.source)
     if limiter != "blocks_per_sm":
         assert resident_blocks_per_sm(bigger, threads, regs, smem)[0] == blocks
+
+
+@pytest.mark.parametrize("name, preset", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                          ("NVIDIA A100-SXM4-40GB", "a100"), ("NVIDIA GeForce RTX 3090", "rtx3090"),
+                                          ("NVIDIA L4", "a100")])
+def test_the_cuda_backend_plans_for_the_preset_matching_the_attached_gpu(name, preset):
+    from engine.device import preset_for_gpu
+
+    assert preset_for_gpu(name) == preset
+    assert preset_for_gpu(name, default="h100") == (preset if preset != "a100" or "A100" in name else "h100")
+
+
+def test_without_a_gpu_the_cuda_default_is_the_default_preset():
+    from engine.runtime.cuda_driver import cuda_available
+    from engine.runtime.execute import attached_preset
+
+    if cuda_available()[0]:
+        pytest.skip("a GPU is attached")
+    assert attached_preset("rtx3090") == "rtx3090"

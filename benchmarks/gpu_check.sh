@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The GPU checks in one prepared run, for a machine with an NVIDIA GPU (docs/gpu.md, "On a GPU machine").
+# Run from the repository root:  OUT=DIR bash benchmarks/gpu_check.sh   (PY=python3 by default)
+# Steps, each bounded, each logging to $OUT: the machine and packages; the launch layer's probe and a
+# one-kernel NVRTC compile (if the installed CUDA headers are not found, the pinned header wheels in .whl/
+# are installed and the probe repeated); `tileweave run --backend cuda` as a new user types it; the gpu-marked
+# tests (every sample x policy against onnxruntime, the persistent kernel, a second thread, a bundle); the
+# zoo's kernels timed against the cost model (benchmarks/bench_cost_model.py --device gpu); hardware
+# traffic under Nsight Compute for three zoo models (benchmarks/gpu_counters.py). STEPS picks which of
+# "cli tests bench counters" run (default all); *_S variables bound each step in seconds.
+set -u
+STEPS=${STEPS:-cli tests bench counters}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+OUT=${OUT:-/tmp/gpu_check}
+PY=${PY:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TILEWEAVE_CACHE=${TILEWEAVE_CACHE:-/tmp/tileweave-cache}
+STORE=/tmp/tileweave-store
+JOBS=${JOBS:-$(( $(nproc) > 2 ? $(nproc) - 2 : 1 ))}
+t0=$(date +%s)
+step() { echo "== $1 (t=$(( $(date +%s) - t0 )) s)"; }
+
+step env | tee "$OUT/env.txt"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nproc; $PY -V
+  $PY -m pip list 2>/dev/null | grep -iE "^(cuda|nvidia-cuda|onnx|numpy|ml.dtypes|pytest|hypothesis|cloudpickle)"
+} >> "$OUT/env.txt" 2>&1
+probe() {
+  $PY - <<'PYEOF'
+from engine.runtime.cuda_driver import require_cuda
+from engine.codegen.nvrtc import include_dirs, nvrtc_version, compile_cuda
+print("GPU:", require_cuda(), "| NVRTC", nvrtc_version(), "| headers", include_dirs())
+b = compile_cuda('extern "C" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }', name="probe", arch="sm_90", use_cache=False)
+print("probe kernel compiled:", len(b.cubin), "B of CUBIN")
+PYEOF
+}
+if ! probe >> "$OUT/env.txt" 2>&1; then
+  echo "probe failed with the installed packages; installing the pinned header wheels (.whl/)" >> "$OUT/env.txt"
+  $PY -m pip install -q --no-index --no-deps --no-compile .whl/*.whl >> "$OUT/env.txt" 2>&1
+  probe >> "$OUT/env.txt" 2>&1 || { tail -20 "$OUT/env.txt"; echo "GPU probe failed"; exit 1; }
+fi
+tail -3 "$OUT/env.txt"
+
+if want cli; then
+  step "tileweave run --backend cuda" | tee "$OUT/cli.log"
+  timeout ${CLI_S:-60} $PY -m engine run samples/bert_layer.onnx --backend cuda --outputs /tmp/out.npz >> "$OUT/cli.log" 2>&1
+  echo "rc=$?" >> "$OUT/cli.log"
+  timeout ${CLI_S:-60} $PY -m engine run samples/gelu_chain.onnx --backend cuda --tune 2 --outputs /tmp/out2.npz >> "$OUT/cli.log" 2>&1
+  echo "rc=$?" >> "$OUT/cli.log"
+  tail -4 "$OUT/cli.log"
+fi
+
+if want tests; then
+  step "pytest -m gpu" | tee "$OUT/pytest_gpu.log"
+  timeout ${TESTS_S:-150} $PY -m pytest -q -p no:cacheprovider -m gpu -rs -n "$JOBS" tests/engine/runtime/test_cuda.py \
+    >> "$OUT/pytest_gpu.log" 2>&1
+  echo "rc=$?" >> "$OUT/pytest_gpu.log"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu.log" | tail -15
+fi
+
+if want bench; then
+  step "zoo: modeled vs measured" | tee "$OUT/bench.log"
+  timeout ${BENCH_S:-220} $PY benchmarks/bench_cost_model.py --device gpu --jobs "$JOBS" --runs 7 --timeout 240 \
+    --store "$STORE" --json "$OUT/bench.json" >> "$OUT/bench.log" 2>&1
+  echo "rc=$?" >> "$OUT/bench.log"
+  tail -22 "$OUT/bench.log"
+fi
+
+if want counters; then
+  step "Nsight Compute counters" | tee "$OUT/counters.log"
+  timeout ${COUNTERS_S:-120} $PY benchmarks/gpu_counters.py --store "$STORE" --models bert,convnext,mobilevit \
+    --policies welder --timeout 60 --json "$OUT/counters.json" >> "$OUT/counters.log" 2>&1
+  echo "rc=$?" >> "$OUT/counters.log"
+  grep -E "all |rc=|error|failed" "$OUT/counters.log" | tail -8
+fi
+
+step done
