@@ -114,13 +114,19 @@ def time_on_gpu(job: dict) -> dict:
         for fn in functions.values():
             gpu.unload(fn)
         plan = compiled.plan
+        shape = {k.name: {"threads": k.threads, "segments": len(k.segments)} for k in compiled.program.kernels}
+        for launch in meta["launches"]:
+            shape.get(launch["kernel"], {}).update(grid=launch["grid"], shared_bytes=launch["shared_bytes"],
+                                                   cooperative=launch["cooperative"])
         out[policy] = {"schedule_s": round(schedule_s, 2), "compile_s": round(compile_s, 2),
                        "max_rel_err": max_rel_error(got, want), "gpu": gpu.name,
                        "modeled_total_us": plan.modeled_us, "dram_bytes": plan.dram_bytes, "kernels": [
             {"name": g.name, "stages": len(g.stages), "modeled_us": g.cost.modeled_us if g.cost else None,
              "measured_us": measured[g.name], "terms_us": g.cost.terms_us if g.cost else {},
              "registers_driver": driver.get(g.name), "registers_parsed": parsed.get(g.name),
-             "traffic_bytes": g.cost.traffic_bytes if g.cost else {}, "flops": g.cost.flops if g.cost else 0}
+             "traffic_bytes": g.cost.traffic_bytes if g.cost else {}, "flops": g.cost.flops if g.cost else 0,
+             "resident_blocks_per_sm": g.cost.resident_blocks_per_sm if g.cost else None,
+             "waves": g.cost.waves if g.cost else None} | shape.get(g.name, {})
             for g in plan.groups]}
     return out
 
@@ -219,28 +225,30 @@ def main() -> int:
         Path(tmp).mkdir(parents=True, exist_ok=True)
         jobs = {name: {"model": str(folder / f"{name}.onnx"), "policies": policies, "runs": args.runs,
                        "device": device, "store": str(Path(tmp) / f"{name}.pkl")} for name in names}
-        ready = dict.fromkeys(names, None)
-        if on_gpu:  # plan and compile in parallel (CPU only), then time one model at a time
+        def finish(name: str, prepared) -> None:
+            if isinstance(prepared, str):
+                print(f"{name}: {prepared}", file=sys.stderr)
+                return
+            cells = run_worker(jobs[name] | ({"step": "time"} if on_gpu else {}), args.timeout, threads)
+            if isinstance(cells, str):
+                print(f"{name}: {cells}", file=sys.stderr)
+                return
+            results.append(summarize(name, cells) | {"cells": cells})
+            all_rows.extend(k for c in cells.values() for k in c["kernels"] if k["modeled_us"])
+            print(f"{name}: done", file=sys.stderr)
+            if args.json:  # after every model, so a run cut short keeps what it measured
+                Path(args.json).write_text(json.dumps(results, indent=1))
+
+        if on_gpu:  # plan and compile in parallel (CPU only); each model timed alone as soon as it is ready
             started = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
                 futures = {pool.submit(run_worker, jobs[n] | {"step": "prepare"}, args.timeout, "1"): n for n in names}
                 for f in concurrent.futures.as_completed(futures):
-                    ready[futures[f]] = f.result()
-                    print(f"{futures[f]}: prepared ({time.perf_counter() - started:.0f} s): "
-                          f"{ready[futures[f]] if isinstance(ready[futures[f]], str) else 'ok'}", file=sys.stderr)
-        for name in names:
-            if isinstance(ready[name], str):
-                print(f"{name}: {ready[name]}", file=sys.stderr)
-                continue
-            cells = run_worker(jobs[name] | ({"step": "time"} if on_gpu else {}), args.timeout, threads)
-            if isinstance(cells, str):
-                print(f"{name}: {cells}", file=sys.stderr)
-                continue
-            results.append(summarize(name, cells) | {"cells": cells})
-            all_rows += [k for c in cells.values() for k in c["kernels"] if k["modeled_us"]]
-            print(f"{name}: done", file=sys.stderr)
-            if args.json:  # after every model, so a run cut short keeps what it measured
-                Path(args.json).write_text(json.dumps(results, indent=1))
+                    print(f"{futures[f]}: prepared ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+                    finish(futures[f], f.result())
+        else:
+            for name in names:
+                finish(name, None)
     where = f"{device} preset, timed on {results[0]['cells'][policies[0]].get('gpu', 'the GPU')} with CUDA events" \
         if on_gpu and results else f"Host, {threads} thread(s)"
     print(f"{where}; kernels timed as the median of {args.runs} launches.\n")

@@ -31,6 +31,12 @@ from engine.codegen.nvrtc import include_dirs, nvrtc_version, compile_cuda
 print("GPU:", require_cuda(), "| NVRTC", nvrtc_version(), "| headers", include_dirs())
 b = compile_cuda('extern "C" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }', name="probe", arch="sm_90", use_cache=False)
 print("probe kernel compiled:", len(b.cubin), "B of CUBIN")
+import io, numpy as np
+buf = io.BytesIO(); np.savez(buf, w=np.arange(6, dtype=np.float32).reshape(2, 3)); buf.seek(0)
+try:
+    with np.load(buf) as d: print("numpy", np.__version__, "np.savez -> np.load round trip:", d["w"].shape)
+except Exception as e:
+    print("numpy", np.__version__, "np.savez -> np.load round trip FAILED:", " ".join(str(e).split()))
 PYEOF
 }
 if ! probe >> "$OUT/env.txt" 2>&1; then
@@ -51,10 +57,11 @@ fi
 
 if want tests; then
   step "pytest -m gpu" | tee "$OUT/pytest_gpu.log"
-  timeout ${TESTS_S:-150} $PY -m pytest -q -p no:cacheprovider -m gpu -rs -n "$JOBS" tests/engine/runtime/test_cuda.py \
+  timeout ${TESTS_S:-150} $PY -m pytest -q -p no:cacheprovider -m gpu -rs -n "$JOBS" tests/engine/runtime/test_cuda.py ${TESTS_K:+-k "$TESTS_K"} \
     >> "$OUT/pytest_gpu.log" 2>&1
   echo "rc=$?" >> "$OUT/pytest_gpu.log"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu.log" | tail -15
+  for f in "$TILEWEAVE_CACHE"/nvrtc/failed/*.log; do [ -e "$f" ] && { echo "-- $f"; head -5 "$f"; } >> "$OUT/pytest_gpu.log"; done
+  grep -E "^(FAILED|ERROR)|passed|failed|^-- " "$OUT/pytest_gpu.log" | tail -15
 fi
 
 if want bench; then

@@ -24,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum", "gpu__time_duration.sum")
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum", "gpu__time_duration.sum",
+           "sm__warps_active.avg.pct_of_peak_sustained_active", "smsp__inst_executed.sum")
 
 
 def find_ncu() -> str | None:
@@ -103,7 +104,9 @@ def main() -> int:
                 dram = c.get("dram__bytes_read.sum", 0) + c.get("dram__bytes_write.sum", 0)
                 row = {"model": store.stem, "policy": policy, "kernel": g.name, "modeled_dram": t.get("dram", 0),
                        "ncu_dram": dram, "modeled_l2": t.get("l2", 0), "ncu_l2": c.get("lts__t_bytes.sum", 0),
-                       "modeled_us": g.cost.modeled_us if g.cost else None, "ncu_us": c.get("gpu__time_duration.sum")}
+                       "modeled_us": g.cost.modeled_us if g.cost else None, "ncu_us": c.get("gpu__time_duration.sum"),
+                       "achieved_occupancy_pct": c.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
+                       "instructions": c.get("smsp__inst_executed.sum")}
                 results.append(row)
                 total["mdram"] += row["modeled_dram"]
                 total["dram"] += dram

@@ -222,9 +222,22 @@ def compile_cuda(
     full = [f"-arch={arch}", *opts, *SPEED_OPTIONS, *(f"-I{d}" for d in include_dirs())]
     with _NVRTC_LOCK:
         ok, ptx, cubin, log = _run_nvrtc(source, name, full)
+        if not ok:  # the automatic precompiled header is an optimisation: never let it be why a kernel fails
+            plain = [o for o in full if o not in SPEED_OPTIONS]
+            ok, ptx, cubin, plain_log = _run_nvrtc(source, name, plain)
+            if ok:  # kept for a bug report: the source and what NVRTC said with the PCH
+                kept = cache_dir() / "nvrtc" / "failed" / f"{_safe(name)}-{key[:12]}.pch"
+                write_atomic(kept.with_suffix(".pch.cu"), source.encode())
+                write_atomic(kept.with_suffix(".pch.log"), log.encode())
+                debug(0, f"nvrtc {name} {arch}: failed with {' '.join(SPEED_OPTIONS)} and compiled without "
+                         f"({_first_error(log)}); source and log kept in {kept.parent}")
+                log = f"compiled without {' '.join(SPEED_OPTIONS)}; with them NVRTC said:\n{log}\n{plain_log}"
+            else:
+                log = plain_log
     if not ok:
         saved = cache_dir() / "nvrtc" / "failed" / f"{_safe(name)}-{key[:12]}.cu"
         write_atomic(saved, source.encode())
+        write_atomic(saved.with_suffix(".log"), log.encode())
         repro = f"python -m engine.codegen.nvrtc {saved} --arch {arch}"
         repro += "".join(f" --option={o}" for o in options)
         err = CompileError(f"kernel {name} failed to compile for {arch}: {_first_error(log)}; reproduce: {repro}")

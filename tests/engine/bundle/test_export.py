@@ -83,3 +83,23 @@ def test_export_cli_writes_zip_and_refuses_bad_output(tmp_path, capsys):
 def manifest_hash(data: bytes, name: str) -> str:
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         return json.loads(z.read("manifest.json"))["sha256"][name]
+
+
+def test_bundle_weights_are_npy_1_0_members_that_load_back_exactly(bundle):
+    import numpy as np
+
+    from engine.bundle.export import npz_bytes
+
+    graph, _, data = bundle
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        weights = z.read("weights.npz")
+    with zipfile.ZipFile(io.BytesIO(weights)) as z:
+        for name in z.namelist():
+            head = z.read(name)[:10]
+            assert head[:8] == b"\x93NUMPY\x01\x00", name  # format 1.0: read by every NumPy
+            assert b"\x00" not in z.read(name)[10:10 + int.from_bytes(head[8:10], "little")], name
+    with np.load(io.BytesIO(weights), allow_pickle=False) as back:
+        assert set(back.files) == set(graph.weights)
+        for name, value in graph.weights.items():
+            assert back[name].dtype == value.dtype and np.array_equal(back[name], value)
+    assert npz_bytes(graph.weights) == weights  # deterministic

@@ -178,3 +178,25 @@ def test_speed_options_change_no_byte(monkeypatch) -> None:
              for src, n in ((KERNEL, "k01_sum_half"), (other, "k03_sum_half_again"))]
     assert [(b.ptx, b.cubin) for b in fast] == [(b.ptx, b.cubin) for b in plain]
     assert "precompiled header" not in fast[1].log
+
+
+def test_a_kernel_that_fails_only_with_the_precompiled_header_is_compiled_without_it(monkeypatch, capsys) -> None:
+    """On a real H200 (image NVRTC 13.0.88, its toolkit's CCCL headers) two persistent kernels failed with
+    -pch ('identifier "__forceinline__int" is undefined') that compile here: the PCH must never be the
+    reason a kernel fails."""
+    real = nvrtc._run_nvrtc
+    calls = []
+
+    def pch_breaks(source, name, options):
+        calls.append("-pch" in options)
+        if "-pch" in options:
+            return False, "", b"", 'probe.cu(7): error: identifier "__forceinline__int" is undefined'
+        return real(source, name, options)
+
+    monkeypatch.setattr(nvrtc, "_run_nvrtc", pch_breaks)
+    binary = compile_cuda(TINY, name="k00_scale", arch="sm_90")
+    assert calls == [True, False] and binary.cubin[:4] == b"\x7fELF"
+    assert "compiled without -pch" in binary.log and "__forceinline__int" in binary.log
+    assert "failed with -pch" in capsys.readouterr().err
+    with pytest.raises(CompileError, match="k00_broken failed to compile for sm_90: .*error"):
+        compile_cuda("this is not CUDA", name="k00_broken", arch="sm_90")
