@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import sys
-import zipfile
 from collections import Counter
 from pathlib import Path
 
@@ -429,16 +428,14 @@ def check_writable(path: str) -> Path:
 
 
 def read_npz(path: str) -> dict[str, np.ndarray]:
+    from engine.runtime.npz import read_npz_arrays
+
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if not isinstance(data, np.lib.npyio.NpzFile):
-                raise ValueError("a single .npy array, not an .npz archive")
-            return {k: data[k] for k in data.files}
+        return read_npz_arrays(path)
     except FileNotFoundError:
         raise TileweaveError(f"inputs file '{path}' does not exist", hint="check the path") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, AttributeError) as err:
-        first = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-        raise TileweaveError(f"cannot read inputs file '{path}' ({first})",
+    except ValueError as err:
+        raise TileweaveError(f"cannot read inputs file '{path}': {err}",
                              hint="write it with numpy.savez(path, name=array, ...)") from None
 
 

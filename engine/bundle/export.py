@@ -166,12 +166,13 @@ Modeled program time {plan.modeled_us:.1f} µs (cost model, not measured).
 
 def runner_source() -> str:
     """run_bundle.py: a header, then the code of engine/runtime/cuda_launch.py, cuda_modules.py (the
-    launch layer the CUDA executor uses, so the two launch kernels the same way) and bundle/runner.py."""
+    launch layer the CUDA executor uses, so the two launch kernels the same way), npz.py and
+    bundle/runner.py."""
     from engine.bundle import runner
-    from engine.runtime import cuda_launch, cuda_modules
+    from engine.runtime import cuda_launch, cuda_modules, npz
 
     parts = [_RUNNER_HEAD]
-    for module in (cuda_launch, cuda_modules, runner):
+    for module in (cuda_launch, cuda_modules, npz, runner):
         name = module.__name__.replace(".", "/") + ".py"
         parts.append(f"# ---- {name} (shared with tileweave) ----\n{_module_body(module)}")
     return "\n\n".join(parts) + '\n\nif __name__ == "__main__":\n    sys.exit(main())\n'

@@ -2,7 +2,7 @@
 {cpu,cuda}` in the unpacked bundle; outputs by ONNX name in OUT.npz and per-kernel times out.
 
 run_bundle.py is this module's code after engine/runtime/cuda_launch.py's and cuda_modules.py's (the
-CUDA executor's own launch layer), with the docstrings and engine imports left out: it needs NumPy and
+CUDA executor's own launch layer) and npz.py's (the .npz reader the CLI uses too), with the docstrings and engine imports left out: it needs NumPy and
 a C compiler with OpenMP (cpu: the bundle's C source built with the engine's options), or cuda-python
 and an NVIDIA driver (cuda: the launch rules of the engine). Keep it standard library + NumPy.
 """
@@ -24,6 +24,7 @@ import numpy as np
 
 from engine.runtime.cuda_launch import CudaError, driver_needed, open_gpu
 from engine.runtime.cuda_modules import LoadError, host_array, load_kernels, run_launches
+from engine.runtime.npz import read_npz_arrays
 
 
 class BundleError(Exception):
@@ -32,8 +33,7 @@ class BundleError(Exception):
 
 def read_tensors(path):
     try:
-        with np.load(path) as data:
-            return {k: data[k] for k in data.files}
+        return read_npz_arrays(path)
     except (OSError, ValueError) as err:
         raise BundleError(f"cannot read {path} as .npz ({' '.join(str(err).split())})") from None
 

@@ -23,8 +23,10 @@ def bench_inputs(graph, model: Path) -> dict[str, np.ndarray]:
     io = model.with_name(model.stem + ".io.npz")
     given = {}
     if io.is_file():
-        with np.load(io, allow_pickle=False) as data:
-            given = {s.name: data[s.name] for s in graph.inputs if s.name in data.files}
+        from engine.runtime.npz import read_npz_arrays
+
+        data = read_npz_arrays(io)
+        given = {s.name: data[s.name] for s in graph.inputs if s.name in data}
     return complete_inputs(graph, given, seed=0)
 
 
