@@ -24,6 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# Nsight Compute's units -> bytes, microseconds or plain counts (2025.3 on an H200 wrote "ns" for durations).
+UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9,
+         "nsecond": 1e-3, "ns": 1e-3, "usecond": 1, "us": 1, "msecond": 1e3, "ms": 1e3, "%": 1, "inst": 1, "": 1}
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum", "gpu__time_duration.sum",
            "sm__warps_active.avg.pct_of_peak_sustained_active", "smsp__inst_executed.sum")
 
@@ -60,8 +63,9 @@ def counters(ncu: str, store: Path, policy: str, timeout: float) -> dict[str, di
     for r in csv.DictReader(io.StringIO("\n".join(rows))):
         value = float(str(r["Metric Value"]).replace(",", "") or 0)
         unit = r.get("Metric Unit", "")
-        scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1e-3, "usecond": 1,
-                 "msecond": 1e3}.get(unit, 1)
+        scale = UNITS.get(unit)
+        if scale is None:
+            raise RuntimeError(f"ncu reported {r['Metric Name']} in unit {unit!r}, which this script does not know")
         out.setdefault(r["Kernel Name"], {})[r["Metric Name"]] = value * scale
     return out
 

@@ -1,0 +1,90 @@
+"""Measured GPU runs re-read offline: the per-model table of `bench_cost_model.py --device gpu` from its saved
+JSON, and what a latency (Little's law) term in the cost model would change, evaluated on those kernels.
+
+    .venv/bin/python benchmarks/gpu_analysis.py [benchmarks/data/h200-2026-11-26]
+
+Reads every bench*.json(.gz) in the folder (a model present twice is taken from the last file in name
+order). The latency variant divides a kernel's memory terms by min(1, W·m·128 B / (L · the SM's share of L2
+bytes per clock)) and its compute term by min(1, W / 8), W = warps resident per SM in its grid, for latency L
+and m lines in flight per warp; the table shows each (L, m) against the model as it is.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cost_model import spearman  # noqa: E402
+
+SM, L2_BYTES_PER_CLK = 132, 5120  # h100/h200 presets
+POLICIES = ("unfused", "elementwise", "stitch", "welder")
+
+
+def load(folder: Path) -> list[dict]:
+    seen, models = set(), []
+    for path in sorted(folder.glob("bench*.json*"), reverse=True):
+        data = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes())
+        for m in data:
+            if m["model"] not in seen:
+                seen.add(m["model"])
+                models.append(m)
+    return sorted(models, key=lambda m: m["model"])
+
+
+def with_latency(k: dict, latency: float, lines_in_flight: float) -> float:
+    t = k["terms_us"]
+    warps = min(max(1, k["resident_blocks_per_sm"] or 1), -(-k["grid"] // SM)) * max(1, k["threads"] // 32)
+    eff_mem = min(1.0, warps * lines_in_flight * 128 / (latency * L2_BYTES_PER_CLK / SM))
+    eff_fma = min(1.0, warps / 8)
+    serial = t.get("segment_serialization", 0)
+    busy = max(t["dram"], t["l2"], t["shared"], t["compute"]) + serial
+    quant = 1 + t.get("wave_quantization", 0) / busy if busy else 1.0
+    top = max(t["dram"] / eff_mem, t["l2"] / eff_mem, t["shared"] / min(1.0, 2 * eff_fma), t["compute"] / eff_fma)
+    return (top + serial) * quant + t["launch"] + t.get("grid_barrier", 0)
+
+
+def score(models: list[dict], estimate) -> str:
+    rows = [(m["model"], p, estimate(k), k["measured_us"]) for m in models for p, c in m["cells"].items()
+            for k in c["kernels"]]
+    logs = [abs(math.log(b / a)) for _, _, a, b in rows]
+    best = 0
+    for m in models:
+        tot = {p: [sum(a for n, q, a, _ in rows if n == m["model"] and q == p),
+                   sum(b for n, q, _, b in rows if n == m["model"] and q == p)] for p in m["cells"]}
+        best += min(tot, key=lambda p: tot[p][0]) == min(tot, key=lambda p: tot[p][1])
+    logs.sort()
+    return (f"ρ {spearman([r[2] for r in rows], [r[3] for r in rows]):.2f} | median factor "
+            f"{math.exp(statistics.median(logs)):.2f}× | 90th percentile {math.exp(logs[int(0.9 * len(logs))]):.2f}× | "
+            f"fastest policy right on {best} of {len(models)}")
+
+
+def main() -> int:
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "benchmarks" / "data" / "h200-2026-11-26"
+    models = load(folder)
+    print("| model | kernels | Spearman ρ | median factor | " + " | ".join(f"{p} modeled / measured µs" for p in POLICIES)
+          + " | fastest by model | fastest measured | max rel err | registers driver = parsed |")
+    print("|---|---:|---:|---:|" + "---:|" * len(POLICIES) + "---|---|---:|---:|")
+    for m in models:
+        ks = [k for c in m["cells"].values() for k in c["kernels"]]
+        same = sum(k["registers_driver"] == k["registers_parsed"] for k in ks)
+        cols = " | ".join(f"{m['programs'][p][0]:.0f} / {m['programs'][p][1]:.0f}" for p in POLICIES)
+        err = max(c["max_rel_err"] for c in m["cells"].values())
+        print(f"| {m['model']} | {m['kernels']} | {m['rho']:.2f} | {m['median_factor']:.2f}× | {cols} | "
+              f"{m['rank_model'][0]} | {m['rank_measured'][0]} | {err:.1e} | {same}/{len(ks)} |")
+    print("\n| cost model | all kernels |\n|---|---|")
+    print(f"| as it is | {score(models, lambda k: k['modeled_us'])} |")
+    for latency in (300, 600):
+        for lines in (1, 2, 4, 8):
+            print(f"| with latency {latency} cycles, {lines} lines in flight per warp | "
+                  f"{score(models, lambda k, a=latency, b=lines: with_latency(k, a, b))} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
