@@ -69,6 +69,11 @@ class Device:
     # measured it; 0 means peak_fp32_flops (a GPU's per-element code runs at its FMA rate).
     elementwise_flops: float = 0.0
     description: str = ""  # what the device is (the host's CPU model)
+    # Latency hiding (GPU): cycles a warp waits for a global load (L2 or DRAM) and the 128 B lines one warp
+    # keeps in flight. By Little's law an SM streams at most warps x lines x 128 B per latency, so a grid of
+    # one or two warps per SM cannot reach the SM's share of bandwidth (engine/schedule/cost.py). 0: off.
+    mem_latency_cycles: float = 0.0
+    lines_in_flight_per_warp: float = 4.0
 
     def __post_init__(self) -> None:
         # Normalise the JSON/TOML spellings of compute_capability before validating.
@@ -115,7 +120,8 @@ class Device:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Device))
-OPTIONAL_FIELDS: tuple[str, ...] = ("kind", "vector_lanes", "vector_load_bytes", "elementwise_flops", "description")  # default: a GPU
+OPTIONAL_FIELDS: tuple[str, ...] = ("kind", "vector_lanes", "vector_load_bytes", "elementwise_flops", "description",
+                                     "mem_latency_cycles", "lines_in_flight_per_warp")  # default: a GPU
 REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in FIELDS if f != "source" and f not in OPTIONAL_FIELDS)
 _INT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "int" and f.name not in OPTIONAL_FIELDS}
 _FLOAT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "float" and f.name not in OPTIONAL_FIELDS}
@@ -211,6 +217,12 @@ def _validate_kind(values: Mapping[str, Any], where: str) -> None:
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= _CEILINGS["peak_fp32_flops"]:
         raise DeviceError(f"{where}: key 'elementwise_flops' must be a number from 0 to "
                           f"{_CEILINGS['peak_fp32_flops']:g}, got {rate!r}")
+    for key, top in (("mem_latency_cycles", 10000), ("lines_in_flight_per_warp", 64)):
+        value = values.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= top:
+            raise DeviceError(f"{where}: key {key!r} must be a number from 0 to {top}, got {value!r}")
+    if values.get("mem_latency_cycles", 0.0) and not values.get("lines_in_flight_per_warp", 4.0):
+        raise DeviceError(f"{where}: key 'lines_in_flight_per_warp' must be > 0 when mem_latency_cycles is set")
     text = values.get("description", "")
     if not isinstance(text, str) or len(text) > 200:
         raise DeviceError(f"{where}: key 'description' must be a string of at most 200 characters")
@@ -247,7 +259,7 @@ def _build(values: dict[str, Any], *, where: str) -> Device:
         values["compute_capability"] = tuple(int(p) for p in cc.split("."))
     elif isinstance(cc, list):
         values["compute_capability"] = tuple(cc)
-    for key in (*_FLOAT_FIELDS, "elementwise_flops"):
+    for key in (*_FLOAT_FIELDS, "elementwise_flops", "mem_latency_cycles", "lines_in_flight_per_warp"):
         # TOML/JSON write 5e-6 and 900000000000 alike; store floats so round trips compare equal.
         if isinstance(values.get(key), int) and not isinstance(values.get(key), bool):
             values[key] = float(values[key])
@@ -268,7 +280,14 @@ def _build(values: dict[str, Any], *, where: str) -> Device:
 #              inversely with clock: 2.72 us x (SMs / 80) x (1530 MHz / clock).
 # ---------------------------------------------------------------------------------------------------
 
-_ESTIMATED = ("l2_bw_bytes_per_s", "smem_bw_bytes_per_s", "launch_overhead_s", "grid_barrier_s")
+_ESTIMATED = ("l2_bw_bytes_per_s", "smem_bw_bytes_per_s", "launch_overhead_s", "grid_barrier_s",
+              "mem_latency_cycles", "lines_in_flight_per_warp")
+# Latency hiding, one pair for every preset: a global load's latency (published microbenchmarks put an L2
+# miss at ~500-600 cycles on Volta..Hopper) and 4 lines in flight per warp (our loops unroll loads about
+# that far). Their ratio is what matters; the kernels measured on an H200 (benchmarks/gpu_analysis.py)
+# fit ratios of 75-300 about equally (per-kernel median factor 1.6-1.8 against 2.3 without the term).
+_MEM_LATENCY_CYCLES = 600.0
+_LINES_IN_FLIGHT = 4.0
 _V100_BARRIER_S = 2.72e-6
 _LAUNCH_OVERHEAD_S = 5e-6
 
@@ -290,10 +309,12 @@ def _preset(name: str, *, sm: int, clock_mhz: float, fp32_tflops: float, fp16_tf
         launch_overhead_s=_LAUNCH_OVERHEAD_S,
         grid_barrier_s=_V100_BARRIER_S * (sm / 80) * (1530e6 / clock),
         compute_capability=cc, nvrtc_arch=arch,
+        mem_latency_cycles=_MEM_LATENCY_CYCLES, lines_in_flight_per_warp=_LINES_IN_FLIGHT,
     )
     values["source"] = {
         key: "measured" if key in measured else "estimate" if key in _ESTIMATED else "datasheet"
-        for key in REQUIRED_FIELDS if key not in ("name", "nvrtc_arch")
+        for key in (*REQUIRED_FIELDS, "mem_latency_cycles", "lines_in_flight_per_warp")
+        if key not in ("name", "nvrtc_arch")
     }
     return Device(**values)
 

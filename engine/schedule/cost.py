@@ -192,6 +192,24 @@ def _ancestors_in(graph: PrimGraph, members: set[str], name: str) -> list[str]:
     return seen
 
 
+# Warps an SM needs to keep its four schedulers' FMA pipes busy (a dependent FMA's ~4-cycle latency hidden
+# by two warps each at the ILP of our micro-tiles); shared-memory loads need about half as many.
+FMA_WARPS_PER_SM = 8
+
+
+def latency_efficiency(device: Device, warps_per_sm: float) -> tuple[float, float, float]:
+    """(global memory, shared memory, arithmetic) fractions of an SM's peak that `warps_per_sm` resident
+    warps can reach on a GPU. Little's law for global memory: bytes in flight = warps x lines in flight x
+    128 B, against the SM's share of L2 bandwidth over the load latency. 1.0 each on a CPU or when the
+    device gives no latency. Measured on an H200, kernels of one or two warps per SM (1.6-3.1 % achieved
+    occupancy) ran 3-55x their modeled time without this (benchmarks/RESULTS.md, first run on a real GPU)."""
+    if device.kind == "cpu" or not device.mem_latency_cycles:
+        return 1.0, 1.0, 1.0
+    per_sm_clk = device.l2_bw_bytes_per_s / device.clock_hz / device.sm_count
+    memory = warps_per_sm * device.lines_in_flight_per_warp * LINE / (device.mem_latency_cycles * per_sm_clk)
+    return min(1.0, memory), min(1.0, 2 * warps_per_sm / FMA_WARPS_PER_SM), min(1.0, warps_per_sm / FMA_WARPS_PER_SM)
+
+
 def _bound(terms: Sequence[float], device: Device) -> float:
     """A segment's time from its [dram, l2, shared, compute] terms. A GPU overlaps memory and arithmetic
     across its many resident warps: the busiest resource bounds it. A CPU core runs one block's loops at
@@ -278,8 +296,12 @@ def estimate_group(
     def seg_terms(k: int) -> list[float]:
         compute = (tiled[k] / device.peak_fp32_flops + (fp32[k] - tiled[k]) / elementwise
                    + tc[k] / device.peak_fp16_tensor_flops)
-        return [dram[k] / device.dram_bw_bytes_per_s * 1e6, l2[k] / device.l2_bw_bytes_per_s * 1e6,
-                sh[k] / device.smem_bw_bytes_per_s * 1e6, compute * 1e6]
+        # Warps resident per busy SM: a grid under one wave puts ceil(blocks / SMs) blocks on each.
+        t = tiles[k]
+        warps = min(max(1, resident), -(-max(1, t.blocks) // device.sm_count)) * max(1, -(-t.threads // device.warp_size))
+        glob, shared, arith = latency_efficiency(device, warps)
+        return [dram[k] / device.dram_bw_bytes_per_s * 1e6 / glob, l2[k] / device.l2_bw_bytes_per_s * 1e6 / glob,
+                sh[k] / device.smem_bw_bytes_per_s * 1e6 / shared, compute * 1e6 / arith]
 
     busy = quantised = 0.0
     for k, t in enumerate(tiles):

@@ -89,3 +89,34 @@ def test_segments_behind_grid_barriers_are_quantised_each_on_its_own_grid():
     assert max(t.blocks for t in tiles) == max(t.blocks for t in group.segments)
     assert one.terms_us["wave_quantization"] > base.terms_us["wave_quantization"]
     assert one.wave_efficiency < base.wave_efficiency  # with the widest grid's quantisation it would not move
+
+
+def test_one_warp_per_sm_cannot_hide_latency_and_the_cpu_is_not_charged():
+    import dataclasses
+
+    from engine.device import get_device
+    from engine.host import host_device
+    from engine.schedule.cost import FMA_WARPS_PER_SM, latency_efficiency
+
+    h200 = get_device("h200")
+    glob1, shared1, fma1 = latency_efficiency(h200, 1)
+    assert glob1 < 0.05 and shared1 == 2 / FMA_WARPS_PER_SM and fma1 == 1 / FMA_WARPS_PER_SM
+    assert latency_efficiency(h200, 64) == (1.0, 1.0, 1.0)  # a full SM hides it
+    effs = [latency_efficiency(h200, w)[0] for w in (1, 2, 4, 8, 16, 32, 64)]
+    assert effs == sorted(effs) and effs[0] * 2 == effs[1]
+    assert latency_efficiency(dataclasses.replace(h200, mem_latency_cycles=0.0), 1) == (1.0, 1.0, 1.0)
+    assert latency_efficiency(host_device(), 1) == (1.0, 1.0, 1.0)
+
+
+def test_a_one_warp_grid_is_charged_for_the_latency_it_cannot_hide(attn_graph, a100):
+    """The same matmul on 32-thread blocks: with the latency term its memory time grows by 1/efficiency."""
+    import dataclasses
+
+    conns = {e: Conn.KERNEL for e in attn_graph.edges}
+    stage = attn_graph.stage("mm")
+    tile = make_tile(stage, tuple(min(4, d) for d in stage.shape), 32)
+    blind = dataclasses.replace(a100, mem_latency_cycles=0.0)
+    seen = estimate_group(attn_graph, ["mm"], conns, [tile], a100)
+    unseen = estimate_group(attn_graph, ["mm"], conns, [tile], blind)
+    assert seen.traffic_bytes == unseen.traffic_bytes  # the bytes are the bytes
+    assert seen.terms_us["l2"] > 10 * unseen.terms_us["l2"] and seen.modeled_us > unseen.modeled_us

@@ -101,17 +101,17 @@ def test_bert_layer_targets():
 def test_bert_layer_batched_welder_dram_ratio():
     """The issue's target on the plan `tileweave plan` makes (operator batching on): 36.2 MB vs 58.3 MB
     elementwise = 0.622 (0.574 under the cost model before it counted the printed code: see the test
-    above). What keeps it low: grid barriers (welder's GLOBAL_SYNC fallback) keep the batched Q/K/V in
-    L2 — it does not fit a block's shared memory."""
+    above); 37.4 MB = 0.642 since the model charges latency a grid of one or two warps per SM cannot hide
+    (measured on an H200: such kernels ran 3-55x their modeled time), so welder now spends 2 % more DRAM on
+    tiles that keep an SM busy (the batched Q/K/V GEMM became a kernel of its own, 288 blocks of 128
+    threads, instead of one segment behind a grid barrier)."""
     from engine.schedule.pipeline import plan_model
 
     graph = _graph("bert_layer")
     batched, welder = plan_model(graph, "welder", DEVICE)
     elementwise = make_plan(graph, "elementwise", DEVICE)
-    assert welder.dram_bytes <= 0.63 * elementwise.dram_bytes
+    assert welder.dram_bytes <= 0.65 * elementwise.dram_bytes
     assert validate(welder, batched, DEVICE) == []
-    synced = {(e.producer, e.consumer) for e in welder.edges if e.conn == Conn.GLOBAL_SYNC}
-    assert any(p.endswith(".batched") for p, _ in synced)
     assert all(g.cost.waves == 1 for g in welder.groups if len(g.segments) > 1)
 
 
