@@ -80,7 +80,8 @@ def test_transfers_are_the_tensors_read_across_devices(bert):
         for t in facts[k.kernel].reads:
             assert k.start_us >= arrive.get((t, k.device), 0.0) - 1e-9
     assert part.makespan_us >= max(k.end_us for k in part.kernels)
-    assert part.makespan_us > part.single_device_us  # a chain on a slow link pays for its transfer
+    for d in range(2):  # a device runs its kernels one at a time: its busy time bounds the makespan
+        assert part.makespan_us >= sum(k.end_us - k.start_us for k in part.kernels if k.device == d) - 1e-9
 
 
 def test_json_schema(bert):
