@@ -120,9 +120,59 @@ def device_programs(program: Program, partition: Partition) -> list[Program]:
     return out
 
 
+def _nvrtc_in_process() -> bool:
+    """Whether libnvrtc is mapped into this process (Linux: /proc/self/maps; elsewhere False)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            return "libnvrtc" in maps.read()
+    except OSError:
+        return False
+
+
+def _child_main() -> None:
+    """In a fresh process: `run_partition` on the packed arguments from stdin; the packed result (or the
+    exception) to stdout."""
+    import sys
+
+    graph, plan, partition, inputs, device, cluster = unpack(sys.stdin.buffer.read())
+    try:
+        out = run_partition(graph, plan, partition, inputs, device=device, cluster=cluster)
+    except Exception as err:  # noqa: BLE001 - handed to the parent, which raises it
+        out = err
+    sys.stdout.buffer.write(pack(out))
+
+
+def _run_in_fresh_process(blob: bytes) -> PartitionRun:
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "TILEWEAVE_PARTITION_CHILD": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    proc = subprocess.run([sys.executable, "-c", "from engine.partition.execute import _child_main; _child_main()"],
+                          input=blob, capture_output=True, env=env)
+    if proc.returncode != 0 or not proc.stdout:
+        last = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise PartitionError(f"the partition's driver process failed ({last})", hint="run it again")
+    out = unpack(proc.stdout)
+    if isinstance(out, Exception):
+        raise out
+    return out
+
+
 def run_partition(graph: PrimGraph, plan: Plan, partition: Partition, inputs: Mapping[str, np.ndarray], *,
                   device: Device | str, cluster: str | None = None) -> PartitionRun:
-    """Run `partition` of (graph, plan) on `partition.devices` Ray actors; outputs by ONNX name."""
+    """Run `partition` of (graph, plan) on `partition.devices` Ray actors; outputs by ONNX name.
+
+    A process that has loaded NVRTC (the app after a CUDA compile, a test session) drives Ray from a
+    fresh Python process instead, joined to the same cluster: with libnvrtc in the driver, Ray 2.60
+    handed actors corrupt arguments (tensor specs under wrong names; then 'Unpack failed: incomplete
+    input' on bert_layer's two-device welder plan), and nothing but a clean driver avoided it."""
+    if _nvrtc_in_process() and not os.environ.get("TILEWEAVE_PARTITION_CHILD"):
+        import ray
+
+        address = cluster or (ray.get_runtime_context().gcs_address if ray.is_initialized() else None)
+        return _run_in_fresh_process(pack((graph, plan, partition, dict(inputs), device, address)))
     from engine.codegen.generate import generate
     from engine.partition.plan import INPUT_DEVICE
 

@@ -51,6 +51,19 @@ def test_bert_layer_two_devices(ray_session):
     assert part.transfers
 
 
+def test_bert_layer_two_devices_in_a_process_that_loaded_nvrtc(ray_session, tmp_path, monkeypatch):
+    """With libnvrtc in the driver, Ray handed an actor a corrupt argument ('Unpack failed: incomplete
+    input') on this plan; the run now drives Ray from a fresh process joined to the same cluster."""
+    from engine.codegen.nvrtc import compile_cuda
+    from engine.partition.execute import _nvrtc_in_process
+
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))  # a cold cache: the library really loads
+    compile_cuda('extern "C" __global__ void k00_scale(float* x, float a) { x[threadIdx.x] *= a; }\n',
+                 name="k00_scale", arch="sm_80")
+    assert _nvrtc_in_process()
+    assert check_partition(sample_path("bert_layer"), "welder", 2, ray_session).transfers
+
+
 def test_convnext_two_devices(ray_session):
     # Run after the NVRTC tests in one process, this once failed (4e-4..1.0 off): Ray's serializer gave an
     # actor its tensor specs under the wrong names. Everything now crosses Ray as our own pickle bytes.
