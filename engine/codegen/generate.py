@@ -316,8 +316,9 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroB
     wide = [d for d in range(region.rank - 2) if region.extent[d] != 1]
     rows = region.rank - 1 - wide[0] if wide else 1  # axes wide[0] .. rank-2 flattened into the rows
     # Which factor is A and which B depends on the phase's body and the axes alone, not on the tile: the
-    # tile search asks for it once per candidate tile.
-    key = (p.body, graph.stage(p.stage).kind, p.combine, p.reduce, region.rank, rows)
+    # tile search asks for it once per candidate tile. Keyed per model, as the bodies are (`_resolve`): the
+    # factors come back as objects of the first body, and the work count memoises per object.
+    key = (graph.structural_hash, p.body, graph.stage(p.stage).kind, p.combine, p.reduce, region.rank, rows)
     operands = memo("generate.gemm_operands", 20000).lookup(key, lambda: _gemm_operands(p, graph, region.rank, rows))
     if operands is None:
         return None

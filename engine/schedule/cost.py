@@ -45,7 +45,9 @@ class SegmentUse:
 def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
     """Every segment of a kernel runs with the kernel's block: the largest of its tiles' thread counts."""
     kt = max(t.threads for t in tiles)
-    return [t if t.threads == kt else dataclasses.replace(t, threads=kt) for t in tiles]
+    table = memo("cost.kernel_block", 20000)  # the search asks per candidate, three times
+    return [t if t.threads == kt else table.lookup((t, kt), lambda t=t: dataclasses.replace(t, threads=kt))
+            for t in tiles]
 
 
 def nbytes(graph: PrimGraph, tensor: str) -> int:
@@ -258,6 +260,16 @@ def _write_dram(graph: PrimGraph, stages: Sequence[str], conns: Mapping, seg_of:
     return sectors_all, dram
 
 
+def _group_writes(graph, stages, conns, seg_of, device: Device, in_llc: bool, local: dict | None):
+    """`_write_dram`, once per tile search (`local`: its memo; the writes do not depend on the tiles)."""
+    if local is None:
+        return _write_dram(graph, stages, conns, seg_of, device, in_llc)
+    hit = local.get(("writes",))
+    if hit is None:
+        hit = local[("writes",)] = _write_dram(graph, stages, conns, seg_of, device, in_llc)
+    return hit
+
+
 def wave_quantisation(device: Device, blocks: int, resident: int) -> float:
     """How much longer a grid of `blocks` takes than its work alone at `resident` blocks per SM. A grid
     smaller than one wave cannot stack more blocks per SM than it has: it is quantised against the slots
@@ -281,10 +293,8 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
         return total  # no DRAM traffic at all: the same floor for every tile
     local = {} if local is None else local
     members = set(stages)
-    written = local.get(("floor-written",))
-    if written is None:
-        seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
-        written = local[("floor-written",)] = _write_dram(graph, stages, conns, seg_of, device, in_llc)[1]
+    seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
+    _, written = _group_writes(graph, stages, conns, seg_of, device, in_llc, local)
     # Registers and shared memory only lower the blocks an SM holds: the thread count bounds them.
     most = max(1, resident_blocks_per_sm(device, max(t.threads for t in tiles), 0, 0)[0])
     for k, (seg, tile) in enumerate(zip(segs, tiles)):
@@ -337,7 +347,7 @@ def estimate_group(
         tc[k] += use.flops_tc * per_block
         dram[k] += 0 if in_llc else _completion_dram(graph, use, read_bytes, charged)
     flops_once = sum(graph.stage(name).flops for name in stages)
-    writes, written = _write_dram(graph, stages, conns, seg_of, device, in_llc)
+    writes, written = _group_writes(graph, stages, conns, seg_of, device, in_llc, local)
     for k, b in written.items():
         dram[k] += b
     threads = max(t.threads for t in tiles)
