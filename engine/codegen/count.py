@@ -198,7 +198,10 @@ def _elementwise(kernel: Kernel, phase: Phase, elems: float) -> Work:
         c.work.evals[phase.stage] = c.work.evals.get(phase.stage, 0.0) + 1.0
         return c.work
 
-    one = _memo(kernel, phase.body, ("elem", phase.stage, phase.reduce, phase.combine, phase.stores), compute)
+    # The stores counted per element depend on whether the phase has an owned part (its global stores
+    # then counted apart, in `_phase`): part of the key, or one phase's count would answer for the other.
+    one = _memo(kernel, phase.body, ("elem", phase.stage, phase.reduce, phase.combine, phase.stores,
+                                     phase.owned is None), compute)
     out = Work()
     out.add(one, elems)
     out.nest = one.nest
@@ -311,7 +314,8 @@ def _epilogue(kernel: Kernel, phase: Phase) -> Work:
         cnt.work.evals[phase.stage] = cnt.work.evals.get(phase.stage, 0.0) + 1.0
         return cnt.work
 
-    return _memo(kernel, phase.body, ("epilogue", phase.stage, phase.stores, t.target is None), compute)
+    return _memo(kernel, phase.body, ("epilogue", phase.stage, phase.stores, t.target is None, phase.owned is None),
+                 compute)
 
 
 # ---- one element ----------------------------------------------------------------------------

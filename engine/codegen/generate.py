@@ -38,6 +38,7 @@ from engine.memo import memo
 from engine.runtime.memory import plan_memory
 from engine.schedule.plan import Conn, Group, Plan, Tile, plan_to_json
 from engine.tilegraph.propagate import Box, propagate_many
+from engine.tilegraph.tilegraph import tensor_shapes
 
 _INLINE_KINDS = (StageKind.ELEMENTWISE, StageKind.LAYOUT)
 INDEX_LIMIT = 2**31 - 1  # kernels compute element offsets in C `int`
@@ -222,7 +223,10 @@ def _build_kernel(group: Group, graph: PrimGraph, conns, budget: MicroBudget, ti
     segments = []
     threads = max(t.threads for t in group.segments)
     for tile, names in _segments(group, graph, conns):
-        seg = _build_segment(tile, names, graph, conns, members, params, locals_, group.name, sample)
+        if sample is not False and not params and not locals_:
+            seg = _sampled_segment(tile, names, graph, conns, members, params, locals_, group.name, sample)
+        else:
+            seg = _build_segment(tile, names, graph, conns, members, params, locals_, group.name, sample)
         if tiled:
             seg = _map_conv(_map_gemm(seg, tile, threads, graph, budget), threads, graph)
         segments.append(seg)
@@ -311,21 +315,14 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroB
         return None
     wide = [d for d in range(region.rank - 2) if region.extent[d] != 1]
     rows = region.rank - 1 - wide[0] if wide else 1  # axes wide[0] .. rank-2 flattened into the rows
-    found = _contraction_of(p, graph)
-    if found is None:
+    # Which factor is A and which B depends on the phase's body and the axes alone, not on the tile: the
+    # tile search asks for it once per candidate tile. Keyed per model, as the bodies are (`_resolve`): the
+    # factors come back as objects of the first body, and the work count memoises per object.
+    key = (graph.structural_hash, p.body, graph.stage(p.stage).kind, p.combine, p.reduce, region.rank, rows)
+    operands = memo("generate.gemm_operands", 20000).lookup(key, lambda: _gemm_operands(p, graph, region.rank, rows))
+    if operands is None:
         return None
-    target, body, names, extents = found
-    split = _factors(body)
-    if split is None:
-        return None
-    ms, n = {f"i{d}" for d in range(region.rank - 1 - rows, region.rank - 1)}, f"i{region.rank - 1}"
-    a, b = split
-    if n in free_vars(a) or ms & free_vars(b):
-        a, b = b, a
-    if n in free_vars(a) or ms & free_vars(b):
-        return None
-    if any(isinstance(x, Reduce) for x in kwalk(b)) or not _row_invariant(a, tuple(names)):
-        return None
+    target, names, extents, a, b = operands
     bm, bn = math.prod(region.extent[region.rank - 1 - rows:region.rank - 1]), region.extent[-1]
     k = math.prod(extents)
     bk = max(1, min(step, k))
@@ -346,6 +343,27 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroB
     if 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
         return None
     return Gemm(a, b, target, tuple(names), tuple(extents), bm, bn, bk, tm, tn, tx, ty, rows)
+
+
+def _gemm_operands(p: Phase, graph: PrimGraph, rank: int, rows: int) -> tuple | None:
+    """(target, reduce vars, extents, A, B) of a phase whose contraction is a (rows x k) by (k x cols)
+    product over its last axes (`rows` of them flattened into the rows), else None."""
+    found = _contraction_of(p, graph)
+    if found is None:
+        return None
+    target, body, names, extents = found
+    split = _factors(body)
+    if split is None:
+        return None
+    ms, n = {f"i{d}" for d in range(rank - 1 - rows, rank - 1)}, f"i{rank - 1}"
+    a, b = split
+    if n in free_vars(a) or ms & free_vars(b):
+        a, b = b, a
+    if n in free_vars(a) or ms & free_vars(b):
+        return None
+    if any(isinstance(x, Reduce) for x in kwalk(b)) or not _row_invariant(a, tuple(names)):
+        return None
+    return target, names, extents, a, b
 
 
 def _factors(body) -> tuple[E.Expr, E.Expr] | None:
@@ -401,6 +419,28 @@ def _hull_many(a: tuple | None, b: tuple) -> tuple:
     return lo, hi
 
 
+def _sampled_segment(tile, names, graph, conns, members, params, locals_, gname, sample) -> Segment:
+    """`_build_segment` of a kernel's first segment realised at one sampled tile, memoised: its phases
+    depend on the tile's anchor and shape, not on its threads (mapped onto them afterwards), and the
+    tile search costs each shape under several thread counts. Fills `params` and `locals_` as the
+    build would."""
+    touching = tuple((p, c, str(conns.get((p, c)))) for p in names for c in graph.consumers.get(p, ()))
+    boxes = tuple(sorted(sample.items())) if isinstance(sample, Mapping) else sample
+    key = (graph.structural_hash, tuple(names), touching, tile.stage, tile.shape, boxes)
+    seg, buffers, blocks = memo("generate.sampled_segments", 20000).lookup(key, lambda: _built_alone(
+        tile, names, graph, conns, members, gname, sample))
+    params.update(buffers)
+    locals_.extend(blocks)
+    return seg
+
+
+def _built_alone(tile, names, graph, conns, members, gname, sample) -> tuple:
+    params: dict[str, Buffer] = {}
+    locals_: list[Buffer] = []
+    seg = _build_segment(tile, names, graph, conns, members, params, locals_, gname, sample)
+    return seg, tuple(params.items()), tuple(locals_)
+
+
 def _build_segment(tile, names, graph, conns, members, params, locals_, gname, sample=False) -> Segment:
     """One segment's phases: every stage computed once per element of its region per tile, in a phase
     of its own (stored to a block buffer for in-segment consumers, to global memory for the others), or
@@ -417,7 +457,6 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
             raise PlanError(f"group {gname}: stage {s} feeds nothing in its segment or outside it")
 
     # Regions per tile, propagated back from the anchor (union over in-segment consumers).
-    shapes = dict((k, v.shape) for k, v in graph.specs.items())
     tiles = tuple(-(-n // t) for n, t in zip(anchor.shape, tile.shape))
     ntiles = math.prod(tiles)
     if isinstance(sample, Mapping):  # the typical tile's regions, propagated by the caller already
@@ -434,7 +473,7 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
         for c in reversed(names):
             if region[c] is None or not local_prods[c]:
                 continue
-            reads = propagate_many(graph.stage(c), region[c], shapes)
+            reads = propagate_many(graph.stage(c), region[c], tensor_shapes(graph))
             for s in local_prods[c]:
                 region[s] = _hull_many(region[s], reads[s])
         arrays = {}

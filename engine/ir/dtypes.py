@@ -38,7 +38,7 @@ class DType(StrEnum):
 
     @property
     def itemsize(self) -> int:
-        return self.np.itemsize
+        return _ITEMSIZE[self]  # a table: the cost model asks for it hundreds of thousands of times a plan
 
     @property
     def is_float(self) -> bool:
@@ -95,3 +95,6 @@ ONNX_TO_DTYPE = {1: DType.F32, 10: DType.F16, 7: DType.I64, 6: DType.I32, 9: DTy
                  5: DType.I16, 3: DType.I8, 2: DType.U8, 4: DType.U16, 12: DType.U32, 13: DType.U64,
                  16: DType.BF16, 17: DType.F8E4M3FN, 18: DType.F8E4M3FNUZ, 19: DType.F8E5M2, 20: DType.F8E5M2FNUZ}
 DTYPE_TO_ONNX = {v: k for k, v in ONNX_TO_DTYPE.items()}
+
+
+_ITEMSIZE = {d: d.np.itemsize for d in DType}

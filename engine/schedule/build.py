@@ -163,7 +163,7 @@ def can_connect(
     fixed = None
     sides = [sorted(g, key=order.__getitem__) for g in ([gp] if gp == gc else [gp, gc])]
     if keep_tiles:
-        fixed = {t.stage: t for g in sides for t in search_group(graph, g, conns, device, mode).tiles}
+        fixed = {t.stage: t for g in sides for t in search_group(graph, g, conns, device, mode, k=1).tiles}
     else:
         # Segments the merge leaves as they were (behind grid barriers) keep their tiles: only the
         # segment the edge joins is searched again.
@@ -171,10 +171,10 @@ def can_connect(
         if len(trial_segs) > 1:
             before_tiles = {frozenset(seg): t for g in sides
                             for seg, t in zip(segments_of(graph, g, conns),
-                                              search_group(graph, g, conns, device, mode).tiles)}
+                                              search_group(graph, g, conns, device, mode, k=1).tiles)}
             fixed = {before_tiles[frozenset(seg)].stage: before_tiles[frozenset(seg)]
                      for seg in trial_segs if frozenset(seg) in before_tiles} or None
-    sched = search_group(graph, stages, trial, device, mode, fixed)
+    sched = search_group(graph, stages, trial, device, mode, fixed, k=1)
     if sched.violations:
         v = sched.violations[0]
         return Decision(False, f"{level.value}: rule {v.rule}: {v.message}"), trial
@@ -186,7 +186,7 @@ def can_connect(
 
 
 def _modeled(graph, stages, conns, device, mode) -> float:
-    sched = search_group(graph, stages, conns, device, mode)
+    sched = search_group(graph, stages, conns, device, mode, k=1)
     return sched.cost.modeled_us if sched.cost else float("inf")
 
 

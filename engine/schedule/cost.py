@@ -45,7 +45,9 @@ class SegmentUse:
 def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
     """Every segment of a kernel runs with the kernel's block: the largest of its tiles' thread counts."""
     kt = max(t.threads for t in tiles)
-    return [t if t.threads == kt else dataclasses.replace(t, threads=kt) for t in tiles]
+    table = memo("cost.kernel_block", 20000)  # the search asks per candidate, three times
+    return [t if t.threads == kt else table.lookup((t, kt), lambda t=t: dataclasses.replace(t, threads=kt))
+            for t in tiles]
 
 
 def nbytes(graph: PrimGraph, tensor: str) -> int:
@@ -123,8 +125,7 @@ def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
 def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members,
                  exact: bool = False, device: Device | None = None) -> SegmentUse:
     anchor = graph.stage(tile.stage)
-    box = anchor_box(anchor.shape, tile.shape, typical_index(anchor.shape, tile.shape))
-    regions = _regions(graph, segment, conns, tile.stage, box)
+    regions = segment_regions(graph, segment, conns, tile)
     kernel, work = segment_work(graph, segment, conns, tile, False if exact else regions.stages, device)
     per = max(1, kernel.ntiles)
     evals = {s: work.evals.get(s, 0.0) / per for s in segment}
@@ -134,7 +135,7 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
         regs = BASE_REGS + 2 * acc + 8
     else:
         regs = BASE_REGS + 2 * len(segment)
-    lines = {t: lines_of(box, graph.specs[t].dtype.itemsize) for t, box in regions.inputs.items()}
+    lines = _read_lines(graph, regions)
     completion = tuple(p.stage for seg in kernel.segments for p in seg.phases if p.region.flat)
     return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes, min(regs, 999), evals, lines,
                       int(work.shared_bytes / per), work.flops / per, 0.0, work.global_bytes / per, work,
@@ -155,6 +156,19 @@ def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     full = {e: conns.get(e, Conn.KERNEL) for p in segment for e in ((p, c) for c in graph.consumers.get(p, ()))}
     kernel = build_kernel(group, graph, full, device, sample=True if regions is None else regions)
     return kernel, count_kernel(kernel)
+
+
+def segment_regions(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile) -> GroupRegions:
+    """What one typical (interior) block of the segment computes and reads under `tile`: the regions
+    `segment_use` costs, without building the segment's kernel."""
+    anchor = graph.stage(tile.stage)
+    box = anchor_box(anchor.shape, tile.shape, typical_index(anchor.shape, tile.shape))
+    return _regions(graph, segment, conns, tile.stage, box)
+
+
+def _read_lines(graph: PrimGraph, regions: GroupRegions) -> dict[str, int]:
+    """128 B lines one block reads of each tensor from outside its segment."""
+    return {t: lines_of(box, graph.specs[t].dtype.itemsize) for t, box in regions.inputs.items()}
 
 
 def _regions(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str, box: Box) -> GroupRegions:
@@ -220,6 +234,101 @@ def _bound(terms: Sequence[float], device: Device) -> float:
     return max(terms)
 
 
+def _in_llc(graph: PrimGraph, device: Device) -> bool:
+    """On a CPU whose last-level cache holds every tensor of the model, kernels read and write that cache,
+    not DRAM (a GPU's first touch of a tensor, even one that fits its L2, is counted from DRAM)."""
+    return device.kind == "cpu" and graph.total_bytes <= device.l2_bytes
+
+
+def _read_dram(graph: PrimGraph, members: set[str], read_lines: Mapping[str, int], per_block: float,
+               device: Device, in_llc: bool) -> int:
+    """DRAM bytes of one segment's reads from outside it (`per_block`: its blocks over its row split)."""
+    dram = 0
+    for tensor, lines in read_lines.items():
+        total = int(lines * LINE * per_block)
+        size = nbytes(graph, tensor)
+        if tensor in members:  # produced by an earlier segment, behind a grid barrier
+            if size > device.l2_bytes:
+                dram += total
+        elif in_llc:
+            pass  # in the last-level cache since the last run
+        elif size <= device.l2_bytes:
+            dram += min(total, size)  # first touch; re-reads hit L2
+        else:
+            dram += total
+    return dram
+
+
+def _write_dram(graph: PrimGraph, stages: Sequence[str], conns: Mapping, seg_of: Mapping[str, int],
+                device: Device, in_llc: bool) -> tuple[int, dict[int, int]]:
+    """(write sectors, DRAM bytes written per segment) of a group: every stage read outside it or
+    behind one of its grid barriers is stored once, whatever the tiles."""
+    members = seg_of.keys()
+    sectors_all, dram = 0, {}
+    for name in stages:
+        outside = name in graph.outputs or any(c not in members for c in graph.consumers.get(name, ()))
+        synced = any(conns.get((name, c)) == Conn.GLOBAL_SYNC and seg_of.get(c) != seg_of[name]
+                     for c in graph.consumers.get(name, ()) if c in members)
+        if outside or synced:
+            size = nbytes(graph, name)
+            sectors = -(-size // SECTOR)
+            sectors_all += sectors
+            if (outside and not in_llc) or size > device.l2_bytes:
+                dram[seg_of[name]] = dram.get(seg_of[name], 0) + sectors * SECTOR
+    return sectors_all, dram
+
+
+def _group_writes(graph, stages, conns, seg_of, device: Device, in_llc: bool, local: dict | None):
+    """`_write_dram`, once per tile search (`local`: its memo; the writes do not depend on the tiles)."""
+    if local is None:
+        return _write_dram(graph, stages, conns, seg_of, device, in_llc)
+    hit = local.get(("writes",))
+    if hit is None:
+        hit = local[("writes",)] = _write_dram(graph, stages, conns, seg_of, device, in_llc)
+    return hit
+
+
+def wave_quantisation(device: Device, blocks: int, resident: int) -> float:
+    """How much longer a grid of `blocks` takes than its work alone at `resident` blocks per SM. A grid
+    smaller than one wave cannot stack more blocks per SM than it has: it is quantised against the slots
+    it can fill, so a bigger footprint (fewer resident blocks) never looks cheaper."""
+    b = max(1, blocks)
+    slots = max(1, resident) * device.sm_count
+    fill = min(max(1, resident), -(-b // device.sm_count)) * device.sm_count
+    return max(1.0, max(1, -(-b // slots)) * min(slots, fill) / b)
+
+
+def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
+             segs: Sequence[Sequence[str]], local: dict | None = None) -> float:
+    """A floor under `estimate_group(...).modeled_us` from the tiles' regions alone, no kernel built: each
+    segment's DRAM reads and writes (its completion phase left out) over the DRAM bandwidth, times the
+    least wave quantisation any occupancy its block size allows could give, plus the launch and the grid
+    barriers. The tile search skips a candidate whose floor is above the modeled times it must beat.
+    `local`: the search's memo (its connections and segments are fixed), for the per-segment bytes."""
+    total = device.launch_overhead_s * 1e6 + (len(segs) - 1) * device.grid_barrier_s * 1e6
+    in_llc = _in_llc(graph, device)
+    if in_llc:
+        return total  # no DRAM traffic at all: the same floor for every tile
+    local = {} if local is None else local
+    members = set(stages)
+    seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
+    _, written = _group_writes(graph, stages, conns, seg_of, device, in_llc, local)
+    # Registers and shared memory only lower the blocks an SM holds: the thread count bounds them.
+    most = max(1, resident_blocks_per_sm(device, max(t.threads for t in tiles), 0, 0)[0])
+    for k, (seg, tile) in enumerate(zip(segs, tiles)):
+        fkey = ("floor-dram", k, tile.stage, tile.shape, tile.blocks, tile.row_split)
+        dram = local.get(fkey)
+        if dram is None:
+            lines = _read_lines(graph, segment_regions(graph, seg, conns, tile))
+            dram = _read_dram(graph, members, lines, tile.blocks / max(1, tile.row_split), device, in_llc)
+            dram = local[fkey] = dram + written.get(k, 0)
+        # From ceil(blocks / SMs) blocks per SM on, more residency changes nothing: no need to try those.
+        fits = -(-max(1, tile.blocks) // device.sm_count)
+        quant = min(wave_quantisation(device, tile.blocks, r) for r in range(1, min(most, fits) + 1))
+        total += dram / device.dram_bw_bytes_per_s * 1e6 * quant
+    return total
+
+
 def estimate_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
     segs: Sequence[Sequence[str]] | None = None, local: dict | None = None, exact: bool = False,
@@ -236,49 +345,29 @@ def estimate_group(
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.
     dram, l2, sh, fp32, tc, tiled = ([0.0] * n for _ in range(6))
-    reads = writes = 0
+    reads = 0
     read_bytes: dict[str, int] = {}  # per tensor: bytes the tiles of this kernel read (capped at its size)
     for use in uses:
         for t, lines in use.read_lines.items():
             got = lines * LINE * use.tile.blocks / max(1, use.tile.row_split)
             read_bytes[t] = min(nbytes(graph, t), read_bytes.get(t, 0) + int(got))
-    flops_once = 0.0
     charged: set[str] = set()  # an input's unread bytes come from DRAM once per kernel
-    # On a CPU whose last-level cache holds every tensor of the model, kernels read and write that cache,
-    # not DRAM (a GPU's first touch of a tensor, even one that fits its L2, is counted from DRAM).
-    resident = device.kind == "cpu" and graph.total_bytes <= device.l2_bytes
+    in_llc = _in_llc(graph, device)
     for k, use in enumerate(uses):
         per_block = use.tile.blocks / max(1, use.tile.row_split)
-        for tensor, lines in use.read_lines.items():
-            total = int(lines * LINE * per_block)
-            reads += int(lines * per_block)
-            if tensor in members:  # produced by an earlier segment, behind a grid barrier
-                if nbytes(graph, tensor) > device.l2_bytes:
-                    dram[k] += total
-            elif resident:
-                pass  # in the last-level cache since the last run
-            elif nbytes(graph, tensor) <= device.l2_bytes:
-                dram[k] += min(total, nbytes(graph, tensor))  # first touch; re-reads hit L2
-            else:
-                dram[k] += total
+        reads += sum(int(lines * per_block) for lines in use.read_lines.values())
+        dram[k] += _read_dram(graph, members, use.read_lines, per_block, device, in_llc)
         # Every global load and store the kernel IR counts goes through L2 (DRAM misses included).
         l2[k] += use.global_bytes * per_block
         sh[k] += int(use.shared_traffic * per_block)
         fp32[k] += use.flops_fp32 * per_block
         tiled[k] += use.flops_tiled * per_block
         tc[k] += use.flops_tc * per_block
-        dram[k] += 0 if resident else _completion_dram(graph, use, read_bytes, charged)
-    for name in stages:
-        stage = graph.stage(name)
-        flops_once += stage.flops
-        outside = name in graph.outputs or any(c not in members for c in graph.consumers.get(name, ()))
-        synced = any(conns.get((name, c)) == Conn.GLOBAL_SYNC and seg_of.get(c) != seg_of[name]
-                     for c in graph.consumers.get(name, ()) if c in members)
-        if outside or synced:
-            sectors = -(-nbytes(graph, name) // SECTOR)
-            writes += sectors
-            if (outside and not resident) or nbytes(graph, name) > device.l2_bytes:
-                dram[seg_of[name]] += sectors * SECTOR
+        dram[k] += 0 if in_llc else _completion_dram(graph, use, read_bytes, charged)
+    flops_once = sum(graph.stage(name).flops for name in stages)
+    writes, written = _group_writes(graph, stages, conns, seg_of, device, in_llc, local)
+    for k, b in written.items():
+        dram[k] += b
     threads = max(t.threads for t in tiles)
     blocks = max(t.blocks for t in tiles)
     regs = max(u.regs_per_thread for u in uses)
@@ -307,9 +396,7 @@ def estimate_group(
     for k, t in enumerate(tiles):
         # A grid smaller than one wave cannot stack more blocks per SM than it has: quantise against
         # the slots it can fill, so a bigger footprint (fewer resident blocks) never looks cheaper.
-        b = max(1, t.blocks)
-        fill = min(max(1, resident), -(-b // device.sm_count)) * device.sm_count
-        quant = max(1.0, max(1, -(-b // slots)) * min(slots, fill) / b)
+        quant = wave_quantisation(device, t.blocks, resident)
         top = _bound(seg_terms(k), device)
         busy += top
         quantised += top * quant

@@ -19,7 +19,7 @@ from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.memo import memo
-from engine.schedule.cost import estimate_group
+from engine.schedule.cost import estimate_group, floor_us
 from engine.schedule.plan import Candidate, GroupCost, Tile
 from engine.schedule.validate import Violation, check_group, recompute_bound
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
@@ -34,6 +34,7 @@ class GroupSchedule:
     candidates: tuple[Candidate, ...]
     cost: GroupCost | None
     violations: tuple[Violation, ...]
+    k: int = TOP_K  # the candidates a search kept: a search asking for more cannot use this one
 
     @property
     def ok(self) -> bool:
@@ -127,7 +128,9 @@ def search_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, device: Device, mode: str,
     fixed: Mapping[str, Tile] | None = None, k: int = TOP_K,
 ) -> GroupSchedule:
-    """Best valid tile per segment (fixed anchors keep their tile); violations when none is valid."""
+    """Best valid tile per segment (fixed anchors keep their tile); violations when none is valid.
+    `k`: how many of the last segment's best candidates to keep (1 when only the winner is wanted:
+    a connection trial; the winner is the same for any k, and fewer candidates need costing)."""
     fixed = fixed or {}
     names = list(stages)
     canon = {s: f"s{j}" for j, s in enumerate(names)}
@@ -137,10 +140,10 @@ def search_group(
     key = (group_signature(graph, stages, conns), pinned, recompute_bound())
     named, cache = memo("tiles.named", 20000), memo("tiles.subgraph", 50000)
     hit = named.get((key, mode, device, tuple(names)))
-    if hit is not None:
+    if hit is not None and hit.k >= k:
         return hit
     hit = cache.get((key, mode, device))
-    if hit is not None:
+    if hit is not None and hit.k >= k:
         return named.put((key, mode, device, tuple(names)),
                          _rename(hit, [f"s{j}" for j in range(len(names))], names))
     segs = segments_of(graph, stages, conns)
@@ -168,7 +171,7 @@ def search_group(
         if not violations:
             raise
         cost = None  # refused already (the violations say why): nothing to cost
-    out = GroupSchedule(tuple(chosen), best_cands, cost, violations)
+    out = GroupSchedule(tuple(chosen), best_cands, cost, violations, k)
     cache.put((key, mode, device), _rename(out, list(stages), [f"s{j}" for j in range(len(stages))]))
     return out
 
@@ -178,9 +181,15 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
     updated in place); the last segment's top-k candidates and the group's violations come back."""
     best_cands: tuple[Candidate, ...] = ()
     for j, pool in enumerate(pools):
+        trials = [chosen[:j] + [t] + chosen[j + 1:] for t in pool]
+        # Candidates in order of their floor (regions only, no kernel built): once the floor passes the
+        # k-th best modeled time found, no candidate left can enter the top k, valid or not.
+        floors = [floor_us(graph, stages, conns, trial, device, segs, local) for trial in trials] if len(pool) > 1 else [0.0]
         scored = []
-        for t in pool:
-            trial = chosen[:j] + [t] + chosen[j + 1:]
+        for i in sorted(range(len(pool)), key=floors.__getitem__):
+            if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
+                break
+            t, trial = pool[i], trials[i]
             bad = check_group(graph, stages, conns, trial, device, segs=segs, local=local)
             if bad and len(pool) > 1:
                 continue
@@ -189,16 +198,32 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
             except CountBudgetError:
                 continue  # refused by check_group (rule 9) already; a lone candidate is kept below anyway
             traffic = cost.traffic_bytes["dram"] + cost.traffic_bytes["l2"]
-            scored.append(((traffic + 1) * cost.waves, cost.modeled_us, t, cost, traffic))
+            scored.append(((traffic + 1) * cost.waves, cost.modeled_us, t, cost, traffic, i))
         if not scored:
             continue  # no valid tile: keep the default and report its violations below
-        scored.sort(key=lambda x: (x[1], x[0]))
+        scored.sort(key=_rank)
         top = _distinct(scored)[:k]
         best = min(top, key=lambda x: x[1])
         chosen[j] = best[2]
         if len(segs) == 1 or j == len(pools) - 1:
-            best_cands = tuple(Candidate(t, round(s, 1), int(tr), c.waves) for s, _, t, c, tr in top)
+            best_cands = tuple(Candidate(t, round(s, 1), int(tr), c.waves) for s, _, t, c, tr, _ in top)
     return best_cands, tuple(check_group(graph, stages, conns, chosen, device, segs=segs, local=local))
+
+
+_FLOOR_SLACK = 1e-3  # µs: modeled times are rounded to 1e-4, a floor sums its terms in another order
+
+
+def _rank(item: tuple) -> tuple:
+    """Best first by modeled time, then score; ties keep the pool's order."""
+    return item[1], item[0], item[5]
+
+
+def _kth_best(scored: list, k: int) -> float:
+    """The modeled time a candidate must not exceed to enter the top k of `scored` (inf while fewer)."""
+    if len(scored) < k:
+        return math.inf
+    top = _distinct(sorted(scored, key=_rank))
+    return top[k - 1][1] if len(top) >= k else math.inf
 
 
 def _distinct(scored: list) -> list:
@@ -284,7 +309,7 @@ def _rename(s: GroupSchedule, old: list[str], new: list[str]) -> GroupSchedule:
     tiles = tuple(replace(t, stage=m.get(t.stage, t.stage)) for t in s.tiles)
     cands = tuple(replace(c, tile=replace(c.tile, stage=m.get(c.tile.stage, c.tile.stage))) for c in s.candidates)
     return GroupSchedule(tiles, cands, s.cost, s.violations if not s.violations else tuple(
-        replace(v, subject=_sub(v.subject, m), message=_sub(v.message, m)) for v in s.violations))
+        replace(v, subject=_sub(v.subject, m), message=_sub(v.message, m)) for v in s.violations), s.k)
 
 
 def _sub(text: str, m: Mapping[str, str]) -> str:

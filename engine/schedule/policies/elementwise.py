@@ -32,7 +32,7 @@ def plan_elementwise(graph: PrimGraph, device: Device, options: dict, started: f
             elif len(segment_sinks(graph, sorted(merged, key=stage_order(graph).__getitem__), trial)) != 1:
                 reasons[(p, c)] = "fusing would give the kernel two sinks"
             elif (bad := search_group(graph, sorted(merged, key=stage_order(graph).__getitem__), trial, device,
-                                      "elementwise").violations):
+                                      "elementwise", k=1).violations):
                 reasons[(p, c)] = f"register: rule {bad[0].rule}: {bad[0].message}"
             else:
                 conns = trial

@@ -120,3 +120,33 @@ def test_a_one_warp_grid_is_charged_for_the_latency_it_cannot_hide(attn_graph, a
     unseen = estimate_group(attn_graph, ["mm"], conns, [tile], blind)
     assert seen.traffic_bytes == unseen.traffic_bytes  # the bytes are the bytes
     assert seen.terms_us["l2"] > 10 * unseen.terms_us["l2"] and seen.modeled_us > unseen.modeled_us
+
+
+def test_segment_use_does_not_depend_on_what_was_costed_before(monkeypatch):
+    """A segment's counted work is a function of its arguments: the segments vit_block's welder search
+    costs, recomputed each on empty memo tables, count the same. (The work count's per-element memo once
+    left out whether a phase had an owned part, and whichever phase was counted first answered for both.)"""
+    from pathlib import Path
+
+    from engine import memo
+    from engine.frontend.importer import load_graph
+    from engine.schedule import cost
+    from engine.schedule.pipeline import plan_model
+
+    calls = []
+    costed = cost._segment_use
+
+    def record(*args):
+        use = costed(*args)
+        calls.append((args, use.work.to_json(), use.shared_bytes))
+        return use
+
+    monkeypatch.setattr(cost, "_segment_use", record)
+    graph = load_graph(Path(__file__).resolve().parents[3] / "samples" / "vit_block.onnx")
+    with memo.Caches("search").active():
+        plan_model(graph, "welder", "a100")
+    assert len(calls) > 500
+    for args, work, shared in calls[::8]:
+        with memo.Caches("fresh").active():
+            use = costed(*args)
+        assert (use.work.to_json(), use.shared_bytes) == (work, shared), args[1]
