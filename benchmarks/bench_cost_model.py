@@ -62,23 +62,29 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / var if var else float("nan")
 
 
+def planned_policies(job: dict, device):
+    """(policy, planned graph, plan, schedule seconds) for each of job["policies"] on job["model"]."""
+    from engine.frontend.importer import load_graph
+    from engine.schedule.pipeline import plan_model
+
+    graph = load_graph(job["model"])
+    for policy in job["policies"]:
+        t0 = time.perf_counter()
+        planned, plan = plan_model(graph, policy, device)
+        yield policy, planned, plan, time.perf_counter() - t0
+
+
 def prepare(job: dict) -> dict:
     """GPU, first step (CPU work): every policy planned for the preset and compiled with NVRTC; the
     planned graphs and compiled variants pickled to job["store"]."""
     import pickle
 
     from engine.device import get_device
-    from engine.frontend.importer import load_graph
     from engine.schedule.measure import compile_variant
-    from engine.schedule.pipeline import plan_model
 
     device = get_device(job["device"])
-    graph = load_graph(job["model"])
     out = {}
-    for policy in job["policies"]:
-        t0 = time.perf_counter()
-        planned, plan = plan_model(graph, policy, device)
-        seconds = time.perf_counter() - t0
+    for policy, planned, plan, seconds in planned_policies(job, device):
         t0 = time.perf_counter()
         out[policy] = (planned, compile_variant(planned, plan, device), seconds, time.perf_counter() - t0)
     Path(job["store"]).write_bytes(pickle.dumps(out))
@@ -134,8 +140,6 @@ def time_on_gpu(job: dict) -> dict:
 def work(job: dict) -> dict:
     """In the worker: every policy planned for the host, its kernels measured."""
     from engine.device import get_device
-    from engine.frontend.importer import load_graph
-    from engine.schedule.pipeline import plan_model
     from engine.schedule.tune import device_measure
 
     if job.get("step") == "prepare":
@@ -143,12 +147,8 @@ def work(job: dict) -> dict:
     if job.get("step") == "time":
         return time_on_gpu(job)
     device = get_device("host")
-    graph = load_graph(job["model"])
     out = {}
-    for policy in job["policies"]:
-        t0 = time.perf_counter()
-        planned, plan = plan_model(graph, policy, device)
-        seconds = time.perf_counter() - t0
+    for policy, planned, plan, seconds in planned_policies(job, device):
         measured = device_measure(planned, device, job["runs"])(plan)
         out[policy] = {"schedule_s": round(seconds, 2), "kernels": [
             {"name": g.name, "stages": len(g.stages), "modeled_us": g.cost.modeled_us if g.cost else None,
