@@ -124,8 +124,11 @@ def build_overview(graph: PrimGraph, plan: Plan, *, fold_repeats: bool = True) -
 
 
 def overview_dot(ov: Overview) -> str:
-    """DOT for Graphviz's layout only (positions); labels sized like the drawn ones."""
-    lines = ["digraph overview {", "  rankdir=TB; nodesep=0.3; ranksep=0.45;",
+    """DOT for Graphviz's layout only (positions); labels sized like the drawn ones. nslimit caps dot's
+    network simplex for x coordinates at 2 passes per node: edges spanning many ranks add a virtual node
+    per rank they cross, and lstm's 199-kernel unfused plan (19,000 virtual nodes) took 22-70 s to place
+    exactly and 1 s capped, 10% wider; the kernel graphs of fused plans come out the same."""
+    lines = ["digraph overview {", "  rankdir=TB; nodesep=0.3; ranksep=0.45; nslimit=2;",
              '  node [shape=box, fontsize=10, width=2.2, height=0.6, fixedsize=true];']
     lines += [f'  "{n.key}";' for n in ov.nodes]
     lines += [f'  "{e.src}" -> "{e.dst}";' for e in ov.edges]
