@@ -8,7 +8,8 @@ One server; the models are uploaded one after another. Prints a table per model,
 table of both visits. Budget (issue 14): every page <= 2.5 s after the model is loaded and planned, i.e.
 every second visit and every first visit after the first page (which plans: not a page time).
 Exit status: 0 when every page is within the budget, 1 when any is over (marked **OVER** and listed on
-the last line), 2 for a path that is not a file.
+the last line), 2 for a path that is not a file, 3 when a model's page never finished drawing (its
+screenshot is saved and named; the other models still run).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ def visit_pages(page, model: Path, pages: dict[str, str], wait_idle) -> dict[str
     """Upload `model` on the Model page, then visit every page twice: page -> [first s, second s]."""
     page.get_by_role("link", name="Model", exact=True).click()
     page.get_by_text("Min DRAM traffic").wait_for(timeout=120_000)
+    wait_idle(page)  # files set on an uploader that a rerun then replaces are lost (swin, mobilenetv2 once)
     page.get_by_text("Upload .onnx").click()
+    wait_idle(page)
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(model))
     page.get_by_text(f"{model.name}  ·  hash").wait_for(timeout=300_000)
     wait_idle(page)
@@ -55,9 +58,21 @@ def over_budget(rows: dict[str, list[float]]) -> list[tuple[str, str]]:
     return out
 
 
+def print_rows(stem: str, rows: dict[str, list[float]], late: set[tuple[str, str]]) -> None:
+    print(f"{stem}: Chromium (headless), click -> page drawn and idle; the first visit of "
+          f"{next(iter(rows))} plans the model")
+    print("| page | first visit s | second visit s |")
+    print("|---|---:|---:|")
+    for name, (first, second) in rows.items():
+        cells = [f"**{t:.2f} OVER**" if (name, v) in late else f"{t:.2f}" for t, v in ((first, "first"), (second, "second"))]
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
+    print(flush=True)
+
+
 def main() -> int:
     from e2e.test_overview import PAGES
     from e2e.test_workbench import ARGS, CHROMIUM, start_app, wait_idle
+    from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
     models = [Path(a).resolve() for a in sys.argv[1:]]
@@ -65,7 +80,10 @@ def main() -> int:
         print(f"usage: {Path(__file__).name} MODEL.onnx [MODEL.onnx ...] (every one a file)", file=sys.stderr)
         return 2
     proc, url = start_app(Path(tempfile.mkdtemp(prefix="tw-bench-browser-")))
+    shots = Path(tempfile.mkdtemp(prefix="tw-bench-browser-shots-"))
     results: dict[str, dict[str, list[float]]] = {}
+    failed: dict[str, str] = {}
+    over = []
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -73,24 +91,24 @@ def main() -> int:
             page.goto(url, wait_until="networkidle")
             page.get_by_text("Min DRAM traffic").wait_for(timeout=120_000)
             for model in models:
-                results[model.stem] = visit_pages(page, model, PAGES, wait_idle)
+                try:
+                    rows = results[model.stem] = visit_pages(page, model, PAGES, wait_idle)
+                except PlaywrightError as err:
+                    shot = shots / f"{model.stem}.png"
+                    page.screenshot(path=str(shot), full_page=True)
+                    failed[model.stem] = f"{str(err).splitlines()[0]} (screenshot {shot})"
+                    print(f"{model.stem}: failed: {failed[model.stem]}", flush=True)
+                    page.goto(url, wait_until="networkidle")  # a fresh session for the next model
+                    continue
+                late = set(over_budget(rows))
+                over += [f"{model.stem}: {name} ({visit} visit)" for name, visit in sorted(late)]
+                print_rows(model.stem, rows, late)
             browser.close()
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-    over = []
-    for stem, rows in results.items():
-        late = set(over_budget(rows))
-        over += [f"{stem}: {name} ({visit} visit)" for name, visit in sorted(late)]
-        print(f"{stem}: Chromium (headless), click -> page drawn and idle; the first visit of "
-              f"{next(iter(rows))} plans the model")
-        print("| page | first visit s | second visit s |")
-        print("|---|---:|---:|")
-        for name, (first, second) in rows.items():
-            cells = [f"**{t:.2f} OVER**" if (name, v) in late else f"{t:.2f}"
-                     for t, v in ((first, "first"), (second, "second"))]
-            print(f"| {name} | {cells[0]} | {cells[1]} |")
-        print()
+    if not results:
+        return 3
     names = list(next(iter(results.values())))
     print(f"first / second visit s (budget {PAGE_BUDGET_S:g} s; the first visit of {names[0]} plans the model)")
     print("| model | " + " | ".join(names) + " |")
@@ -104,6 +122,9 @@ def main() -> int:
             cells.append(f"**{cell} OVER**" if any(n == name for n, _ in late) else cell)
         print(f"| {stem} | " + " | ".join(cells) + " |")
     print("over budget:", ", ".join(over) or "none")
+    if failed:
+        print("failed:", "; ".join(f"{m}: {why}" for m, why in failed.items()))
+        return 3
     return 1 if over else 0
 
 
