@@ -10,7 +10,7 @@ import streamlit as st
 from app import services
 from app.run_panel import bounded_controls, run_bounded, run_panel
 from app.ui import current_model, current_plan, guarded
-from app.views.kernels import kernel_rows, kernel_sources
+from app.views.kernels import SOURCE_LINES_SHOWN, clip_source, kernel_rows, kernel_sources
 from app.views.roofline import LEVEL_BW, roofline_figure
 from app.views.simt import (
     FINDING_COLUMNS,
@@ -65,12 +65,19 @@ with guarded("Showing generated source"):
     st.subheader("Generated source")
     sources = services.kernel_sources(planned.graph, plan, state.model_hash, plan.plan_hash, state.device)
     names = [g.name for g in plan.groups]
-    shown = st.selectbox("Kernel", names, key="kernels_source_pick",
-                         help="one kernel's code at a time; the downloads hold the whole program")
+    pick, whole_col = st.columns([3, 1], vertical_alignment="bottom")
+    shown = pick.selectbox("Kernel", names, key="kernels_source_pick",
+                           help="one kernel's code at a time; the downloads hold the whole program")
+    whole = whole_col.toggle("Whole kernel", key="kernels_source_whole",
+                             help=f"otherwise its first {SOURCE_LINES_SHOWN} lines (a long code block takes the "
+                                  "browser seconds to draw)")
     cuda_tab, c_tab = st.tabs(["CUDA C", "C (CPU backend)"])
     for tab, lang, ext in ((cuda_tab, "cuda", "cu"), (c_tab, "c", "c")):
-        parts = kernel_sources(sources[lang])
-        tab.code(parts.get(shown, sources[lang]), language=lang)
+        code = kernel_sources(sources[lang]).get(shown, sources[lang])
+        text, hidden = (code, 0) if whole else clip_source(code)
+        tab.code(text, language=lang)
+        if hidden:
+            tab.caption(f"{hidden:,} more lines: switch on 'Whole kernel', or download the whole program")
         tab.download_button(f"Download the whole program (.{ext})", sources[lang], key=f"kernels_src_{lang}",
                             file_name=f"{state.model_name}_{plan.policy}.{ext}", mime="text/plain")
 

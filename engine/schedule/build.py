@@ -25,16 +25,24 @@ def assemble(
     reasons: Mapping[Edge, str] | None = None, scores: Mapping[Edge, float | None] | None = None,
     decisions: Sequence[str] = (), fixed: Mapping[str, Tile] | None = None, base_policy: str = "",
     edits: Sequence[Edit] = (), sources: Mapping[Edge, str] | None = None, options: Mapping | None = None,
-    started: float | None = None,
+    started: float | None = None, keep: Sequence[Group] = (),
 ) -> Plan:
-    """Freeze connections into a Plan: components → groups, a tile search per group, every cost."""
+    """Freeze connections into a Plan: components → groups, a tile search per group, every cost.
+    `keep`: groups of an earlier plan of the same graph, device and options whose stages and every edge
+    touching them have the connections they had there (an edit elsewhere): where a component is one of
+    them it is reused as it was (tiles, candidates, cost, measured time), renumbered, not searched again."""
     started = time.perf_counter() if started is None else started
     reasons, scores, sources = reasons or {}, scores or {}, sources or {}
     full = {e: conns.get(e, Conn.KERNEL) for e in graph.edges}
     edges = tuple(EdgePlan(p, c, full[(p, c)], reasons.get((p, c), "default: separate kernels"),
                            scores.get((p, c)), sources.get((p, c), "policy")) for p, c in graph.edges)
+    kept = {frozenset(g.stages): g for g in keep}
     groups = []
     for k, comp in enumerate(components(graph, full)):
+        old = kept.get(frozenset(comp))
+        if old is not None:
+            groups.append(dataclasses.replace(old, id=k, name=kernel_name(k, graph, comp)))
+            continue
         sched = search_group(graph, comp, full, device, mode, fixed)
         groups.append(Group(k, kernel_name(k, graph, comp), tuple(comp), sched.tiles, _group_reason(comp, full, sched),
                             sched.cost.modeled_us if sched.cost else None, sched.candidates, sched.cost))
@@ -43,8 +51,9 @@ def assemble(
         edges=edges, groups=tuple(groups), base_policy=base_policy, edits=tuple(edits),
         decisions=tuple(decisions), schedule_seconds=0.0, options=tuple(sorted((options or {}).items())),
     )
-    if device.kind == "cpu":
-        plan = coarsen_plan(plan, graph, device, keep=set(fixed or ()) if policy == "user" else set())
+    if device.kind == "cpu":  # kept groups were coarsened in their own plan
+        anchors = {t.stage for g in groups if frozenset(g.stages) in kept for t in g.segments}
+        plan = coarsen_plan(plan, graph, device, keep=(set(fixed or ()) if policy == "user" else set()) | anchors)
     return dataclasses.replace(plan, schedule_seconds=round(time.perf_counter() - started, 4))
 
 

@@ -99,11 +99,23 @@ def _apply_edit(plan: Plan, graph: PrimGraph, device: Device, edit: Edit) -> Pla
         fixed[tile.stage] = tile
     new = assemble(graph, device, conns, policy="user", mode=mode, reasons=reasons, sources=sources,
                    decisions=plan.decisions, fixed=fixed, base_policy=base, edits=plan.edits + (edit,),
-                   options=dict(plan.options), started=started)
+                   options=dict(plan.options), started=started,
+                   keep=_untouched(plan, conns, {tile.stage} if edit.kind == "set_tile" else set()))
     bad = validate(new, graph, device)
     if bad:
         raise PlanError(f"edit {_describe(edit)} is illegal: {bad[0]}")
     return new
+
+
+def _untouched(plan: Plan, conns: Mapping, tiled: set[str]) -> list:
+    """The plan's groups an edit leaves alone (no edge touching them changes level, none of their tiles
+    is newly fixed: `tiled`), kept as the plan has them. A policy's plan may hold tiles its search chose
+    segment by segment while a group grew (welder's GLOBAL_SYNC merges) that a fresh search of the whole
+    group would not choose again: searching them again re-tiled kernels the edit never touched (and the
+    app recompiled them)."""
+    old = {e.key: e.conn for e in plan.edges}
+    touched = {s for e, conn in conns.items() if old.get(e, Conn.KERNEL) != conn for s in e} | tiled
+    return [g for g in plan.groups if touched.isdisjoint(g.stages)]
 
 
 def _conn(value) -> Conn:
@@ -126,7 +138,8 @@ def _best_merge(plan, graph, device, edit, edge, conns, reasons, sources, fixed,
     best, noes = None, []
     for level in (Conn.REGISTER, Conn.SHARED, Conn.GLOBAL_SYNC):
         trial = trial_conns(graph, conns, edge, level)
-        cand = assemble(graph, device, trial, policy="user", mode=mode, fixed=fixed, base_policy=base)
+        cand = assemble(graph, device, trial, policy="user", mode=mode, fixed=fixed, base_policy=base,
+                        keep=_untouched(plan, trial, set()))
         bad = validate(cand, graph, device)
         if bad:
             noes.append(f"{level.value}: {bad[0]}")

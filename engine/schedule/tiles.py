@@ -138,13 +138,16 @@ def search_group(
     # tiles: the same structure one layer on hits the cache too).
     pinned = tuple(sorted((canon[s], replace(fixed[s], stage=canon[s])) for s in stages if s in fixed))
     key = (group_signature(graph, stages, conns), pinned, recompute_bound())
+    # Only stitch's candidate pool differs (split rows), so the other modes share their searches: the
+    # Compare page's unfused plan finds the one-stage searches the welder plan made before it.
+    pools_of = "stitch" if mode == "stitch" else "tiles"
     named, cache = memo("tiles.named", 20000), memo("tiles.subgraph", 50000)
-    hit = named.get((key, mode, device, tuple(names)))
+    hit = named.get((key, pools_of, device, tuple(names)))
     if hit is not None and hit.k >= k:
         return hit
-    hit = cache.get((key, mode, device))
+    hit = cache.get((key, pools_of, device))
     if hit is not None and hit.k >= k:
-        return named.put((key, mode, device, tuple(names)),
+        return named.put((key, pools_of, device, tuple(names)),
                          _rename(hit, [f"s{j}" for j in range(len(names))], names))
     segs = segments_of(graph, stages, conns)
     chosen: list[Tile] = []
@@ -172,7 +175,7 @@ def search_group(
             raise
         cost = None  # refused already (the violations say why): nothing to cost
     out = GroupSchedule(tuple(chosen), best_cands, cost, violations, k)
-    cache.put((key, mode, device), _rename(out, list(stages), [f"s{j}" for j in range(len(stages))]))
+    cache.put((key, pools_of, device), _rename(out, list(stages), [f"s{j}" for j in range(len(stages))]))
     return out
 
 

@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from app import services
 from app.state import KEY
 from app.views.fmt import fmt_bytes
+from app.views.kernels import kernel_sources
 from app.views.simt import FINDING_COLUMNS
 from engine.errors import BackendError
 
@@ -225,6 +226,23 @@ def test_batched_plan_reaches_the_tilegraph_and_kernels_pages():
     assert any("batched" in c.value for c in at.code)  # generated source names the batched stage
     assert all(len(c.value) < len(services.kernel_sources(on_graph, on, graph.structural_hash, on.plan_hash,
                                                           "a100")["c"]) for c in at.code)  # one kernel shown
+
+
+def test_kernels_page_shows_a_long_kernels_first_lines_unless_asked_for_all():
+    from app.views.kernels import SOURCE_LINES_SHOWN
+
+    at = open_page("kernels", "bert_layer")
+    no_traceback(at)
+    graph = services.load_model(str(services.sample_path("bert_layer")), "bert_layer").graph
+    planned = services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", True)
+    sources = services.kernel_sources(planned.graph, planned.plan, graph.structural_hash, planned.plan.plan_hash, "a100")
+    longest = max(planned.plan.groups, key=lambda g: len(kernel_sources(sources["c"])[g.name].splitlines())).name
+    assert len(kernel_sources(sources["c"])[longest].splitlines()) > SOURCE_LINES_SHOWN
+    at.selectbox(key="kernels_source_pick").set_value(longest).run()
+    assert all(len(c.value.splitlines()) <= SOURCE_LINES_SHOWN for c in at.code)
+    assert any("more lines" in c.value for c in at.caption)
+    at.toggle(key="kernels_source_whole").set_value(True).run()
+    assert kernel_sources(sources["c"])[longest].rstrip() in [c.value.rstrip() for c in at.code]
 
 
 def simt_table(at: AppTest, column: str):

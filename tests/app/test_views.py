@@ -200,3 +200,13 @@ def test_simt_rows_follow_the_result():
     no_model = KernelTraffic("k09", 1, 10, 20, 0, 0)
     row = simt_traffic_rows(dataclasses.replace(clean, kernels=(no_model,)))[0]
     assert row["modeled L2"] == "—" and row["emulated / modeled L2"] is None
+
+
+def test_kernel_source_is_clipped_to_its_first_lines():
+    from app.views.kernels import clip_source
+
+    rng = random.Random(11)
+    lines = [f"line {k} {rng.random():.6f}\n" for k in range(rng.randint(320, 900))]
+    shown, hidden = clip_source("".join(lines), 300)
+    assert shown == "".join(lines[:300]) and hidden == len(lines) - 300
+    assert clip_source("".join(lines[:40]), 300) == ("".join(lines[:40]), 0)

@@ -1,11 +1,17 @@
 """The workbench on real exported models in Debian's Chromium (Playwright), one shared server: upload a
 zoo model, open every page, click a kernel in the overview and see its stages, change one of its edges
 from the picture's panel, undo, compare against unfused and see the changed kernels and edges
-highlighted, export annotated ONNX and load it back with onnx. Page times are printed, not asserted
-(the budgets live in benchmarks/bench_app.py). Screenshots land in tests/e2e/artifacts/ (git-ignored)."""
+highlighted, run a tune job and see its candidates, export annotated ONNX and load it back with onnx.
+Page times are printed, not asserted (the budgets live in benchmarks/bench_app.py). Screenshots land in
+tests/e2e/artifacts/ (git-ignored); with UPDATE_SCREENSHOTS=1 convnext's also replace the README's
+(docs/screenshots/, scaled to 2/3 and 256 colours):
+
+    UPDATE_SCREENSHOTS=1 .venv/bin/python -m pytest -m browser tests/e2e/test_overview.py -k convnext
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -20,8 +26,24 @@ pytestmark = [pytest.mark.browser,
 ZOO = ROOT / "samples" / "zoo"
 PAGES = {  # page -> text its content shows once drawn
     "Tile-graph": "node(s) for", "Plan": "Base policy", "Kernels": "Compile + run", "Timeline": "rProgram makespan",
-    "Compare": "differ from", "Export": "Export annotated ONNX", "Model": "Min DRAM traffic",
+    "Partition": "Makespan (one request)", "Compare": "differ from", "Tuning": "Tuning database",
+    "Export": "Export annotated ONNX", "Model": "Min DRAM traffic",
 }
+DOCS = ROOT / "docs" / "screenshots"
+DOC_MODEL = "convnext"  # the model of the README's screenshots
+
+
+def shoot(page, model: str, name: str) -> None:
+    """Screenshot the viewport to artifacts/MODEL_NAME.png; with UPDATE_SCREENSHOTS=1 and the README's
+    model, also to docs/screenshots/NAME.png at 2/3 size in 256 colours (what the README shows)."""
+    path = ARTIFACTS / f"{model}_{name}.png"
+    page.screenshot(path=str(path))
+    if model == DOC_MODEL and os.environ.get("UPDATE_SCREENSHOTS") == "1":
+        from PIL import Image
+
+        with Image.open(path) as im:
+            small = im.convert("RGB").resize((im.width * 2 // 3, im.height * 2 // 3), Image.Resampling.LANCZOS)
+            small.quantize(256).save(DOCS / f"{name}.png", optimize=True)
 
 
 def cuttable_edge(model: Path) -> tuple[int, str, str]:
@@ -88,7 +110,7 @@ def test_real_model_overview_edit_compare_export(server, model, tmp_path):
         times = {}
         for name in PAGES:  # the first visit plans the model (welder): not a page time
             times[name] = open_page(page, name)
-            page.screenshot(path=str(ARTIFACTS / f"{model}_{name.lower()}.png"))
+            shoot(page, model, name.lower().replace("-", ""))
         print(f"{model}: first visits (s, the first one plans)", {k: round(v, 2) for k, v in times.items()})
         print(f"{model}: second visits (s)", {k: round(open_page(page, k), 2) for k in PAGES})
 
@@ -98,7 +120,7 @@ def test_real_model_overview_edit_compare_export(server, model, tmp_path):
         click_point(page, "kernels", kernel_index)
         page.get_by_text("and its neighbours").wait_for(timeout=60_000)
         page.locator('[data-testid="stGraphVizChart"] svg').first.wait_for(timeout=60_000)
-        page.screenshot(path=str(ARTIFACTS / f"{model}_kernel_clicked.png"))
+        shoot(page, model, "tilegraph")  # the README's Tile-graph picture: a kernel clicked
 
         # change one of its edges from the panel, then undo
         box = page.locator('[data-testid="stSelectbox"]').filter(has_text="Internal edge").first
@@ -129,7 +151,19 @@ def test_real_model_overview_edit_compare_export(server, model, tmp_path):
         assert " 0 of" not in changed.split("and")[1], changed
         page.get_by_text("changed vs compared plan").last.wait_for(timeout=60_000)  # the highlighted edges' legend
         page.get_by_text("changed vs compared plan").last.scroll_into_view_if_needed()
-        page.screenshot(path=str(ARTIFACTS / f"{model}_compare.png"))
+        shoot(page, model, "compare")
+
+        # a measured tune job (K=1) on this CPU: progress, then every candidate's time
+        open_page(page, "Tuning")
+        k = page.get_by_label("Candidates per kernel (K)")
+        k.fill("1")
+        k.press("Enter")
+        wait_idle(page)
+        page.get_by_role("button", name="Run tune job").click()
+        page.get_by_role("heading", name="Candidates").wait_for(timeout=600_000)
+        wait_idle(page, 600_000)
+        assert page.get_by_text("Decisions: tune:").count() > 0
+        shoot(page, model, "tuning")
 
         # export annotated ONNX and load it back
         open_page(page, "Export")

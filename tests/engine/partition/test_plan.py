@@ -12,7 +12,7 @@ from engine.device import get_device
 from engine.errors import PartitionError
 from engine.frontend.importer import load_graph
 from engine.partition.links import LINKS
-from engine.partition.plan import kernel_facts, partition_model
+from engine.partition.plan import kernel_facts, partition_model, split_plan, tp_candidates
 from engine.runtime.reference import run_reference
 from engine.schedule.pipeline import plan_model
 
@@ -82,6 +82,31 @@ def test_transfers_are_the_tensors_read_across_devices(bert):
     assert part.makespan_us >= max(k.end_us for k in part.kernels)
     for d in range(2):  # a device runs its kernels one at a time: its busy time bounds the makespan
         assert part.makespan_us >= sum(k.end_us - k.start_us for k in part.kernels if k.device == d) - 1e-9
+
+
+def test_a_split_keeps_the_plan_it_splits(bert):
+    """The tensor-parallel plan is the given plan (the user's edits included) with the slices cut out:
+    kernels that hold no split stage keep their tiles, other connections hold; only the kernels the
+    split breaks up are searched again (re-planning the split graph took 9-18 s on bert and vit)."""
+    from engine.schedule.edits import apply_edit
+    from engine.schedule.plan import Conn, Edit
+
+    graph, plan = bert
+    device = get_device("a100")
+    name = tp_candidates(graph, plan, device, 2)[2][0]  # the largest weight
+    inner = next(e for g in plan.groups if name not in g.stages for e in plan.edges
+                 if e.conn.fused and e.producer in g.stages and e.consumer in g.stages)
+    plan = apply_edit(plan, graph, device, Edit.make("split", producer=inner.producer, consumer=inner.consumer))
+    g2, p2, pinned = split_plan(graph, plan, device, [name], 2)
+    assert sorted(pinned.values()) == [0, 1] and all(p2.group_of(s).stages == (s,) for s in pinned)
+    assert p2.edge(inner.producer, inner.consumer).conn == Conn.KERNEL  # the user's edit holds
+    after = {g.stages: g for g in p2.groups}
+    untouched = [g for g in plan.groups if name not in g.stages]
+    assert untouched and all(after[g.stages].segments == g.segments for g in untouched)
+    for e in plan.edges:
+        if g2.is_stage(e.producer) and (e.producer, e.consumer) in set(g2.edges):
+            assert p2.edge(e.producer, e.consumer).conn == e.conn
+    assert p2.edits[:len(plan.edits)] == plan.edits
 
 
 def test_json_schema(bert):

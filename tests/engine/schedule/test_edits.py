@@ -74,6 +74,31 @@ def test_bad_edits_name_the_problem(attn_graph, a100):
         apply_edit(plan, attn_graph, a100, Edit.make("fuse_all"))
 
 
+def test_an_edit_keeps_the_kernels_it_does_not_touch(a100):
+    """welder's GLOBAL_SYNC merges keep each side's tiles while a group grows, so its multi-segment
+    kernels hold tiles a fresh search of the whole group would not pick: an edit elsewhere used to search
+    them again, re-tiling (and making the app recompile) kernels the user never touched."""
+    from support import sample_path
+
+    from engine.frontend.importer import load_graph
+    from engine.schedule.pipeline import plan_model
+
+    graph, plan = plan_model(load_graph(sample_path("bert_layer"), {}), "welder", a100)
+    target = next(g for g in plan.groups if len(g.segments) == 1 and len(g.stages) > 1)
+    inner = next(e for e in plan.edges if e.conn.fused and e.producer in target.stages and e.consumer in target.stages)
+    edited = apply_edit(plan, graph, a100, Edit.make("split", producer=inner.producer, consumer=inner.consumer))
+    assert edited.kernels == plan.kernels + 1
+    after = {g.stages: g for g in edited.groups}
+    others = [g for g in plan.groups if g is not target]
+    assert any(len(g.segments) > 1 for g in others)  # kept tiles are among them
+    for g in others:
+        kept = after[g.stages]
+        assert (kept.segments, kept.candidates, kept.cost, kept.score) == (g.segments, g.candidates, g.cost, g.score)
+    assert validate(edited, graph, a100) == []
+    # and the edited plan is what a replay of the edit gives
+    assert plan_to_json(replay("welder", edited.edits, graph, a100))["groups"] == plan_to_json(edited)["groups"]
+
+
 def test_identical_layers(tmp_path, a100):
     from engine.frontend.importer import load_graph
 
