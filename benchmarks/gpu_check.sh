@@ -75,7 +75,7 @@ fi
 if want counters; then
   step "Nsight Compute counters" | tee "$OUT/counters.log"
   timeout ${COUNTERS_S:-120} $PY benchmarks/gpu_counters.py --store "$STORE" --models bert,convnext,mobilevit \
-    --policies welder --timeout 60 --json "$OUT/counters.json" >> "$OUT/counters.log" 2>&1
+    --policies welder,stitch --timeout 60 --json "$OUT/counters.json" >> "$OUT/counters.log" 2>&1
   echo "rc=$?" >> "$OUT/counters.log"
   grep -E "all |rc=|error|failed" "$OUT/counters.log" | tail -8
 fi
