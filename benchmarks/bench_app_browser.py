@@ -71,7 +71,7 @@ def print_rows(stem: str, rows: dict[str, list[float]], late: set[tuple[str, str
 
 def main() -> int:
     from e2e.test_overview import PAGES
-    from e2e.test_workbench import ARGS, CHROMIUM, start_app, wait_idle
+    from e2e.test_workbench import open_app, start_app, wait_idle
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
@@ -86,10 +86,7 @@ def main() -> int:
     over = []
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(url, wait_until="networkidle")
-            page.get_by_text("Min DRAM traffic").wait_for(timeout=120_000)
+            page = open_app(pw, url, 1400, 900, timeout=120_000)
             for model in models:
                 try:
                     rows = results[model.stem] = visit_pages(page, model, PAGES, wait_idle)
@@ -103,7 +100,7 @@ def main() -> int:
                 late = set(over_budget(rows))
                 over += [f"{model.stem}: {name} ({visit} visit)" for name, visit in sorted(late)]
                 print_rows(model.stem, rows, late)
-            browser.close()
+            page.context.browser.close()
     finally:
         proc.terminate()
         proc.wait(timeout=20)

@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from e2e.test_workbench import ARGS, ARTIFACTS, CHROMIUM, ROOT, wait_idle
+from e2e.test_workbench import ARTIFACTS, CHROMIUM, ROOT, open_app, wait_idle
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (make sys-deps)")]
@@ -98,10 +98,7 @@ def test_real_model_overview_edit_compare_export(server, model, tmp_path):
     kernel_index, producer, consumer = cuttable_edge(path)
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900}, accept_downloads=True)
-        page.goto(server, wait_until="networkidle")
-        page.get_by_text("Min DRAM traffic").wait_for(timeout=60_000)
+        page = open_app(pw, server, 1400, 900, accept_downloads=True)
         page.get_by_text("Upload .onnx").click()
         page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(path))
         page.get_by_text(f"{model}.onnx  ·  hash").wait_for(timeout=120_000)
@@ -173,7 +170,7 @@ def test_real_model_overview_edit_compare_export(server, model, tmp_path):
         with page.expect_download(timeout=120_000) as download:
             button.click()
         download.value.save_as(out)
-        browser.close()
+        page.context.browser.close()
     loaded = onnx.load(str(out))
     kernels = {p.value for n in loaded.graph.node for p in n.metadata_props if p.key == "tileweave.kernel"}
     assert kernels, "no node carries its kernel"

@@ -26,6 +26,17 @@ pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (make sys-deps)")]
 
 
+def open_app(pw, url: str | None, width: int = 1500, height: int = 1000, timeout: int = 60_000, **page_options):
+    """Chromium (the project's flags) with one page of `width` x `height`; with `url`, the app loaded there
+    and its Model page drawn."""
+    browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    page = browser.new_page(viewport={"width": width, "height": height}, **page_options)
+    if url is not None:
+        page.goto(url, wait_until="networkidle")
+        page.get_by_text("Min DRAM traffic").wait_for(timeout=timeout)
+    return page
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,10 +85,7 @@ def test_pick_sample_edit_edge_run_and_see_timeline(server):
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1500, "height": 1000})
-        page.goto(server, wait_until="networkidle")
-        page.get_by_text("Min DRAM traffic").wait_for(timeout=60_000)
+        page = open_app(pw, server)
         choose(page, "Sample", "gelu_chain")
         page.get_by_text("gelu_chain  ·  hash").wait_for(timeout=60_000)
         page.screenshot(path=str(ARTIFACTS / "1_model.png"), full_page=True)
@@ -108,7 +116,7 @@ def test_pick_sample_edit_edge_run_and_see_timeline(server):
         page.get_by_text("matches reference").first.wait_for(timeout=60_000)
         page.get_by_text("rProgram makespan").wait_for(timeout=10_000)
         page.screenshot(path=str(ARTIFACTS / "5_timeline.png"), full_page=True)
-        browser.close()
+        page.context.browser.close()
     if not editable:
         pytest.skip("ran and checked the default plan; the edge-edit step needs engine plan editing (not built yet)")
 
@@ -131,15 +139,14 @@ def test_edits_survive_the_app_being_killed(tmp_path):
     proc, url = start_app(cache)
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page = open_app(pw, None)
             open_plan_page(page, url, "gelu_chain")
             choose(page, "Base policy", "unfused")
             choose(page, "Connection", "register")
             page.get_by_role("button", name="Apply edge edit").click()
             wait_idle(page)
             page.get_by_text("1 edit(s) on unfused").wait_for(timeout=60_000)
-            browser.close()
+            page.context.browser.close()
     finally:
         proc.kill()  # SIGKILL
         proc.wait(timeout=20)
@@ -151,13 +158,12 @@ def test_edits_survive_the_app_being_killed(tmp_path):
     proc, url = start_app(cache)
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page = open_app(pw, None)
             open_plan_page(page, url, "gelu_chain")
             page.get_by_text("1 edit(s) on unfused").wait_for(timeout=60_000)
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "6_restored_plan.png"), full_page=True)
-            browser.close()
+            page.context.browser.close()
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -187,10 +193,7 @@ def test_cancel_stops_an_emulator_run_and_its_worker(tmp_path):
     proc, url = start_app(cache)
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1500, "height": 1000})
-            page.goto(url, wait_until="networkidle")
-            page.get_by_text("Min DRAM traffic").wait_for(timeout=60_000)
+            page = open_app(pw, url)
             choose(page, "Sample", "bert_layer")
             page.get_by_text("bert_layer  ·  hash").wait_for(timeout=60_000)
             page.get_by_role("link", name="Kernels").click()
@@ -208,7 +211,7 @@ def test_cancel_stops_an_emulator_run_and_its_worker(tmp_path):
             while limits_workers(cache) and time.time() < deadline:
                 time.sleep(0.2)
             assert limits_workers(cache) == []
-            browser.close()
+            page.context.browser.close()
     finally:
         proc.terminate()
         proc.wait(timeout=20)
