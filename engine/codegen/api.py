@@ -77,6 +77,24 @@ def compile_program(program: Program, target: str, *, arch: str = "sm_80",
     raise CompileError(f"unknown target '{target}' (choose one of {', '.join(COMPILE_TARGETS)})")
 
 
+def compiled_registers(compiled: CompiledProgram, arch: str) -> dict[str, int]:
+    """Kernel name -> registers per thread NVRTC allotted it for `arch` (read from the CUBIN, no GPU
+    needed); empty when the program was not compiled for `arch` (or is not CUDA)."""
+    if arch not in compiled.archs:
+        return {}
+    at = compiled.archs.index(arch)
+    return {k.name: k.binaries[at].resources(k.name).registers for k in compiled.kernels}
+
+
+def at_compiled(plan, graph, device, compiled: CompiledProgram):
+    """`plan` costed at the registers its kernels were compiled to for `device`'s arch (the cost model's
+    formula stands where there is no such CUBIN): `cost.at_compiled_registers`."""
+    from engine.schedule.cost import at_compiled_registers
+
+    regs = compiled_registers(compiled, device.nvrtc_arch)
+    return at_compiled_registers(plan, graph, device, regs, f"{device.nvrtc_arch} CUBIN") if regs else plan
+
+
 def fit_launches(program: Program, compiled: CompiledProgram, device) -> Program:
     """`program` with each cooperative launch's grid re-capped to one wave of `device` at the registers
     its kernel was compiled to (the first arch's CUBIN): modeled, since no GPU need be attached. The

@@ -44,7 +44,7 @@ def add_compile_command(sub) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from engine.codegen.api import COMPILE_TARGETS, compile_program, fit_launches, write_compiled
+    from engine.codegen.api import COMPILE_TARGETS, at_compiled, compile_program, fit_launches, write_compiled
     from engine.codegen.generate import generate
     from engine.commands import planned_model
     from engine.flags import time_limit_s
@@ -71,6 +71,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     what = f"{args.target} {', '.join(compiled.archs)}" if compiled.archs else args.target
     print(f"{len(program.kernels)} kernels ({what}), arena {program.memory.arena_bytes} B "
           f"(naive {program.memory.naive_bytes} B) -> {out}/")
+    recosted = at_compiled(plan, graph, device, compiled)
+    if recosted is not plan:
+        print(f"modeled {recosted.modeled_us:.1f} us on {device.name} at the registers compiled for "
+              f"{device.nvrtc_arch} (formula: {plan.modeled_us:.1f} us)")
     names = [p.name for p in paths]
     for k in compiled.kernels:  # one line per kernel: its unit, then its binaries
         mine = [n for n in names if n.startswith(k.name + ".")]

@@ -332,10 +332,12 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
 def estimate_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
     segs: Sequence[Sequence[str]] | None = None, local: dict | None = None, exact: bool = False,
+    registers: tuple[int, str] | None = None,
 ) -> GroupCost:
     """Every term of one kernel's modeled time. `tiles` has one Tile per segment, in segment order
     (`segs`: the group's segments when the caller has them already; `local` and `exact`: see
-    `segment_use`)."""
+    `segment_use`). `registers`: (registers per thread, where from) of the compiled kernel, in place of
+    the formula's estimate (`at_compiled_registers`)."""
     members = set(stages)
     segs = segs if segs is not None else segments_of(graph, stages, conns)
     if len(segs) != len(tiles):
@@ -370,7 +372,7 @@ def estimate_group(
         dram[k] += b
     threads = max(t.threads for t in tiles)
     blocks = max(t.blocks for t in tiles)
-    regs = max(u.regs_per_thread for u in uses)
+    regs = max(u.regs_per_thread for u in uses) if registers is None else registers[0]
     smem = max(u.shared_bytes for u in uses)
     resident, limiter = resident_blocks_per_sm(device, threads, min(regs, device.max_regs_per_thread), smem)
     if regs > device.max_regs_per_thread:
@@ -424,4 +426,24 @@ def estimate_group(
         wave_efficiency=round(1.0 / quant, 4),
         terms_us={k: round(v, 4) for k, v in terms.items()},
         modeled_us=round(modeled, 4),
+        registers_from="formula" if registers is None else registers[1],
     )
+
+
+def at_compiled_registers(plan, graph: PrimGraph, device: Device, registers: Mapping[str, int], source: str):
+    """`plan` with each group's cost re-estimated at the registers per thread its compiled kernel was
+    allotted (`registers`: kernel name -> count, read from the CUBIN NVRTC built for `source`, e.g.
+    "sm_90 CUBIN") in place of the formula: occupancy, wave quantisation and the latency terms then
+    follow the code as compiled. Groups without a count, and every group on a CPU, keep their cost."""
+    if device.kind == "cpu":
+        return plan
+    conns = {e.key: e.conn for e in plan.edges}
+    groups = []
+    for g in plan.groups:
+        regs = registers.get(g.name)
+        if regs is not None and g.cost is not None and (regs, source) != (g.cost.footprint.get("register"),
+                                                                          g.cost.registers_from):
+            cost = estimate_group(graph, g.stages, conns, g.segments, device, exact=True, registers=(int(regs), source))
+            g = dataclasses.replace(g, cost=cost, score=cost.modeled_us)
+        groups.append(g)
+    return dataclasses.replace(plan, groups=tuple(groups))

@@ -42,12 +42,12 @@ def compile_variant(graph: PrimGraph, plan: Plan, device: Device) -> Compiled:
 
     program = generate(plan, graph, device, target="c" if device.kind == "cpu" else "cuda")
     if device.kind != "cpu":
-        from engine.codegen.api import compile_program
+        from engine.codegen.api import at_compiled, compile_program
         from engine.codegen.nvrtc import supported_archs
         from engine.runtime.cuda import build_arch
 
-        compile_program(program, "cuda", archs=(build_arch(device.nvrtc_arch, supported_archs()),))
-        return Compiled(plan, program)
+        compiled = compile_program(program, "cuda", archs=(build_arch(device.nvrtc_arch, supported_archs()),))
+        return Compiled(at_compiled(plan, graph, device, compiled), program)  # the model at the compiled registers
     from engine.codegen.ccompile import compile_c
     from engine.codegen.targets import render_c
 

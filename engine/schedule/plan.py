@@ -90,6 +90,9 @@ class GroupCost:
     wave_efficiency: float
     terms_us: dict  # "dram", "l2", "shared", "compute", "launch", "grid_barrier"
     modeled_us: float
+    # Where footprint["register"] came from: "formula" (the model's estimate from the kernel IR) or the
+    # compiled kernel, e.g. "sm_90 CUBIN" (`cost.at_compiled_registers`, once NVRTC has built it).
+    registers_from: str = "formula"
 
 
 @dataclass(frozen=True)
