@@ -31,9 +31,11 @@ with guarded("Comparing plans"):
                                           key=f"cmp_file_{label}")
             if upload is None:
                 return choice, None, None
-            on, plan = services.read_plan_json(upload.getvalue(), graph)
+            with st.spinner(f"Replaying {upload.name} on {state.model_name}…"):
+                on, plan = services.read_plan_json(upload.getvalue(), graph)
             return upload.name, plan, on
-        planned = services.build_plan(graph, state.model_hash, choice, state.device, "[]", state.batching)
+        with st.spinner(f"Planning {state.model_name} with {choice} (once per model and policy)…"):
+            planned = services.build_plan(graph, state.model_hash, choice, state.device, "[]", state.batching)
         return choice, planned.plan, planned.graph
 
     left, right = st.columns(2)

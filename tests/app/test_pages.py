@@ -318,3 +318,4 @@ def test_a_run_past_its_time_limit_is_one_line_and_keeps_the_earlier_results(mon
     assert [s.value for s in at.success if "matches reference" in s.value]  # the earlier result, not re-run
     at.button(key="kernels_simt_cancel").click().run()
     assert "Nothing is running." in [i.value for i in at.info]
+
