@@ -52,9 +52,14 @@ with guarded("Comparing plans"):
     st.subheader("On the graph")
     st.caption("Orange: kernels whose stages are grouped or connected differently in the other plan, and "
                "edges between kernels that the other plan connects differently. Colour: modeled time (µs).")
+    # Only the open tab's overview is laid out, sent and drawn (a click on the other reruns the page):
+    # two plotly overviews of a large unfused plan cost the browser tab 3-4 s of main-thread work at
+    # load 15 (lstm, mobilevit; bench_app_browser --probe).
+    tabs = st.tabs([f"A: {a_label}", f"B: {b_label}"], key="cmp_graph_tab", on_change="rerun")
     for k, (tab, (plan, on, other, other_label)) in enumerate(zip(
-            st.tabs([f"A: {a_label}", f"B: {b_label}"]),
-            [(a, a_graph, b, b_label), (b, b_graph, a, a_label)])):
+            tabs, [(a, a_graph, b, b_label), (b, b_graph, a, a_label)])):
+        if tab.open is False:
+            continue
         with tab:
             with st.spinner("Laying out the kernels (Graphviz; once per plan)…"):
                 ov = build_overview(on, plan)
