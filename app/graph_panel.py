@@ -23,8 +23,9 @@ def connection_buttons(state: AppState, loaded: services.LoadedModel, graph: Pri
     """One button per connection level of the edge: legal ones apply it, illegal ones are disabled
     and say which rule they break."""
     current = plan.edge(producer, consumer).conn.value
-    choices = services.legal_connections(loaded.graph, state.model_hash, state.base_policy, state.device,
-                                         state.edits, state.batching, producer, consumer)
+    with st.spinner("Trying each connection level of this edge through the validated edit path…"):
+        choices = services.legal_connections(loaded.graph, state.model_hash, state.base_policy, state.device,
+                                             state.edits, state.batching, producer, consumer)
     all_layers = st.checkbox("Apply to all identical layers", key=f"{key}_layers")
     for conn, rule in choices:
         label = f"{conn} (current)" if conn == current else f"set {conn}"

@@ -16,16 +16,21 @@ from engine.errors import TimeLimitError
 KEPT = "the plan and earlier results are unchanged"
 
 
-def bounded_controls(key: str, label: str) -> tuple[bool, float, bool]:
+LIMIT_LABEL = "Time limit per compile / run (s)"
+LIMIT_HELP = ("a compile or run that takes longer is stopped (its worker process killed) and reported; raise it "
+              "for large models")
+
+
+def bounded_controls(key: str, label: str, *, limit_label: str = LIMIT_LABEL, limit_help: str = LIMIT_HELP,
+                     default: float | None = None) -> tuple[bool, float, bool]:
     """(start clicked, time limit in seconds, Cancel clicked): the start button under `key`, the limit
-    (default TILEWEAVE_TIME_LIMIT, else 300 s) and Cancel, side by side."""
+    (`default`, else TILEWEAVE_TIME_LIMIT, else 300 s) and Cancel, side by side."""
     go, limit_col, cancel_col = st.columns([2, 2, 1], vertical_alignment="bottom")
     clicked = go.button(label, key=key, type="primary")
-    limit = limit_col.number_input("Time limit per compile / run (s)", min_value=0.01, max_value=86400.0,
-                                   value=services.default_time_limit(), key=f"{key}_limit",
-                                   help="a compile or run that takes longer is stopped (its worker process "
-                                        "killed) and reported; raise it for large models")
-    cancelled = cancel_col.button("Cancel", key=f"{key}_cancel", help="stop the compile or run in progress")
+    limit = limit_col.number_input(limit_label, min_value=0.01, max_value=86400.0,
+                                   value=default or services.default_time_limit(), key=f"{key}_limit",
+                                   help=limit_help)
+    cancelled = cancel_col.button("Cancel", key=f"{key}_cancel", help="stop the work in progress")
     return clicked, float(limit), cancelled
 
 

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
 UPLOAD_LIMIT_MB = 50
 APP_TIME_LIMIT_S = 300.0  # per compile and per run, unless TILEWEAVE_TIME_LIMIT says otherwise
+TUNE_TIME_LIMIT_S = 1800.0  # per tune job (the Tuning page's default: a job measures many kernels)
 MATCH_TOLERANCE = 1e-3  # max rel err (max |got - ref| / max |ref|) for "matches reference"
 
 
@@ -546,11 +547,28 @@ def annotated_onnx_bytes(path: str, model_hash: str, plan_hash: str, measured_ke
 _TUNES = Memo("app.tunes", 16)
 
 
-def tune_model(path: str, model_hash: str, policy: str, k: int, *, progress=None) -> api.TuneReport:
+def tune_model(path: str, model_hash: str, policy: str, k: int, *, progress=None,
+               time_limit: float | None = None) -> api.TuneReport:
     """Measured tuning of the model on this CPU (`tileweave tune --in-process`: the same tasks and the same
     tuning database, measured one after another in this process); `progress(done, total, db hits)`.
-    Not an st.cache function: `progress` writes to the page. The last report is kept for the page."""
-    report = api.tune_models([path], "host", policies=(policy,), k=k, local=True, progress=progress)
+    With `time_limit`, TimeLimitError once a task finishes past that many seconds (the kernels measured so
+    far stay in the tuning database: a new job is served from it). Not an st.cache function: `progress`
+    writes to the page, and a click meanwhile (Cancel) raises Streamlit's rerun signal inside it, which
+    stops the job after the task in flight. The last finished report is kept for the page."""
+    from engine.errors import TimeLimitError
+
+    start = time.perf_counter()
+
+    def step(done: int, total: int, hits: int) -> None:
+        if progress:
+            progress(done, total, hits)
+        elapsed = time.perf_counter() - start
+        if time_limit is not None and elapsed > time_limit and done < total:
+            raise TimeLimitError(f"the tune job was stopped after {elapsed:.1f} s, over its {time_limit:g} s "
+                                 f"limit, with {done} of {total} tasks measured (kept in the tuning database)",
+                                 hint="raise the time limit, or lower K")
+
+    report = api.tune_models([path], "host", policies=(policy,), k=k, local=True, progress=step)
     return _TUNES.put((model_hash, policy, k), report)
 
 

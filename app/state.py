@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from engine.memo import Caches
 from engine.schedule.plan import Edit
 
 KEY = "tileweave_state"
+CACHES_KEY = "engine_caches"  # (model hash, the session's compiler memo tables for that model)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,18 @@ def get_state() -> AppState:
     if KEY not in st.session_state:
         st.session_state[KEY] = AppState()
     return st.session_state[KEY]
+
+
+def session_caches(model_hash: str) -> Caches:
+    """The session's compiler memo tables (engine/memo.py: Streamlit runs sessions on threads, and a
+    session's tables go with it) for the current model only: a new model starts empty tables and the
+    previous model's are dropped. Entries are pure functions of their keys, so dropping them costs time
+    when the user comes back to a model, never a result; keeping every model's tables made a long
+    session's heap, and every garbage collection over it, grow model by model."""
+    held = st.session_state.get(CACHES_KEY)
+    if held is None or held[0] != model_hash:
+        held = st.session_state[CACHES_KEY] = (model_hash, Caches(f"workbench session, model {model_hash or '(none)'}"))
+    return held[1]
 
 
 def set_state(state: AppState) -> AppState:

@@ -13,6 +13,7 @@ ROOT = str(Path(__file__).resolve().parents[1])
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from app.state import get_state, session_caches  # noqa: E402
 from app.ui import guarded  # noqa: E402
 
 PAGES = Path(__file__).parent / "pages"
@@ -29,11 +30,6 @@ nav = st.navigation([
     st.Page(PAGES / "tuning.py", title="Tuning", icon=":material/speed:"),
     st.Page(PAGES / "export.py", title="Export", icon=":material/download:"),
 ])
-# Each browser session plans with its own memo tables (engine/memo.py): Streamlit runs sessions on
-# threads, and a session's tables are dropped with it.
-if "engine_caches" not in st.session_state:
-    from engine.memo import Caches
-
-    st.session_state["engine_caches"] = Caches("workbench session")
-with guarded(f"The {nav.title} page"), st.session_state["engine_caches"].active():
+# Each browser session plans with its own memo tables (engine/memo.py), kept for its current model only.
+with guarded(f"The {nav.title} page"), session_caches(get_state().model_hash).active():
     nav.run()

@@ -523,8 +523,11 @@ def cmd_app(args) -> int:
     if not script.exists():
         raise TileweaveError(f"workbench entry point {script} is missing", hint="reinstall tileweave from its repo")
     print(f"tileweave workbench: http://{args.address}:{args.port}  (Ctrl-C stops it)", flush=True)
+    # --runner.postScriptGC false: as the repo's .streamlit/config.toml says, which Streamlit reads only
+    # when started from the repo root (a full collection after every page run took seconds per page once
+    # a session had planned several models).
     cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
-           "--server.address", args.address, "--server.port", str(args.port)]
+           "--server.address", args.address, "--server.port", str(args.port), "--runner.postScriptGC", "false"]
     try:
         return subprocess.call(cmd)
     except KeyboardInterrupt:

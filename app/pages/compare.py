@@ -31,9 +31,11 @@ with guarded("Comparing plans"):
                                           key=f"cmp_file_{label}")
             if upload is None:
                 return choice, None, None
-            on, plan = services.read_plan_json(upload.getvalue(), graph)
+            with st.spinner(f"Replaying {upload.name} on {state.model_name}…"):
+                on, plan = services.read_plan_json(upload.getvalue(), graph)
             return upload.name, plan, on
-        planned = services.build_plan(graph, state.model_hash, choice, state.device, "[]", state.batching)
+        with st.spinner(f"Planning {state.model_name} with {choice} (once per model and policy)…"):
+            planned = services.build_plan(graph, state.model_hash, choice, state.device, "[]", state.batching)
         return choice, planned.plan, planned.graph
 
     left, right = st.columns(2)
@@ -50,9 +52,14 @@ with guarded("Comparing plans"):
     st.subheader("On the graph")
     st.caption("Orange: kernels whose stages are grouped or connected differently in the other plan, and "
                "edges between kernels that the other plan connects differently. Colour: modeled time (µs).")
+    # Only the open tab's overview is laid out, sent and drawn (a click on the other reruns the page):
+    # two plotly overviews of a large unfused plan cost the browser tab 3-4 s of main-thread work at
+    # load 15 (lstm, mobilevit; bench_app_browser --probe).
+    tabs = st.tabs([f"A: {a_label}", f"B: {b_label}"], key="cmp_graph_tab", on_change="rerun")
     for k, (tab, (plan, on, other, other_label)) in enumerate(zip(
-            st.tabs([f"A: {a_label}", f"B: {b_label}"]),
-            [(a, a_graph, b, b_label), (b, b_graph, a, a_label)])):
+            tabs, [(a, a_graph, b, b_label), (b, b_graph, a, a_label)])):
+        if tab.open is False:
+            continue
         with tab:
             with st.spinner("Laying out the kernels (Graphviz; once per plan)…"):
                 ov = build_overview(on, plan)

@@ -27,8 +27,9 @@ with guarded("Exporting the annotated model"):
     ran_us = dict(ran.kernel_us) if ran else None
     # Made here, in the page's run (cached per plan and measurement): a deferred callable runs outside the
     # script's thread, and in the browser tests its download sometimes never came (the button stayed disabled).
-    annotated = services.annotated_onnx_bytes(state.model_path, state.model_hash, plan.plan_hash,
-                                              json.dumps(ran_us, sort_keys=True), planned.graph, plan, ran_us)
+    with st.spinner("Annotating the model (once per plan)…"):
+        annotated = services.annotated_onnx_bytes(state.model_path, state.model_hash, plan.plan_hash,
+                                                  json.dumps(ran_us, sort_keys=True), planned.graph, plan, ran_us)
     st.download_button("Export annotated ONNX", annotated,
                        file_name=f"{stem}_annotated.onnx", mime="application/octet-stream", key="export_onnx",
                        help="the model with tileweave.kernel, .connection, .kernel_modeled_us (and "
@@ -37,8 +38,9 @@ with guarded("Exporting the annotated model"):
 
 with guarded("Exporting the trace"):
     measured = services.timeline_measured(state.model_hash, plan.plan_hash, state.device, state.backend)
-    rp = services.rprogram_for(plan, state.model_hash, plan.plan_hash, state.device, measured,
-                               json.dumps(measured, sort_keys=True) if measured else "")
+    with st.spinner("Building the rProgram (once per plan)…"):
+        rp = services.rprogram_for(plan, state.model_hash, plan.plan_hash, state.device, measured,
+                                   json.dumps(measured, sort_keys=True) if measured else "")
     st.caption("Trace durations: " + ("measured by the last run" if measured else "modeled (not run on this device)"))
     st.download_button("Trace JSON (Chrome / Perfetto)", services.trace_json_text(rp),
                        file_name=f"{stem}_trace.json", mime="application/json", key="export_trace")

@@ -63,7 +63,8 @@ with guarded("Verifying on the SIMT emulator"):
 
 with guarded("Showing generated source"):
     st.subheader("Generated source")
-    sources = services.kernel_sources(planned.graph, plan, state.model_hash, plan.plan_hash, state.device)
+    with st.spinner(f"Generating the CUDA and C of {plan.kernels} kernels (once per plan)…"):
+        sources = services.kernel_sources(planned.graph, plan, state.model_hash, plan.plan_hash, state.device)
     names = [g.name for g in plan.groups]
     pick, whole_col = st.columns([3, 1], vertical_alignment="bottom")
     shown = pick.selectbox("Kernel", names, key="kernels_source_pick",

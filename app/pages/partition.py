@@ -21,8 +21,9 @@ with guarded("Partitioning the plan"):
     names = list(LINKS)
     link = right.selectbox("Link", names, index=names.index(DEFAULT_LINK), key="partition_link",
                            format_func=lambda n: f"{n}: {LINKS[n].description}")
-    _, _, part = services.partition_for(planned.graph, planned.plan, state.model_hash, planned.plan.plan_hash,
-                                        state.device, devices, link)
+    with st.spinner(f"Partitioning {planned.plan.kernels} kernels over {devices} devices (once per plan)…"):
+        _, _, part = services.partition_for(planned.graph, planned.plan, state.model_hash, planned.plan.plan_hash,
+                                            state.device, devices, link)
     a, b, c = st.columns(3)
     a.metric("Makespan (one request)", f"{part.makespan_us:.1f} µs")
     b.metric("One device", f"{part.single_device_us:.1f} µs",

@@ -122,7 +122,8 @@ with guarded("Saving or loading a plan"):
     upload = st.file_uploader("Load plan JSON or a kernel bundle .zip (base policy + edits are replayed)",
                               type=["json", "zip"], key="plan_load")
     if upload is not None and st.button("Load this plan", key="plan_load_apply"):
-        _, loaded_plan = services.read_plan_json(upload.getvalue(), loaded.graph)
+        with st.spinner(f"Replaying {upload.name} on {state.model_name}…"):
+            _, loaded_plan = services.read_plan_json(upload.getvalue(), loaded.graph)
         base = loaded_plan.base_policy or loaded_plan.policy
         if base not in policies:
             raise services.AppError(f"the plan's base policy '{base}' is unknown", hint=f"use one of {policies}")

@@ -21,7 +21,8 @@ with guarded("Scheduling the rProgram"):
     run = run_panel(state, planned, key="timeline_run")
     measured = services.timeline_measured(state.model_hash, plan.plan_hash, state.device, state.backend) if run else None
     key = json.dumps(measured, sort_keys=True) if measured else ""
-    rp = services.rprogram_for(plan, state.model_hash, plan.plan_hash, state.device, measured, key)
+    with st.spinner("Building the rProgram (once per plan)…"):
+        rp = services.rprogram_for(plan, state.model_hash, plan.plan_hash, state.device, measured, key)
     left, mid, right = st.columns(3)
     left.metric("Sequential kernels", f"{rp.sequential_us:.1f} µs")
     mid.metric("rProgram makespan", f"{rp.makespan_us:.1f} µs", f"{rp.speedup:.2f}× faster")

@@ -318,3 +318,18 @@ def test_a_run_past_its_time_limit_is_one_line_and_keeps_the_earlier_results(mon
     assert [s.value for s in at.success if "matches reference" in s.value]  # the earlier result, not re-run
     at.button(key="kernels_simt_cancel").click().run()
     assert "Nothing is running." in [i.value for i in at.info]
+
+
+
+def test_compare_draws_the_overview_of_the_open_tab_only():
+    """Two large overviews cost the browser seconds: the closed tab's is neither laid out nor sent; opening
+    it (a rerun) draws that plan's, marked against the other."""
+    at = open_page("compare")
+    no_traceback(at)
+    differ = lambda: [c.value for c in at.caption if "differ from" in c.value]  # noqa: E731
+    assert len(at.get("plotly_chart")) == 1 and len(differ()) == 1 and differ()[0].endswith("differ from unfused")
+    at.session_state["cmp_graph_tab"] = at.tabs[1].label  # what a click on the tab sets
+    at.run()
+    no_traceback(at)
+    assert len(at.get("plotly_chart")) == 1 and len(differ()) == 1
+    assert differ()[0].endswith("differ from current plan (with edits)")

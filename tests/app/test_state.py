@@ -167,3 +167,48 @@ def test_bundle_bytes_is_the_engine_kernel_bundle(tmp_path, monkeypatch):
         assert {"manifest.json", "plan.json", "program.json", "trace.json"} <= names
         assert any(n.endswith(".sm_80.cubin") for n in names) and any(n.endswith(".c") for n in names)
         assert json.loads(z.read("plan.json")) == json.loads(services.plan_json_text(result.plan))
+
+
+def _session_caches_script() -> None:
+    """Run as the app's entry script runs it: the session's memo tables for the model in
+    st.session_state["model"], one entry put per run, what each run saw recorded."""
+    import streamlit as st
+
+    from app.state import session_caches
+
+    model = st.session_state.get("model", "m1")
+    caches = session_caches(model)
+    table = caches.memo("test.table", 100)
+    seen = len(table)
+    table.put((model, len(st.session_state.get("runs", []))), 1)
+    st.session_state["runs"] = [*st.session_state.get("runs", []), (model, id(caches), seen)]
+
+
+def test_a_session_keeps_the_memo_tables_of_its_current_model_only():
+    """Reruns on one model share its tables; another model starts empty tables and the old ones are
+    dropped; coming back starts again (entries are pure functions of their keys: dropping them costs
+    time, never a result). A long session held every model's tables: 1.1 M objects after six zoo models,
+    walked by every garbage collection (benchmarks/NOTES.md, wbperf)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_session_caches_script)
+    at.run()
+    at.run()
+    at.session_state["model"] = "m2"
+    at.run()
+    at.session_state["model"] = "m1"
+    at.run()
+    runs = at.session_state["runs"]
+    assert [(m, seen) for m, _, seen in runs] == [("m1", 0), ("m1", 1), ("m2", 0), ("m1", 0)]
+    ids = [i for _, i, _ in runs]
+    assert ids[0] == ids[1] != ids[2] != ids[3]  # each new one made while the one it replaces is alive
+
+
+def test_the_workbench_config_turns_off_streamlits_collection_after_every_run():
+    """Streamlit's default runs gc.collect() after each page run; over a session's planned models that
+    took seconds per page and held the GIL, so a rerun the browser asked for meanwhile (a click) waited,
+    and a file dropped on the uploader then was lost to it (NOTES.md, wbperf)."""
+    import tomllib
+
+    config = tomllib.loads((services.ROOT / ".streamlit" / "config.toml").read_text())
+    assert config["runner"]["postScriptGC"] is False

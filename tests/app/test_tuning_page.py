@@ -48,6 +48,22 @@ def test_tuning_page_runs_a_job_and_the_second_is_served_from_the_database():
     assert set(at.dataframe[0].value["from database"]) == {"yes"}
 
 
+def test_a_tune_job_past_its_time_limit_stops_and_says_so_and_the_next_one_finishes():
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.selectbox(key="sample").set_value("masked_softmax").run()
+    at.switch_page("pages/tuning.py").run()
+    at.selectbox(key="tune_policy").set_value("stitch").run()
+    at.number_input(key="tune_run_limit").set_value(0.01).run()
+    at.button(key="tune_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    stopped = [e.value for e in at.error]
+    assert len(stopped) == 1 and "over its 0.01 s limit" in stopped[0] and "tasks measured" in stopped[0], stopped
+    at.number_input(key="tune_run_limit").set_value(600.0).run()
+    at.button(key="tune_run").click().run()
+    no_traceback(at)
+    assert int({m.label: m.value for m in at.metric}["Tasks measured"]) > 0
+
 def test_candidate_rows_put_each_kernels_fastest_first():
     cands = [{"model": "m", "policy": "welder", "candidate": j, "kernel": k, "tiles": f"{j}x4", "measured_us": us,
               "from_db": j == 0, "signature": f"{k}{j}"}

@@ -100,6 +100,7 @@ def test_real_model_overview_edit_compare_export(server, model, tmp_path):
     with sync_playwright() as pw:
         page = open_app(pw, server, 1400, 900, accept_downloads=True)
         page.get_by_text("Upload .onnx").click()
+        wait_idle(page)  # the uploader is drawn by this rerun: a file set before it ends may be dropped
         page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(path))
         page.get_by_text(f"{model}.onnx  ·  hash").wait_for(timeout=120_000)
         wait_idle(page)

@@ -280,6 +280,7 @@ def test_app_command_starts_streamlit_on_the_workbench(monkeypatch, capsys):
     (cmd,) = calls
     assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("app/streamlit_app.py")
     assert cmd[cmd.index("--server.port") + 1] == "8612" and "127.0.0.1" in cmd
+    assert cmd[cmd.index("--runner.postScriptGC") + 1] == "false"
     assert "http://127.0.0.1:8612" in capsys.readouterr().out
 
 
