@@ -71,8 +71,9 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, regions
     reads of a tensor from outside the segment is loaded at least once (per tensor the largest such box;
     loads under a select's branches are left out: the printer may load one of them); the anchor stores
     its tile. Per element computed: a contraction's multiply-add per term, a reduction's combine per
-    term, and once each distinct operation of another stage's body that no other stage of the segment
-    has too (the printer shares one value between them)."""
+    term (the rest of a reduction's body: each distinct operation once per term where it depends on the
+    reduce variables, else once), and once each distinct operation of another stage's body — counting
+    no operation that another stage of the segment has too (the printer may share one value)."""
     members = set(segment)
     names = sorted(segment, key=stage_order(graph).__getitem__)
     anchor = regions.anchor
@@ -96,7 +97,7 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, regions
         dense[s] = best
     most: dict[str, int] = {}
     ops = {s: body_ops(graph.stage(s)) for s in names}
-    shared = {n for s in names for t in names if t != s for n in ops[s] if n in ops[t]}
+    shared = {n for s in names for t in names if t != s for n in ops[s][0] if n in ops[t][0]}
     macs = other = 0.0
     for s in names:
         if dense.get(s) is None:
@@ -108,10 +109,13 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, regions
                 most[t] = max(most.get(t, 0), box_size(_project(st, dense[s], index)))
         if st.kind == StageKind.CONTRACTION:
             macs += elems * st.reduce_size * (2 if _is_product(st.body) else 1)
-        elif st.kind == StageKind.REDUCE:
-            other += elems * st.reduce_size
+        elif st.kind == StageKind.REDUCE and st.combine.value == "sum" and _is_product(st.body):
+            other += elems * st.reduce_size  # the printer may take it for a GEMM's: its combine alone
         else:
-            other += elems * sum(E.op_flops(n) for n in ops[s] if n not in shared)
+            found, varying = ops[s]
+            per_term = sum(E.op_flops(n) for n in varying if n not in shared)
+            once = sum(E.op_flops(n) for n in found - varying if n not in shared)
+            other += elems * (st.reduce_size * (per_term + (1 if st.reduce else 0)) + once)
     loads = sum(n * graph.specs[t].dtype.itemsize for t, n in most.items())
     store = box_size(regions.stages.get(anchor)) * graph.stage(anchor).dtype.itemsize
     return float(loads + store), float(macs), float(other)
@@ -123,22 +127,38 @@ def _is_product(body: E.Expr) -> bool:
     return isinstance(body, E.Binary) and body.op == "mul"
 
 
-def body_ops(stage: Stage) -> frozenset:
-    """The distinct arithmetic nodes (unary and binary operations) of `stage`'s body outside any
-    select (memoised like `box_loads`)."""
+def body_ops(stage: Stage) -> tuple[frozenset, frozenset]:
+    """(the distinct arithmetic nodes — unary and binary operations — of `stage`'s body outside any
+    select, those of them that depend on a reduce variable), memoised like `box_loads`."""
     key = ("ops", id(stage.body), stage.name)
     table = memo("floor.box_loads", 50000)
     hit = table.get(key)
     if hit is None or hit[0] is not stage.body:
-        found, stack = set(), [stage.body]
-        while stack:
-            e = stack.pop()
-            if isinstance(e, (E.Unary, E.Binary)):
-                found.add(e)
-            if not isinstance(e, E.Select):
-                stack.extend(_children(e))
-        hit = table.put(key, (stage.body, frozenset(found)))
+        found, varying = set(), set()
+        _reduce_dependent(stage.body, found, varying, {})
+        hit = table.put(key, (stage.body, (frozenset(found), frozenset(varying))))
     return hit[1]
+
+
+def _reduce_dependent(e: E.Expr, found: set, varying: set, seen: dict) -> bool:
+    """Whether `e` depends on a reduce variable; collects the operations outside selects on the way."""
+    hit = seen.get(id(e))
+    if hit is not None:
+        return hit
+    if isinstance(e, E.Load):
+        dep = any(v.startswith("r") for ix in e.index for v in ix.vars())
+    elif isinstance(e, E.IndexVal):
+        dep = any(v.startswith("r") for v in e.expr.vars())
+    elif isinstance(e, E.Select):
+        dep = any([_reduce_dependent(c, set(), set(), seen) for c in E.children(e)])
+    else:
+        dep = any([_reduce_dependent(c, found, varying, seen) for c in _children(e)])
+        if isinstance(e, (E.Unary, E.Binary)):
+            found.add(e)
+            if dep:
+                varying.add(e)
+    seen[id(e)] = dep
+    return dep
 
 
 def _project(stage: Stage, box: Box, index: tuple) -> Box:
