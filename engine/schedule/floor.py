@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from engine.device import Device, resident_blocks_per_sm
 from engine.ir import expr as E
@@ -66,59 +67,129 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
 
 def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, regions: GroupRegions) -> tuple[float, float, float]:
     """(global bytes, contraction flops, other flops) the kernel IR of one block of `segment` counts at
-    least, from its regions. A stage not inlined is computed on every element of its region, an inlined
-    one at least on what a consumer so computed reads of it through a box load. Every element a box load
-    reads of a tensor from outside the segment is loaded at least once (per tensor the largest such box;
-    loads under a select's branches are left out: the printer may load one of them); the anchor stores
-    its tile. Per element computed: a contraction's multiply-add per term, a reduction's combine per
-    term (the rest of a reduction's body: each distinct operation once per term where it depends on the
-    reduce variables, else once), and once each distinct operation of another stage's body — counting
-    no operation that another stage of the segment has too (the printer may share one value)."""
-    members = set(segment)
-    names = sorted(segment, key=stage_order(graph).__getitem__)
-    anchor = regions.anchor
-    cons = {s: [c for c in graph.consumers.get(s, ()) if c in members] for s in names}
+    least, from its regions. A stage not inlined is computed on every element of its region; an inlined
+    one at least on what a consumer so computed reads of it through a box load (`dense`). Global bytes:
+    every element a box load reads of a tensor from outside the segment is loaded at least once, and a
+    tensor only one stage loads is loaded per evaluation of each of its load nodes (loads under a
+    select's branches left out: the printer may load one of them); the anchor stores its tile. Flops: a
+    contraction's multiply-add per term (a GEMM or convolution computes per factor), and each operation
+    of another stage's body (outside selects) per evaluation — counting no operation another stage of
+    the segment has too, indices aside (inlined, the printer may share one value)."""
+    recipe = _recipe(graph, segment, conns, regions.anchor)
     dense: dict[str, Box | None] = {}
-    for s in reversed(names):
-        outside = s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ()))
-        inline = s != anchor and not outside and all(conns.get((s, c)) == Conn.REGISTER for c in cons[s])
-        if not inline:
+    for s, reads in recipe.order:  # consumers before their producers
+        if reads is None:
             dense[s] = regions.stages.get(s)
             continue
         best = None
-        for c in cons[s]:
-            if dense.get(c) is None:
-                continue
-            for t, index in box_loads(graph.stage(c)):
-                if t == s:
-                    box = _project(graph.stage(c), dense[c], index)
-                    if best is None or box_size(box) > box_size(best):
-                        best = box
+        for c, c_stage, index in reads:
+            if dense.get(c) is not None:
+                box = _project(c_stage, dense[c], index)
+                if best is None or box_size(box) > box_size(best):
+                    best = box
         dense[s] = best
     most: dict[str, int] = {}
-    ops = {s: body_ops(graph.stage(s)) for s in names}
-    shared = {n for s in names for t in names if t != s for n in ops[s][0] if n in ops[t][0]}
     macs = other = 0.0
-    for s in names:
-        if dense.get(s) is None:
+    for s, st, outside, mac, per_elem, ops, loads in recipe.stages:
+        box = dense.get(s)
+        if box is None:
             continue
-        st = graph.stage(s)
-        elems = box_size(dense[s])
-        for t, index in box_loads(st):
-            if t not in members:
-                most[t] = max(most.get(t, 0), box_size(_project(st, dense[s], index)))
-        if st.kind == StageKind.CONTRACTION:
-            macs += elems * st.reduce_size * (2 if _is_product(st.body) else 1)
-        elif st.kind == StageKind.REDUCE and st.combine.value == "sum" and _is_product(st.body):
-            other += elems * st.reduce_size  # the printer may take it for a GEMM's: its combine alone
-        else:
-            found, varying = ops[s]
-            per_term = sum(E.op_flops(n) for n in varying if n not in shared)
-            once = sum(E.op_flops(n) for n in found - varying if n not in shared)
-            other += elems * (st.reduce_size * (per_term + (1 if st.reduce else 0)) + once)
+        for t, index in outside:
+            most[t] = max(most.get(t, 0), box_size(_project(st, box, index)))
+        elems = box_size(box)
+        macs += elems * mac
+        other += elems * per_elem
+        # A stage in a phase of its own evaluates every node once per element of its region (per term where
+        # the node depends on the reduce variables), an inlined one once per binding of the node's free
+        # variables at least: its consumer's loops may hoist it out of a loop that does not bind them.
+        own = s in recipe.own
+        other += sum(flops * _evaluations(st, box, v, own) for flops, v in ops)
+        each: dict[str, int] = {}
+        for t, v in loads:
+            each[t] = each.get(t, 0) + _evaluations(st, box, v, own)
+        for t, n in each.items():
+            most[t] = max(most.get(t, 0), n)
     loads = sum(n * graph.specs[t].dtype.itemsize for t, n in most.items())
-    store = box_size(regions.stages.get(anchor)) * graph.stage(anchor).dtype.itemsize
-    return float(loads + store), float(macs), float(other)
+    return float(loads + box_size(regions.stages.get(regions.anchor)) * recipe.store_itemsize), float(macs), float(other)
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """What `work_floor` needs of a segment besides its regions, worked out once per segment."""
+
+    order: tuple  # (stage, None when not inlined else ((consumer, its Stage, box load index), ...))
+    stages: tuple  # (stage, Stage, ((outside tensor, box load index), ...), macs and flops per element,
+    #                ((flops, free variables) per distinct operation), ((outside tensor only it loads,
+    #                free variables) per distinct load))
+    store_itemsize: int
+    own: frozenset  # stages computed in a phase of their own (not inlined)
+
+
+def _recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str) -> _Recipe:
+    members = set(segment)
+    touching = tuple((p, c, str(conns.get((p, c)))) for p in segment for c in graph.consumers.get(p, ()))
+    key = (graph.structural_hash, tuple(segment), touching, anchor)
+    return memo("floor.recipes", 20000).lookup(key, lambda: _make_recipe(graph, segment, conns, anchor, members))
+
+
+def _make_recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str, members: set) -> _Recipe:
+    names = sorted(segment, key=stage_order(graph).__getitem__)
+    cons = {s: [c for c in graph.consumers.get(s, ()) if c in members] for s in names}
+    order = []
+    for s in reversed(names):
+        outside = s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ()))
+        inline = s != anchor and not outside and all(conns.get((s, c)) == Conn.REGISTER for c in cons[s])
+        reads = tuple((c, graph.stage(c), index) for c in cons[s] for t, index in box_loads(graph.stage(c)) if t == s)
+        order.append((s, reads if inline else None))
+    nodes = {s: body_nodes(graph.stage(s)) for s in names}
+    # Inlined, a stage's loads and operations take its consumer's indices: two stages' nodes that differ
+    # only in their indices may become one value. Only what no other stage has, indices aside, counts.
+    seen: dict = {}
+    for s in names:
+        for k in {k for k, _, _ in nodes[s][0]}:
+            seen[k] = seen.get(k, 0) + 1
+    readers: dict[str, int] = {}
+    for s in names:
+        for t in {n.tensor for n in E.walk(graph.stage(s).body) if isinstance(n, E.Load)}:
+            readers[t] = readers.get(t, 0) + 1
+    stages = []
+    for s in names:
+        st = graph.stage(s)
+        outside = tuple((t, index) for t, index in box_loads(st) if t not in members)
+        tiled = st.kind == StageKind.CONTRACTION or (
+            st.kind == StageKind.REDUCE and st.combine.value == "sum" and _is_product(st.body))
+        if tiled:
+            # A GEMM or convolution loads and computes per factor: its multiply-adds (or, for a
+            # reduction the printer may take for one, the combine) per term, nothing per node.
+            mac = st.reduce_size * (2 if st.kind == StageKind.CONTRACTION and _is_product(st.body) else 1)
+            stages.append((s, st, outside, mac if st.kind == StageKind.CONTRACTION else 0.0,
+                           0.0 if st.kind == StageKind.CONTRACTION else mac, (), ()))
+            continue
+        ops = tuple((flops, v) for k, flops, v in nodes[s][0] if seen[k] == 1)
+        if st.reduce:  # the combine, once per term of every distinct row the body reads
+            used = frozenset().union(*(v for _, v in nodes[s][1]), *(v for _, v in nodes[s][0]))
+            ops += ((1, frozenset(f"r{k}" for k in range(len(st.reduce))) | {v for v in used if v[0] == "i"}),)
+        loads = tuple((t, v) for t, v in nodes[s][1] if t not in members and readers.get(t) == 1)
+        stages.append((s, st, outside, 0.0, 0.0, ops, loads))
+    own = frozenset(s for s, reads in order if reads is None)
+    return _Recipe(tuple(order), tuple(stages), graph.stage(anchor).dtype.itemsize, own)
+
+
+def _erased(e: E.Expr) -> tuple:
+    """`e` with every index left out (loads by tensor name alone)."""
+    if isinstance(e, E.Load):
+        return ("load", e.tensor)
+    if isinstance(e, E.IndexVal):
+        return ("index",)
+    if isinstance(e, E.Imm):
+        return ("imm", e.value, e.dtype)
+    if isinstance(e, E.Cast):
+        return ("cast", e.dtype, _erased(e.x))
+    if isinstance(e, E.Unary):
+        return (e.op, _erased(e.x))
+    if isinstance(e, E.Binary):
+        return (e.op, _erased(e.a), _erased(e.b))
+    return ("select", _erased(e.cond), _erased(e.a), _erased(e.b))
 
 
 def _is_product(body: E.Expr) -> bool:
@@ -127,38 +198,60 @@ def _is_product(body: E.Expr) -> bool:
     return isinstance(body, E.Binary) and body.op == "mul"
 
 
-def body_ops(stage: Stage) -> tuple[frozenset, frozenset]:
-    """(the distinct arithmetic nodes — unary and binary operations — of `stage`'s body outside any
-    select, those of them that depend on a reduce variable), memoised like `box_loads`."""
-    key = ("ops", id(stage.body), stage.name)
+def body_nodes(stage: Stage) -> tuple[tuple, tuple]:
+    """(operations, loads) of `stage`'s body outside any select's branches (a select's condition
+    included), each distinct node once with its free variables: operations as (index-erased key, flops,
+    variables), loads as (tensor, variables). Memoised like `box_loads`."""
+    key = ("nodes", id(stage.body), stage.name)
     table = memo("floor.box_loads", 50000)
     hit = table.get(key)
     if hit is None or hit[0] is not stage.body:
-        found, varying = set(), set()
-        _reduce_dependent(stage.body, found, varying, {})
-        hit = table.put(key, (stage.body, (frozenset(found), frozenset(varying))))
+        ops: dict = {}
+        loads: dict = {}
+        _free(stage.body, ops, loads, {}, True)
+        value = (tuple((_erased(n), E.op_flops(n), v) for n, v in ops.items()),
+                 tuple((n.tensor, v) for n, v in loads.items()))
+        hit = table.put(key, (stage.body, value))
     return hit[1]
 
 
-def _reduce_dependent(e: E.Expr, found: set, varying: set, seen: dict) -> bool:
-    """Whether `e` depends on a reduce variable; collects the operations outside selects on the way."""
-    hit = seen.get(id(e))
+def _free(e: E.Expr, ops: dict, loads: dict, seen: dict, plain: bool) -> frozenset:
+    """Free variables of `e`; collects operations and loads reached outside select branches (`plain`)."""
+    hit = seen.get((id(e), plain))
     if hit is not None:
         return hit
     if isinstance(e, E.Load):
-        dep = any(v.startswith("r") for ix in e.index for v in ix.vars())
+        out = frozenset().union(*(ix.vars() for ix in e.index)) if e.index else frozenset()
+        if plain:
+            loads[e] = out
     elif isinstance(e, E.IndexVal):
-        dep = any(v.startswith("r") for v in e.expr.vars())
+        out = e.expr.vars()
     elif isinstance(e, E.Select):
-        dep = any([_reduce_dependent(c, set(), set(), seen) for c in E.children(e)])
+        out = _free(e.cond, ops, loads, seen, plain) | _free(e.a, ops, loads, seen, False) | _free(e.b, ops, loads, seen, False)
     else:
-        dep = any([_reduce_dependent(c, found, varying, seen) for c in _children(e)])
-        if isinstance(e, (E.Unary, E.Binary)):
-            found.add(e)
-            if dep:
-                varying.add(e)
-    seen[id(e)] = dep
-    return dep
+        out = frozenset().union(*(_free(c, ops, loads, seen, plain) for c in _children(e)))
+        if plain and isinstance(e, (E.Unary, E.Binary)):
+            ops[e] = out
+    seen[(id(e), plain)] = out
+    return out
+
+
+def _evaluations(stage: Stage, box: Box, variables: frozenset, own: bool) -> int:
+    """Evaluations of a node with free `variables` of `stage` computed on `box`: in a phase of its own,
+    per element (and per term of the reduction where it depends on the reduce variables); inlined, per
+    binding of its variables."""
+    if own:
+        return box_size(box) * _extent(stage, (), frozenset(v for v in variables if v[0] == "r"))
+    return _extent(stage, box, variables)
+
+
+def _extent(stage: Stage, box: Box, variables: frozenset) -> int:
+    """Distinct bindings of `variables` over `box` (output axes) and the whole reduction."""
+    n = 1
+    for v in variables:
+        k = int(v[1:])
+        n *= box[k][1] - box[k][0] if v[0] == "i" else stage.reduce[k]
+    return n
 
 
 def _project(stage: Stage, box: Box, index: tuple) -> Box:
