@@ -298,37 +298,6 @@ def wave_quantisation(device: Device, blocks: int, resident: int) -> float:
     return max(1.0, max(1, -(-b // slots)) * min(slots, fill) / b)
 
 
-def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
-             segs: Sequence[Sequence[str]], local: dict | None = None) -> float:
-    """A floor under `estimate_group(...).modeled_us` from the tiles' regions alone, no kernel built: each
-    segment's DRAM reads and writes (its completion phase left out) over the DRAM bandwidth, times the
-    least wave quantisation any occupancy its block size allows could give, plus the launch and the grid
-    barriers. The tile search skips a candidate whose floor is above the modeled times it must beat.
-    `local`: the search's memo (its connections and segments are fixed), for the per-segment bytes."""
-    total = device.launch_overhead_s * 1e6 + (len(segs) - 1) * device.grid_barrier_s * 1e6
-    in_llc = _in_llc(graph, device)
-    if in_llc:
-        return total  # no DRAM traffic at all: the same floor for every tile
-    local = {} if local is None else local
-    members = set(stages)
-    seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
-    _, written = _group_writes(graph, stages, conns, seg_of, device, in_llc, local)
-    # Registers and shared memory only lower the blocks an SM holds: the thread count bounds them.
-    most = max(1, resident_blocks_per_sm(device, max(t.threads for t in tiles), 0, 0)[0])
-    for k, (seg, tile) in enumerate(zip(segs, tiles)):
-        fkey = ("floor-dram", k, tile.stage, tile.shape, tile.blocks, tile.row_split)
-        dram = local.get(fkey)
-        if dram is None:
-            lines = _read_lines(graph, segment_regions(graph, seg, conns, tile))
-            dram = _read_dram(graph, members, lines, tile.blocks / max(1, tile.row_split), device, in_llc)
-            dram = local[fkey] = dram + written.get(k, 0)
-        # From ceil(blocks / SMs) blocks per SM on, more residency changes nothing: no need to try those.
-        fits = -(-max(1, tile.blocks) // device.sm_count)
-        quant = min(wave_quantisation(device, tile.blocks, r) for r in range(1, min(most, fits) + 1))
-        total += dram / device.dram_bw_bytes_per_s * 1e6 * quant
-    return total
-
-
 def estimate_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
     segs: Sequence[Sequence[str]] | None = None, local: dict | None = None, exact: bool = False,

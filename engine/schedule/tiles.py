@@ -19,7 +19,8 @@ from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.memo import memo
-from engine.schedule.cost import estimate_group, floor_us
+from engine.schedule.cost import estimate_group
+from engine.schedule.floor import floor_us
 from engine.schedule.plan import Candidate, GroupCost, Tile
 from engine.schedule.validate import Violation, check_group, recompute_bound
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts

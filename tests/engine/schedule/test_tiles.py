@@ -16,7 +16,8 @@ from engine.device import get_device
 from engine.frontend.importer import load_graph
 from engine.memo import Caches
 from engine.schedule import build, tiles
-from engine.schedule.cost import estimate_group, floor_us
+from engine.schedule.cost import estimate_group
+from engine.schedule.floor import floor_us
 from engine.schedule.pipeline import plan_model
 from engine.schedule.plan import plan_to_json
 from engine.schedule.policies import elementwise
@@ -59,7 +60,7 @@ def test_fast_search_plans_as_the_exhaustive_one(name, device, monkeypatch):
         assert fast[policy] == _plan_json(graph, policy, device), f"{name} {policy} {device}"
 
 
-@pytest.mark.parametrize("device", ["a100", "v100"])
+@pytest.mark.parametrize("device", ["a100", "v100", "host"])
 @pytest.mark.parametrize("name", ["bert_layer", "conv_bn_relu", "masked_softmax", "lstm"])
 def test_floor_is_below_every_candidates_modeled_time(name, device):
     """Every candidate tile of every segment of the welder plan's kernels, with the other segments at

@@ -1,0 +1,321 @@
+"""A floor under a kernel's modeled time from its tiles' regions alone, no kernel IR built: a group's
+stages, connections and one candidate Tile per segment in, microseconds out (`floor_us`), never above
+what `cost.estimate_group` models for the same tiles. The tile search costs candidates in floor order
+and stops where the floor passes the modeled times it must beat."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from engine.device import Device, resident_blocks_per_sm
+from engine.ir import expr as E
+from engine.ir.graph import PrimGraph, Stage, StageKind
+from engine.memo import memo
+from engine.schedule import cost as C
+from engine.schedule.plan import Conn, Tile
+from engine.tilegraph.propagate import Box, box_size
+from engine.tilegraph.tilegraph import GroupRegions, stage_order
+
+# A load whose every index is a constant or one variable plus a constant, no variable twice, no padding:
+# over a box of its variables it reads exactly the box of their ranges, every element of it.
+# Per index: (variable, offset), or None for a constant.
+BoxLoad = tuple[str, tuple[tuple[str, int] | None, ...]]
+
+
+def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
+             segs: Sequence[Sequence[str]], local: dict | None = None) -> float:
+    """A floor under `estimate_group(...).modeled_us`: per segment, its DRAM reads and writes (completion
+    phase left out) and the global loads and stores its kernel IR must count at least (`work_floor`),
+    each over its bandwidth and slowed by the latency efficiency of the warps an SM would hold, bounded
+    as `estimate_group` bounds its terms, times that residency's wave quantisation — the least over
+    every residency the block size allows — plus the launch and the grid barriers. `local`: the tile
+    search's memo (its connections and segments are fixed), for the per-segment bytes."""
+    total = device.launch_overhead_s * 1e6 + (len(segs) - 1) * device.grid_barrier_s * 1e6
+    in_llc = C._in_llc(graph, device)
+    local = {} if local is None else local
+    members = set(stages)
+    seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
+    _, written = C._group_writes(graph, stages, conns, seg_of, device, in_llc, local)
+    # Registers and shared memory only lower the blocks an SM holds: the thread count bounds them.
+    most = max(1, resident_blocks_per_sm(device, max(t.threads for t in tiles), 0, 0)[0])
+    elementwise = device.elementwise_flops or device.peak_fp32_flops
+    for k, (seg, tile) in enumerate(zip(segs, tiles)):
+        fkey = ("floor-work", k, tile.stage, tile.shape, tile.blocks, tile.row_split)
+        got = local.get(fkey)
+        if got is None:
+            regions = C.segment_regions(graph, seg, conns, tile)
+            per_block = tile.blocks / max(1, tile.row_split)
+            dram = C._read_dram(graph, members, C._read_lines(graph, regions), per_block, device, in_llc)
+            glob, macs, other = work_floor(graph, seg, conns, regions) if tile.row_split == 1 else (0.0, 0.0, 0.0)
+            compute = macs / max(device.peak_fp32_flops, elementwise) + other / elementwise
+            got = local[fkey] = (dram + written.get(k, 0), glob * per_block, compute * per_block)
+        dram, glob, compute = got
+        # From ceil(blocks / SMs) blocks per SM on, more residency changes nothing: no need to try those.
+        fits = -(-max(1, tile.blocks) // device.sm_count)
+        warps = max(1, -(-tile.threads // device.warp_size))
+        best = math.inf
+        for r in range(1, min(most, fits) + 1):
+            memory, _, arith = C.latency_efficiency(device, min(r, fits) * warps)
+            terms = [dram / device.dram_bw_bytes_per_s * 1e6 / memory, glob / device.l2_bw_bytes_per_s * 1e6 / memory,
+                     0.0, compute * 1e6 / arith]
+            best = min(best, C._bound(terms, device) * C.wave_quantisation(device, tile.blocks, r))
+        total += best
+    return total
+
+
+def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, regions: GroupRegions) -> tuple[float, float, float]:
+    """(global bytes, contraction flops, other flops) the kernel IR of one block of `segment` counts at
+    least, from its regions. A stage not inlined is computed on every element of its region; an inlined
+    one at least on what a consumer so computed reads of it through a box load (`dense`). Global bytes:
+    every element a box load reads of a tensor from outside the segment is loaded at least once, and a
+    tensor only one stage loads is loaded per evaluation of each of its load nodes (loads under a
+    select's branches left out: the printer may load one of them); the anchor stores its tile. Flops: a
+    contraction's multiply-add per term (a GEMM or convolution computes per factor), and each operation
+    of another stage's body (outside selects) per evaluation — counting no operation another stage of
+    the segment has too, indices aside (inlined, the printer may share one value)."""
+    recipe = _recipe(graph, segment, conns, regions.anchor)
+    dense: dict[str, Box | None] = {}
+    for s, reads in recipe.order:  # consumers before their producers
+        if reads is None:
+            dense[s] = regions.stages.get(s)
+            continue
+        best = None
+        for c, c_stage, index in reads:
+            if dense.get(c) is not None:
+                box = _project(c_stage, dense[c], index)
+                if best is None or box_size(box) > box_size(best):
+                    best = box
+        dense[s] = best
+    most: dict[str, int] = {}
+    macs = other = 0.0
+    for s, st, outside, mac, per_elem, ops, loads in recipe.stages:
+        box = dense.get(s)
+        if box is None:
+            continue
+        for t, index in outside:
+            most[t] = max(most.get(t, 0), box_size(_project(st, box, index)))
+        elems = box_size(box)
+        macs += elems * mac
+        other += elems * per_elem
+        # A stage in a phase of its own evaluates every node once per element of its region (per term where
+        # the node depends on the reduce variables), an inlined one once per binding of the node's free
+        # variables at least: its consumer's loops may hoist it out of a loop that does not bind them.
+        own = s in recipe.own
+        other += sum(flops * _evaluations(st, box, v, own) for flops, v in ops)
+        each: dict[str, int] = {}
+        for t, v in loads:
+            each[t] = each.get(t, 0) + _evaluations(st, box, v, own)
+        for t, n in each.items():
+            most[t] = max(most.get(t, 0), n)
+    loads = sum(n * graph.specs[t].dtype.itemsize for t, n in most.items())
+    return float(loads + box_size(regions.stages.get(regions.anchor)) * recipe.store_itemsize), float(macs), float(other)
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """What `work_floor` needs of a segment besides its regions, worked out once per segment."""
+
+    order: tuple  # (stage, None when not inlined else ((consumer, its Stage, box load index), ...))
+    stages: tuple  # (stage, Stage, ((outside tensor, box load index), ...), macs and flops per element,
+    #                ((flops, free variables) per distinct operation), ((outside tensor only it loads,
+    #                free variables) per distinct load))
+    store_itemsize: int
+    own: frozenset  # stages computed in a phase of their own (not inlined)
+
+
+def _recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str) -> _Recipe:
+    members = set(segment)
+    touching = tuple((p, c, str(conns.get((p, c)))) for p in segment for c in graph.consumers.get(p, ()))
+    key = (graph.structural_hash, tuple(segment), touching, anchor)
+    return memo("floor.recipes", 20000).lookup(key, lambda: _make_recipe(graph, segment, conns, anchor, members))
+
+
+def _make_recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str, members: set) -> _Recipe:
+    names = sorted(segment, key=stage_order(graph).__getitem__)
+    cons = {s: [c for c in graph.consumers.get(s, ()) if c in members] for s in names}
+    order = []
+    for s in reversed(names):
+        outside = s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ()))
+        inline = s != anchor and not outside and all(conns.get((s, c)) == Conn.REGISTER for c in cons[s])
+        reads = tuple((c, graph.stage(c), index) for c in cons[s] for t, index in box_loads(graph.stage(c)) if t == s)
+        order.append((s, reads if inline else None))
+    nodes = {s: body_nodes(graph.stage(s)) for s in names}
+    # Inlined, a stage's loads and operations take its consumer's indices: two stages' nodes that differ
+    # only in their indices may become one value. Only what no other stage has, indices aside, counts.
+    seen: dict = {}
+    for s in names:
+        for k in {k for k, _, _ in nodes[s][0]}:
+            seen[k] = seen.get(k, 0) + 1
+    readers: dict[str, int] = {}
+    for s in names:
+        for t in {n.tensor for n in E.walk(graph.stage(s).body) if isinstance(n, E.Load)}:
+            readers[t] = readers.get(t, 0) + 1
+    stages = []
+    for s in names:
+        st = graph.stage(s)
+        outside = tuple((t, index) for t, index in box_loads(st) if t not in members)
+        tiled = st.kind == StageKind.CONTRACTION or (
+            st.kind == StageKind.REDUCE and st.combine.value == "sum" and _is_product(st.body))
+        if tiled:
+            # A GEMM or convolution loads and computes per factor: its multiply-adds (or, for a
+            # reduction the printer may take for one, the combine) per term, nothing per node.
+            mac = st.reduce_size * (2 if st.kind == StageKind.CONTRACTION and _is_product(st.body) else 1)
+            stages.append((s, st, outside, mac if st.kind == StageKind.CONTRACTION else 0.0,
+                           0.0 if st.kind == StageKind.CONTRACTION else mac, (), ()))
+            continue
+        ops = tuple((flops, v) for k, flops, v in nodes[s][0] if seen[k] == 1)
+        if st.reduce:  # the combine, once per term of every distinct row the body reads
+            used = frozenset().union(*(v for _, v in nodes[s][1]), *(v for _, v in nodes[s][0]))
+            ops += ((1, frozenset(f"r{k}" for k in range(len(st.reduce))) | {v for v in used if v[0] == "i"}),)
+        loads = tuple((t, v) for t, v in nodes[s][1] if t not in members and readers.get(t) == 1)
+        stages.append((s, st, outside, 0.0, 0.0, ops, loads))
+    own = frozenset(s for s, reads in order if reads is None)
+    return _Recipe(tuple(order), tuple(stages), graph.stage(anchor).dtype.itemsize, own)
+
+
+def _erased(e: E.Expr) -> tuple:
+    """`e` with every index left out (loads by tensor name alone)."""
+    if isinstance(e, E.Load):
+        return ("load", e.tensor)
+    if isinstance(e, E.IndexVal):
+        return ("index",)
+    if isinstance(e, E.Imm):
+        return ("imm", e.value, e.dtype)
+    if isinstance(e, E.Cast):
+        return ("cast", e.dtype, _erased(e.x))
+    if isinstance(e, E.Unary):
+        return (e.op, _erased(e.x))
+    if isinstance(e, E.Binary):
+        return (e.op, _erased(e.a), _erased(e.b))
+    return ("select", _erased(e.cond), _erased(e.a), _erased(e.b))
+
+
+def _is_product(body: E.Expr) -> bool:
+    while isinstance(body, E.Cast):
+        body = body.x
+    return isinstance(body, E.Binary) and body.op == "mul"
+
+
+def body_nodes(stage: Stage) -> tuple[tuple, tuple]:
+    """(operations, loads) of `stage`'s body outside any select's branches (a select's condition
+    included), each distinct node once with its free variables: operations as (index-erased key, flops,
+    variables), loads as (tensor, variables). Memoised like `box_loads`."""
+    key = ("nodes", id(stage.body), stage.name)
+    table = memo("floor.box_loads", 50000)
+    hit = table.get(key)
+    if hit is None or hit[0] is not stage.body:
+        ops: dict = {}
+        loads: dict = {}
+        _free(stage.body, ops, loads, {}, True)
+        value = (tuple((_erased(n), E.op_flops(n), v) for n, v in ops.items()),
+                 tuple((n.tensor, v) for n, v in loads.items()))
+        hit = table.put(key, (stage.body, value))
+    return hit[1]
+
+
+def _free(e: E.Expr, ops: dict, loads: dict, seen: dict, plain: bool) -> frozenset:
+    """Free variables of `e`; collects operations and loads reached outside select branches (`plain`)."""
+    hit = seen.get((id(e), plain))
+    if hit is not None:
+        return hit
+    if isinstance(e, E.Load):
+        out = frozenset().union(*(ix.vars() for ix in e.index)) if e.index else frozenset()
+        if plain:
+            loads[e] = out
+    elif isinstance(e, E.IndexVal):
+        out = e.expr.vars()
+    elif isinstance(e, E.Select):
+        out = _free(e.cond, ops, loads, seen, plain) | _free(e.a, ops, loads, seen, False) | _free(e.b, ops, loads, seen, False)
+    else:
+        out = frozenset().union(*(_free(c, ops, loads, seen, plain) for c in _children(e)))
+        if plain and isinstance(e, (E.Unary, E.Binary)):
+            ops[e] = out
+    seen[(id(e), plain)] = out
+    return out
+
+
+def _evaluations(stage: Stage, box: Box, variables: frozenset, own: bool) -> int:
+    """Evaluations of a node with free `variables` of `stage` computed on `box`: in a phase of its own,
+    per element (and per term of the reduction where it depends on the reduce variables); inlined, per
+    binding of its variables."""
+    if own:
+        return box_size(box) * _extent(stage, (), frozenset(v for v in variables if v[0] == "r"))
+    return _extent(stage, box, variables)
+
+
+def _extent(stage: Stage, box: Box, variables: frozenset) -> int:
+    """Distinct bindings of `variables` over `box` (output axes) and the whole reduction."""
+    n = 1
+    for v in variables:
+        k = int(v[1:])
+        n *= box[k][1] - box[k][0] if v[0] == "i" else stage.reduce[k]
+    return n
+
+
+def _project(stage: Stage, box: Box, index: tuple) -> Box:
+    """The box a box load of `stage` reads when the stage is computed on `box` (whole reductions)."""
+    out = []
+    for d in index:
+        if d is None:
+            out.append((0, 1))
+            continue
+        name, off = d
+        lo, hi = box[int(name[1:])] if name[0] == "i" else (0, stage.reduce[int(name[1:])])
+        out.append((lo + off, hi + off))
+    return tuple(out)
+
+
+def box_loads(stage: Stage) -> tuple[BoxLoad, ...]:
+    """The box loads of `stage`'s body outside any select's branches (memoised on the body object,
+    kept beside its entry so its id stays its own)."""
+    key = (id(stage.body), stage.name)
+    table = memo("floor.box_loads", 50000)
+    hit = table.get(key)
+    if hit is None or hit[0] is not stage.body:
+        hit = table.put(key, (stage.body, _box_loads(stage.body)))
+    return hit[1]
+
+
+def _box_loads(body: E.Expr) -> tuple[BoxLoad, ...]:
+    out: list[BoxLoad] = []
+    stack = [body]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, E.Select):
+            stack.append(e.cond)
+            continue
+        if isinstance(e, E.Load):
+            index = _box_index(e)
+            if index is not None:
+                out.append((e.tensor, index))
+            continue
+        stack.extend(_children(e))
+    return tuple(dict.fromkeys(out))
+
+
+def _box_index(load: E.Load) -> tuple | None:
+    if load.pad is not None:
+        return None
+    dims, seen = [], set()
+    for ix in load.index:
+        if not ix.terms:
+            dims.append(None)
+            continue
+        if len(ix.terms) != 1 or ix.terms[0][1] != 1 or not ix.is_affine:
+            return None
+        name = ix.terms[0][0].name
+        if name in seen or name[:1] not in ("i", "r") or not name[1:].isdigit():
+            return None
+        seen.add(name)
+        dims.append((name, ix.const))
+    return tuple(dims)
+
+
+def _children(e: E.Expr) -> tuple:
+    if isinstance(e, (E.Unary, E.Cast)):
+        return (e.x,)
+    if isinstance(e, E.Binary):
+        return (e.a, e.b)
+    return ()
