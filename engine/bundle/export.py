@@ -50,7 +50,6 @@ def export_bundle(
     and nothing is written."""
     from engine.codegen.api import (
         CompiledProgram,
-        at_compiled,
         compile_program,
         compiled_files,
         fit_launches,
@@ -73,7 +72,6 @@ def export_bundle(
 
     compiled = compile_program(program, "cuda", archs=tuple(archs), time_limit=time_limit)
     program = fit_launches(program, compiled, device)  # cooperative grids at the compiled registers
-    plan = at_compiled(plan, graph, device, compiled)  # plan.json's costs at those registers too
     cuda_files = compiled_files(program, compiled)
     files = {f"cuda/{name}": data for name, data in cuda_files.items()}
     files["program.json"] = _json(program_json(program, compiled, cuda_files, prefix="cuda/"))

@@ -130,10 +130,12 @@ def test_compile_cli_lists_what_it_writes(tmp_path, capsys):
     out = tmp_path / "new" / "dir"
     assert main(["compile", str(SAMPLES / "layernorm_residual.onnx"), "--target", "cuda",
                  "--arch", "sm_80", "--arch", "sm_90", "-o", str(out)]) == 0
-    printed = capsys.readouterr().out.split()
-    listed = {w for w in printed if "." in w and not w.startswith(("/", "("))}
+    printed = capsys.readouterr().out.splitlines()
+    listed = {w for line in printed if line.startswith("  ") for w in line.split()}  # the indented listing
     files = {p.name for p in out.iterdir()}
     assert listed == files
+    # The plan's modeled time at the registers NVRTC gave the device's arch (sm_80 for a100), beside the formula's.
+    assert any(line.startswith("modeled ") and "compiled for sm_80 (formula: " in line for line in printed), printed
     meta = json.loads((out / "program.json").read_text())
     assert meta["archs"] == ["sm_80", "sm_90"]
     for k in meta["kernels"]:
