@@ -41,12 +41,13 @@ def tf32(x: np.ndarray) -> np.ndarray:
     return u.view(np.float32)
 
 
-def _matmul(path: Path, m: int, k: int, n: int) -> tuple[Path, np.ndarray]:
+def _matmul(path: Path, m: int, k: int, n: int, dtype=np.float32) -> tuple[Path, np.ndarray]:
     rng = np.random.default_rng(13)
-    w = rng.standard_normal((k, n)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(dtype)
+    elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
     graph = helper.make_graph([helper.make_node("MatMul", ["a", "B"], ["y"])], "mm",
-                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+                              [helper.make_tensor_value_info("a", elem, [m, k])],
+                              [helper.make_tensor_value_info("y", elem, [m, n])],
                               [onnx.numpy_helper.from_array(w, "B")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
     return path, w
@@ -141,6 +142,21 @@ def test_emulated_mma_rounds_operands_to_tf32_exactly(tmp_path):
     scale = np.abs(exact).max()
     assert np.abs(y - rounded).max() / scale < 2e-6
     assert np.abs(y - exact).max() / scale > 5e-5
+
+
+def test_fp16_products_use_tensor_cores_without_the_option(tmp_path):
+    """fp16 operands are exact in TF32 (10 mantissa bits, a wider exponent): an fp16 MatMul runs on tensor
+    cores by default, and its result is the fp16 rounding of the exact product, as the FMA path's is."""
+    path, w = _matmul(tmp_path / "mm16.onnx", 45, 44, 40, np.float16)
+    graph = load_graph(path)
+    a = np.random.default_rng(4).standard_normal((45, 44)).astype(np.float16)
+    g, plan = plan_model(graph, "welder", "a100")
+    assert "tf32" not in dict(plan.options)
+    result = run_model(g, {"a": a}, backend="cuda-sim", plan=plan, device="a100")
+    assert result.sim.ok and _mma_gemms(result.program)
+    want = (a.astype(np.float64) @ w.astype(np.float64)).astype(np.float16).astype(np.float64)
+    got = np.asarray(result.outputs["y"], np.float64)
+    assert np.abs(got - want).max() <= 2 ** -10 * np.abs(want).max()  # at most an fp16 ulp from fp32 sums
 
 
 @pytest.mark.parametrize("name", ["nerf_mlp", "vit_block", "bert_layer"])
