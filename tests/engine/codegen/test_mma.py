@@ -123,8 +123,9 @@ def test_option_off_leaves_every_kernel_as_before():
     assert "tw_mma" not in render_cuda(program) and "mma.sync" not in render_cuda(program)
 
 
-def test_tensor_core_kernels_compile_for_sm80_and_sm90():
-    graph, _, _ = sample("vit_block")
+@pytest.mark.parametrize("name", ["vit_block", "bert_layer", "nerf_mlp"])
+def test_tensor_core_kernels_compile_for_sm80_and_sm90(name):
+    graph, _, _ = sample(name)
     g_on, on = plan_model(graph, "welder", "a100", options={"tf32": True})
     program = generate(on, g_on, "a100")
     source = render_cuda(program)
