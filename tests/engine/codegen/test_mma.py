@@ -178,6 +178,12 @@ def test_samples_on_tensor_cores_match_onnxruntime_under_cuda_sim(name):
     assert _mma_gemms(result.program)
     assert result.sim.ok, "\n".join(result.sim.summary_lines())
     assert_matches(result.outputs, want, tol=TF32_TOL)
+    # The shared-memory bytes the emulated threads moved (fragment loads included) are the count's.
+    mma = {k.name for k in result.program.kernels if any(g.mma for g in k.gemms)}
+    for k in result.sim.kernels:
+        if k.kernel in mma and k.modeled.get("shared"):
+            moved = k.shared_load_bytes + k.shared_store_bytes
+            assert abs(moved - k.modeled["shared"]) <= 0.01 * k.modeled["shared"], (k.kernel, moved, k.modeled)
 
 
 def test_cost_model_charges_mma_flops_at_the_tf32_tensor_peak(tmp_path):
