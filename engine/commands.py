@@ -70,7 +70,20 @@ def add_plan_args(p: argparse.ArgumentParser, policy_help: str = "fusion policy"
                    help="use this saved plan instead of planning with --policy")
     p.add_argument("--no-batching", action="store_true",
                    help="welder: keep Q/K/V-style contractions separate (no operator batching)")
+    add_tf32_arg(p)
     add_tune_arg(p)
+
+
+def add_tf32_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tf32", action="store_true",
+                   help="let fp32 matrix products run on TF32 tensor cores (mma.sync m16n8k8) where the device has them "
+                        "(a100, rtx3090, h100, h200): operands rounded to 10 mantissa bits, about 1e-3 relative "
+                        "error; a plan option (default off: fp32 FMA, exact fp32)")
+
+
+def plan_options(args: argparse.Namespace) -> dict:
+    """The plan options the command line sets (--tf32); a saved plan keeps its own."""
+    return {"tf32": True} if getattr(args, "tf32", False) else {}
 
 
 def add_tune_arg(p: argparse.ArgumentParser) -> None:
@@ -110,9 +123,9 @@ def planned_model(args: argparse.Namespace):
 
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
-        if args.tune is not None:
-            raise TileweaveError("--tune applies when planning; a saved plan (--plan-in) runs as it is",
-                                 hint="drop --tune or --plan-in")
+        if args.tune is not None or getattr(args, "tf32", False):
+            raise TileweaveError("--tune and --tf32 apply when planning; a saved plan (--plan-in) runs as it is",
+                                 hint="drop --tune/--tf32 or --plan-in")
         graph, plan = load_plan(args.plan_in, graph)
         if args.device is None:  # the device the plan was made for, when it names one
             args.device = named_device(plan.device, default_device(args))
@@ -120,7 +133,7 @@ def planned_model(args: argparse.Namespace):
     args.device = default_device(args)
     device = get_device(args.device)
     graph, plan = plan_model(graph, args.policy, device, batching=False if args.no_batching else None,
-                             tune=args.tune)
+                             options=plan_options(args), tune=args.tune)
     return device, graph, plan
 
 

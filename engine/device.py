@@ -74,12 +74,19 @@ class Device:
     # one or two warps per SM cannot reach the SM's share of bandwidth (engine/schedule/cost.py). 0: off.
     mem_latency_cycles: float = 0.0
     lines_in_flight_per_warp: float = 4.0
+    # Operand precisions the device's tensor cores take through mma.sync ("tf32", "fp16", "bf16"; empty:
+    # none) and the dense TF32 peak (FLOP/s, FP32 accumulate) a contraction printed on the TF32 path is
+    # charged at (engine/codegen/mma.py; engine/schedule/cost.py).
+    tensor_precisions: tuple[str, ...] = ()
+    peak_tf32_tensor_flops: float = 0.0
 
     def __post_init__(self) -> None:
-        # Normalise the JSON/TOML spellings of compute_capability before validating.
+        # Normalise the JSON/TOML spellings of compute_capability and tensor_precisions before validating.
         cc = self.compute_capability
         if isinstance(cc, list):
             object.__setattr__(self, "compute_capability", tuple(cc))
+        if isinstance(self.tensor_precisions, list):
+            object.__setattr__(self, "tensor_precisions", tuple(self.tensor_precisions))
         _validate(dataclasses.asdict(self) | {"compute_capability": self.compute_capability},
                   where=f"device {self.name!r}")
 
@@ -87,6 +94,7 @@ class Device:
         """Plain JSON-ready dict of every field (compute_capability as a list)."""
         out = dataclasses.asdict(self)
         out["compute_capability"] = list(self.compute_capability)
+        out["tensor_precisions"] = list(self.tensor_precisions)
         return out
 
     def to_json(self) -> str:
@@ -121,7 +129,8 @@ class Device:
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Device))
 OPTIONAL_FIELDS: tuple[str, ...] = ("kind", "vector_lanes", "vector_load_bytes", "elementwise_flops", "description",
-                                     "mem_latency_cycles", "lines_in_flight_per_warp")  # default: a GPU
+                                     "mem_latency_cycles", "lines_in_flight_per_warp", "tensor_precisions",
+                                     "peak_tf32_tensor_flops")  # default: a GPU
 REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in FIELDS if f != "source" and f not in OPTIONAL_FIELDS)
 _INT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "int" and f.name not in OPTIONAL_FIELDS}
 _FLOAT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "float" and f.name not in OPTIONAL_FIELDS}
@@ -141,6 +150,7 @@ _CEILINGS: dict[str, float] = {
     "peak_fp16_tensor_flops": 1e18, "launch_overhead_s": 1.0, "grid_barrier_s": 1.0,
 }
 _WARP_SIZES = (32, 64)
+TENSOR_PRECISIONS = ("tf32", "fp16", "bf16")
 
 
 def _type_name(value: Any) -> str:
@@ -223,6 +233,16 @@ def _validate_kind(values: Mapping[str, Any], where: str) -> None:
             raise DeviceError(f"{where}: key {key!r} must be a number from 0 to {top}, got {value!r}")
     if values.get("mem_latency_cycles", 0.0) and not values.get("lines_in_flight_per_warp", 4.0):
         raise DeviceError(f"{where}: key 'lines_in_flight_per_warp' must be > 0 when mem_latency_cycles is set")
+    precisions = values.get("tensor_precisions", ())
+    if not isinstance(precisions, tuple | list) or not all(p in TENSOR_PRECISIONS for p in precisions):
+        raise DeviceError(f"{where}: key 'tensor_precisions' must be a list of {', '.join(TENSOR_PRECISIONS)}, "
+                          f"got {precisions!r}")
+    tf32 = values.get("peak_tf32_tensor_flops", 0.0)
+    if isinstance(tf32, bool) or not isinstance(tf32, int | float) or not 0 <= tf32 <= _CEILINGS["peak_fp16_tensor_flops"]:
+        raise DeviceError(f"{where}: key 'peak_tf32_tensor_flops' must be a number from 0 to "
+                          f"{_CEILINGS['peak_fp16_tensor_flops']:g}, got {tf32!r}")
+    if "tf32" in precisions and not tf32:
+        raise DeviceError(f"{where}: key 'peak_tf32_tensor_flops' must be > 0 when tensor_precisions has tf32")
     text = values.get("description", "")
     if not isinstance(text, str) or len(text) > 200:
         raise DeviceError(f"{where}: key 'description' must be a string of at most 200 characters")
@@ -259,7 +279,10 @@ def _build(values: dict[str, Any], *, where: str) -> Device:
         values["compute_capability"] = tuple(int(p) for p in cc.split("."))
     elif isinstance(cc, list):
         values["compute_capability"] = tuple(cc)
-    for key in (*_FLOAT_FIELDS, "elementwise_flops", "mem_latency_cycles", "lines_in_flight_per_warp"):
+    if isinstance(values.get("tensor_precisions"), list):
+        values["tensor_precisions"] = tuple(values["tensor_precisions"])
+    for key in (*_FLOAT_FIELDS, "elementwise_flops", "mem_latency_cycles", "lines_in_flight_per_warp",
+                "peak_tf32_tensor_flops"):
         # TOML/JSON write 5e-6 and 900000000000 alike; store floats so round trips compare equal.
         if isinstance(values.get(key), int) and not isinstance(values.get(key), bool):
             values[key] = float(values[key])
@@ -295,7 +318,7 @@ _LAUNCH_OVERHEAD_S = 5e-6
 def _preset(name: str, *, sm: int, clock_mhz: float, fp32_tflops: float, fp16_tflops: float,
             dram_gbs: float, l2_mib: int, memory_bytes: int, smem_sm_kib: int, smem_block_kib: int, threads_sm: int,
             blocks_sm: int, cc: tuple[int, int], arch: str, l2_bytes_per_clk: int,
-            measured: tuple[str, ...] = ()) -> Device:
+            measured: tuple[str, ...] = (), tensor: tuple[str, ...] = (), tf32_tflops: float = 0.0) -> Device:
     clock = clock_mhz * 1e6
     values: dict[str, Any] = dict(
         name=name, sm_count=sm, warp_size=32, max_threads_per_block=1024, max_threads_per_sm=threads_sm,
@@ -310,34 +333,43 @@ def _preset(name: str, *, sm: int, clock_mhz: float, fp32_tflops: float, fp16_tf
         grid_barrier_s=_V100_BARRIER_S * (sm / 80) * (1530e6 / clock),
         compute_capability=cc, nvrtc_arch=arch,
         mem_latency_cycles=_MEM_LATENCY_CYCLES, lines_in_flight_per_warp=_LINES_IN_FLIGHT,
+        tensor_precisions=tensor, peak_tf32_tensor_flops=tf32_tflops * 1e12,
     )
     values["source"] = {
         key: "measured" if key in measured else "estimate" if key in _ESTIMATED else "datasheet"
-        for key in (*REQUIRED_FIELDS, "mem_latency_cycles", "lines_in_flight_per_warp")
+        for key in (*REQUIRED_FIELDS, "mem_latency_cycles", "lines_in_flight_per_warp", "tensor_precisions",
+                    "peak_tf32_tensor_flops")
         if key not in ("name", "nvrtc_arch")
     }
     return Device(**values)
 
 
+# Tensor cores: Volta takes fp16 only (mma.m8n8k4); Ampere and Hopper take tf32, fp16 and bf16. TF32 peaks are
+# the datasheets' dense figures (A100 156, RTX 3090 35.6 (GA102 whitepaper), H100/H200 SXM 494.7 TFLOPS; the
+# sheets' larger numbers are with 2:4 sparsity, which our kernels never use).
 PRESETS: dict[str, Device] = {
     # CUDA 13 NVRTC has no sm_70 target: V100 is for modeling; its kernels compile for sm_75.
     "v100": _preset("v100", sm=80, clock_mhz=1530, fp32_tflops=15.7, fp16_tflops=125, dram_gbs=900,
                     l2_mib=6, memory_bytes=16 * GiB, smem_sm_kib=96, smem_block_kib=96, threads_sm=2048, blocks_sm=32,
-                    cc=(7, 0), arch="sm_75", l2_bytes_per_clk=2048),
+                    cc=(7, 0), arch="sm_75", l2_bytes_per_clk=2048, tensor=("fp16",)),
     "a100": _preset("a100", sm=108, clock_mhz=1410, fp32_tflops=19.5, fp16_tflops=312, dram_gbs=1555,
                     l2_mib=40, memory_bytes=40 * GiB, smem_sm_kib=164, smem_block_kib=163, threads_sm=2048, blocks_sm=32,
-                    cc=(8, 0), arch="sm_80", l2_bytes_per_clk=5120),
+                    cc=(8, 0), arch="sm_80", l2_bytes_per_clk=5120,
+                    tensor=("tf32", "fp16", "bf16"), tf32_tflops=156),
     # FP16 tensor peak with FP32 accumulate (35.6); 71 needs FP16 accumulate, which our kernels never use.
     "rtx3090": _preset("rtx3090", sm=82, clock_mhz=1695, fp32_tflops=35.6, fp16_tflops=35.6, dram_gbs=936,
                        l2_mib=6, memory_bytes=24 * GiB, smem_sm_kib=100, smem_block_kib=99, threads_sm=1536, blocks_sm=16,
-                       cc=(8, 6), arch="sm_86", l2_bytes_per_clk=2048),
+                       cc=(8, 6), arch="sm_86", l2_bytes_per_clk=2048,
+                       tensor=("tf32", "fp16", "bf16"), tf32_tflops=35.6),
     "h100": _preset("h100", sm=132, clock_mhz=1980, fp32_tflops=67, fp16_tflops=989, dram_gbs=3350,
                     l2_mib=50, memory_bytes=80 * GiB, smem_sm_kib=228, smem_block_kib=227, threads_sm=2048, blocks_sm=32,
-                    cc=(9, 0), arch="sm_90", l2_bytes_per_clk=5120),
+                    cc=(9, 0), arch="sm_90", l2_bytes_per_clk=5120,
+                    tensor=("tf32", "fp16", "bf16"), tf32_tflops=494.7),
     # The datasheet gives 50-60 MB of L2; PyTorch reported 60 MB on a real H200, so that one is measured.
     "h200": _preset("h200", sm=132, clock_mhz=1980, fp32_tflops=67, fp16_tflops=989, dram_gbs=4800,
                     l2_mib=60, memory_bytes=141 * 10**9, smem_sm_kib=228, smem_block_kib=227, threads_sm=2048, blocks_sm=32,
-                    cc=(9, 0), arch="sm_90", l2_bytes_per_clk=5120, measured=("l2_bytes",)),
+                    cc=(9, 0), arch="sm_90", l2_bytes_per_clk=5120, measured=("l2_bytes",),
+                    tensor=("tf32", "fp16", "bf16"), tf32_tflops=494.7),
 }
 
 

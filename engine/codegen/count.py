@@ -32,6 +32,7 @@ class Work:
 
     flops: float = 0.0
     tiled_flops: float = 0.0  # of `flops`: the multiply-adds of tiled GEMM and direct-conv micro-tiles
+    mma_flops: float = 0.0  # of `flops`: the multiply-adds of tiled GEMMs on tensor cores (Gemm.mma)
     global_load: float = 0.0  # bytes
     global_store: float = 0.0
     shared_load: float = 0.0
@@ -42,6 +43,7 @@ class Work:
     def add(self, other: Work, times: float = 1.0) -> None:
         self.flops += other.flops * times
         self.tiled_flops += other.tiled_flops * times
+        self.mma_flops += other.mma_flops * times
         self.global_load += other.global_load * times
         self.global_store += other.global_store * times
         self.shared_load += other.shared_load * times
@@ -62,7 +64,8 @@ class Work:
         return {"flops": int(self.flops), "tiled_flops": int(self.tiled_flops), "global_load_bytes": int(self.global_load),
                 "global_store_bytes": int(self.global_store), "shared_load_bytes": int(self.shared_load),
                 "shared_store_bytes": int(self.shared_store), "nest": int(self.nest),
-                "evals": {k: int(v) for k, v in sorted(self.evals.items())}}
+                "evals": {k: int(v) for k, v in sorted(self.evals.items())},
+                **({"mma_flops": int(self.mma_flops)} if self.mma_flops else {})}
 
 
 def count_kernel(kernel: Kernel) -> Work:
@@ -240,11 +243,21 @@ def _gemm(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
     out.add(_memo(kernel, g.b, ("b",), lambda: _value_work(kernel, g.b)), float(n_n.sum()) * g.k)
     per_step = ntiles * steps
     out.shared_store += per_step * (pm * g.bk + g.bk * pn) * 4
-    # Threads whose micro-tile holds a live row and column run the k loop; the others only stage.
-    live = float((np.minimum(g.ty, np.ceil(m_n / max(1, g.tm))) * np.minimum(g.tx, np.ceil(n_n / max(1, g.tn)))).sum())
-    out.shared_load += steps * live * g.bk * (g.tm + g.tn) * 4
-    out.flops += steps * live * g.bk * 2 * g.tm * g.tn
-    out.tiled_flops += steps * live * g.bk * 2 * g.tm * g.tn
+    if g.mma:
+        # Warps whose mma tiles hold a live row and column run every one of their tiles (zero-padded at
+        # the edges) per k step: the A and B fragments of each k8 slice from shared memory, then the mmas.
+        fm, fn = g.mma_tiles
+        warps = float((np.minimum(g.warps_m, np.ceil(m_n / (16 * fm)))
+                       * np.minimum(g.warps_n, np.ceil(n_n / (8 * fn)))).sum())
+        out.shared_load += steps * warps * 32 * (g.bk // 8) * (4 * fm + 2 * fn) * 4
+        out.flops += steps * warps * 32 * g.bk * 2 * g.tm * g.tn
+        out.mma_flops += steps * warps * 32 * g.bk * 2 * g.tm * g.tn
+    else:
+        # Threads whose micro-tile holds a live row and column run the k loop; the others only stage.
+        live = float((np.minimum(g.ty, np.ceil(m_n / max(1, g.tm))) * np.minimum(g.tx, np.ceil(n_n / max(1, g.tn)))).sum())
+        out.shared_load += steps * live * g.bk * (g.tm + g.tn) * 4
+        out.flops += steps * live * g.bk * 2 * g.tm * g.tn
+        out.tiled_flops += steps * live * g.bk * 2 * g.tm * g.tn
     epi = _epilogue(kernel, phase)
     out.add(epi, float((m_n * n_n).sum()))
     out.nest = max(out.nest, g.k, epi.nest)

@@ -29,6 +29,7 @@ from engine.codegen.kexpr import (
 )
 from engine.codegen.kir import Buffer, Gemm, Kernel, Launch, Phase, Program, Region, Scope, Segment, Span
 from engine.codegen.micro import MicroBudget, micro_budget, scalar_staging, stage_gemms
+from engine.codegen.mma import fma_only, tensor_core_options, use_tensor_cores
 from engine.device import Device, get_device, wave_grid
 from engine.errors import CompileError, PlanError, ShapeError
 from engine.ir import expr as E
@@ -84,9 +85,10 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
         plan = coarsen_for_c(plan, graph, device, built)
     kernels, launches = [], []
     for group in launch_order(plan, graph):
-        kernel = built.get(group.name) or build_kernel(group, graph, conns, device)
+        with tensor_core_options(dict(given.options)):
+            kernel = built.get(group.name) or build_kernel(group, graph, conns, device)
         if target == "c":
-            kernel = scalar_staging(kernel)
+            kernel = fma_only(scalar_staging(kernel))
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
                             f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",
@@ -206,10 +208,11 @@ def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = 
     `sample`: each segment realised at one typical tile only (`tilegraph.typical_index`: interior where
     the grid allows), that box standing for every tile of the grid (the cost model counts this;
     `generate` never uses it) — a mapping gives that tile's region
-    per stage, propagated already (one-segment groups)."""
+    per stage, propagated already (one-segment groups). GEMMs go to tensor cores where the device has
+    them and the plan option `tf32` in force allows (`mma.use_tensor_cores`)."""
     device = device or get_device("a100")
     budget = micro_budget(device)
-    kernel = stage_gemms(_build_kernel(group, graph, conns, budget, sample=sample), device)
+    kernel = use_tensor_cores(stage_gemms(_build_kernel(group, graph, conns, budget, sample=sample), device), device)
     if kernel.shared_bytes > device.max_smem_per_block_bytes and (kernel.gemms or kernel.convs):
         kernel = _build_kernel(group, graph, conns, budget, tiled=False, sample=sample)
     return kernel

@@ -121,6 +121,18 @@ class Gemm:
     vec_a: int = 1
     vec_b: int = 1
     buffers: int = 1
+    # Tensor cores (engine/codegen/mma.py): "" runs the FMA micro-tile above; "m16n8k8.tf32" runs each k
+    # step as mma.sync m16n8k8 with TF32 operands and FP32 accumulators on a warps_m x warps_n grid of
+    # warps, each owning (ty*tm/16/warps_m) x (tx*tn/8/warps_n) mma tiles of the padded block tile. Printers
+    # without tensor cores (C, OpenCL) print the FMA micro-tile from the same IR.
+    mma: str = ""
+    warps_m: int = 0
+    warps_n: int = 0
+
+    @property
+    def mma_tiles(self) -> tuple[int, int]:
+        """m16n8 tiles per warp along the rows and the columns (mma path)."""
+        return self.ty * self.tm // 16 // self.warps_m, self.tx * self.tn // 8 // self.warps_n
 
     @property
     def k(self) -> int:
@@ -143,12 +155,17 @@ class Gemm:
     def params(self) -> dict:
         """The micro-kernel's parameters, as program.json records them."""
         return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "tm": self.tm, "tn": self.tn, "tx": self.tx,
-                "ty": self.ty, "vec_a": self.vec_a, "vec_b": self.vec_b, "buffers": self.buffers}
+                "ty": self.ty, "vec_a": self.vec_a, "vec_b": self.vec_b, "buffers": self.buffers,
+                **({"mma": self.mma, "warps_m": self.warps_m, "warps_n": self.warps_n} if self.mma else {})}
 
     def describe(self) -> str:
         over = f" (rows over {self.rows} axes)" if self.rows > 1 else ""
         vec = "".join(f", {w}-wide loads of {n}" for n, w in (("a", self.vec_a), ("b", self.vec_b)) if w > 1)
         bufs = ", double-buffered" if self.buffers == 2 else ""
+        if self.mma:
+            fm, fn = self.mma_tiles
+            return (f"tiled gemm {self.bm}x{self.bn}{over}, k {self.k} step {self.bk}, mma.sync {self.mma} "
+                    f"({fm}x{fn} tiles per warp on {self.warps_m}x{self.warps_n} warps){vec}{bufs}")
         return (f"tiled gemm {self.bm}x{self.bn}{over}, k {self.k} step {self.bk}, "
                 f"{self.tm}x{self.tn} per thread on {self.ty}x{self.tx} threads{vec}{bufs}")
 

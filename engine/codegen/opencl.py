@@ -51,6 +51,7 @@ class OpenCLPrinter(CudaPrinter):
     f16_type = "half"
     thread_id = "(int)get_local_id(0)"
     vector_loads = False  # OpenCL spells them vloadN/vstoreN: its GEMM staging stays scalar
+    mma_sync = False  # no tensor-core MMA in OpenCL C: a Gemm.mma prints as the FMA micro-tile
     block_dim = "(int)get_local_size(0)"
     block_id = "(int)get_group_id(0)"
     grid_dim = "(int)get_num_groups(0)"

@@ -93,6 +93,7 @@ class Printer:
     f16_type = "_Float16"
     thread_id = "0"  # this thread's index in its block (tiled GEMM micro-tiles)
     vector_loads = False  # floatN vector loads and make_floatN (the GEMM's staging: Gemm.vec_a/vec_b)
+    mma_sync = False  # warp-wide tensor-core MMA (Gemm.mma): the tw_mma_* helpers (render_helper)
     inf = "INFINITY"
     nan = "NAN"
 
@@ -162,8 +163,11 @@ class Printer:
     # ---- program -----------------------------------------------------------------------------
     def render_program(self, program: Program) -> str:
         bodies = [self.render_kernel(k) for k in program.kernels]
-        helpers = [f"{self.helper_prefix} {HELPERS[h]}" for h in sorted(self.helpers)]
+        helpers = [self.render_helper(h) for h in sorted(self.helpers)]
         return "\n".join([self.header, *helpers, "", *bodies])
+
+    def render_helper(self, name: str) -> str:
+        return f"{self.helper_prefix} {HELPERS[name]}"
 
     def render_kernel(self, kernel: Kernel) -> str:
         kernel = kernel.stripped()
@@ -418,6 +422,8 @@ class Printer:
         """A tiled phase's head, thread coordinates in the micro-tile grid and zeroed accumulators."""
         g = phase.gemm
         _, lines = self.gemm_head(kernel, phase)
+        if g.mma and self.mma_sync:
+            return lines + self.mma_prologue(g)
         return lines + [f"    const int g_tx = {self.thread_id} % {g.tx}, g_ty = {self.thread_id} / {g.tx};",
                         # A thread whose micro-tile lies wholly past the tile's rows or columns only stages.
                         f"    const bool live = g_ty < {g.ty} && g_ty * {g.tm} < m_n && g_tx * {g.tn} < n_n;",
@@ -517,6 +523,8 @@ class Printer:
         """Each live thread's tm x tn micro-tile over the k tile staged in `sa`, `sb`."""
         g = phase.gemm
         pn = g.tx * g.tn
+        if g.mma and self.mma_sync:
+            return self.mma_accumulate(g, sa, sb)
         return [f"for (int kk = 0; kk < (live ? {g.bk} : 0); ++kk) {{",
                 f"    float ra[{g.tm}], rb[{g.tn}];",
                 f"    for (int x = 0; x < {g.tm}; ++x) ra[x] = {sa}[(g_ty * {g.tm} + x) * {g.bk} + kk];",
@@ -529,6 +537,8 @@ class Printer:
         """After the k loop: the epilogue of each live element of the thread's micro-tile; closes the phase."""
         g = phase.gemm
         n = f"i{phase.region.rank - 1}"
+        if g.mma and self.mma_sync:
+            return self.mma_store(kernel, phase)
         lines = [f"    for (int x = 0; x < {g.tm}; ++x) {{",
                  f"        for (int y = 0; y < {g.tn}; ++y) {{",
                  f"            const int mm = g_ty * {g.tm} + x, nn = g_tx * {g.tn} + y;",
@@ -536,6 +546,64 @@ class Printer:
                  "                " + self.gemm_rows(phase, "mm"), f"                const int {n} = n_lo + nn;"]
         lines += ["                " + x for x in self.gemm_epilogue(kernel, phase, f"acc[x * {g.tn} + y]")]
         return lines + ["            }", "        }", "    }", "}"]
+
+    # ---- tiled GEMM on tensor cores (Gemm.mma, engine/codegen/mma.py) ---------------------------
+    # Fragment layouts of mma.m16n8k8 with .tf32 operands (PTX ISA, "Matrix Fragments for mma.m16n8k8"),
+    # lane = 4 * grp + tig: a0 (grp, tig), a1 (grp + 8, tig), a2 (grp, tig + 4), a3 (grp + 8, tig + 4) of
+    # the 16x8 A tile (row, k); b0 (tig, grp), b1 (tig + 4, grp) of the 8x8 B tile (k, col); c0..c3 at
+    # (grp + 8 * (i >> 1), 2 * tig + (i & 1)) of the 16x8 accumulator tile.
+    def mma_prologue(self, g) -> list[str]:
+        """Warp coordinates on the warps_m x warps_n grid, lane group / thread-in-group, zeroed fragments
+        (tm*tn floats per thread: the warp's mma tiles, four accumulators each)."""
+        self.helpers.add("mma_m16n8k8_tf32")
+        t = self.thread_id
+        return [f"    const int g_warp = {t} / 32, g_grp = ({t} % 32) >> 2, g_tig = {t} & 3;",
+                f"    const int g_wm = g_warp / {g.warps_n}, g_wn = g_warp % {g.warps_n};",
+                # Warps past the micro-tile threads, or whose tiles lie wholly past the live rows or columns,
+                # only stage (a warp-uniform test: mma.sync needs all 32 lanes).
+                f"    const bool live = g_warp < {g.warps_m * g.warps_n} && g_wm * {g.mma_tiles[0] * 16} < m_n "
+                f"&& g_wn * {g.mma_tiles[1] * 8} < n_n;",
+                f"    float acc[{g.tm * g.tn}];",
+                f"    for (int q = 0; q < {g.tm * g.tn}; ++q) acc[q] = 0.0f;"]
+
+    def mma_accumulate(self, g, sa: str, sb: str) -> list[str]:
+        """Each live warp's mma tiles over the k tile staged in `sa` (rows x bk) and `sb` (bk x cols):
+        per k8 step, the A fragments of its row tiles and the B fragments of its column tiles from shared
+        memory, then one mma.sync per (row tile, column tile)."""
+        fm, fn = g.mma_tiles
+        pn, bk = g.tx * g.tn, g.bk
+        return [f"for (int kk = 0; kk < (live ? {bk} : 0); kk += 8) {{",
+                f"    float fa[{fm}][4], fb[{fn}][2];",
+                f"    for (int i = 0; i < {fm}; ++i) {{",
+                f"        const int r0 = (g_wm * {fm} + i) * 16 + g_grp;",
+                f"        fa[i][0] = {sa}[r0 * {bk} + kk + g_tig]; fa[i][1] = {sa}[(r0 + 8) * {bk} + kk + g_tig];",
+                f"        fa[i][2] = {sa}[r0 * {bk} + kk + g_tig + 4]; fa[i][3] = {sa}[(r0 + 8) * {bk} + kk + g_tig + 4];",
+                "    }",
+                f"    for (int j = 0; j < {fn}; ++j) {{",
+                f"        const int c0 = (g_wn * {fn} + j) * 8 + g_grp;",
+                f"        fb[j][0] = {sb}[(kk + g_tig) * {pn} + c0]; fb[j][1] = {sb}[(kk + g_tig + 4) * {pn} + c0];",
+                "    }",
+                f"    for (int i = 0; i < {fm}; ++i)",
+                f"        for (int j = 0; j < {fn}; ++j) {{",
+                f"            const int q = (i * {fn} + j) * 4;",
+                "            tw_mma_m16n8k8_tf32(acc[q], acc[q + 1], acc[q + 2], acc[q + 3], "
+                "fa[i][0], fa[i][1], fa[i][2], fa[i][3], fb[j][0], fb[j][1]);",
+                "        }",
+                "}"]
+
+    def mma_store(self, kernel: Kernel, phase: Phase) -> list[str]:
+        """After the k loop: the epilogue of each live element of the warp's accumulator fragments."""
+        g = phase.gemm
+        fm, fn = g.mma_tiles
+        n = f"i{phase.region.rank - 1}"
+        lines = [f"    for (int q = 0; q < (live ? {g.tm * g.tn} : 0); ++q) {{",
+                 "        const int f = q >> 2, c = q & 3;",
+                 f"        const int mm = (g_wm * {fm} + f / {fn}) * 16 + g_grp + (c >> 1) * 8;",
+                 f"        const int nn = (g_wn * {fn} + f % {fn}) * 8 + g_tig * 2 + (c & 1);",
+                 "        if (mm < m_n && nn < n_n) {",
+                 "            " + self.gemm_rows(phase, "mm"), f"            const int {n} = n_lo + nn;"]
+        lines += ["            " + x for x in self.gemm_epilogue(kernel, phase, "acc[q]")]
+        return lines + ["        }", "    }", "}"]
 
     # ---- direct convolution ----------------------------------------------------------------
     def conv_head(self, kernel: Kernel, phase: Phase) -> list[str]:

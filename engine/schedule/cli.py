@@ -1,6 +1,6 @@
 """`tileweave plan MODEL --policy P --device D`: schedule a model and print the groups (table or JSON);
 --plan-out saves the plan, --plan-in replays a saved plan's edits on its base policy and validates;
---explain adds every edge's connection and reason; --recompute-bound sets the plan's recompute bound."""
+--explain adds every edge's connection and reason; --recompute-bound sets the plan's recompute bound, --tf32 its TF32 tensor-core option."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ DEFAULT_DEVICE = "a100"
 
 
 def add_plan_command(sub) -> None:
-    from engine.commands import add_tune_arg
+    from engine.commands import add_tf32_arg, add_tune_arg
 
     p = sub.add_parser("plan", help="fuse and tile a model with a policy; print kernels, traffic, modeled time")
     p.add_argument("model", help="ONNX model file")
@@ -32,6 +32,7 @@ def add_plan_command(sub) -> None:
     p.add_argument("--recompute-bound", type=float, metavar="X",
                    help="how many times over a fused segment may compute its stages (inlined uses, tile "
                         "overlaps), a plan option (default 2); a reduction is always computed once per element")
+    add_tf32_arg(p)
     add_tune_arg(p)
     p.add_argument("--explain", action="store_true",
                    help="also print every edge's connection and why (the levels refused and the rule broken)")
@@ -53,6 +54,8 @@ def run_plan_command(args) -> int:
             raise PlanError(f"--recompute-bound {args.recompute_bound}: must be at least 1 (1 = nothing computed "
                             "twice)", hint="use e.g. --recompute-bound 2")
         options["recompute_bound"] = args.recompute_bound
+    if args.tf32:
+        options["tf32"] = True
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
         if args.tune is not None:

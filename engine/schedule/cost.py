@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from engine.codegen.mma import tf32_allowed
 from engine.device import Device, resident_blocks_per_sm
 from engine.ir import expr as E
 from engine.ir.graph import PrimGraph, Stage, StageKind
@@ -35,7 +36,7 @@ class SegmentUse:
     read_lines: dict  # tensor read from outside the segment -> 128 B lines per block
     shared_traffic: int  # bytes per block through shared memory
     flops_fp32: float  # per block
-    flops_tc: float  # per block, on tensor cores (fp16 contractions)
+    flops_tc: float  # per block, on tensor cores (GEMMs printed with mma.sync TF32: Work.mma_flops)
     global_bytes: float = 0.0  # per block: the kernel IR's global loads and stores
     work: object = None  # engine.codegen.count.Work of the whole segment (every tile)
     completion: tuple[str, ...] = ()  # stages finished by a completion phase (read outside, not covered)
@@ -109,7 +110,7 @@ def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
     reports, equal to the printed kernel's count). `device` picks the micro-kernel's parameters
     (engine/codegen/micro.py; the a100 preset's when None)."""
     if local is not None:
-        lkey = ("use", tuple(segment), tile, exact, device)
+        lkey = ("use", tuple(segment), tile, exact, device, tf32_allowed())
         hit = local.get(lkey)
         if hit is None:
             hit = local[lkey] = segment_use(graph, segment, conns, tile, exact=exact, device=device)
@@ -117,7 +118,7 @@ def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
     members = set(segment)
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in segment for c in graph.consumers.get(p, ())))
-    key = (graph.structural_hash, tuple(segment), touching, tile, exact, device)
+    key = (graph.structural_hash, tuple(segment), touching, tile, exact, device, tf32_allowed())
     return memo("cost.segment_use", 50000).lookup(
         key, lambda: _segment_use(graph, segment, conns, tile, members, exact, device))
 
@@ -138,7 +139,8 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     lines = _read_lines(graph, regions)
     completion = tuple(p.stage for seg in kernel.segments for p in seg.phases if p.region.flat)
     return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes, min(regs, 999), evals, lines,
-                      int(work.shared_bytes / per), work.flops / per, 0.0, work.global_bytes / per, work,
+                      int(work.shared_bytes / per), (work.flops - work.mma_flops) / per, work.mma_flops / per,
+                      work.global_bytes / per, work,
                       completion, work.tiled_flops / per)
 
 
@@ -355,7 +357,7 @@ def estimate_group(
 
     def seg_terms(k: int) -> list[float]:
         compute = (tiled[k] / device.peak_fp32_flops + (fp32[k] - tiled[k]) / elementwise
-                   + tc[k] / device.peak_fp16_tensor_flops)
+                   + (tc[k] / device.peak_tf32_tensor_flops if tc[k] else 0.0))
         # Warps resident per busy SM: a grid under one wave puts ceil(blocks / SMs) blocks on each.
         t = tiles[k]
         warps = min(max(1, resident), -(-max(1, t.blocks) // device.sm_count)) * max(1, -(-t.threads // device.warp_size))

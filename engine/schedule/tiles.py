@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from engine.codegen.count import CountBudgetError
+from engine.codegen.mma import tf32_allowed
 from engine.device import Device
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -138,7 +139,7 @@ def search_group(
     # Fixed tiles join the key with their anchors renamed (a GLOBAL_SYNC trial keeps each side's
     # tiles: the same structure one layer on hits the cache too).
     pinned = tuple(sorted((canon[s], replace(fixed[s], stage=canon[s])) for s in stages if s in fixed))
-    key = (group_signature(graph, stages, conns), pinned, recompute_bound())
+    key = (group_signature(graph, stages, conns), pinned, recompute_bound(), tf32_allowed())
     # Only stitch's candidate pool differs (split rows), so the other modes share their searches: the
     # Compare page's unfused plan finds the one-stage searches the welder plan made before it.
     pools_of = "stitch" if mode == "stitch" else "tiles"

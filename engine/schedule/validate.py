@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from engine.codegen.count import CountBudgetError
+from engine.codegen.mma import tensor_core_options, tf32_allowed
 from engine.device import Device, resident_blocks_per_sm
 from engine.errors import PlanError
 from engine.ir.graph import PrimGraph, StageKind
@@ -39,11 +40,13 @@ def recompute_bound() -> float:
 
 @contextmanager
 def bounded(options: Mapping | None):
-    """Plan and validate under the plan's `recompute_bound` option (default RECOMPUTE_BOUND)."""
+    """Plan and validate under the plan's `recompute_bound` option (default RECOMPUTE_BOUND) and its
+    `tf32` option (engine/codegen/mma.py: whether fp32 GEMMs may run on TF32 tensor cores)."""
     value = (options or {}).get("recompute_bound", RECOMPUTE_BOUND)
     token = _BOUND.set(float(value))
     try:
-        yield
+        with tensor_core_options(options):
+            yield
     finally:
         _BOUND.reset(token)
 
@@ -112,13 +115,13 @@ def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str, loca
     """`_check_tile`, memoised: a tile search re-checks every segment's unchanged tile per candidate
     (`local`: the search's own memo, keyed on segment and tile alone — its connections are fixed)."""
     if local is not None:
-        lkey = ("check", tuple(seg), tile, name, recompute_bound())
+        lkey = ("check", tuple(seg), tile, name, recompute_bound(), tf32_allowed())
         if lkey not in local:
             local[lkey] = _checked_tile(graph, seg, conns, tile, device, name)
         return list(local[lkey])
     touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
                             for p in seg for c in graph.consumers.get(p, ())))
-    key = (graph.structural_hash, tuple(seg), touching, tile, device, name, recompute_bound())
+    key = (graph.structural_hash, tuple(seg), touching, tile, device, name, recompute_bound(), tf32_allowed())
     return list(memo("validate.tile_checks", 50000).lookup(
         key, lambda: tuple(_check_tile(graph, seg, conns, tile, device, name))))
 

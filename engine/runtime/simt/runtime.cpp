@@ -194,6 +194,11 @@ uint64_t tw_warp_op(int op, unsigned mask, uint64_t value, int arg, int width, i
     return W->lane[t->lane].out;
 }
 
+float* tw_warp_scratch(int* lane) {
+    *lane = g_running->lane;
+    return g_running->W->scratch;
+}
+
 int tw_check_read(const Buffer* b, const void* p, int64_t n, int line) { return check_impl<false>(b, p, n, line); }
 int tw_check_write(const Buffer* b, const void* p, int64_t n, int line, const void* value) {
     g_store_value = value;

@@ -96,3 +96,13 @@ def test_illegal_edit_in_plan_file(attn_graph, attn_path, a100, tmp_path, capsys
 def test_missing_plan_file(attn_path, tmp_path, capsys):
     code, _, err = _run(capsys, attn_path, "--plan-in", tmp_path / "nope.json")
     assert code == 2 and "cannot read plan" in err
+
+
+def test_tf32_is_a_plan_option_and_refused_with_a_saved_plan(attn_path, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code, _, _ = _run(capsys, attn_path, "--policy", "welder", "--device", "a100", "--tf32", "--plan-out", out)
+    assert code == 0 and json.loads(out.read_text())["options"]["tf32"] is True
+    code = main(["run", str(attn_path), "--backend", "cuda-sim", "--plan-in", str(out), "--tf32",
+                 "--outputs", str(tmp_path / "o.npz")])
+    _, err = capsys.readouterr()
+    assert code == 2 and "--tf32" in err and "Traceback" not in err

@@ -83,6 +83,7 @@ void tw_grid_sync(int line);
 void tw_threadfence(void);
 void tw_atomic_done(const tw::Buffer* b, const void* at, int64_t n, int changed, int line);
 uint64_t tw_warp_op(int op, unsigned mask, uint64_t value, int arg, int width, int line);
+float* tw_warp_scratch(int* lane);  // the running thread's warp's scratch (32 lanes x 6 floats), its lane
 }
 #pragma GCC visibility pop
 
@@ -358,6 +359,44 @@ inline int __any_sync(unsigned mask, int pred, int line = __builtin_LINE()) {
 }
 inline int __all_sync(unsigned mask, int pred, int line = __builtin_LINE()) {
     return (int)tw_warp_op(tw::ALL, mask, pred != 0, 0, 32, line);
+}
+
+// ---- tensor cores ---------------------------------------------------------------------------------------
+// The printed tw_mma_m16n8k8_tf32 is inline PTX (mma.sync) under #ifndef TW_CUDA_SIM; here it is a warp
+// collective: every lane deposits its A and B fragments, rounded to TF32 as cvt.rna.tf32.f32 rounds
+// (to nearest, ties away from zero, 10 mantissa bits kept), in its warp's scratch; the warp synchronises;
+// each lane computes its own four accumulators from the whole tile; the warp synchronises again before the
+// scratch is reused. Fragment layouts as the PTX ISA gives them for m16n8k8 .tf32 (Printer.mma_accumulate).
+#define TW_CUDA_SIM 1
+inline float tw_tf32(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;  // inf / NaN pass unchanged
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+inline void tw_mma_m16n8k8_tf32(float& d0, float& d1, float& d2, float& d3, float a0, float a1, float a2, float a3,
+                                float b0, float b1, int line = __builtin_LINE()) {
+    int lane = 0;
+    float* s = tw_warp_scratch(&lane);
+    float* mine = s + lane * 6;
+    mine[0] = tw_tf32(a0), mine[1] = tw_tf32(a1), mine[2] = tw_tf32(a2), mine[3] = tw_tf32(a3);
+    mine[4] = tw_tf32(b0), mine[5] = tw_tf32(b1);
+    tw_warp_op(tw::SYNCWARP, 0xffffffffu, 0, 0, 32, line);
+    float* d[4] = {&d0, &d1, &d2, &d3};
+    const int grp = lane >> 2, tig = lane & 3;
+    for (int c = 0; c < 4; ++c) {
+        const int row = grp + (c >> 1) * 8, col = tig * 2 + (c & 1);
+        float acc = *d[c];
+        for (int k = 0; k < 8; ++k) {
+            // A(row, k) is a{(row >= 8) + 2 (k >= 4)} of lane 4 (row % 8) + k % 4; B(k, col) is b{k >= 4} of lane 4 col + k % 4.
+            const float a = s[((row & 7) * 4 + (k & 3)) * 6 + (row >> 3) + 2 * (k >> 2)];
+            const float b = s[(col * 4 + (k & 3)) * 6 + 4 + (k >> 2)];
+            acc += a * b;  // exact product: two 11-bit significands
+        }
+        *d[c] = acc;
+    }
+    tw_warp_op(tw::SYNCWARP, 0xffffffffu, 0, 0, 32, line);
 }
 
 // ---- atomics (the second operand is not deduced, so atomicAdd(&done[i], 1u) binds T from the pointer) ---
