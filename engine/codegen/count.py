@@ -42,6 +42,7 @@ class Work:
     # Of `flops`: those run inside a reduction loop, keyed by the trip count of its innermost loop (the
     # loop the C target vectorises: `omp simd reduction`), sums the C target runs column-wise left out.
     loop_flops: dict = field(default_factory=dict)
+    op_flops: dict = field(default_factory=dict)  # of `flops`: per transcendental op (E.OP_FLOPS), its flops
 
     def add(self, other: Work, times: float = 1.0) -> None:
         self.flops += other.flops * times
@@ -54,6 +55,8 @@ class Work:
             self.evals[k] = self.evals.get(k, 0.0) + v * times
         for k, v in other.loop_flops.items():
             self.loop_flops[k] = self.loop_flops.get(k, 0.0) + v * times
+        for k, v in other.op_flops.items():
+            self.op_flops[k] = self.op_flops.get(k, 0.0) + v * times
         self.nest = max(self.nest, other.nest)
 
     @property
@@ -476,6 +479,8 @@ class _Counter:
             return
         if isinstance(e, (E.Unary, E.Binary)):
             self.work.flops += mult * E.op_flops(e)
+            if e.op in E.OP_FLOPS and not E.small_pow(e):
+                self.work.op_flops[e.op] = self.work.op_flops.get(e.op, 0.0) + mult * E.op_flops(e)
             if E.small_pow(e):
                 self.value(e.a, mult, memo)
                 return

@@ -140,21 +140,29 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     completion = tuple(p.stage for seg in kernel.segments for p in seg.phases if p.region.flat)
     return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes, min(regs, 999), evals, lines,
                       int(work.shared_bytes / per), work.flops / per, 0.0, work.global_bytes / per, work,
-                      completion, work.tiled_flops / per, idle_lanes(work.loop_flops, device) / per)
+                      completion, work.tiled_flops / per, idle_lanes(work, device) / per)
 
 
-def idle_lanes(loop_flops: Mapping[int, float], device: Device | None) -> float:
-    """Flop slots a CPU's vector loops leave idle: the C target vectorises a reduction along its innermost
-    loop (`omp simd reduction`; the element loop around it is then not vectorised), so a loop of n trips
-    on L lanes runs ceil(n / L) vector iterations, each as dear as a full one — the flops inside it cost
-    ceil(n / L) * L / n times as much (a 3x3 depthwise conv inlined into a per-element phase: its tap loop
-    of 3 trips uses 3 of 16 lanes; mobilevit's welder k01 measured 5x the per-element rate there). Sums
-    the C target runs column-wise are not in `loop_flops` (engine/codegen/count.py). 0 on a GPU (a
-    reduction there is spread over threads, not lanes of one loop)."""
+def idle_lanes(work, device: Device | None) -> float:
+    """Flop slots a CPU's vector lanes leave idle in the C target's code (`work`: the kernel IR's count),
+    charged at the per-element rate like the flops themselves. 0 on a GPU (a reduction there is spread
+    over threads, not lanes of one loop; its math functions are instructions).
+    - Short reduction loops: the C target vectorises a reduction along its innermost loop (`omp simd
+      reduction`; the element loop around it is then not vectorised), so a loop of n trips on L lanes
+      runs ceil(n / L) vector iterations, each as dear as a full one: the flops inside it cost
+      ceil(n / L) * L / n times as much (a 3x3 depthwise conv inlined into a per-element phase: its tap
+      loop of 3 trips uses 3 of 16 lanes; mobilevit's welder k01 measured 5x the per-element rate there).
+      Sums the C target runs column-wise are not in `work.loop_flops` (engine/codegen/count.py).
+    - Library calls: an op the C printer prints as a scalar libm call (CPrinter.scalar_calls: sin, cos)
+      runs on one lane, L times the cost of its vectorised flops (nerf's sin kernels measured ~10x)."""
     if device is None or device.kind != "cpu" or device.vector_lanes <= 1:
         return 0.0
+    from engine.codegen.targets import CPrinter
+
     lanes = device.vector_lanes
-    return sum(f * (-(-n // lanes) * lanes / n - 1.0) for n, f in loop_flops.items() if n > 0 and n % lanes)
+    short = sum(f * (-(-n // lanes) * lanes / n - 1.0) for n, f in work.loop_flops.items() if n > 0 and n % lanes)
+    calls = sum(f * (lanes - 1) for op, f in work.op_flops.items() if op in CPrinter.scalar_calls)
+    return short + calls
 
 
 def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
