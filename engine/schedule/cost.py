@@ -423,10 +423,13 @@ def estimate_group(
     plain_rate = device.arith_flops or elementwise
 
     def seg_terms(k: int) -> list[float]:
-        plain = fp32[k] - tiled[k] - fmath[k]
-        compute = (tiled[k] / device.peak_fp32_flops + (fmath[k] + idle_math[k]) / elementwise
-                   + (plain + idle[k]) / plain_rate
-                   + tc[k] / device.peak_fp16_tensor_flops)
+        if device.kind == "cpu":
+            plain = fp32[k] - tiled[k] - fmath[k]
+            compute = (tiled[k] / device.peak_fp32_flops + (fmath[k] + idle_math[k]) / elementwise
+                       + (plain + idle[k]) / plain_rate + tc[k] / device.peak_fp16_tensor_flops)
+        else:  # one per-element rate, no idle lanes: the GPU presets' terms as they were, bit for bit
+            compute = (tiled[k] / device.peak_fp32_flops + (fp32[k] - tiled[k]) / elementwise
+                       + tc[k] / device.peak_fp16_tensor_flops)
         # Warps resident per busy SM: a grid under one wave puts ceil(blocks / SMs) blocks on each.
         t = tiles[k]
         warps = min(max(1, resident), -(-max(1, t.blocks) // device.sm_count)) * max(1, -(-t.threads // device.warp_size))
