@@ -66,12 +66,8 @@ class Device:
     # the GEMM's staging loads (engine/codegen/micro.py).
     vector_load_bytes: int = 16
     # FLOP/s of generated per-element code (loops outside GEMM / conv micro-tiles) as the host probe
-    # measured it; 0 means peak_fp32_flops (a GPU's per-element code runs at its FMA rate). On the host:
-    # the rate of its math functions (exp, erf, tanh, ... counted by their OP_FLOPS weights).
+    # measured it; 0 means peak_fp32_flops (a GPU's per-element code runs at its FMA rate).
     elementwise_flops: float = 0.0
-    # FLOP/s of generated per-element plain arithmetic (add, multiply, compare, select; vectorised) as the
-    # host probe measured it; 0 means elementwise_flops.
-    arith_flops: float = 0.0
     description: str = ""  # what the device is (the host's CPU model)
     # Latency hiding (GPU): cycles a warp waits for a global load (L2 or DRAM) and the 128 B lines one warp
     # keeps in flight. By Little's law an SM streams at most warps x lines x 128 B per latency, so a grid of
@@ -124,8 +120,7 @@ class Device:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Device))
-OPTIONAL_FIELDS: tuple[str, ...] = ("kind", "vector_lanes", "vector_load_bytes", "elementwise_flops", "arith_flops",
-                                     "description",
+OPTIONAL_FIELDS: tuple[str, ...] = ("kind", "vector_lanes", "vector_load_bytes", "elementwise_flops", "description",
                                      "mem_latency_cycles", "lines_in_flight_per_warp")  # default: a GPU
 REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in FIELDS if f != "source" and f not in OPTIONAL_FIELDS)
 _INT_FIELDS = {f.name for f in dataclasses.fields(Device) if f.type == "int" and f.name not in OPTIONAL_FIELDS}
@@ -218,11 +213,10 @@ def _validate_kind(values: Mapping[str, Any], where: str) -> None:
     vb = values.get("vector_load_bytes", 16)
     if isinstance(vb, bool) or not isinstance(vb, int) or vb not in (4, 8, 16, 32, 64):
         raise DeviceError(f"{where}: key 'vector_load_bytes' must be 4, 8, 16, 32 or 64, got {vb!r}")
-    for key in ("elementwise_flops", "arith_flops"):
-        rate = values.get(key, 0.0)
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= _CEILINGS["peak_fp32_flops"]:
-            raise DeviceError(f"{where}: key '{key}' must be a number from 0 to "
-                              f"{_CEILINGS['peak_fp32_flops']:g}, got {rate!r}")
+    rate = values.get("elementwise_flops", 0.0)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= _CEILINGS["peak_fp32_flops"]:
+        raise DeviceError(f"{where}: key 'elementwise_flops' must be a number from 0 to "
+                          f"{_CEILINGS['peak_fp32_flops']:g}, got {rate!r}")
     for key, top in (("mem_latency_cycles", 10000), ("lines_in_flight_per_warp", 64)):
         value = values.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= top:
@@ -265,7 +259,7 @@ def _build(values: dict[str, Any], *, where: str) -> Device:
         values["compute_capability"] = tuple(int(p) for p in cc.split("."))
     elif isinstance(cc, list):
         values["compute_capability"] = tuple(cc)
-    for key in (*_FLOAT_FIELDS, "elementwise_flops", "arith_flops", "mem_latency_cycles", "lines_in_flight_per_warp"):
+    for key in (*_FLOAT_FIELDS, "elementwise_flops", "mem_latency_cycles", "lines_in_flight_per_warp"):
         # TOML/JSON write 5e-6 and 900000000000 alike; store floats so round trips compare equal.
         if isinstance(values.get(key), int) and not isinstance(values.get(key), bool):
             values[key] = float(values[key])

@@ -22,7 +22,7 @@ from engine.errors import DeviceError
 from engine.files import write_atomic
 
 HOST = "host"
-PROBE_VERSION = 4
+PROBE_VERSION = 3
 _CPU_ONLY = ("kind", "vector_lanes")
 
 # The probe: every timing takes the best of several repeats (the machine is shared; the best is the
@@ -295,27 +295,23 @@ def probe_host(threads: int) -> Device:
     values["source"]["clock_hz"] = "detected" if mhz else "estimate"
     values["description"] = f"{name or 'CPU'}, {threads} OpenMP thread{'s' if threads > 1 else ''}, {lanes} fp32 lanes"
     provisional = Device.from_dict(values, where="host probe")
-    gemm, elementwise, arith = _codegen_rates(provisional)
+    gemm, elementwise = _codegen_rates(provisional)
     fma = values["peak_fp32_flops"]
-    values |= {"peak_fp32_flops": gemm, "peak_fp16_tensor_flops": gemm, "elementwise_flops": elementwise,
-               "arith_flops": arith}
-    values["source"]["elementwise_flops"] = values["source"]["arith_flops"] = "measured"
+    values |= {"peak_fp32_flops": gemm, "peak_fp16_tensor_flops": gemm, "elementwise_flops": elementwise}
+    values["source"]["elementwise_flops"] = "measured"
     values["description"] += f", FMA peak {fma / 1e9:.0f} GFLOP/s"
     return Device.from_dict(values, where="host probe")
 
 
-def _codegen_rates(device: Device) -> tuple[float, float, float]:
+def _codegen_rates(device: Device) -> tuple[float, float]:
     """FLOP/s of this machine running our own generated C, as the cost model counts flops: a 256^3 GEMM
-    (its micro-tiles: the GEMM peak), a per-element chain of the math models use (erf, sigmoid, tanh; its
-    mul and add taken out at the third rate: the math functions' own rate) and a per-element chain of
-    plain arithmetic (multiply, add, subtract, max; 256 KB in and out, so the private cache feeds it),
-    each the best of a few timed runs. The math functions cost ~10x a multiply per counted flop here."""
+    (its micro-tiles: the GEMM peak) and a per-element chain of the math models use (erf, sigmoid, tanh),
+    each the best of a few timed runs."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     from engine.codegen.generate import generate
     from engine.frontend.importer import import_onnx, lower
-    from engine.ir import expr as E
     from engine.runtime.cpu import compile_program_c, run_cpu
     from engine.runtime.inputs import make_inputs
     from engine.schedule.pipeline import plan_model
@@ -333,32 +329,19 @@ def _codegen_rates(device: Device) -> tuple[float, float, float]:
          helper.make_node("Tanh", ["d"], ["y"])], "host_probe_elementwise",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 4096])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 4096])])
-    arith = helper.make_graph(
-        [helper.make_node("Mul", ["x", "x"], ["a"]), helper.make_node("Add", ["a", "x"], ["b"]),
-         helper.make_node("Relu", ["b"], ["c"]), helper.make_node("Mul", ["c", "x"], ["d"]),
-         helper.make_node("Sub", ["d", "a"], ["e"]), helper.make_node("Mul", ["e", "b"], ["f"]),
-         helper.make_node("Add", ["f", "c"], ["g"]), helper.make_node("Max", ["g", "d"], ["y"])], "host_probe_arith",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 1024])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 1024])])
-    rates, math_part = [], 1.0
-    for g, policy in ((gemm, "unfused"), (chain, "elementwise"), (arith, "elementwise")):
+    rates = []
+    for g, policy in ((gemm, "unfused"), (chain, "elementwise")):
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         graph = lower(import_onnx(model))
         graph, plan = plan_model(graph, policy, device)
         module = compile_program_c(generate(plan, graph, device, target="c"))
         flops = sum(gr.cost.flops for gr in plan.groups if gr.cost)
-        if g is chain:
-            math_part = sum(E.OP_FLOPS.get(n.op_type.lower(), 1) for n in g.node if n.op_type.lower() in E.OP_FLOPS) \
-                / sum(E.OP_FLOPS.get(n.op_type.lower(), 1) for n in g.node)
         inputs = make_inputs(graph, seed=0)
         best = min(sum(k.us for k in run_cpu(module, graph.specs, inputs, graph.weights, repeat=5)[1].kernels)
                    for _ in range(3))
         rates.append(flops / (best * 1e-6))
-    gemm_rate, chain_rate, arith_rate = rates
-    # The chain's seconds per flop, less its plain flops' share at the arithmetic rate: the math functions'.
-    per_flop = 1.0 / chain_rate - (1.0 - math_part) / arith_rate
-    return gemm_rate, math_part / per_flop if per_flop > 0 else chain_rate, arith_rate
+    return rates[0], rates[1]
 
 
 def _set_threads(threads: int) -> None:

@@ -40,8 +40,7 @@ class SegmentUse:
     work: object = None  # engine.codegen.count.Work of the whole segment (every tile)
     completion: tuple[str, ...] = ()  # stages finished by a completion phase (read outside, not covered)
     flops_tiled: float = 0.0  # per block: of flops_fp32, those in GEMM / direct-conv micro-tiles
-    flops_idle_lanes: tuple = (0.0, 0.0)  # per block, CPU: (plain, math) flop slots its vector lanes leave idle
-    flops_math: float = 0.0  # per block: of flops_fp32, those of math functions (E.OP_FLOPS: exp, erf, ...)
+    flops_idle_lanes: float = 0.0  # per block, CPU: flop slots short vector loops leave empty (`idle_lanes`)
 
 
 def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
@@ -141,39 +140,29 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     completion = tuple(p.stage for seg in kernel.segments for p in seg.phases if p.region.flat)
     return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes, min(regs, 999), evals, lines,
                       int(work.shared_bytes / per), work.flops / per, 0.0, work.global_bytes / per, work,
-                      completion, work.tiled_flops / per, tuple(x / per for x in idle_lanes(work, device)),
-                      math_flops(work) / per)
+                      completion, work.tiled_flops / per, idle_lanes(work, device) / per)
 
 
-def math_flops(work) -> float:
-    """Of a count's flops, those of math functions (the OP_FLOPS weights of exp, erf, tanh, sin, ...; a
-    division or reciprocal is one arithmetic op): a CPU runs them as polynomial helpers or library calls,
-    far slower per counted flop than adds and multiplies."""
-    return sum(f for op, f in work.op_flops.items() if op not in ("div", "recip"))
-
-
-def idle_lanes(work, device: Device | None) -> tuple[float, float]:
-    """Flop slots a CPU's vector lanes leave idle in the C target's code (`work`: the kernel IR's count):
-    (slots of plain arithmetic, slots of math functions), each charged at the rate of its kind. (0, 0) on
-    a GPU (a reduction there is spread over threads, not lanes of one loop; its math functions are
-    instructions).
-    - Reduction loops: the C target vectorises a reduction along its innermost loop (`omp simd
-      reduction`; the element loop around it is then not vectorised); of a loop of n trips on L lanes,
-      the n mod L trips past its last whole vector run scalar (the loop's scalar epilogue; all of a loop
-      shorter than the lanes: a 3x3 depthwise conv inlined into a per-element phase, its tap loop of 3
-      trips, in mobilevit's welder k01), each term costing L lane slots instead of one. Sums the C target
-      runs column-wise are not in `work.loop_flops` (engine/codegen/count.py).
+def idle_lanes(work, device: Device | None) -> float:
+    """Flop slots a CPU's vector lanes leave idle in the C target's code (`work`: the kernel IR's count),
+    charged at the per-element rate like the flops themselves. 0 on a GPU (a reduction there is spread
+    over threads, not lanes of one loop; its math functions are instructions).
+    - Short reduction loops: the C target vectorises a reduction along its innermost loop (`omp simd
+      reduction`; the element loop around it is then not vectorised), so a loop of n trips on L lanes
+      runs ceil(n / L) vector iterations, each as dear as a full one: the flops inside it cost
+      ceil(n / L) * L / n times as much (a 3x3 depthwise conv inlined into a per-element phase: its tap
+      loop of 3 trips uses 3 of 16 lanes; mobilevit's welder k01 measured 5x the per-element rate there).
+      Sums the C target runs column-wise are not in `work.loop_flops` (engine/codegen/count.py).
     - Library calls: an op the C printer prints as a scalar libm call (CPrinter.scalar_calls: sin, cos)
-      runs on one lane, L times the cost of the vectorised math helpers (nerf's sin kernels measured
-      ~10x their modeled time without this)."""
+      runs on one lane, L times the cost of its vectorised flops (nerf's sin kernels measured ~10x)."""
     if device is None or device.kind != "cpu" or device.vector_lanes <= 1:
-        return 0.0, 0.0
+        return 0.0
     from engine.codegen.targets import CPrinter
 
     lanes = device.vector_lanes
-    short = sum(f * (n % lanes) * (lanes - 1) / n for n, f in work.loop_flops.items() if n > 0)
+    short = sum(f * (-(-n // lanes) * lanes / n - 1.0) for n, f in work.loop_flops.items() if n > 0 and n % lanes)
     calls = sum(f * (lanes - 1) for op, f in work.op_flops.items() if op in CPrinter.scalar_calls)
-    return short, calls
+    return short + calls
 
 
 def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
@@ -378,7 +367,7 @@ def estimate_group(
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.
-    dram, l2, sh, fp32, tc, tiled, idle, idle_math, fmath = ([0.0] * n for _ in range(9))
+    dram, l2, sh, fp32, tc, tiled, idle = ([0.0] * n for _ in range(7))
     reads = 0
     read_bytes: dict[str, int] = {}  # per tensor: bytes the tiles of this kernel read (capped at its size)
     for use in uses:
@@ -396,9 +385,7 @@ def estimate_group(
         sh[k] += int(use.shared_traffic * per_block)
         fp32[k] += use.flops_fp32 * per_block
         tiled[k] += use.flops_tiled * per_block
-        idle[k] += use.flops_idle_lanes[0] * per_block
-        idle_math[k] += use.flops_idle_lanes[1] * per_block
-        fmath[k] += use.flops_math * per_block
+        idle[k] += use.flops_idle_lanes * per_block
         tc[k] += use.flops_tc * per_block
         dram[k] += 0 if in_llc else _completion_dram(graph, use, read_bytes, charged)
     flops_once = sum(graph.stage(name).flops for name in stages)
@@ -416,20 +403,13 @@ def estimate_group(
     waves = max(1, -(-blocks // slots))
 
     # A CPU runs GEMM / direct-conv micro-tiles near its FMA peak and the rest of the arithmetic (per-element
-    # loops) at the rates the host probe measured for generated per-element code: math functions (exp, erf,
-    # ...: `math_flops`) at one, plain arithmetic at the other (~10x faster per counted flop), each with the
-    # flop slots its vector lanes leave idle (`idle_lanes`). A GPU: both rates are its per-element rate.
+    # loops) at the rate the host probe measured for generated per-element code, plus the flop slots its
+    # short vector loops leave idle (`idle_lanes`; 0 on a GPU).
     elementwise = device.elementwise_flops or device.peak_fp32_flops
-    plain_rate = device.arith_flops or elementwise
 
     def seg_terms(k: int) -> list[float]:
-        if device.kind == "cpu":
-            plain = fp32[k] - tiled[k] - fmath[k]
-            compute = (tiled[k] / device.peak_fp32_flops + (fmath[k] + idle_math[k]) / elementwise
-                       + (plain + idle[k]) / plain_rate + tc[k] / device.peak_fp16_tensor_flops)
-        else:  # one per-element rate, no idle lanes: the GPU presets' terms as they were, bit for bit
-            compute = (tiled[k] / device.peak_fp32_flops + (fp32[k] - tiled[k]) / elementwise
-                       + tc[k] / device.peak_fp16_tensor_flops)
+        compute = (tiled[k] / device.peak_fp32_flops + (fp32[k] - tiled[k] + idle[k]) / elementwise
+                   + tc[k] / device.peak_fp16_tensor_flops)
         # Warps resident per busy SM: a grid under one wave puts ceil(blocks / SMs) blocks on each.
         t = tiles[k]
         warps = min(max(1, resident), -(-max(1, t.blocks) // device.sm_count)) * max(1, -(-t.threads // device.warp_size))

@@ -16,7 +16,7 @@ from engine.device import Device, get_device
 from engine.errors import DeviceError
 
 TIMED = ("dram_bw_bytes_per_s", "l2_bw_bytes_per_s", "smem_bw_bytes_per_s", "peak_fp32_flops", "elementwise_flops",
-         "arith_flops", "launch_overhead_s", "grid_barrier_s")
+         "launch_overhead_s", "grid_barrier_s")
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,6 @@ def test_figures_are_this_machines_and_say_where_they_came_from(device):
     # Timed figures are plausible for any CPU of the last decade, and labelled measured.
     assert 1e8 < device.dram_bw_bytes_per_s <= device.l2_bw_bytes_per_s <= device.smem_bw_bytes_per_s < 1e14
     assert 1e8 < device.elementwise_flops < device.peak_fp32_flops < 1e14
-    # plain vectorised arithmetic runs faster per counted flop than the math functions
-    assert device.elementwise_flops < device.arith_flops < 1e14
     assert 0 < device.launch_overhead_s < 1e-3 and 0 < device.grid_barrier_s < 1e-3
     for key in TIMED:
         assert device.source_of(key) == "measured", key
