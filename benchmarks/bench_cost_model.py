@@ -8,10 +8,13 @@ reported and the rest still run.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_cost_model.py [--set zoo|samples] [--models a,b]
         [--policies unfused,elementwise,stitch,welder] [--runs 9] [--timeout 900] [--json OUT.json]
-        [--device host|gpu|PRESET] [--jobs N]
+        [--device host|gpu|PRESET] [--jobs N] [--clock wall|cpu]
 
 The host's figures come from `tileweave device host` (probed on first use, cached); OMP_NUM_THREADS sets
-the threads of both the plan (the host device's cores) and the run. On a GPU (`--device gpu` plans for the
+the threads of both the plan (the host device's cores) and the run. On the host each kernel is timed by the
+wall clock and, in launches of its own, by the calling thread's CPU time; `--clock` picks which one the
+tables use (`cpu` needs OMP_NUM_THREADS=1; on a loaded machine the wall clock charges kernels longer than a
+time slice for other processes' slices). On a GPU (`--device gpu` plans for the
 preset matching the attached GPU) planning and NVRTC compiling run first, --jobs models at a time (CPU
 work, pickled to a temporary folder), then each model's kernels are timed alone on the GPU, one process
 per model; the GPU rows also carry each output's error against onnxruntime (inputs from the model's
