@@ -151,7 +151,9 @@ def idle_lanes(work, device: Device | None) -> float:
       reduction`; the element loop around it is then not vectorised), so a loop of n trips on L lanes
       runs ceil(n / L) vector iterations, each as dear as a full one: the flops inside it cost
       ceil(n / L) * L / n times as much (a 3x3 depthwise conv inlined into a per-element phase: its tap
-      loop of 3 trips uses 3 of 16 lanes; mobilevit's welder k01 measured 5x the per-element rate there).
+      loop of 3 trips uses 3 of 16 lanes; mobilevit's welder k01 measured 5x the per-element rate there —
+      a rate the probe takes from math functions, so the term holds with it, not with a plain-arithmetic
+      rate: the count leaves out such a loop's guards and index arithmetic, benchmarks/NOTES.md).
       Sums the C target runs column-wise are not in `work.loop_flops` (engine/codegen/count.py).
     - Library calls: an op the C printer prints as a scalar libm call (CPrinter.scalar_calls: sin, cos)
       runs on one lane, L times the cost of its vectorised flops (nerf's sin kernels measured ~10x)."""
