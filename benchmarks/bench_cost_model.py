@@ -8,10 +8,13 @@ reported and the rest still run.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_cost_model.py [--set zoo|samples] [--models a,b]
         [--policies unfused,elementwise,stitch,welder] [--runs 9] [--timeout 900] [--json OUT.json]
-        [--device host|gpu|PRESET] [--jobs N]
+        [--device host|gpu|PRESET] [--jobs N] [--clock wall|cpu]
 
 The host's figures come from `tileweave device host` (probed on first use, cached); OMP_NUM_THREADS sets
-the threads of both the plan (the host device's cores) and the run. On a GPU (`--device gpu` plans for the
+the threads of both the plan (the host device's cores) and the run. On the host each kernel is timed by the
+wall clock and, in launches of its own, by the calling thread's CPU time; `--clock` picks which one the
+tables use (`cpu` needs OMP_NUM_THREADS=1; on a loaded machine the wall clock charges kernels longer than a
+time slice for other processes' slices). On a GPU (`--device gpu` plans for the
 preset matching the attached GPU) planning and NVRTC compiling run first, --jobs models at a time (CPU
 work, pickled to a temporary folder), then each model's kernels are timed alone on the GPU, one process
 per model; the GPU rows also carry each output's error against onnxruntime (inputs from the model's
@@ -137,10 +140,48 @@ def time_on_gpu(job: dict) -> dict:
     return out
 
 
+def time_on_host(planned, plan, device, runs: int) -> dict[str, tuple[float, float]]:
+    """Kernel name -> (wall µs, CPU µs), each the median of `runs` launches: the wall clock around the call
+    as the C backend's profile takes it, and, in launches of their own, the calling thread's CPU time
+    (CLOCK_THREAD_CPUTIME_ID), which leaves out the time the thread waited while another process ran.
+    With one OpenMP thread the kernel runs on the calling thread, so its CPU time is all the kernel's; on
+    a loaded machine (load 4-10 on 2 cores) the wall clock of a kernel longer than a scheduler time slice
+    includes other processes' slices that the median of short kernels escapes. Reading the thread's CPU
+    clock is a system call (~0.6 µs, against ~0.07 for the wall clock): its median cost between two reads
+    is taken off each CPU sample."""
+    from engine.codegen.ccompile import load_library
+    from engine.flags import cache_dir
+    from engine.runtime.cpu import CpuModule, bind_buffers, launch_calls
+    from engine.runtime.inputs import make_inputs
+    from engine.schedule.measure import compile_variant
+
+    compiled = compile_variant(planned, plan, device)
+    module = CpuModule(compiled.program, compiled.source, load_library(cache_dir() / "cc" / compiled.library_name))
+    env = bind_buffers(compiled.program, planned.specs, make_inputs(planned, seed=0), planned.weights)
+    empty = []
+    for _ in range(201):
+        c0 = time.thread_time_ns()
+        empty.append(time.thread_time_ns() - c0)
+    clock_ns = statistics.median(empty)
+    out = {}
+    for launch, call in zip(compiled.program.launches, launch_calls(module, env)):
+        wall, cpu = [], []
+        for _ in range(max(1, runs)):
+            w0 = time.perf_counter_ns()
+            call()
+            wall.append((time.perf_counter_ns() - w0) / 1e3)
+        for _ in range(max(1, runs)):
+            c0 = time.thread_time_ns()
+            call()
+            cpu.append(max(0.0, time.thread_time_ns() - c0 - clock_ns) / 1e3)
+        out[launch.kernel] = (statistics.median(wall), statistics.median(cpu))
+    return out
+
+
 def work(job: dict) -> dict:
-    """In the worker: every policy planned for the host, its kernels measured."""
+    """In the worker: every policy planned for the host, its kernels measured (wall and CPU clock; "measured_us"
+    is the one --clock names)."""
     from engine.device import get_device
-    from engine.schedule.tune import device_measure
 
     if job.get("step") == "prepare":
         return prepare(job)
@@ -149,10 +190,12 @@ def work(job: dict) -> dict:
     device = get_device("host")
     out = {}
     for policy, planned, plan, seconds in planned_policies(job, device):
-        measured = device_measure(planned, device, job["runs"])(plan)
+        measured = time_on_host(planned, plan, device, job["runs"])
+        pick = 1 if job.get("clock") == "cpu" else 0
         out[policy] = {"schedule_s": round(seconds, 2), "kernels": [
             {"name": g.name, "stages": len(g.stages), "modeled_us": g.cost.modeled_us if g.cost else None,
-             "measured_us": measured[g.name], "terms_us": g.cost.terms_us if g.cost else {}}
+             "measured_us": measured[g.name][pick], "wall_us": measured[g.name][0], "cpu_us": measured[g.name][1],
+             "terms_us": g.cost.terms_us if g.cost else {}}
             for g in plan.groups]}
     return out
 
@@ -206,6 +249,10 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=1, help="GPU: models planned and compiled at once")
     p.add_argument("--store", metavar="DIR", help="GPU: keep the prepared variants here (MODEL.pkl; default a "
                                                   "temporary folder), e.g. for benchmarks/gpu_counters.py")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="host: time kernels by the wall clock (as the C backend's profile does) or by the calling "
+                        "thread's CPU time, which leaves out other processes' time slices (needs OMP_NUM_THREADS=1); "
+                        "both are kept in --json")
     p.add_argument("--json", metavar="OUT.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -217,6 +264,9 @@ def main() -> int:
     names = [n for n in args.models.split(",") if n] or sorted(x.stem for x in folder.glob("*.onnx") if x.stem != "bert12")
     policies = [x for x in args.policies.split(",") if x]
     threads = os.environ.get("OMP_NUM_THREADS", "") or str(os.cpu_count())
+    if args.clock == "cpu" and threads != "1":
+        print("error: --clock cpu times the calling thread, so it needs OMP_NUM_THREADS=1", file=sys.stderr)
+        return 2
     on_gpu = args.device != "host"
     device = gpu_device(args.device) if on_gpu else "host"
     results, all_rows = [], []
@@ -224,7 +274,7 @@ def main() -> int:
         tmp = args.store or scratch
         Path(tmp).mkdir(parents=True, exist_ok=True)
         jobs = {name: {"model": str(folder / f"{name}.onnx"), "policies": policies, "runs": args.runs,
-                       "device": device, "store": str(Path(tmp) / f"{name}.pkl")} for name in names}
+                       "device": device, "clock": args.clock, "store": str(Path(tmp) / f"{name}.pkl")} for name in names}
         def finish(name: str, prepared) -> None:
             if isinstance(prepared, str):
                 print(f"{name}: {prepared}", file=sys.stderr)
@@ -250,7 +300,7 @@ def main() -> int:
             for name in names:
                 finish(name, None)
     where = f"{device} preset, timed on {results[0]['cells'][policies[0]].get('gpu', 'the GPU')} with CUDA events" \
-        if on_gpu and results else f"Host, {threads} thread(s)"
+        if on_gpu and results else f"Host, {threads} thread(s), {args.clock} clock"
     print(f"{where}; kernels timed as the median of {args.runs} launches.\n")
     print("| model | kernels | Spearman ρ | median factor | " + " | ".join(f"{p} modeled / measured µs" for p in policies)
           + " | ranking by model | by measurement |" + (" max rel err | registers driver = parsed |" if on_gpu else ""))

@@ -20,6 +20,7 @@ from engine.codegen.kexpr import Guard, InBounds, Inlined, Reduce, kchildren, st
 from engine.codegen.kir import Kernel, Phase, Region, Scope, Segment
 from engine.errors import PlanError
 from engine.ir import expr as E
+from engine.ir.graph import Combine
 from engine.memo import memo
 
 
@@ -39,6 +40,10 @@ class Work:
     shared_store: float = 0.0
     evals: dict = field(default_factory=dict)
     nest: int = 1
+    # Of `flops`: those run inside a reduction loop, keyed by the trip count of its innermost loop (the
+    # loop the C target vectorises: `omp simd reduction`), sums the C target runs column-wise left out.
+    loop_flops: dict = field(default_factory=dict)
+    op_flops: dict = field(default_factory=dict)  # of `flops`: per transcendental op (E.OP_FLOPS), its flops
 
     def add(self, other: Work, times: float = 1.0) -> None:
         self.flops += other.flops * times
@@ -50,6 +55,10 @@ class Work:
         self.shared_store += other.shared_store * times
         for k, v in other.evals.items():
             self.evals[k] = self.evals.get(k, 0.0) + v * times
+        for k, v in other.loop_flops.items():
+            self.loop_flops[k] = self.loop_flops.get(k, 0.0) + v * times
+        for k, v in other.op_flops.items():
+            self.op_flops[k] = self.op_flops.get(k, 0.0) + v * times
         self.nest = max(self.nest, other.nest)
 
     @property
@@ -192,11 +201,12 @@ def _elementwise(kernel: Kernel, phase: Phase, elems: float) -> Work:
 
     def compute() -> Work:
         c = _Counter(kernel)
+        c.columnwise = _column_sums(kernel, phase)
         if phase.combine is None:
             c.value(phase.body, 1.0, {})
         else:
             names = tuple(f"r{k}" for k in range(len(phase.reduce)))
-            c.reduction(phase.body, names, phase.reduce, 1.0, {})
+            c.reduction(phase.body, names, phase.reduce, 1.0, {}, columnwise="phase" in c.columnwise)
         c.stores(phase)
         c.work.evals[phase.stage] = c.work.evals.get(phase.stage, 0.0) + 1.0
         return c.work
@@ -204,11 +214,42 @@ def _elementwise(kernel: Kernel, phase: Phase, elems: float) -> Work:
     # The stores counted per element depend on whether the phase has an owned part (its global stores
     # then counted apart, in `_phase`): part of the key, or one phase's count would answer for the other.
     one = _memo(kernel, phase.body, ("elem", phase.stage, phase.reduce, phase.combine, phase.stores,
-                                     phase.owned is None), compute)
+                                     phase.owned is None, _column_key(phase)), compute)
     out = Work()
     out.add(one, elems)
     out.nest = one.nest
     return out
+
+
+def _column_key(phase: Phase) -> tuple:
+    """What the C target's choice of column-wise sums depends on besides the body and the kernel."""
+    r = phase.region.rank
+    if phase.region.flat or not r:
+        return ()
+    from engine.codegen.targets import _MAX_LINE, _one_wide
+
+    return (_one_wide(phase.region, r - 1), phase.region.extent[r - 1] <= _MAX_LINE)
+
+
+def _column_sums(kernel: Kernel, phase: Phase) -> set:
+    """Sums of a per-element phase that the C target runs column-wise (CPrinter.render_phase /
+    column_sums: the phase's innermost axis is the vector loop, the sum's loop outside it), unmarked:
+    their loops are not the vector loops. The phase itself when it is such a sum (its `whole`)."""
+    key = _column_key(phase)
+    if not key or key[0] or not key[1]:
+        return set()
+    from engine.codegen.targets import axpy_sums
+
+    r = phase.region.rank
+    var = f"i{r - 1}"
+    if phase.combine is None:
+        return {_strip(n) for n in axpy_sums(kernel, phase.body, var)}
+    if phase.combine == Combine.SUM:
+        whole = Reduce(phase.body, tuple(f"r{k}" for k in range(len(phase.reduce))), phase.reduce, phase.combine,
+                       phase.dtype)
+        if axpy_sums(kernel, whole, var):
+            return {"phase"}
+    return set()
 
 
 def _gemm(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
@@ -383,6 +424,8 @@ class _Counter:
         self.work = Work()
         self.scopes: dict[str, bool] = {}
         self.visits = 0
+        self.columnwise: set = set()  # sums the C target runs column-wise (_column_sums)
+        self.in_loop = 0  # flops of the reduction loops being counted, nested ones taken out
 
     def _bytes(self, tensor: str, load: bool, times: float) -> None:
         buf = self.kernel.buffer(tensor)
@@ -433,7 +476,7 @@ class _Counter:
             self.value(e.x, mult, dict(memo))
             return
         if isinstance(e, Reduce):
-            self.reduction(e.body, e.vars, e.extents, mult, memo)
+            self.reduction(e.body, e.vars, e.extents, mult, memo, columnwise=key in self.columnwise)
             return
         if isinstance(e, E.Load):
             self._bytes(e.tensor, True, mult)
@@ -449,6 +492,8 @@ class _Counter:
             return
         if isinstance(e, (E.Unary, E.Binary)):
             self.work.flops += mult * E.op_flops(e)
+            if e.op in E.OP_FLOPS and not E.small_pow(e):
+                self.work.op_flops[e.op] = self.work.op_flops.get(e.op, 0.0) + mult * E.op_flops(e)
             if E.small_pow(e):
                 self.value(e.a, mult, memo)
                 return
@@ -457,8 +502,10 @@ class _Counter:
         for c in kchildren(e):
             self.value(c, mult, memo)
 
-    def reduction(self, body, names, extents, mult: float, memo: dict) -> None:
-        """A reduction loop: invariant values once in this scope, the rest once per term."""
+    def reduction(self, body, names, extents, mult: float, memo: dict, columnwise: bool = False) -> None:
+        """A reduction loop: invariant values once in this scope, the rest once per term. Its flops
+        (nested loops' taken out) go to `loop_flops` under its innermost trip count, unless the C target
+        runs it column-wise."""
         from engine.codegen.printer import invariant_values
 
         stripped = _strip(body)
@@ -467,8 +514,15 @@ class _Counter:
             self.value(node, mult, memo)
         inner = mult * math.prod(extents)
         self.work.nest = max(self.work.nest, int(round(inner)))
+        before, nested = self.work.flops, self.in_loop
+        self.in_loop = 0
         self.value(body, inner, dict(memo))
         self.work.flops += inner  # the combine
+        own = self.work.flops - before - self.in_loop
+        if extents and not columnwise:
+            n = int(extents[-1])
+            self.work.loop_flops[n] = self.work.loop_flops.get(n, 0.0) + own
+        self.in_loop = nested + self.work.flops - before
 
     def _picked(self, e, mult: float, memo: dict) -> bool:
         """printer.pick_chain: a select chain over loads of one element of several tensors loads once,

@@ -479,6 +479,9 @@ class CPrinter(Printer):
     locals_in_kernel_scope = False
     header = C_HEADER
     f16_type = "_Float16"
+    # Float ops printed as a scalar libm call (the base printer's sinf / cosf; `unary` gives exp, log, tanh,
+    # erf and sigmoid inline helpers that vectorise): one lane per call. The host cost model reads this.
+    scalar_calls = frozenset({"sin", "cos"})
 
     def __init__(self) -> None:
         super().__init__()

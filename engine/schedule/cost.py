@@ -41,6 +41,7 @@ class SegmentUse:
     work: object = None  # engine.codegen.count.Work of the whole segment (every tile)
     completion: tuple[str, ...] = ()  # stages finished by a completion phase (read outside, not covered)
     flops_tiled: float = 0.0  # per block: of flops_fp32, those in GEMM / direct-conv micro-tiles
+    flops_idle_lanes: float = 0.0  # per block, CPU: flop slots short vector loops leave empty (`idle_lanes`)
 
 
 def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
@@ -141,7 +142,31 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes, min(regs, 999), evals, lines,
                       int(work.shared_bytes / per), (work.flops - work.mma_flops) / per, work.mma_flops / per,
                       work.global_bytes / per, work,
-                      completion, work.tiled_flops / per)
+                      completion, work.tiled_flops / per, idle_lanes(work, device) / per)
+
+
+def idle_lanes(work, device: Device | None) -> float:
+    """Flop slots a CPU's vector lanes leave idle in the C target's code (`work`: the kernel IR's count),
+    charged at the per-element rate like the flops themselves. 0 on a GPU (a reduction there is spread
+    over threads, not lanes of one loop; its math functions are instructions).
+    - Short reduction loops: the C target vectorises a reduction along its innermost loop (`omp simd
+      reduction`; the element loop around it is then not vectorised), so a loop of n trips on L lanes
+      runs ceil(n / L) vector iterations, each as dear as a full one: the flops inside it cost
+      ceil(n / L) * L / n times as much (a 3x3 depthwise conv inlined into a per-element phase: its tap
+      loop of 3 trips uses 3 of 16 lanes; mobilevit's welder k01 measured 5x the per-element rate there —
+      a rate the probe takes from math functions, so the term holds with it, not with a plain-arithmetic
+      rate: the count leaves out such a loop's guards and index arithmetic, benchmarks/NOTES.md).
+      Sums the C target runs column-wise are not in `work.loop_flops` (engine/codegen/count.py).
+    - Library calls: an op the C printer prints as a scalar libm call (CPrinter.scalar_calls: sin, cos)
+      runs on one lane, L times the cost of its vectorised flops (nerf's sin kernels measured ~10x)."""
+    if device is None or device.kind != "cpu" or device.vector_lanes <= 1:
+        return 0.0
+    from engine.codegen.targets import CPrinter
+
+    lanes = device.vector_lanes
+    short = sum(f * (-(-n // lanes) * lanes / n - 1.0) for n, f in work.loop_flops.items() if n > 0 and n % lanes)
+    calls = sum(f * (lanes - 1) for op, f in work.op_flops.items() if op in CPrinter.scalar_calls)
+    return short + calls
 
 
 def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,
@@ -317,7 +342,7 @@ def estimate_group(
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.
-    dram, l2, sh, fp32, tc, tiled = ([0.0] * n for _ in range(6))
+    dram, l2, sh, fp32, tc, tiled, idle = ([0.0] * n for _ in range(7))
     reads = 0
     read_bytes: dict[str, int] = {}  # per tensor: bytes the tiles of this kernel read (capped at its size)
     for use in uses:
@@ -335,6 +360,7 @@ def estimate_group(
         sh[k] += int(use.shared_traffic * per_block)
         fp32[k] += use.flops_fp32 * per_block
         tiled[k] += use.flops_tiled * per_block
+        idle[k] += use.flops_idle_lanes * per_block
         tc[k] += use.flops_tc * per_block
         dram[k] += 0 if in_llc else _completion_dram(graph, use, read_bytes, charged)
     flops_once = sum(graph.stage(name).flops for name in stages)
@@ -352,11 +378,12 @@ def estimate_group(
     waves = max(1, -(-blocks // slots))
 
     # A CPU runs GEMM / direct-conv micro-tiles near its FMA peak and the rest of the arithmetic (per-element
-    # loops) at the rate the host probe measured for generated per-element code.
+    # loops) at the rate the host probe measured for generated per-element code, plus the flop slots its
+    # short vector loops leave idle (`idle_lanes`; 0 on a GPU).
     elementwise = device.elementwise_flops or device.peak_fp32_flops
 
     def seg_terms(k: int) -> list[float]:
-        compute = (tiled[k] / device.peak_fp32_flops + (fp32[k] - tiled[k]) / elementwise
+        compute = (tiled[k] / device.peak_fp32_flops + (fp32[k] - tiled[k] + idle[k]) / elementwise
                    + (tc[k] / device.peak_tf32_tensor_flops if tc[k] else 0.0))
         # Warps resident per busy SM: a grid under one wave puts ceil(blocks / SMs) blocks on each.
         t = tiles[k]

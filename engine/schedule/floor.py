@@ -49,7 +49,9 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
             per_block = tile.blocks / max(1, tile.row_split)
             dram = C._read_dram(graph, members, C._read_lines(graph, regions), per_block, device, in_llc)
             glob, macs, other = work_floor(graph, seg, conns, regions) if tile.row_split == 1 else (0.0, 0.0, 0.0)
-            compute = macs / max(device.peak_fp32_flops, elementwise) + other / elementwise
+            # A contraction may run on tensor cores (the plan option tf32, fp16 operands: codegen/mma.py):
+            # its multiply-adds at the fastest rate the device has keep this a floor either way.
+            compute = macs / max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops) + other / elementwise
             got = local[fkey] = (dram + written.get(k, 0), glob * per_block, compute * per_block)
         dram, glob, compute = got
         # From ceil(blocks / SMs) blocks per SM on, more residency changes nothing: no need to try those.

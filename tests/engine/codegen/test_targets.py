@@ -306,3 +306,15 @@ def test_stage_completed_in_chunks_runs_as_a_gemm(tmp_path):
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for got, want in zip((outs["y"], outs["qkv"]), sess.run(None, {"x": x})):
         assert rel_error(got, want) < 1e-5
+
+
+def test_scalar_calls_are_the_ops_the_c_printer_prints_as_libm_calls():
+    """CPrinter.scalar_calls (read by the host cost model) names exactly the float unary ops the C printer
+    renders as a libm call; the others it renders inline (helpers, operators or instructions)."""
+    from engine.codegen.targets import CPrinter
+    from engine.ir.dtypes import DType
+    from engine.ir.expr import UNARY_OPS
+
+    libm = {"sin": "sinf", "cos": "cosf", "exp": "expf", "log": "logf", "tanh": "tanhf", "erf": "erff"}
+    called = {op for op in UNARY_OPS if op in libm and CPrinter().unary(op, "x", DType.F32).startswith(libm[op] + "(")}
+    assert called == set(CPrinter.scalar_calls)

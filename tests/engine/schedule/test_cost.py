@@ -150,3 +150,46 @@ def test_segment_use_does_not_depend_on_what_was_costed_before(monkeypatch):
         with memo.Caches("fresh").active():
             use = costed(*args)
         assert (use.work.to_json(), use.shared_bytes) == (work, shared), args[1]
+
+
+def test_cpu_charges_the_lanes_short_loops_and_library_calls_leave_idle():
+    """A reduction loop of n trips on L lanes costs ceil(n / L) full vector iterations; a sin or cos (a
+    scalar libm call in the C target) one lane per call; a GPU is charged neither."""
+    from engine.codegen.count import Work
+    from engine.device import Device, get_device
+    from engine.schedule.cost import idle_lanes
+
+    a100 = get_device("a100")
+    host = Device.from_dict(a100.to_dict() | {"name": "cpu16", "kind": "cpu", "vector_lanes": 16})
+    work = Work(flops=1000.0, loop_flops={3: 300.0, 32: 200.0, 40: 80.0}, op_flops={"sin": 60.0, "exp": 40.0})
+    # 3 trips: 16 slots for 3 flops; 32: none idle; 40: 48 slots for 40; sin: 16 lanes for 1; exp vectorises
+    want = 300.0 * (16 / 3 - 1) + 80.0 * (48 / 40 - 1) + 60.0 * 15
+    assert abs(idle_lanes(work, host) - want) < 1e-9
+    assert idle_lanes(work, a100) == 0.0
+    assert idle_lanes(Work(flops=10.0, loop_flops={64: 10.0}), host) == 0.0
+
+
+def test_the_host_model_charges_a_short_row_sum_more_per_flop_than_a_long_one(tmp_path):
+    """Same flops, rows of 3 against rows of 48 (a multiple of the lanes): on a CPU the short rows model
+    slower; on a GPU preset the model is what it was (no idle-lane term)."""
+    import sys
+    from pathlib import Path
+
+    from engine.device import Device, get_device
+    from engine.schedule.pipeline import plan_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
+    from test_count_loops import _row_sums
+
+    a100 = get_device("a100")
+    host = Device.from_dict(a100.to_dict() | {"name": "cpu16", "kind": "cpu", "vector_lanes": 16,
+                                              "elementwise_flops": 1e9})
+    short = _row_sums(tmp_path / "short.onnx", 4096, 3)
+    long = _row_sums(tmp_path / "long.onnx", 256, 48)
+    per = {}
+    for name, graph in (("short", short), ("long", long)):
+        for dev in (host, a100):
+            _, plan = plan_model(graph, "unfused", dev)
+            per[name, dev.kind] = sum(g.cost.terms_us["compute"] for g in plan.groups)
+    assert per["short", "cpu"] > 3 * per["long", "cpu"]
+    assert per["short", "gpu"] < 2 * per["long", "gpu"]
