@@ -10,14 +10,18 @@ from __future__ import annotations
 import dataclasses
 
 from engine.codegen.kexpr import InBounds, free_vars, kwalk, map_indices, substitute_body
-from engine.codegen.kir import Conv, Phase
+from engine.codegen.kir import Conv, Kernel, Phase, Scope
 from engine.ir import expr as E
 from engine.ir import index as I
+from engine.ir.dtypes import DType
 
 STAGE_BYTES = 48 * 1024  # weights + window per channel step: the static shared-memory budget of a block
 MAX_MICRO = 128  # accumulators per thread (registers)
 MAX_STEP = 64  # input channels per staging step
 WINDOW_VARS = ("cwh", "cww")
+# Vector registers a dot-product block may hold, by lanes (c0_v16: of AVX-512's 32, c0_v8: of AVX2's 16,
+# c0_v4: of SSE's/NEON's 16 at least); other widths keep the window form.
+DOT_REGISTERS = {16: 28, 8: 14, 4: 14}
 
 
 class _NotWindow(Exception):
@@ -171,3 +175,52 @@ def window_interior(conv: Conv, ranges: dict, shape_of) -> tuple[tuple[int, int]
     if any(lo > hi for lo, hi in out.values()):
         return None
     return out[conv.window_vars[0]], out[conv.window_vars[1]]
+
+
+def conv_dot_products(kernel: Kernel, lanes: int) -> Kernel:
+    """C target pass: every dense 1x1, stride-1 convolution over fewer pixels per tile than `lanes`
+    whose weight rows are contiguous along its input channels (at least `lanes` of them) runs as dot
+    products: each output is the weight row, read in place, times the pixel's input channels (staged
+    pixel-major), `lanes` at a time, with `dot_channels` output channels x every pixel of partial-sum
+    vectors held in registers (of the DOT_REGISTERS a vector width leaves them, one per weight row
+    loaded beside). The window form vectorises along output columns or, with so few pixels, along
+    output channels with every channel's sums in memory: mobilenetv2's last 1x1 conv (112 -> 1280
+    channels over 2x2 pixels) took 153 us that way and 16.5 us as dot products (benchmarks/NOTES.md)."""
+    if lanes not in DOT_REGISTERS or not kernel.convs:
+        return kernel
+    segments = []
+    for seg in kernel.segments:
+        phases = []
+        for p in seg.phases:
+            c = p.conv
+            if c is not None and _dot_shaped(kernel, p, lanes):
+                pixels = c.out[1] * c.out[2]
+                regs = DOT_REGISTERS.get(lanes, 14)
+                n = next((n for n in (8, 4, 2) if n <= c.out[0] and n * pixels + n + 1 <= regs), 1)
+                p = dataclasses.replace(p, conv=dataclasses.replace(c, dot_lanes=lanes, dot_channels=n))
+            phases.append(p)
+        segments.append(dataclasses.replace(seg, phases=tuple(phases)))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def _dot_shaped(kernel: Kernel, p: Phase, lanes: int) -> bool:
+    c = p.conv
+    if c.depthwise or c.taps != (1, 1) or c.strides != (1, 1) or len(c.chan_vars) != 1 \
+            or c.channels < lanes or c.out[1] * c.out[2] >= lanes or p.dtype != DType.F32:
+        return False
+    w = c.w
+    if not isinstance(w, E.Load) or w.pad is not None or w.dtype != DType.F32 or not w.index:
+        return False
+    buf = kernel.buffer(w.tensor)
+    if buf.scope != Scope.GLOBAL or not all(ix.is_affine for ix in w.index):
+        return False
+    # The weight's flat offset steps by one along the input channels.
+    chan, stride, step = c.chan_vars[0], 1, 0
+    for ix, size in zip(reversed(w.index), reversed(buf.shape)):
+        for atom, coeff in ix.terms:
+            if isinstance(atom, I.Var) and atom.name == chan:
+                step += coeff * stride
+            elif chan in I.atom_vars(atom):
+                return False
+        stride *= size
+    return step == 1
