@@ -9,7 +9,7 @@ import platform
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine.codegen.conv import window_interior
+from engine.codegen.conv import dot_terms, window_interior
 from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kmap, kwalk, substitute_body
 from engine.codegen.kir import Kernel, Phase, Program, Scope, Segment
 from engine.codegen.printer import BodyWriter, Printer, invariant_values
@@ -1028,40 +1028,46 @@ class CPrinter(Printer):
         return lines
 
     def conv_dot_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
-        """A pointwise conv marked by conv.conv_dot_products: the tile's input pixels staged pixel-major
-        (st_x[pixel][channel], zeros for pixels past the live ones), then per block of `dot_channels`
-        output channels the dot products of their weight rows, read in place, with every pixel: `lanes`
-        input channels per vector FMA into channels x pixels partial-sum vectors, folded by a
-        shuffle-add tree into vectors of `lanes` results, plus the last channels short of a whole
-        vector one by one. Each sum is over the same terms in another order (lane-wise partial sums)."""
+        """A conv marked by conv.conv_dot_products: the tile's pixels staged im2col-wise, pixel-major
+        (st_x[pixel][channel, tap row, tap column], pad guards giving the zeros, zeros for pixels past
+        the live ones), then per block of `dot_channels` output channels and `dot_pixels` pixels the dot
+        products of their weight rows, read in place, with the pixels' rows: `lanes` terms per vector
+        FMA into channels x pixels partial-sum vectors, folded by a shuffle-add tree into vectors of
+        `lanes` results, plus the last terms short of a whole vector one by one. Each sum is over the
+        same terms in another order (lane-wise partial sums)."""
         c = phase.conv
-        lanes, co, (oh, ow), chans = c.dot_lanes, c.out[0], c.out[1:], c.channels
-        pixels, whole = oh * ow, chans - chans % lanes
+        lanes, co, (oh, ow) = c.dot_lanes, c.out[0], c.out[1:]
+        (sh, sw), (kh, kw), (dh, dw) = c.strides, c.taps, c.dilations
+        terms, pixels = dot_terms(c), oh * ow
+        whole = terms - terms % lanes
         t, u = f"c0_v{lanes}", f"c0_u{lanes}"
-        w = c.w
+        (h, w), taps = c.window_vars, [v for v in c.tap_vars if v]
         ssa = BodyWriter(self, kernel, self.conv_ranges(phase))
-        w_row = f"{w.tensor} + {ssa.offset(kernel.buffer(w.tensor), w.index)}"
+        w_row = f"{c.w.tensor} + {ssa.offset(kernel.buffer(c.w.tensor), c.w.index)}"
         x_lines, x_val = self.conv_operand(kernel, phase, "x")
         lines = self.conv_head(kernel, phase)
-        lines += [f"    float st_x[{pixels * chans}], acc[{co * pixels}];",
-                  f"    for (int cl = 0; cl < {chans}; ++cl) {{"]
+        lines += [f"    float st_x[{pixels * terms}], acc[{co * pixels}];",
+                  f"    for (int cl = 0; cl < {c.channels}; ++cl) {{"]
         lines += ["        " + x for x in self.conv_chan_vars(phase, "cl")]
-        lines += [f"        for (int hh = 0; hh < {oh}; ++hh)", f"            for (int ww = 0; ww < {ow}; ++ww) {{",
-                  f"                float* restrict dst = st_x + (hh * {ow} + ww) * {chans} + cl;",
-                  "                if (hh < oh_n && ww < ow_n) {"]
-        lines += ["                    " + x for x in self.conv_window_coords(phase) + x_lines + [f"*dst = {x_val};"]]
-        lines += ["                } else {", "                    *dst = 0.0f;", "                }", "            }", "    }"]
+        lines += [f"        for (int kh = 0; kh < {kh}; ++kh)", f"        for (int kw = 0; kw < {kw}; ++kw)",
+                  f"        for (int hh = 0; hh < {oh}; ++hh)", f"        for (int ww = 0; ww < {ow}; ++ww) {{",
+                  f"            float* restrict dst = st_x + (hh * {ow} + ww) * {terms} + (cl * {kh} + kh) * {kw} + kw;",
+                  "            if (hh < oh_n && ww < ow_n) {",
+                  f"                const int {h} = (oh_lo + hh) * {sh} + kh * {dh}, {w} = (ow_lo + ww) * {sw} + kw * {dw};"]
+        lines += ["                " + x for x in x_lines + [f"*dst = {x_val};"]]
+        lines += ["            } else {", "                *dst = 0.0f;", "            }", "        }", "    }"]
 
-        def block(nc: int) -> list[str]:
-            sums = [(cc, p) for cc in range(nc) for p in range(pixels)]
+        def block(nc: int, p0: int, npx: int) -> list[str]:
+            sums = [(cc, p) for cc in range(nc) for p in range(npx)]
             out = []
             for cc in range(nc):
                 out += [f"const float* restrict dw{cc};", "{", f"    const int i1 = c_lo + col + {cc};"]
-                out += ["    " + x for x in self.conv_chan_vars(phase, "0")] + [f"    dw{cc} = {w_row};", "}"]
+                out += ["    " + x for x in self.conv_chan_vars(phase, "0") + [f"const int {v} = 0;" for v in taps]]
+                out += [f"    dw{cc} = {w_row};", "}"]
             out += [f"{t} ds{cc}_{p} = {{0}};" for cc, p in sums]
             out += [f"for (int dk = 0; dk < {whole}; dk += {lanes}) {{"]
             out += [f"    const {t} da{cc} = *(const {u}*)(dw{cc} + dk);" for cc in range(nc)]
-            out += [f"    const {t} dx{p} = *(const {u}*)(st_x + {p * chans} + dk);" for p in range(pixels)]
+            out += [f"    const {t} dx{p} = *(const {u}*)(st_x + {(p0 + p) * terms} + dk);" for p in range(npx)]
             out += [f"    ds{cc}_{p} = C0_VFMA(da{cc}, dx{p}, ds{cc}_{p});" for cc, p in sums] + ["}"]
             tree, folded = fold_lanes([f"ds{cc}_{p}" for cc, p in sums], lanes, t, "dz", "dh")
             out += [f"const {t} dz = {{0}};"] + tree
@@ -1069,19 +1075,26 @@ class CPrinter(Printer):
             out += [f"*({u}*)(dv + {j * lanes}) = {name};" for j, (name, _) in enumerate(folded)]
             at = {i: j * lanes + lane for j, (_, order) in enumerate(folded) for lane, i in enumerate(order) if i is not None}
             for i, (cc, p) in enumerate(sums):
-                if whole < chans:
+                dst = f"acc[(col + {cc}) * {pixels} + {p0 + p}]"
+                if whole < terms:
                     out += ["{", f"    float d = dv[{at[i]}];",
-                            f"    for (int dk = {whole}; dk < {chans}; ++dk) d = C0_FMA(dw{cc}[dk], st_x[{p * chans} + dk], d);",
-                            f"    acc[(col + {cc}) * {pixels} + {p}] = d;", "}"]
+                            f"    for (int dk = {whole}; dk < {terms}; ++dk) d = C0_FMA(dw{cc}[dk], st_x[{(p0 + p) * terms} + dk], d);",
+                            f"    {dst} = d;", "}"]
                 else:
-                    out.append(f"acc[(col + {cc}) * {pixels} + {p}] = dv[{at[i]}];")
+                    out.append(f"{dst} = dv[{at[i]}];")
             return ["{"] + ["    " + x for x in out] + ["}"]
+
+        def blocks(nc: int) -> list[str]:
+            out = []
+            for p0 in range(0, pixels, c.dot_pixels):
+                out += block(nc, p0, min(c.dot_pixels, pixels - p0))
+            return out
 
         nc = c.dot_channels
         lines += ["    int col = 0;"]
         if nc > 1:
-            lines += [f"    for (; col + {nc} <= c_n; col += {nc})"] + ["    " + x for x in block(nc)]
-        lines += ["    for (; col < c_n; ++col)"] + ["    " + x for x in block(1)]
+            lines += [f"    for (; col + {nc} <= c_n; col += {nc}) {{"] + ["        " + x for x in blocks(nc)] + ["    }"]
+        lines += ["    for (; col < c_n; ++col) {"] + ["        " + x for x in blocks(1)] + ["    }"]
         return lines + self.conv_epilogue(kernel, phase, ow)
 
     def conv_direct_row(self, kernel: Kernel, phase: Phase) -> str | None:
