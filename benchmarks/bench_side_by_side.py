@@ -3,13 +3,13 @@
 program round-robin, repeat by repeat, in that one process, so the ratios between policies are not
 at the mercy of the machine's drift between processes (bench_zoo.py runs each policy in its own
 worker, minutes apart: on this shared 2-core machine onnxruntime's own time moved 1.8x between two
-cells of one model). Prints a Markdown table of medians, the ratio of each policy to the first, and beside
+cells of one model). Prints a Markdown table of medians (--stat min: minima), the ratio of each policy to the first, and beside
 them each plan's modeled µs on the device preset (a GPU's, not this CPU's: the model's ratio is shown next
 to the measured one so the two can be compared, not because they should agree).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_side_by_side.py [--set zoo|samples] [--models a,b]
         [--policies unfused,welder,welder+tune] [--tune 3] [--runs 25] [--device a100|host] [--timeout 600]
-        [--against CHECKOUT] [--json OUT.json]
+        [--against CHECKOUT] [--stat median|min] [--json OUT.json]
 
 A policy named P+tune is P's plan tuned by measurement on the device (`--tune K`); with --device host the
 plans are made for this CPU. `--against CHECKOUT` (another tileweave checkout, e.g. a `git worktree` of
@@ -154,8 +154,11 @@ def work(job: dict) -> dict:
             if k >= 2:
                 cells[policy]["samples"].append((time.perf_counter() - t0) * 1e3)
     for c in cells.values():
-        c["ms"] = statistics.median(c.pop("samples"))
-    return {"ort_ms": statistics.median(ort), "policies": cells}
+        samples = c.pop("samples")
+        c.update(median_ms=statistics.median(samples), min_ms=min(samples))
+        c["ms"] = c[f"{job.get('stat', 'median')}_ms"]
+    stat = min if job.get("stat") == "min" else statistics.median
+    return {"ort_ms": stat(ort), "ort_median_ms": statistics.median(ort), "ort_min_ms": min(ort), "policies": cells}
 
 
 def main() -> None:
@@ -168,6 +171,9 @@ def main() -> None:
     p.add_argument("--device", default="a100", help="what the plans are made for (host: this CPU, measured)")
     p.add_argument("--tune", type=int, default=3, help="K for the P+tune policies (default 3)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per model (planning included)")
+    p.add_argument("--stat", choices=("median", "min"), default="median",
+                   help="what the table shows of each program's rounds (the JSON holds both); min: the round least "
+                        "disturbed by other jobs on a shared machine")
     p.add_argument("--against", metavar="CHECKOUT",
                    help="also time each policy as another tileweave checkout builds it (P@before)")
     p.add_argument("--json", metavar="OUT.json")
@@ -209,7 +215,7 @@ def main() -> None:
     out = {}
     for name in names:
         job = {"model": str(folder / f"{name}.onnx"), "policies": policies, "runs": args.runs,
-               "device": args.device, "threads": threads, "tune": args.tune}
+               "device": args.device, "threads": threads, "tune": args.tune, "stat": args.stat}
         try:
             if against is not None:
                 scratch = tempfile.mkdtemp(prefix="tw-against-")
