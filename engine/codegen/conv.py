@@ -10,14 +10,20 @@ from __future__ import annotations
 import dataclasses
 
 from engine.codegen.kexpr import InBounds, free_vars, kwalk, map_indices, substitute_body
-from engine.codegen.kir import Conv, Phase
+from engine.codegen.kir import Conv, Kernel, Phase, Scope
 from engine.ir import expr as E
 from engine.ir import index as I
+from engine.ir.dtypes import DType
 
 STAGE_BYTES = 48 * 1024  # weights + window per channel step: the static shared-memory budget of a block
 MAX_MICRO = 128  # accumulators per thread (registers)
 MAX_STEP = 64  # input channels per staging step
 WINDOW_VARS = ("cwh", "cww")
+# Vector registers a dot-product block may hold, by lanes (c0_v16: of AVX-512's 32, c0_v8: of AVX2's 16,
+# c0_v4: of SSE's/NEON's 16 at least); other widths keep the window form.
+DOT_REGISTERS = {16: 28, 8: 14, 4: 14}
+DOT_PIXELS = 4  # pixels of one dot-product register block (more pixels per tile: several blocks)
+DOT_STAGE = 16384  # floats of a tile's staged im2col pixels (a per-thread stack array)
 
 
 class _NotWindow(Exception):
@@ -171,3 +177,70 @@ def window_interior(conv: Conv, ranges: dict, shape_of) -> tuple[tuple[int, int]
     if any(lo > hi for lo, hi in out.values()):
         return None
     return out[conv.window_vars[0]], out[conv.window_vars[1]]
+
+
+def conv_dot_products(kernel: Kernel, lanes: int) -> Kernel:
+    """C target pass: a dense convolution over fewer pixels per tile than `lanes` whose weight rows are
+    contiguous along (input channel, tap row, tap column) — at least `lanes` of them — runs as dot
+    products: each output is its weight row, read in place, times the pixel's window (the tile's
+    pixels staged im2col-wise, pixel-major), `lanes` terms at a time, with `dot_channels` output
+    channels x `dot_pixels` pixels of partial-sum vectors held in registers (of the DOT_REGISTERS a
+    vector width leaves them, one weight vector per channel loaded beside). Taps wider than one
+    stage an input element once per tap that reads it, so they take an input that is a plain load
+    (no arithmetic repeated). The window form vectorises along output columns (2-4 of a vector's 16
+    lanes live on the last stages' 2x2 and 4x4 maps) or, with fewer pixels than a vector, along output
+    channels with every channel's sums in memory: mobilenetv2's last 1x1 conv (112 -> 1280 channels
+    over 2x2 pixels) took 153 us that way and 16.5 us as dot products (benchmarks/NOTES.md). At as many
+    pixels as lanes (4x4) the two forms measured alike (resnet's 64-channel 3x3 convs) or the dot
+    products slower (mobilenetv2's 24 -> 144 1x1 conv: one vector and a tail of eight per output)."""
+    if lanes not in DOT_REGISTERS or not kernel.convs:
+        return kernel
+    segments = []
+    for seg in kernel.segments:
+        phases = []
+        for p in seg.phases:
+            c = p.conv
+            if c is not None and _dot_shaped(kernel, p, lanes):
+                pixels = min(c.out[1] * c.out[2], DOT_PIXELS)
+                regs = DOT_REGISTERS[lanes]
+                n = next((n for n in (8, 4, 2) if n <= c.out[0] and n * pixels + n + 1 <= regs), 1)
+                p = dataclasses.replace(p, conv=dataclasses.replace(c, dot_lanes=lanes, dot_channels=n,
+                                                                    dot_pixels=pixels))
+            phases.append(p)
+        segments.append(dataclasses.replace(seg, phases=tuple(phases)))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def dot_terms(c: Conv) -> int:
+    """Terms of one output's dot product: input channels x taps."""
+    return c.channels * c.taps[0] * c.taps[1]
+
+
+def _dot_shaped(kernel: Kernel, p: Phase, lanes: int) -> bool:
+    c = p.conv
+    taps = c.taps[0] * c.taps[1]
+    if c.depthwise or len(c.chan_vars) != 1 or dot_terms(c) < lanes or c.out[1] * c.out[2] >= lanes \
+            or c.out[1] * c.out[2] * dot_terms(c) > DOT_STAGE or p.dtype != DType.F32:
+        return False
+    if taps > 1 and not (isinstance(c.x, E.Load) and all(ix.is_affine for ix in c.x.index)):
+        return False  # im2col staging would repeat the input's arithmetic once per tap
+    w = c.w
+    if not isinstance(w, E.Load) or w.pad is not None or w.dtype != DType.F32 or not w.index:
+        return False
+    buf = kernel.buffer(w.tensor)
+    if buf.scope != Scope.GLOBAL or not all(ix.is_affine for ix in w.index):
+        return False
+    # The weight's flat offset steps by one along (channel, tap row, tap column), flattened.
+    want = {c.chan_vars[0]: taps, **{v: step for v, step in zip(c.tap_vars, (c.taps[1], 1)) if v}}
+    for var, step in want.items():
+        stride, total = 1, 0
+        for ix, size in zip(reversed(w.index), reversed(buf.shape)):
+            for atom, coeff in ix.terms:
+                if isinstance(atom, I.Var) and atom.name == var:
+                    total += coeff * stride
+                elif var in I.atom_vars(atom):
+                    return False
+            stride *= size
+        if total != step:
+            return False
+    return True

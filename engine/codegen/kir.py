@@ -197,6 +197,12 @@ class Conv:
     tn: int
     tx: int
     ty: int
+    # C target (conv.conv_dot_products): a conv over few pixels runs as dot products over (input channel,
+    # tap), `dot_lanes` wide (0: the window form), `dot_channels` output channels x `dot_pixels` pixels of
+    # partial-sum vectors in registers.
+    dot_lanes: int = 0
+    dot_channels: int = 0
+    dot_pixels: int = 0
 
     buffers = 1  # the direct convolution stages one buffer per step (no double buffering yet)
 
@@ -226,7 +232,9 @@ class Conv:
         kind = "depthwise conv" if self.depthwise else f"direct conv, {self.channels} channels step {self.bc}"
         return (f"{kind} {self.taps[0]}x{self.taps[1]} stride {self.strides[0]}x{self.strides[1]}, "
                 f"{self.out[0]} channels x {self.out[1]}x{self.out[2]} pixels, "
-                f"{self.tm}x{self.tn} per thread on {self.ty}x{self.tx} threads")
+                f"{self.tm}x{self.tn} per thread on {self.ty}x{self.tx} threads"
+                + (f", dot products {self.dot_lanes} lanes x {self.dot_channels} channels x {self.dot_pixels} pixels"
+                   if self.dot_lanes else ""))
 
 
 @dataclass(frozen=True)

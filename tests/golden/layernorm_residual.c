@@ -16,9 +16,14 @@
 #define C0_FMA(a, b, c) ((a) * (b) + (c))
 #define C0_VFMA(a, b, c) ((a) * (b) + (c))
 #endif
-/* vector registers of 8 / 16 floats for the direct convolutions' micro-tiles */
+/* vector registers of 4 / 8 / 16 floats for the direct convolutions' micro-tiles; c0_uN: the same
+   loaded from or stored to an address aligned to one float only */
+typedef float c0_v4 __attribute__((vector_size(16)));
 typedef float c0_v8 __attribute__((vector_size(32)));
 typedef float c0_v16 __attribute__((vector_size(64)));
+typedef float c0_u4 __attribute__((vector_size(16), aligned(4)));
+typedef float c0_u8 __attribute__((vector_size(32), aligned(4)));
+typedef float c0_u16 __attribute__((vector_size(64), aligned(4)));
 
 
 // k00_add_mean_sub_pow_etc: stages Add_1_out, ReduceMean_2_out::sum, ReduceMean_2_out, Sub_3_out, Pow_5_out, ReduceMean_6_out::sum, ReduceMean_6_out, Add_8_out, Sqrt_9_out, Div_10_out, Mul_11_out, y

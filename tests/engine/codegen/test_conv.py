@@ -390,12 +390,12 @@ def test_c_target_coarsens_gemm_rows_without_adding_work(monkeypatch):
 
 @pytest.mark.parametrize("staged", [False, True])
 def test_pointwise_conv_on_few_pixels_puts_channels_in_the_lanes(tmp_path, staged):
-    """A 1x1 conv over fewer pixels than a vector (ConvNeXt's and MobileNetV2's last stage: 2x2) runs with
-    the output channels in the vector lanes (weights staged [cl][col]); its input read in place, or staged
-    (a sigmoid in front); it matches the reference."""
+    """A 1x1 conv over fewer pixels than a vector with fewer input channels than a vector (no dot
+    products: conv_dot_products) runs with the output channels in the vector lanes (weights staged
+    [cl][col]); its input read in place, or staged (a sigmoid in front); it matches the reference."""
     rng = np.random.default_rng(41)
-    x_shape, co = (1, 40, 2, 2), 32
-    inits = [onnx.numpy_helper.from_array(rng.standard_normal((co, 40, 1, 1)).astype(np.float32), "W")]
+    x_shape, co = (1, 3, 2, 2), 32
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((co, 3, 1, 1)).astype(np.float32), "W")]
     nodes = ([helper.make_node("Sigmoid", ["x"], ["s"])] if staged else []) + [
         helper.make_node("Conv", ["s" if staged else "x", "W"], ["c"], name="conv"),
         helper.make_node("Relu", ["c"], ["y"])]
@@ -405,10 +405,105 @@ def test_pointwise_conv_on_few_pixels_puts_channels_in_the_lanes(tmp_path, stage
     onnx.save(onnx.shape_inference.infer_shapes(model), tmp_path / "pw.onnx")
     g = load_graph(tmp_path / "pw.onnx")
     program = generate(_plan(g, (1, 16, 2, 2)), g, target="c")
-    assert sum(p.conv is not None for p in _phases(program)) == 1
+    (conv,) = [p.conv for p in _phases(program) if p.conv is not None]
+    assert conv.dot_lanes == 0
     source = render_c(program)
     assert f"float r[{16}];" in source and "st_w[cl * 16 + col]" in source
     assert ("x = *(" in source) != staged
     x = rng.standard_normal(x_shape).astype(np.float32)
+    outs, _ = run_cpu(compile_program_c(program), g.specs, {"x": x}, g.weights)
+    assert max_rel_error(outs["y"], run_reference(g, {"x": x})["y"]) < TOL
+
+
+
+def _dot_model(path: Path, x_shape, co: int, *, staged: bool, kernel=(1, 1), seed: int = 43, **attrs) -> Path:
+    """y = relu(conv([sigmoid](x), W) + b), random W and b, attributes passed to Conv."""
+    rng = np.random.default_rng(seed)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((co, x_shape[1], *kernel)).astype(np.float32), "W"),
+             onnx.numpy_helper.from_array(rng.standard_normal(co).astype(np.float32), "b")]
+    nodes = ([helper.make_node("Sigmoid", ["x"], ["s"])] if staged else []) + [
+        helper.make_node("Conv", ["s" if staged else "x", "W", "b"], ["c"], name="conv", **attrs),
+        helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "pw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(onnx.shape_inference.infer_shapes(model), path)
+    return path
+
+
+DOT_CASES = {
+    # name: (x shape, out channels, kernel, Conv attributes, tile of the output, sigmoid in front)
+    # whole vectors of input channels, output channels a multiple of the register block
+    "1x1_whole_vectors": ((1, 64, 2, 2), 32, (1, 1), {}, (1, 16, 2, 2), False),
+    # 40 input channels: a tail short of a vector; 37 output channels: blocks, then one by one
+    "1x1_channel_tails_odd_out": ((1, 40, 2, 2), 37, (1, 1), {}, (1, 37, 2, 2), True),
+    # a 3x3 map under 2x2 tiles: edge tiles with one live row or column (pixels past them staged as zeros)
+    "1x1_partial_tiles": ((1, 35, 3, 3), 19, (1, 1), {}, (1, 8, 2, 2), False),
+    # padding: the 1x1 conv reads a zero border through its pad guards
+    "1x1_padded_border": ((1, 48, 2, 1), 24, (1, 1), {"pads": [1, 1, 0, 1]}, (1, 24, 2, 3), True),
+    # one pixel per tile (a GEMV over the channels); a stride-2 1x1 (ResNet's downsampling shortcut)
+    "1x1_one_pixel": ((1, 33, 1, 1), 70, (1, 1), {}, (1, 70, 1, 1), False),
+    "1x1_stride2": ((1, 20, 5, 6), 12, (1, 1), {"strides": [2, 2]}, (1, 12, 3, 3), True),
+    # taps: 3x3 with padding (ResNet's last stage), stride 2 with odd channels, 5 pixels (two pixel blocks)
+    "3x3_pad1": ((1, 24, 2, 2), 20, (3, 3), {"pads": [1, 1, 1, 1]}, (1, 20, 2, 2), False),
+    "3x3_stride2_odd_channels": ((1, 7, 5, 5), 9, (3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, (1, 9, 3, 3), False),
+    "2x3_dilated_five_pixels": ((1, 6, 6, 9), 5, (2, 3), {"dilations": [2, 1], "pads": [1, 1, 1, 1]}, (1, 5, 1, 5), False),
+}
+
+
+@pytest.mark.parametrize("lanes", [16, 8, 4])
+@pytest.mark.parametrize("case", sorted(DOT_CASES))
+def test_conv_on_few_pixels_runs_as_dot_products(tmp_path, monkeypatch, case, lanes):
+    """A dense conv over fewer pixels per tile than a vector, with at least a vector of (input channel,
+    tap) terms per output, runs as dot products over them (conv_dot_products: the lanes and the register
+    block are recorded in the Conv), at each vector width the C target blocks for; it matches the
+    reference with odd channel counts, term tails, partial edge tiles, padding, strides, dilations,
+    several pixel blocks and a computed input (1x1 only)."""
+    import engine.codegen.generate as gen
+
+    x_shape, co, kernel, attrs, tile, staged = DOT_CASES[case]
+    monkeypatch.setattr(gen, "_c_lanes", lambda device: lanes)
+    g = load_graph(_dot_model(tmp_path / "dot.onnx", x_shape, co, staged=staged, kernel=kernel, **attrs))
+    program = generate(_plan(g, tile), g, target="c")
+    (conv,) = [p.conv for p in _phases(program) if p.conv is not None]
+    pixels, terms = tile[2] * tile[3], x_shape[1] * kernel[0] * kernel[1]
+    source = render_c(program)
+    if pixels >= lanes or terms < lanes:  # the window form
+        assert conv.dot_lanes == 0 and "C0_VFMA(da0" not in source
+    else:
+        assert conv.dot_lanes == lanes and conv.dot_channels >= 1 and conv.dot_pixels == min(pixels, 4)
+        assert conv.dot_channels * conv.dot_pixels + conv.dot_channels + 1 <= {16: 28, 8: 14, 4: 14}[lanes]
+        assert "dot products" in conv.describe()
+        assert "C0_VFMA(da0, dx0, ds0_0)" in source and "__builtin_shufflevector" in source
+        tail = f"for (int dk = {terms - terms % lanes}; dk < {terms}; ++dk)"
+        assert (tail in source) == (terms % lanes != 0)  # the terms short of a whole vector
+    x = np.random.default_rng(13).standard_normal(x_shape).astype(np.float32)
+    outs, _ = run_cpu(compile_program_c(program), g.specs, {"x": x}, g.weights)
+    assert max_rel_error(outs["y"], run_reference(g, {"x": x})["y"]) < TOL
+
+
+@pytest.mark.parametrize("why", ["few_terms", "many_pixels", "3x3_computed_input", "depthwise"])
+def test_dot_products_only_where_they_fit(tmp_path, monkeypatch, why):
+    """Convs the dot-product form does not fit keep the window form: fewer (channel, tap) terms than a
+    vector, as many pixels per tile as a vector, taps over an input with arithmetic in it (im2col
+    staging would repeat it per tap), a depthwise conv."""
+    import engine.codegen.generate as gen
+
+    monkeypatch.setattr(gen, "_c_lanes", lambda device: 16)
+    x_shape, kernel, attrs, tile, staged = {
+        "few_terms": ((1, 12, 2, 2), (1, 1), {}, (1, 8, 2, 2), False),
+        "many_pixels": ((1, 32, 4, 4), (1, 1), {}, (1, 8, 4, 4), False),
+        "3x3_computed_input": ((1, 32, 2, 2), (3, 3), {"pads": [1, 1, 1, 1]}, (1, 8, 2, 2), True),
+        "depthwise": ((1, 32, 2, 2), (3, 3), {"pads": [1, 1, 1, 1], "group": 32}, (1, 8, 2, 2), False),
+    }[why]
+    co = 32 if why == "depthwise" else 8
+    if why == "depthwise":
+        g = load_graph(_conv_model(tmp_path / "conv.onnx", x_shape, co, kernel, **attrs))
+    else:
+        g = load_graph(_dot_model(tmp_path / "conv.onnx", x_shape, co, staged=staged, kernel=kernel, **attrs))
+    program = generate(_plan(g, tile), g, target="c")
+    (conv,) = [p.conv for p in _phases(program) if p.conv is not None]
+    assert conv.dot_lanes == 0
+    x = np.random.default_rng(17).standard_normal(x_shape).astype(np.float32)
     outs, _ = run_cpu(compile_program_c(program), g.specs, {"x": x}, g.weights)
     assert max_rel_error(outs["y"], run_reference(g, {"x": x})["y"]) < TOL
