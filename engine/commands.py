@@ -123,9 +123,11 @@ def planned_model(args: argparse.Namespace):
 
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
-        if args.tune is not None or getattr(args, "tf32", False):
-            raise TileweaveError("--tune and --tf32 apply when planning; a saved plan (--plan-in) runs as it is",
-                                 hint="drop --tune/--tf32 or --plan-in")
+        given = [flag for flag, on in (("--tune", args.tune is not None), ("--tf32", getattr(args, "tf32", False))) if on]
+        if given:
+            flags = " and ".join(given)
+            raise TileweaveError(f"{flags} {'applies' if len(given) == 1 else 'apply'} when planning; a saved plan "
+                                 "(--plan-in) runs as it is", hint=f"drop {'/'.join(given)} or --plan-in")
         graph, plan = load_plan(args.plan_in, graph)
         if args.device is None:  # the device the plan was made for, when it names one
             args.device = named_device(plan.device, default_device(args))
