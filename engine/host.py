@@ -231,10 +231,29 @@ def host_device(*, refresh: bool = False) -> Device:
                 return hit
             except (DeviceError, OSError):
                 pass  # a damaged or older cache file: probe again and replace it
+    busy = _busy_before_probe()
     device = _LOADED[path] = probe_host(threads)
+    if busy:
+        import sys
+
+        # The figures are kept for every later plan: say when they were taken on a busy machine.
+        print(f"warning: host figures measured while {busy} (kept in {path}); rerun `tileweave device host "
+              "--refresh` on a quiet machine for figures plans can trust", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, device.to_json().encode())
     return device
+
+
+def _busy_before_probe() -> str:
+    """"" or why the machine is too busy for a probe to be trusted: the 1-minute load average at or over
+    half the CPUs (other work then shares the cores the probe times: on the 2-core development machine one
+    cached 2-thread probe read a per-element rate 13-15x under the machine's other 2-thread probes)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return ""
+    cpus = os.cpu_count() or 1
+    return f"the load average was {load:.1f} on {cpus} CPUs" if load >= max(1.0, cpus / 2) else ""
 
 
 _LOADED: dict[Path, Device] = {}  # this process's copy of each cache file it read or wrote

@@ -152,3 +152,20 @@ def test_device_command_prints_every_figure_with_its_source(capsys):
     assert main(["device", "a100", "--refresh"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --refresh probes the host") and err.count("\n") == 1
+
+
+def test_a_probe_on_a_busy_machine_says_so(monkeypatch, tmp_path, capsys):
+    # The probe's figures are cached for every later plan: one taken while other work shares the cores
+    # must say so, with the command that replaces it. (os.getloadavg is the real function, stood in for.)
+    import engine.host as host
+
+    monkeypatch.setattr(host.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(host.os, "getloadavg", lambda: (0.3, 0.2, 0.1))
+    assert host._busy_before_probe() == ""
+    monkeypatch.setattr(host.os, "getloadavg", lambda: (6.5, 4.0, 2.0))
+    assert host._busy_before_probe() == "the load average was 6.5 on 2 CPUs"
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
+    host.host_device(refresh=True)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: host figures measured while the load average was 6.5 on 2 CPUs")
+    assert "tileweave device host --refresh" in err and err.count("\n") == 1
