@@ -38,3 +38,20 @@ def qkv_model(m: int = 16, k: int = 32, n: int = 24, seed: int = 1) -> onnx.Mode
     graph = helper.make_graph(nodes, "qkv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [m, n])], ws)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def candidate_trials(graph, plan, device, limit: int | None = None):
+    """Every candidate tile (the first `limit`) of every segment of `plan`'s kernels, the group's other
+    segments at their chosen tiles: (group, its segments, the segment, its candidate tile, the trial tiles)."""
+    from engine.schedule import tiles
+    from engine.tilegraph.tilegraph import segment_sinks, segments_of
+
+    conns = {e.key: e.conn for e in plan.edges}
+    for group in plan.groups:
+        segs = segments_of(graph, group.stages, conns)
+        for j, seg in enumerate(segs):
+            anchor = segment_sinks(graph, seg, conns)[-1]
+            for tile in tiles.candidate_tiles(graph, seg, anchor, device, plan.policy)[:limit]:
+                trial = list(group.segments)
+                trial[j] = tile
+                yield group, segs, seg, tile, trial

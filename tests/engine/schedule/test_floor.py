@@ -11,6 +11,7 @@ from pathlib import Path
 from fuzz_graphs import onnx_models
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from sched_graphs import candidate_trials
 
 from engine.codegen.count import CountBudgetError
 from engine.device import get_device
@@ -21,7 +22,7 @@ from engine.schedule import tiles
 from engine.schedule.cost import estimate_group, segment_use
 from engine.schedule.floor import floor_us, work_floor
 from engine.schedule.pipeline import plan_model
-from engine.tilegraph.tilegraph import segment_sinks, segments_of
+from engine.tilegraph.tilegraph import segments_of
 
 SLACK = 1e-6
 
@@ -29,24 +30,18 @@ SLACK = 1e-6
 def _check_plan_segments(graph, plan, device) -> int:
     conns = {e.key: e.conn for e in plan.edges}
     checked = 0
-    for group in plan.groups:
-        segs = segments_of(graph, group.stages, conns)
-        for j, seg in enumerate(segs):
-            anchor = segment_sinks(graph, seg, conns)[-1]
-            for tile in tiles.candidate_tiles(graph, seg, anchor, device, plan.policy)[:40]:
-                try:
-                    use = segment_use(graph, seg, conns, tile, device=device)
-                    trial = list(group.segments)
-                    trial[j] = tile
-                    modeled = estimate_group(graph, group.stages, conns, trial, device, segs=segs).modeled_us
-                except (CountBudgetError, PlanError):
-                    continue  # refused by the search's checks: never costed
-                glob, macs, other = work_floor(graph, seg, conns, use.regions)
-                assert glob <= use.global_bytes * (1 + SLACK) + SLACK, (seg, tile, glob, use.global_bytes)
-                assert macs + other <= use.flops_fp32 * (1 + SLACK) + SLACK, (seg, tile, macs, other, use.flops_fp32)
-                floor = floor_us(graph, group.stages, conns, trial, device, segs)
-                assert floor <= modeled + tiles._FLOOR_SLACK, (group.name, tile, floor, modeled)
-                checked += 1
+    for group, segs, seg, tile, trial in candidate_trials(graph, plan, device, limit=40):
+        try:
+            use = segment_use(graph, seg, conns, tile, device=device)
+            modeled = estimate_group(graph, group.stages, conns, trial, device, segs=segs).modeled_us
+        except (CountBudgetError, PlanError):
+            continue  # refused by the search's checks: never costed
+        glob, macs, other = work_floor(graph, seg, conns, use.regions)
+        assert glob <= use.global_bytes * (1 + SLACK) + SLACK, (seg, tile, glob, use.global_bytes)
+        assert macs + other <= use.flops_fp32 * (1 + SLACK) + SLACK, (seg, tile, macs, other, use.flops_fp32)
+        floor = floor_us(graph, group.stages, conns, trial, device, segs)
+        assert floor <= modeled + tiles._FLOOR_SLACK, (group.name, tile, floor, modeled)
+        checked += 1
     return checked
 
 

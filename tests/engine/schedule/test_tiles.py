@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from sched_graphs import candidate_trials
 
 from engine.codegen import generate
 from engine.codegen.count import CountBudgetError
@@ -21,7 +22,6 @@ from engine.schedule.floor import floor_us
 from engine.schedule.pipeline import plan_model
 from engine.schedule.plan import plan_to_json
 from engine.schedule.policies import elementwise
-from engine.tilegraph.tilegraph import segment_sinks, segments_of
 
 SAMPLES = Path(__file__).resolve().parents[3] / "samples"
 MODELS = ["layernorm_residual", "masked_softmax", "conv_bn_relu", "mobilenetv2_block", "lstm", "zoo/decoder_kv"]
@@ -69,20 +69,14 @@ def test_floor_is_below_every_candidates_modeled_time(name, device):
     graph, plan = plan_model(load_graph(SAMPLES / f"{name}.onnx"), "welder", dev)
     conns = {e.key: e.conn for e in plan.edges}
     checked = 0
-    for group in plan.groups:
-        segs = segments_of(graph, group.stages, conns)
-        for j, seg in enumerate(segs):
-            anchor = segment_sinks(graph, seg, conns)[-1]
-            for tile in tiles.candidate_tiles(graph, seg, anchor, dev, "welder"):
-                trial = list(group.segments)
-                trial[j] = tile
-                try:
-                    modeled = estimate_group(graph, group.stages, conns, trial, dev, segs=segs).modeled_us
-                except CountBudgetError:  # a candidate the search refuses: too deep to count
-                    continue
-                floor = floor_us(graph, group.stages, conns, trial, dev, segs)
-                assert floor <= modeled + tiles._FLOOR_SLACK, (group.name, tile, floor, modeled)
-                checked += 1
+    for group, segs, _, tile, trial in candidate_trials(graph, plan, dev):
+        try:
+            modeled = estimate_group(graph, group.stages, conns, trial, dev, segs=segs).modeled_us
+        except CountBudgetError:  # a candidate the search refuses: too deep to count
+            continue
+        floor = floor_us(graph, group.stages, conns, trial, dev, segs)
+        assert floor <= modeled + tiles._FLOOR_SLACK, (group.name, tile, floor, modeled)
+        checked += 1
     assert checked > 20
 
 
