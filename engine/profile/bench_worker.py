@@ -31,12 +31,20 @@ def bench_inputs(graph, model: Path) -> dict[str, np.ndarray]:
 
 
 def ort_session(model: Path, threads: int):
+    """onnxruntime for timing beside our programs in one process. With more than one thread its workers do
+    not spin-wait between runs: the benchmarks interleave onnxruntime and our OpenMP programs, and a worker
+    still spinning after onnxruntime's run holds a core our next program's team needs, so each OpenMP
+    barrier waits out a time slice (2 threads on 2 cores: decoder_kv's welder program 1.29 ms beside a
+    spinning onnxruntime, 0.042 ms beside a parked one, onnxruntime itself 0.135 vs 0.114 ms;
+    benchmarks/RESULTS.md, lead 2026-11-26)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
+    if threads > 1:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
 
 
