@@ -233,10 +233,11 @@ def host_device(*, refresh: bool = False) -> Device:
                 pass  # a damaged or older cache file: probe again and replace it
     busy = _busy_before_probe()
     device = _LOADED[path] = probe_host(threads)
-    if busy:
-        import sys
+    import sys
 
-        # The figures are kept for every later plan: say when they were taken on a busy machine.
+    if busy and sys.stderr.isatty():
+        # The figures are kept for every later plan: tell the user at the terminal when they were taken on
+        # a busy machine (to a terminal only: scripts and test runs parse stderr for one-line errors).
         print(f"warning: host figures measured while {busy} (kept in {path}); rerun `tileweave device host "
               "--refresh` on a quiet machine for figures plans can trust", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)

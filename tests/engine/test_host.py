@@ -166,6 +166,11 @@ def test_a_probe_on_a_busy_machine_says_so(monkeypatch, tmp_path, capsys):
     assert host._busy_before_probe() == "the load average was 6.5 on 2 CPUs"
     monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
     host.host_device(refresh=True)
+    assert capsys.readouterr().err == ""  # not a terminal: scripts and tests read stderr for errors
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    host.host_device(refresh=True)
     err = capsys.readouterr().err
     assert err.startswith("warning: host figures measured while the load average was 6.5 on 2 CPUs")
     assert "tileweave device host --refresh" in err and err.count("\n") == 1
