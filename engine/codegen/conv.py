@@ -227,20 +227,24 @@ def _dot_shaped(kernel: Kernel, p: Phase, lanes: int) -> bool:
     w = c.w
     if not isinstance(w, E.Load) or w.pad is not None or w.dtype != DType.F32 or not w.index:
         return False
-    buf = kernel.buffer(w.tensor)
-    if buf.scope != Scope.GLOBAL or not all(ix.is_affine for ix in w.index):
+    if kernel.buffer(w.tensor).scope != Scope.GLOBAL or not all(ix.is_affine for ix in w.index):
         return False
     # The weight's flat offset steps by one along (channel, tap row, tap column), flattened.
     want = {c.chan_vars[0]: taps, **{v: step for v, step in zip(c.tap_vars, (c.taps[1], 1)) if v}}
-    for var, step in want.items():
-        stride, total = 1, 0
-        for ix, size in zip(reversed(w.index), reversed(buf.shape)):
-            for atom, coeff in ix.terms:
-                if isinstance(atom, I.Var) and atom.name == var:
-                    total += coeff * stride
-                elif var in I.atom_vars(atom):
-                    return False
-            stride *= size
-        if total != step:
-            return False
-    return True
+    return all(flat_stride(kernel, w, var) == step for var, step in want.items())
+
+
+def flat_stride(kernel: Kernel, load: E.Load, var: str) -> int | None:
+    """Elements `load`'s address moves when `var` steps by one; None where var sits inside a
+    non-affine index term (a division, a modulo, an indirect index)."""
+    buf = kernel.buffer(load.tensor)
+    dims = buf.region.extent if buf.scope == Scope.BLOCK else buf.shape
+    stride, total = 1, 0
+    for ix, size in zip(reversed(load.index), reversed(dims)):
+        for atom, coeff in ix.terms:
+            if isinstance(atom, I.Var) and atom.name == var:
+                total += coeff * stride
+            elif var in I.atom_vars(atom):
+                return None
+        stride *= size
+    return total

@@ -9,9 +9,9 @@ import platform
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine.codegen.conv import dot_terms, window_interior
+from engine.codegen.conv import dot_terms, flat_stride, window_interior
 from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kmap, kwalk, substitute_body
-from engine.codegen.kir import Kernel, Phase, Program, Scope, Segment
+from engine.codegen.kir import Kernel, Phase, Program, Segment
 from engine.codegen.printer import BodyWriter, Printer, invariant_values
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -229,8 +229,8 @@ def gemm_in_place(printer: Printer, kernel: Kernel, phase: Phase, which: str) ->
     if which == "a" and g.rows > 1:  # rows over several axes: no single row stride
         return None
     axis = f"i{r - 2}" if which == "a" else f"i{r - 1}"
-    outer = _flat_stride(kernel, load, axis)
-    strides = [_flat_stride(kernel, load, v) for v in g.vars]
+    outer = flat_stride(kernel, load, axis)
+    strides = [flat_stride(kernel, load, v) for v in g.vars]
     if outer is None or None in strides:
         return None
     inner = 1
@@ -260,29 +260,13 @@ def _rows_share_sets(stride: int, bk: int) -> bool:
     return -(-bk // min(offsets, L1_WAY_BYTES // 64)) > B_LINES_PER_SET
 
 
-def _flat_stride(kernel: Kernel, load: E.Load, var: str) -> int | None:
-    """Elements `load`'s address moves when `var` steps by one; None where var sits inside a
-    non-affine index term (a division, a modulo, an indirect index)."""
-    buf = kernel.buffer(load.tensor)
-    dims = buf.region.extent if buf.scope == Scope.BLOCK else buf.shape
-    stride, total = 1, 0
-    for ix, size in zip(reversed(load.index), reversed(dims)):
-        for atom, coeff in ix.terms:
-            if isinstance(atom, I.Var) and atom.name == var:
-                total += coeff * stride
-            elif var in I.atom_vars(atom):
-                return None
-        stride *= size
-    return total
-
-
 def _k_inner(kernel: Kernel, operand, inner: str, outer: str) -> bool:
     """Whether staging `operand` reads memory contiguously with `inner` as the innermost loop rather
     than `outer`: more of its loads step by one element along `inner` than along `outer`."""
     score = 0
     for x in kwalk(operand):
         if isinstance(x, E.Load) and x.index:
-            score += (_flat_stride(kernel, x, inner) == 1) - (_flat_stride(kernel, x, outer) == 1)
+            score += (flat_stride(kernel, x, inner) == 1) - (flat_stride(kernel, x, outer) == 1)
     return score > 0
 
 
@@ -376,7 +360,7 @@ def axpy_sums(kernel: Kernel, body, var: str) -> list[Reduce]:
                 or any(isinstance(x, (Reduce, Guard)) and x is not n for x in kwalk(n.body) if var in free_vars(x)):
             continue
         loads = [x for x in kwalk(n.body) if isinstance(x, E.Load) and x.index and var in free_vars(x)]
-        strides = [(_flat_stride(kernel, x, var), _flat_stride(kernel, x, n.vars[-1])) for x in loads]
+        strides = [(flat_stride(kernel, x, var), flat_stride(kernel, x, n.vars[-1])) for x in loads]
         if loads and all(sv in (1, None) and sk != 1 for sv, sk in strides) and any(sv == 1 for sv, _ in strides):
             found.append(n)
     return found
@@ -934,7 +918,7 @@ class CPrinter(Printer):
 
         # A window row read in place sits a whole channel plane from the next channel's: too far for
         # the hardware's stride prefetchers, so each (channel, row) load would miss to L2/L3.
-        chan = _flat_stride(kernel, c.x, c.chan_vars[-1]) if direct is not None and c.chan_vars else None
+        chan = flat_stride(kernel, c.x, c.chan_vars[-1]) if direct is not None and c.chan_vars else None
         ahead = PREFETCH_CHANNELS * chan if chan and chan * 4 > 1024 else 0
 
         def vector_micro(nc: int, nr: int, nv: int, vw: int, body: list[str]) -> list[str]:
