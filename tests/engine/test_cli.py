@@ -353,6 +353,7 @@ WRITERS = [
     ("partition", "--trace", ("--devices", "2")),
     ("export", "-o", ()),
     ("export", "--annotated-onnx", ()),
+    ("tune", "--export-db", ()),
 ]
 
 
