@@ -102,18 +102,22 @@ def _extents(n: int, base: set[int], align: int = 1) -> list[int]:
     return sorted(out)
 
 
-def reduce_steps(stage: Stage, shape: Sequence[int], threads: int, device: Device) -> list[tuple[int, ...]]:
-    """k steps for a contraction anchor tiled `shape` on `threads`: the default min(32, k) first, then
-    the steps of _STEPS and the whole reduction (up to _WHOLE_K) that the count can tell from it — fewer
-    padded k (ceil(k / s) * s: k = 197 steps by 8 or 197, not 32) or more blocks per SM through smaller
-    staging — each not outdone on both by a smaller one; only steps whose staging fits the device's budget
-    (codegen prints them as recorded, not halved). A contraction reducing more than one axis keeps its
-    default (a direct convolution: its k step is the channel loop's)."""
-    default = tuple(min(32, r) for r in stage.reduce)
-    wide = [d for d, r in enumerate(stage.reduce) if r > 1]
-    if stage.kind != StageKind.CONTRACTION or len(wide) != 1 or len(shape) < 2:
-        return [default] if stage.kind == StageKind.CONTRACTION else [()]
-    k = stage.reduce[wide[0]]
+def reduce_steps(graph: PrimGraph, segment: Sequence[str], stage: Stage, shape: Sequence[int], threads: int,
+                 device: Device) -> list[tuple[int, ...]]:
+    """k steps for the one contraction of a segment anchored at `stage`, tiled `shape` on `threads`: the
+    default first (min(32, r) per reduce axis of a contraction anchor; none for another anchor: codegen's
+    32), then the steps of _STEPS and the whole reduction (up to _WHOLE_K) that the count can tell from
+    it — fewer padded k (ceil(k / s) * s: k = 197 steps by 8 or 197, not 32) or more blocks per SM through
+    smaller staging — each not outdone on both by a smaller one; only steps whose staging fits the
+    device's budget (codegen prints them as recorded, not halved). An anchor inlining the contraction
+    records its step as (s,). A segment with no or several contractions, or one reducing more than one
+    axis (a direct convolution: its k step is the channel loop's), keeps the default."""
+    default = tuple(min(32, r) for r in stage.reduce) if stage.kind == StageKind.CONTRACTION else ()
+    found = [graph.stage(s) for s in segment if graph.stage(s).kind == StageKind.CONTRACTION]
+    wide = [d for d, r in enumerate(found[0].reduce) if r > 1] if len(found) == 1 else []
+    if len(wide) != 1 or len(shape) < 2:
+        return [default]
+    k = found[0].reduce[wide[0]]
     tm, tn, tx, ty = micro_tile(math.prod(shape[:-1]), shape[-1], threads)
     per_k, budget = 4 * (ty * tm + tx * tn), micro_budget(device)
     regs = contraction_regs(math.prod(shape), threads)
@@ -131,7 +135,7 @@ def reduce_steps(stage: Stage, shape: Sequence[int], threads: int, device: Devic
         if s == first or per_k * s > budget.stage_bytes:
             continue
         if padded(s) < least or (padded(s) <= padded(first) and resident(s) > resident(first) and len(out) == 1):
-            out.append(tuple(s if d == wide[0] else r for d, r in enumerate(stage.reduce)))
+            out.append(tuple(s if d == wide[0] else r for d, r in enumerate(stage.reduce)) if stage.name == found[0].name else (s,))
             least = min(least, padded(s))
     return out
 
@@ -177,7 +181,7 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
                     shape = (1, bc, bm, bn)
                 options = (min(256, _r32(elems // 8)),) if gemm else sorted({min(256, _r32(elems)), min(1024, _r32(elems // 4))})
                 for threads in options:
-                    for step in reduce_steps(stage, shape, threads, device):
+                    for step in reduce_steps(graph, segment, stage, shape, threads, device):
                         out.append(make_tile(stage, shape, threads, step))
                 if StageKind.REDUCE in kinds and bm <= 256 and bc == 1:
                     out.append(make_tile(stage, shape, _r32(bm), threads_per_row=1))  # thread per row
