@@ -133,7 +133,8 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     evals = {s: work.evals.get(s, 0.0) / per for s in segment}
     anchor_elems = box_size(regions.stages.get(tile.stage, ()))
     if anchor.kind == StageKind.CONTRACTION:
-        regs = contraction_regs(anchor_elems, tile.threads)
+        acc = -(-anchor_elems // max(1, tile.threads))
+        regs = BASE_REGS + 2 * acc + 8
     else:
         regs = BASE_REGS + 2 * len(segment)
     lines = _read_lines(graph, regions)
@@ -142,12 +143,6 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
                       int(work.shared_bytes / per), (work.flops - work.mma_flops) / per, work.mma_flops / per,
                       work.global_bytes / per, work,
                       completion, work.tiled_flops / per, idle_lanes(work, device) / per)
-
-
-def contraction_regs(elems: int, threads: int) -> int:
-    """Registers per thread the model assumes for a contraction's block of `elems` outputs on `threads`:
-    two per accumulator beside the kernel's own."""
-    return BASE_REGS + 2 * -(-elems // max(1, threads)) + 8
 
 
 def idle_lanes(work, device: Device | None) -> float:

@@ -17,12 +17,12 @@ from engine.codegen.count import CountBudgetError
 from engine.codegen.generate import micro_tile
 from engine.codegen.micro import micro_budget
 from engine.codegen.mma import tf32_allowed
-from engine.device import Device, resident_blocks_per_sm
+from engine.device import Device
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.memo import memo
-from engine.schedule.cost import contraction_regs, estimate_group
+from engine.schedule.cost import estimate_group
 from engine.schedule.floor import floor_us
 from engine.schedule.plan import Candidate, GroupCost, Tile
 from engine.schedule.validate import Violation, check_group, recompute_bound
@@ -106,37 +106,29 @@ def reduce_steps(graph: PrimGraph, segment: Sequence[str], stage: Stage, shape: 
                  device: Device) -> list[tuple[int, ...]]:
     """k steps for the one contraction of a segment anchored at `stage`, tiled `shape` on `threads`: the
     default first (min(32, r) per reduce axis of a contraction anchor; none for another anchor: codegen's
-    32), then the steps of _STEPS and the whole reduction (up to _WHOLE_K) that the count can tell from
-    it — fewer padded k (ceil(k / s) * s: k = 197 steps by 8 or 197, not 32) or more blocks per SM through
-    smaller staging — each not outdone on both by a smaller one; only steps whose staging fits the
-    device's budget (codegen prints them as recorded, not halved). An anchor inlining the contraction
-    records its step as (s,). A segment with no or several contractions, or one reducing more than one
-    axis (a direct convolution: its k step is the channel loop's), keeps the default."""
+    32), then each step of _STEPS and the whole reduction (up to _WHOLE_K) that pads k less than every
+    smaller one and the default (ceil(k / s) * s: k = 197 steps by 8 or 197, not 32; k = 768 by 32 alone)
+    and whose staging fits the device's budget (codegen prints it as recorded, not halved). An anchor
+    inlining the contraction records its step as (s,). A segment with no or several contractions, or one
+    reducing more than one axis (a direct convolution: its k step is the channel loop's), keeps the
+    default. The count tells steps apart by padding and by staging bytes (blocks per SM); a smaller step
+    for fewer staging bytes alone never entered a zoo plan (a100 and host, benchmarks/NOTES.md), so only
+    the padding is searched."""
     default = tuple(min(32, r) for r in stage.reduce) if stage.kind == StageKind.CONTRACTION else ()
     found = [graph.stage(s) for s in segment if graph.stage(s).kind == StageKind.CONTRACTION]
     wide = [d for d, r in enumerate(found[0].reduce) if r > 1] if len(found) == 1 else []
-    if len(wide) != 1 or len(shape) < 2:
+    if len(wide) != 1 or len(shape) < 2 or found[0].reduce[wide[0]] % 32 == 0:
         return [default]
     k = found[0].reduce[wide[0]]
     tm, tn, tx, ty = micro_tile(math.prod(shape[:-1]), shape[-1], threads)
     per_k, budget = 4 * (ty * tm + tx * tn), micro_budget(device)
-    regs = contraction_regs(math.prod(shape), threads)
-    copies = 2 if budget.double_buffer else 1
-
-    def padded(s: int) -> int:
-        return -(-k // s) * s
-
-    def resident(s: int) -> int:
-        return resident_blocks_per_sm(device, threads, regs, copies * per_k * s)[0]
-
     first = min(32, k)
-    out, least = [default], padded(first)
+    out, least = [default], -(-k // first) * first
     for s in sorted({min(s, k) for s in _STEPS} | ({k} if k <= _WHOLE_K else set())):
-        if s == first or per_k * s > budget.stage_bytes:
-            continue
-        if padded(s) < least or (padded(s) <= padded(first) and resident(s) > resident(first) and len(out) == 1):
-            out.append(tuple(s if d == wide[0] else r for d, r in enumerate(stage.reduce)) if stage.name == found[0].name else (s,))
-            least = min(least, padded(s))
+        if -(-k // s) * s < least and per_k * s <= budget.stage_bytes:
+            out.append(tuple(s if d == wide[0] else r for d, r in enumerate(stage.reduce))
+                       if stage.name == found[0].name else (s,))
+            least = -(-k // s) * s
     return out
 
 
