@@ -81,7 +81,7 @@ def _spread(shape: Sequence[int], count: int) -> tuple[int, ...]:
 
 
 # ---- the tile space beyond powers of two ---------------------------------------------------------
-PAD_CUT = 0.125  # a non-power-of-two extent joins the space where it cuts the padded extent by this much
+PAD_CUT = 0.2  # a non-power-of-two extent joins the space where it cuts the padded extent by this much
 _INNER_ALIGN = 8  # innermost-axis extents stay whole 32-byte sectors of fp32
 _STEPS = (8, 16, 32)  # k steps searched beside the whole reduction; 32: the default (the first candidate)
 _WHOLE_K = 256  # the whole reduction is one step up to this many
@@ -90,7 +90,8 @@ _WHOLE_K = 256  # the whole reduction is one step up to this many
 def _extents(n: int, base: set[int], align: int = 1) -> list[int]:
     """`base` (extents of one axis of `n`) plus, for each extent t < n in it, the extent covering `n` in
     as many tiles as t does with the least padding, aligned up to `align`, where that cuts the padded
-    extent ceil(n / t) * t by PAD_CUT or more (197 tokens: 128 pads to 256, 99 to 198; 50 for 64)."""
+    extent ceil(n / t) * t by PAD_CUT or more (197 tokens: 128 pads to 256, 99 to 198; 50 for 64; 65 tokens:
+    33 for 64, 22 for 32, not 13 for 16: 80 to 65 is under a fifth)."""
     out = set(base)
     for t in base:
         if t < n:

@@ -125,7 +125,8 @@ def test_candidates_on_odd_shapes_cover_validate_and_print_as_recorded(m, k, n, 
 def test_extents_cover_an_odd_axis_with_less_padding():
     got = tiles._extents(197, {1, 2, 4, 8, 16, 32, 64, 128, 197})
     assert {99, 50} <= set(got) and 29 not in got  # 7 tiles of 32 pad 224, of 29 203: under PAD_CUT
-    assert tiles._extents(197, {32, 64, 128, 197}, 8) == [32, 56, 64, 104, 128, 197]
+    assert tiles._extents(65, {32, 64, 65}, 8) == [24, 32, 40, 64, 65]  # 3 x 24 = 72, 2 x 40 = 80 (96, 128)
+    assert tiles._extents(197, {32, 64, 128, 197}, 8) == [32, 64, 128, 197]  # 2 x 104 = 208: under a fifth
     assert tiles._extents(256, {32, 64, 128, 256}) == [32, 64, 128, 256]  # powers of two divide it: nothing new
 
 
