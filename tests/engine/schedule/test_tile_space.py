@@ -79,10 +79,24 @@ def _covers_once(shape, t) -> bool:
 odd = st.integers(3, 120).map(lambda v: 2 * v + 1)  # 7 .. 241, odd (197 among them)
 
 
+ODD_GEMMS = dict(m=odd, k=st.integers(5, 300), n=odd, batch=st.sampled_from([1, 3]), epilogue=st.booleans(),
+                 device=st.sampled_from(["host", "a100"]), data=st.data())
+
+
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(m=odd, k=st.integers(5, 300), n=odd, batch=st.sampled_from([1, 3]), epilogue=st.booleans(),
-       device=st.sampled_from(["host", "a100"]), data=st.data())
+@given(**ODD_GEMMS)
 def test_candidates_on_odd_shapes_cover_validate_and_print_as_recorded(m, k, n, batch, epilogue, device, data):
+    _check_odd_gemm(m, k, n, batch, epilogue, device, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**ODD_GEMMS)
+def test_many_odd_shapes(m, k, n, batch, epilogue, device, data):
+    _check_odd_gemm(m, k, n, batch, epilogue, device, data)
+
+
+def _check_odd_gemm(m, k, n, batch, epilogue, device, data):
     dev = get_device(device)
     with tempfile.TemporaryDirectory() as tmp, Caches("tile-space").active():
         path = _gemm_model(Path(tmp) / "g.onnx", m, k, n, batch, epilogue, seed=m * n + k)
