@@ -114,7 +114,8 @@ def describe_edit(edit: Edit) -> str:
         return f"split at {a['producer']} → {a['consumer']}"
     if edit.kind == "set_tile":
         shape = fmt_shape(tuple(a.get("shape", ()))) if a.get("shape") else "—"
-        return f"set_tile {a.get('stage', a.get('group_stage'))}: tile {shape}, {a.get('threads')} threads"
+        step = f", k step {fmt_shape(tuple(a['reduce_step']))}" if a.get("reduce_step") else ""
+        return f"set_tile {a.get('stage', a.get('group_stage'))}: tile {shape}, {a.get('threads')} threads{step}"
     return f"{edit.kind} " + ", ".join(f"{k}={v}" for k, v in edit.args)
 
 

@@ -339,6 +339,19 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroB
     bm, bn = math.prod(region.extent[region.rank - 1 - rows:region.rank - 1]), region.extent[-1]
     k = math.prod(extents)
     bk = max(1, min(step, k))
+    tm, tn, tx, ty = micro_tile(bm, bn, threads)
+    if tm * tn > budget.accumulators or threads % tx:
+        return None
+    while bk > 4 and 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
+        bk //= 2
+    if 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
+        return None
+    return Gemm(a, b, target, tuple(names), tuple(extents), bm, bn, bk, tm, tn, tx, ty, rows)
+
+
+def micro_tile(bm: int, bn: int, threads: int) -> tuple[int, int, int, int]:
+    """(tm, tn, tx, ty): the block's threads as tx (a power of two) x ty over a bm x bn GEMM tile, each
+    with a tm x tn micro-tile, the fewest accumulators per thread (then the fewest operand loads)."""
     best = None
     tx = 1
     while tx <= threads:
@@ -348,14 +361,7 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroB
         if best is None or key < best[0]:
             best = (key, tm, tn, tx, ty)
         tx *= 2
-    _, tm, tn, tx, ty = best
-    if tm * tn > budget.accumulators or threads % tx:
-        return None
-    while bk > 4 and 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
-        bk //= 2
-    if 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
-        return None
-    return Gemm(a, b, target, tuple(names), tuple(extents), bm, bn, bk, tm, tn, tx, ty, rows)
+    return best[1:]
 
 
 def _gemm_operands(p: Phase, graph: PrimGraph, rank: int, rows: int) -> tuple | None:

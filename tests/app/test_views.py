@@ -17,12 +17,12 @@ from app.views.dot import CONN_STYLE, legend_dot, plan_to_dot
 from app.views.fmt import fmt_bytes
 from app.views.layers import find_layers, matching_edges, repeated_layers
 from app.views.simt import simt_finding_rows, simt_traffic_rows, simt_verdict
-from app.views.tables import edge_rows, model_summary, verdict_text
+from app.views.tables import describe_edit, edge_rows, model_summary, verdict_text
 from app.views.timeline import timeline_figure
 from engine.api import load_graph
 from engine.rprogram.model import ROperator, RProgram, RTask, Step, Variant, VDevice
 from engine.runtime.simt.report import Finding, KernelTraffic
-from engine.schedule.plan import Conn, components
+from engine.schedule.plan import Conn, Edit, components
 from engine.schedule.policies import make_plan
 
 
@@ -210,3 +210,9 @@ def test_kernel_source_is_clipped_to_its_first_lines():
     shown, hidden = clip_source("".join(lines), 300)
     assert shown == "".join(lines[:300]) and hidden == len(lines) - 300
     assert clip_source("".join(lines[:40]), 300) == ("".join(lines[:40]), 0)
+
+
+def test_set_tile_edits_name_their_k_step():
+    with_step = Edit.make("set_tile", stage="mm", shape=[99, 64], threads=256, reduce_step=[197])
+    assert describe_edit(with_step).endswith("256 threads, k step 197")
+    assert "k step" not in describe_edit(Edit.make("set_tile", stage="mm", shape=[99, 64], threads=256))
