@@ -1,7 +1,8 @@
 """Hardware traffic per kernel against the cost model's, on an attached GPU through Nsight Compute: each
 prepared variant (`bench_cost_model.py --device gpu --store DIR` writes DIR/MODEL.pkl) run once under
 `ncu`, which replays every kernel with cold caches and reads its DRAM and L2 bytes and duration; the
-table puts them beside the plan's modeled DRAM and L2 traffic per kernel.
+table puts them beside the plan's modeled DRAM (its cold figure: the kernel's DRAM plus what the L2 residency
+model serves from L2, `GroupCost.l2_warm_bytes`) and L2 traffic per kernel.
 
     python benchmarks/gpu_counters.py --store DIR [--models bert,convnext] [--policies welder] [--json OUT]
     python benchmarks/gpu_counters.py --store DIR --program [--models lstm,nerf,bert] ...
@@ -116,7 +117,9 @@ def main() -> int:
                 continue
             total = {"mdram": 0.0, "dram": 0.0, "ml2": 0.0, "l2": 0.0}
             for g in plan.groups:
-                c, t = got.get(g.name, {}), g.cost.traffic_bytes if g.cost else {}
+                c, t = got.get(g.name, {}), dict(g.cost.traffic_bytes) if g.cost else {}
+                if g.cost and not args.program:  # replayed alone with cold caches: nothing is warm in L2
+                    t["dram"] = t.get("dram", 0) + g.cost.l2_warm_bytes
                 dram = c.get("dram__bytes_read.sum", 0) + c.get("dram__bytes_write.sum", 0)
                 row = {"model": store.stem, "policy": policy, "kernel": g.name, "modeled_dram": t.get("dram", 0),
                        "caches": "warm between kernels" if args.program else "cold per kernel",
