@@ -15,21 +15,21 @@ from collections.abc import Mapping, Sequence
 
 from engine.device import Device
 from engine.ir.graph import PrimGraph
-from engine.schedule.cost import LINE, at_kernel_block, estimate_group, nbytes, segment_use
+from engine.schedule import cost as C
+from engine.schedule.cost import LINE, estimate_group, nbytes
 from engine.schedule.plan import Conn, Group, Plan
 from engine.tilegraph.tilegraph import segments_of
 
 
-def kernel_touches(graph: PrimGraph, group: Group, conns: Mapping, device: Device) -> tuple[dict[str, int], set[str]]:
+def kernel_touches(graph: PrimGraph, group: Group, conns: Mapping) -> tuple[dict[str, int], set[str]]:
     """(bytes a kernel reads of each tensor from outside it, capped at the tensor's size; tensors it stores
     to global memory, whole: read outside it, a model output, or behind one of its grid barriers)."""
     members = set(group.stages)
     segs = segments_of(graph, group.stages, conns)
     read: dict[str, int] = {}
-    for seg, tile in zip(segs, at_kernel_block(group.segments)):
-        use = segment_use(graph, seg, conns, tile, exact=True, device=device)
+    for seg, tile in zip(segs, group.segments):  # the regions `estimate_group` reads, without the kernel IR
         per_block = tile.blocks / max(1, tile.row_split)
-        for t, lines in use.read_lines.items():
+        for t, lines in C._read_lines(graph, C.segment_regions(graph, seg, conns, tile)).items():
             if t not in members:
                 read[t] = min(nbytes(graph, t), read.get(t, 0) + int(lines * LINE * per_block))
     written = {s for s in group.stages
@@ -48,7 +48,7 @@ def warm_inputs(graph: PrimGraph, groups: Sequence[Group], conns: Mapping, devic
     lru: OrderedDict[str, tuple[int, bool]] = OrderedDict()  # tensor -> (bytes held, whole), LRU first
     out = []
     for g in groups:
-        read, written = kernel_touches(graph, g, conns, device)
+        read, written = kernel_touches(graph, g, conns)
         out.append(frozenset(t for t in read if lru.get(t, (0, False))[1]))
         for t, b in read.items():
             held, whole = lru.pop(t, (0, False))

@@ -33,7 +33,7 @@ def test_a_warm_input_was_left_whole_by_an_earlier_kernel(name, policy):
     touched: dict[str, bool] = {}  # tensor -> left whole by some earlier kernel
     warm_any = False
     for g, warm in zip(plan.groups, warm_inputs(graph, plan.groups, conns, A100)):
-        read, written = kernel_touches(graph, g, conns, A100)
+        read, written = kernel_touches(graph, g, conns)
         for t in warm:
             assert touched.get(t), f"{g.name}: {t} warm, but no earlier kernel wrote it or read all of it"
         assert g.cost.l2_warm == tuple(sorted(warm))
@@ -84,9 +84,9 @@ def test_lstm_recurrent_weight_stays_in_l2_across_steps():
     assert floor <= plan.dram_bytes <= 2 * floor, plan.dram_bytes / floor
     conns = {e.key: e.conn for e in plan.edges}
     for g in plan.groups:  # per kernel with caches cold: each outside input at most once
-        read, written = kernel_touches(planned, g, conns, A100)
+        read, written = kernel_touches(planned, g, conns)
         assert g.cost.traffic_bytes["dram"] + g.cost.l2_warm_bytes <= sum(nbytes(planned, t) for t in {*read, *written})
     weights = set(planned.weights)
-    cold_weight_reads = [t for g in plan.groups for t in kernel_touches(planned, g, conns, A100)[0]
+    cold_weight_reads = [t for g in plan.groups for t in kernel_touches(planned, g, conns)[0]
                          if t in weights and t not in g.cost.l2_warm]
     assert len(cold_weight_reads) == len(set(cold_weight_reads)), "a weight read from DRAM by two kernels"
