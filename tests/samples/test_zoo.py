@@ -152,7 +152,7 @@ FAST_WELDER = {"resnet", "nerf", "decoder_kv"}
 
 
 def _floor_cell(name: str, policy: str):
-    slow = policy == "welder" and name not in FAST_WELDER
+    slow = (name, policy) not in DEFAULT_CELLS or (policy == "welder" and name not in FAST_WELDER)
     return pytest.param(name, policy, marks=[pytest.mark.slow] if slow else [], id=f"{name}-{policy}")
 
 
