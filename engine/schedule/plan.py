@@ -319,7 +319,8 @@ def _group(g: dict) -> Group:
         segments=tuple(_tile(t) for t in g["segments"]), reason=g["reason"], score=g.get("score"),
         candidates=tuple(Candidate(_tile(c["tile"]), c["score"], c["traffic_bytes"], c["waves"])
                          for c in g.get("candidates", ())),
-        cost=GroupCost(**{**cost, "l2_warm": tuple(cost.get("l2_warm", ()))}) if cost else None, measured_us=_measured(g.get("measured_us")),
+        cost=GroupCost(**{**cost, "l2_warm": tuple(cost.get("l2_warm", ()))}) if cost else None,
+        measured_us=_measured(g.get("measured_us")),
     )
 
 
