@@ -17,7 +17,7 @@ from app.views.dot import CONN_STYLE, legend_dot, plan_to_dot
 from app.views.fmt import fmt_bytes
 from app.views.layers import find_layers, matching_edges, repeated_layers
 from app.views.simt import simt_finding_rows, simt_traffic_rows, simt_verdict
-from app.views.tables import describe_edit, edge_rows, model_summary, verdict_text
+from app.views.tables import describe_edit, edge_rows, group_detail, model_summary, verdict_text
 from app.views.timeline import timeline_figure
 from engine.api import load_graph
 from engine.rprogram.model import ROperator, RProgram, RTask, Step, Variant, VDevice
@@ -149,6 +149,20 @@ def test_summary_and_rows_follow_the_graph(gelu):
     assert [r["connection"] for r in rows].count("register") == 1 and len(rows) == len(gelu.edges)
     assert verdict_text(3e-6, 1e-3)[0] and "matches reference, max rel err 3.00e-06" in verdict_text(3e-6, 1e-3)[1]
     assert not verdict_text(0.5, 1e-3)[0]
+
+
+def test_group_detail_names_the_inputs_read_from_l2(gelu):
+    """A kernel of the unfused plan (a100) that reads what the kernel before it wrote says so, with the
+    DRAM the residency model saved; the first kernel reads only the model's input, cold."""
+    from engine.device import get_device
+
+    plan = make_plan(gelu, "unfused", get_device("a100"))
+    key = "read from L2, left by earlier kernels"
+    first, warm = plan.groups[0], [g for g in plan.groups if g.cost.l2_warm]
+    assert key not in group_detail(gelu, first) and warm
+    detail = group_detail(gelu, warm[0])
+    assert detail[key].startswith(", ".join(warm[0].cost.l2_warm))
+    assert fmt_bytes(warm[0].cost.l2_warm_bytes) in detail[key]
 
 
 
