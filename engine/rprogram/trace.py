@@ -110,6 +110,8 @@ def write_trace(programs: RProgram | Sequence[RProgram], path: str | Path, *, tr
         raise RProgramError(f"trace breaks {len(problems)} rule(s), first: {problems[0]}")
     path = Path(path)
     try:
+        if not path.parent.is_dir():
+            raise FileNotFoundError(2, "No such file or directory")
         write_atomic(path, json.dumps(trace).encode())
     except OSError as err:
         raise RProgramError(f"{path}: cannot write the trace ({err.strerror})", hint="check the folder") from None
