@@ -1,0 +1,313 @@
+"""The C target's passes: a Kernel and the vector lanes of the CPU it runs on in, the same Kernel with the
+C printer's choices recorded out — direct-conv register blocking (Conv.lanes/chunk/...), the GEMM
+micro-kernel and its operands read in place, GEMV mode and B panels (Gemm.c_rows/.../panel), and how
+OpenMP shares each segment's tiles (Segment.omp). `c_decisions` runs them; the C printer renders the
+fields and decides nothing. Each pass is a pure function of the IR and the lanes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+from engine.codegen.conv import flat_stride
+from engine.codegen.kexpr import Reduce, free_vars, kwalk
+from engine.codegen.kir import Kernel, Phase, Program, Segment
+from engine.device import Device
+from engine.ir import expr as E
+from engine.ir.dtypes import DType
+
+# ---- OpenMP: which segments get a team ------------------------------------------------------------
+
+# Element-steps below which a C segment runs serially. On an idle machine (2 threads, vectorised
+# a*x+b) an OpenMP parallel loop costs ~3 us over the serial one and breaks even near 64 K
+# element-steps; but on a shared machine every parallel loop may wait a whole time slice (~8 ms) for
+# a descheduled thread at its end: at 64 K, lstm's 30 per-step segments went parallel and its median
+# run took 264 ms instead of 20 ms. So only segments well past break-even get a team.
+SERIAL_WORK = 1 << 19
+STREAM_WORK = 1 << 17  # element-steps from which a weight-streaming GEMV segment splits statically
+TRANSCENDENTAL_STEPS = 8  # element-steps one exp/tanh/erf/log/pow/sqrt/... counts for
+_EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos"}
+
+# ---- the GEMM micro-kernel -------------------------------------------------------------------------
+
+# GEMM_ROWS x GEMM_COLS partial sums in registers (four AVX-512 vectors, eight AVX2 ones). Measured on
+# the host (Zen 4, one thread, bert's 128x768x768 GEMM, 64x64 blocks, k step 32): 4x16 1.70 ms, 8x16
+# 1.80, 16x16 2.0, 4x32 3.1, 4x64 2.4, 8x32 2.5; the rank-1 updates of the whole block through memory
+# 3.5; AVX2 only (target no-avx512f) 4x16 3.9. Wider chunks than one vector per row lose: GCC no
+# longer keeps every partial sum in a register. (Measured at 16 and 8 lanes only: both take 4x16.)
+GEMM_ROWS = 4
+GEMM_COLS = 16
+# Tiles of at most GEMV_ROWS rows with B contiguous along k run as dot products of GEMV_LANES
+# partial sums (several independent vector accumulators, so the FMA latency overlaps).
+GEMV_ROWS = 4
+GEMV_LANES = 32
+PANEL_BYTES = 4 << 20  # largest per-thread B panel a C GEMM keeps across tiles
+MAX_LINE = 16384  # floats of one per-tile line cache or dot-product row (on the stack of an OpenMP thread)
+# L1 data cache geometry (32 KiB, 8 ways, 64-byte lines: one way spans 4 KiB) and the most lines of
+# one k step of B that may share a set while the micro-kernel's row groups reread them.
+L1_WAY_BYTES = 4096
+B_LINES_PER_SET = 4
+
+
+def c_lanes(device: Device) -> int:
+    """fp32 lanes of the vector registers the C kernels are built for: the host's measured figure for a
+    CPU device; for a GPU's plan run on this CPU, what the C compiler targets here (-march=native: its
+    predefined macros, the host probe's rule)."""
+    if device.kind == "cpu" and device.vector_lanes > 1:
+        return device.vector_lanes
+    from engine.codegen.ccompile import compiler_lanes
+
+    return compiler_lanes()
+
+
+def c_decisions(kernel: Kernel, lanes: int) -> Kernel:
+    """The C printer's choices for `kernel` on a CPU with `lanes`-float vectors, recorded in its IR:
+    `block_convs`, `block_gemms`, `schedule_segments` (run after conv.conv_dot_products, whose convs
+    keep their dot-product form)."""
+    return dataclasses.replace(schedule_segments(block_gemms(block_convs(kernel, lanes))), c_lanes=lanes)
+
+
+def for_c(program: Program) -> Program:
+    """`program` with `c_decisions` taken for every kernel that has not had them (a CUDA program
+    printed as C: the golden sources, the DUMP_DIR trail), for this CPU's compiler's lanes."""
+    if all(k.c_lanes for k in program.kernels):
+        return program
+    from engine.codegen.ccompile import compiler_lanes
+
+    lanes = compiler_lanes()
+    return dataclasses.replace(program, kernels=tuple(k if k.c_lanes else c_decisions(k, lanes)
+                                                      for k in program.kernels))
+
+
+def _map_phases(kernel: Kernel, fn: Callable[[Kernel, Phase], dict | None]) -> Kernel:
+    """`kernel` with the fields fn(stripped kernel, stripped phase) returns set on each phase's gemm or
+    conv (None: unchanged): decisions are taken on what the printer renders (no Inlined markers); the
+    markers stay in the kernel."""
+    bare = kernel.stripped()
+    segments = []
+    for seg, bseg in zip(kernel.segments, bare.segments):
+        phases = []
+        for p, bp in zip(seg.phases, bseg.phases):
+            fields = fn(bare, bp)
+            if fields is not None:
+                p = (dataclasses.replace(p, gemm=dataclasses.replace(p.gemm, **fields)) if p.gemm is not None
+                     else dataclasses.replace(p, conv=dataclasses.replace(p.conv, **fields)))
+            phases.append(p)
+        segments.append(dataclasses.replace(seg, phases=tuple(phases)))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+# ---- direct convolutions ----------------------------------------------------------------------------
+
+
+def block_convs(kernel: Kernel, lanes: int) -> Kernel:
+    """Each window-form convolution's register blocking for `lanes`-float vectors: output columns per
+    chunk (`conv_chunk`), output channels (`conv_channels`) and rows (`conv_rows`) per block of partial
+    sums, or output channels in the lanes (`by_channel`); convs marked for dot products keep theirs."""
+    def block(bare: Kernel, p: Phase) -> dict | None:
+        c = p.conv
+        if c is None or c.dot_lanes:
+            return None
+        co, oh, ow = c.out
+        v = conv_chunk(ow, lanes)
+        nc = 1 if c.depthwise else conv_channels(v, co, lanes)
+        by_channel = (not c.depthwise and c.taps == (1, 1) and c.strides == (1, 1) and oh * ow < lanes <= co)
+        return {"lanes": lanes, "chunk": v, "chunk_channels": nc, "chunk_rows": conv_rows(v, oh, nc, lanes),
+                "lone_rows": conv_rows(v, oh, 1, lanes), "by_channel": by_channel}
+
+    return _map_phases(kernel, block) if kernel.convs else kernel
+
+
+def conv_chunk(cols: int, lanes: int) -> int:
+    """Output columns a C convolution keeps in registers at once. With AVX-512 (16 lanes): one or two
+    vectors (16 or 32 columns), the wider unless it pads more, 8 for narrow tiles. Otherwise (GCC keeps
+    up to four AVX2 vectors of partial sums in registers across the channel and tap loops): the widest
+    divisor of the tile's columns from 8 to 32 (no partial chunk, whose variable trip count sends the
+    sums to memory), else the widest of 32/24/16 whose padding wastes at most an eighth, else 8.
+    Measured on conv_bn_relu / mobilenetv2_block (one thread, Zen 4): AVX-512 blocking 460 / 2980 us
+    against 529 / 3880 us held to AVX2."""
+    if lanes == 16:
+        if cols <= 8:
+            return 8
+        return 32 if -(-cols // 32) * 32 <= -(-cols // 16) * 16 else 16
+    for v in range(min(cols, 32), 7, -1):
+        if cols % v == 0:
+            return v
+    for v in (32, 24, 16):
+        if -(-cols // v) * v - cols <= cols / 8:
+            return v
+    return 8
+
+
+def conv_channels(cols: int, out_channels: int, lanes: int) -> int:
+    """Output channels a C convolution updates together per chunk of `cols` columns (each loaded
+    window vector feeds one FMA per channel): channels x ceil(cols / lanes) partial-sum vectors plus
+    one broadcast weight per channel in 24 of AVX-512's 32 registers (8, 4 or 2 channels;
+    mobilenetv2_block's 1x1 conv one thread 770 -> 445 us from 4 to 8) or 12 of AVX2's 16 (4 or 2;
+    the window loads and addresses need the rest: more spills)."""
+    nv = -(-cols // lanes)
+    if lanes == 16:  # 32 registers
+        return next((n for n in (8, 4, 2) if n <= out_channels and n * nv + n <= 24), 1)
+    return next((n for n in (4, 2) if n <= out_channels and n * nv + n <= 12), 1)
+
+
+def conv_rows(cols: int, out_rows: int, channels: int, lanes: int) -> int:
+    """Output rows a C convolution updates together per chunk of `cols` columns and `channels`
+    channels: enough independent partial-sum vectors (channels x rows x ceil(cols / lanes)) to cover
+    the FMA latency x throughput (4 x 2 on current x86 cores), at most 12 AVX2 registers (the
+    broadcast weights and loads need the rest), and no more rows than the tile has. With AVX-512 a
+    micro-tile of several channels takes one row (each row adds its own window loads: conv_bn_relu
+    one thread 455 us at one row, 490 at two, 559 at three) and a lone channel up to 8 vectors."""
+    nv = -(-cols // lanes)
+    if lanes == 16:
+        return 1 if channels > 1 else max(1, min(4, 8 // nv, out_rows))
+    return max(1, min(4, 12 // (channels * nv), out_rows))
+
+
+# ---- tiled GEMMs ------------------------------------------------------------------------------------
+
+
+def block_gemms(kernel: Kernel) -> Kernel:
+    """Each tiled GEMM's C micro-kernel: GEMM_ROWS x GEMM_COLS register blocks (the tail rows over the
+    widest of 4, 2, 1 x GEMM_COLS columns dividing the padded row), which factors are read in place
+    (`in_place_strides`), dot products over k (GEMV) for tiles of at most GEMV_ROWS rows whose B is
+    contiguous along k, and per segment the GEMMs that keep B in per-thread panels (`panel_gemms`)."""
+    if not kernel.gemms:
+        return kernel
+
+    def block(bare: Kernel, p: Phase) -> dict | None:
+        g = p.gemm
+        if g is None:
+            return None
+        ldb = -(-g.bn // GEMM_COLS) * GEMM_COLS
+        wide = next(c for c in (4 * GEMM_COLS, 2 * GEMM_COLS, GEMM_COLS) if ldb % c == 0)
+        a_in, b_in = in_place_strides(bare, p, "a"), in_place_strides(bare, p, "b")
+        gemv = 0
+        if b_in is not None and b_in[1] == 1 and g.bm <= GEMV_ROWS and g.bm * g.k <= MAX_LINE:
+            gemv = GEMV_LANES
+        elif b_in is not None and (b_in[0] != 1 or (g.bm > GEMM_ROWS and _rows_share_sets(b_in[1], g.bk))):
+            b_in = None
+        return {"c_rows": GEMM_ROWS, "c_cols": GEMM_COLS, "c_wide": wide, "a_in": a_in or (), "b_in": b_in or (),
+                "gemv": gemv}
+
+    kernel = _map_phases(kernel, block)
+    bare = kernel.stripped()
+    segments = []
+    for seg, bseg in zip(kernel.segments, bare.segments):
+        stages, axis = panel_gemms(bare, bseg)
+        if stages:
+            seg = dataclasses.replace(seg, panel_axis=axis, phases=tuple(
+                dataclasses.replace(p, gemm=dataclasses.replace(p.gemm, panel=True)) if p.stage in stages else p
+                for p in seg.phases))
+        segments.append(seg)
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def in_place_strides(kernel: Kernel, phase: Phase, which: str) -> tuple[int, int] | None:
+    """(elements one step of its row (a) / column (b) axis moves it, elements one step of flat k moves
+    it) of factor `which` when it is one float load with no pad guard whose address is affine in that
+    axis and in flat k — nothing computed in the load, so reading it in place gives the same value as
+    staging it; else None. `kernel` without Inlined markers (Kernel.stripped)."""
+    g = phase.gemm
+    load = g.a if which == "a" else g.b
+    if not isinstance(load, E.Load) or load.pad is not None or not load.index or load.dtype != DType.F32:
+        return None
+    if kernel.buffer(load.tensor).dtype != DType.F32:
+        return None
+    r = phase.region.rank
+    if which == "a" and g.rows > 1:  # rows over several axes: no single row stride
+        return None
+    outer = flat_stride(kernel, load, f"i{r - 2}" if which == "a" else f"i{r - 1}")
+    strides = [flat_stride(kernel, load, v) for v in g.vars]
+    if outer is None or None in strides:
+        return None
+    inner = 1
+    for s, n in zip(reversed(strides), reversed(g.extents)):
+        if s != strides[-1] * inner:  # k's variables must flatten to one affine step
+            return None
+        inner *= n
+    return outer, strides[-1]
+
+
+def _rows_share_sets(stride: int, bk: int) -> bool:
+    """Whether the bk rows of B read in place `stride` floats apart crowd into too few L1 sets for
+    the next row group to find them there: rows a multiple of 4 KiB apart all fall in one set.
+    Measured on bert's 16x256 tiles of B [768, 3072] (rows 12 KiB apart): in place 18.1 ms for
+    the kernel against 9.6 staged; rows 1.5 KiB apart (vit's 384-wide B) gain from it."""
+    offsets = L1_WAY_BYTES // math.gcd(4 * abs(stride), L1_WAY_BYTES) if stride else 1
+    return -(-bk // min(offsets, L1_WAY_BYTES // 64)) > B_LINES_PER_SET
+
+
+def panel_gemms(kernel: Kernel, seg: Segment) -> tuple[set[str], int]:
+    """(stages, tile axis): GEMM phases of `seg` (blocked by `block_gemms`) whose B is staged and
+    depends on the column tile alone (a weight), each then staging B's whole k range for one column
+    tile into a per-thread panel when a thread's tile moves to another column tile instead of per
+    tile, the tiles walked column tile by column tile along that axis. bert's FFN1 (16-row tiles of
+    LayerNorm + 768x3072 GEMM) restaged its 786 KB column panel 96 times per run, 8x what it reads."""
+    if seg.ntiles < 2 or any(p.region.table for p in seg.phases) \
+            or any(b.region is not None and b.region.table for b in kernel.locals):
+        return set(), -1
+    found, axes = set(), set()
+    for p in seg.phases:
+        g = p.gemm
+        if g is None or p.region.flat or g.gemv or g.b_in:
+            continue
+        r = p.region.rank
+        span = p.region.spans[-1] if p.region.spans else None
+        moves = [k for k, c in enumerate(span.coeffs) if c] if span is not None else []
+        ldb = -(-g.bn // g.c_cols) * g.c_cols
+        if span is None or span.clamp or len(moves) != 1 or p.region.tiles[moves[0]] >= p.region.ntiles \
+                or not free_vars(g.b) <= {f"i{r - 1}", *g.vars} or g.k * ldb * 4 > PANEL_BYTES:
+            continue
+        found.add(p.stage)
+        axes.add(moves[0])
+    if len(axes) != 1:
+        return set(), -1
+    return found, axes.pop()
+
+
+# ---- OpenMP -------------------------------------------------------------------------------------------
+
+
+def schedule_segments(kernel: Kernel) -> Kernel:
+    """How OpenMP shares each segment's tiles. "serial": under SERIAL_WORK element-steps the calling
+    thread runs them (waking a team costs more than it saves). "static": a matrix-vector product
+    streaming a weight too big for one core's L1 but not for the cores' L2s together (lstm's 1 MB
+    recurrent weight, once per step), from STREAM_WORK: every step each thread reads the same part of
+    the weight, from its own L2. Else "guided": on a shared machine one thread may be descheduled for a
+    whole time slice; with a static split the others then wait at the loop's end for its half of the
+    tiles (~8 ms per kernel on 2 busy cores), with guided chunks they take its tiles instead; unlike
+    dynamic (one tile per grab) it pays no atomic per tile (512 row tiles of LayerNorm ~1.5x slower)."""
+    segments = []
+    for seg, bseg in zip(kernel.segments, kernel.stripped().segments):
+        work = segment_work(bseg)
+        if _streams_weight(seg) and work >= STREAM_WORK:
+            omp = "static"
+        else:
+            omp = "serial" if work < SERIAL_WORK else "guided"
+        segments.append(dataclasses.replace(seg, omp=omp, work=work))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def _streams_weight(seg: Segment) -> bool:
+    """A segment holding a tiled GEMM of at most GEMV_ROWS rows per block (run as dot products)."""
+    return any(p.gemm is not None and p.gemm.bm <= GEMV_ROWS for p in seg.phases) and seg.ntiles > 1
+
+
+def segment_work(seg: Segment) -> int:
+    """Element-steps of a segment: per phase, elements per tile times the reduction length (inlined
+    reductions and tiled GEMM k included) times the body's weight (transcendentals count
+    TRANSCENDENTAL_STEPS each), times the tiles."""
+    total = 0
+    for p in seg.phases:
+        elems = p.region.flat or math.prod(p.region.extent)
+        steps = math.prod(p.reduce) if p.reduce else 1
+        steps += sum(math.prod(r.extents) for r in kwalk(p.body) if isinstance(r, Reduce))
+        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * sum(map(transcendental, kwalk(p.body))))
+    return total * seg.ntiles
+
+
+def transcendental(n) -> bool:
+    return (isinstance(n, E.Unary) and n.op in _EXPENSIVE) or (isinstance(n, E.Binary) and n.op == "pow")
