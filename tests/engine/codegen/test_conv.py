@@ -21,9 +21,9 @@ from support import max_rel_error  # noqa: E402
 
 from engine.api import load_graph  # noqa: E402
 from engine.codegen.coarsen import coarsen_for_c  # noqa: E402
+from engine.codegen.ctarget import conv_channels, conv_chunk, conv_rows  # noqa: E402
 from engine.codegen.generate import generate  # noqa: E402
 from engine.codegen.nvrtc import compile_cuda  # noqa: E402
-from engine.codegen.ctarget import conv_channels, conv_chunk, conv_rows  # noqa: E402
 from engine.codegen.targets import render_c, render_cuda  # noqa: E402
 from engine.device import get_device  # noqa: E402
 from engine.runtime.cpu import _im2col_call, _library_call, bind_buffers, compile_program_c, run_cpu  # noqa: E402
