@@ -459,7 +459,7 @@ def test_conv_on_few_pixels_runs_as_dot_products(tmp_path, monkeypatch, case, la
     import engine.codegen.generate as gen
 
     x_shape, co, kernel, attrs, tile, staged = DOT_CASES[case]
-    monkeypatch.setattr(gen, "_c_lanes", lambda device: lanes)
+    monkeypatch.setattr(gen, "c_lanes", lambda device: lanes)
     g = load_graph(_dot_model(tmp_path / "dot.onnx", x_shape, co, staged=staged, kernel=kernel, **attrs))
     program = generate(_plan(g, tile), g, target="c")
     (conv,) = [p.conv for p in _phases(program) if p.conv is not None]
@@ -486,7 +486,7 @@ def test_dot_products_only_where_they_fit(tmp_path, monkeypatch, why):
     staging would repeat it per tap), a depthwise conv."""
     import engine.codegen.generate as gen
 
-    monkeypatch.setattr(gen, "_c_lanes", lambda device: 16)
+    monkeypatch.setattr(gen, "c_lanes", lambda device: 16)
     x_shape, kernel, attrs, tile, staged = {
         "few_terms": ((1, 12, 2, 2), (1, 1), {}, (1, 8, 2, 2), False),
         "many_pixels": ((1, 32, 4, 4), (1, 1), {}, (1, 8, 4, 4), False),
