@@ -12,11 +12,13 @@ import math
 from collections.abc import Callable
 
 from engine.codegen.conv import flat_stride
-from engine.codegen.kexpr import Reduce, free_vars, kwalk
-from engine.codegen.kir import Kernel, Phase, Program, Segment
+from engine.codegen.kexpr import Guard, Reduce, free_vars, kwalk, substitute_body
+from engine.codegen.kir import Kernel, Phase, Program, RowCache, Segment
 from engine.device import Device
 from engine.ir import expr as E
+from engine.ir import index as I
 from engine.ir.dtypes import DType
+from engine.ir.graph import Combine
 
 # ---- OpenMP: which segments get a team ------------------------------------------------------------
 
@@ -64,9 +66,9 @@ def c_lanes(device: Device) -> int:
 
 def c_decisions(kernel: Kernel, lanes: int) -> Kernel:
     """The C printer's choices for `kernel` on a CPU with `lanes`-float vectors, recorded in its IR:
-    `block_convs`, `block_gemms`, `schedule_segments` (run after conv.conv_dot_products, whose convs
+    `block_convs`, `block_gemms`, `schedule_segments`, `cache_rows` (run after conv.conv_dot_products, whose convs
     keep their dot-product form)."""
-    return dataclasses.replace(schedule_segments(block_gemms(block_convs(kernel, lanes))), c_lanes=lanes)
+    return dataclasses.replace(cache_rows(schedule_segments(block_gemms(block_convs(kernel, lanes)))), c_lanes=lanes)
 
 
 def for_c(program: Program) -> Program:
@@ -266,6 +268,86 @@ def panel_gemms(kernel: Kernel, seg: Segment) -> tuple[set[str], int]:
     if len(axes) != 1:
         return set(), -1
     return found, axes.pop()
+
+
+# ---- row caches --------------------------------------------------------------------------------------
+
+
+def cache_rows(kernel: Kernel) -> Kernel:
+    """Each segment's row caches (`find_row_caches`, on what the printer renders) in Segment.row_caches."""
+    segments = tuple(dataclasses.replace(seg, row_caches=tuple(find_row_caches(bseg)))
+                     for seg, bseg in zip(kernel.segments, kernel.stripped().segments))
+    return dataclasses.replace(kernel, segments=segments)
+
+
+def _occurs(body, target) -> bool:
+    """Whether `target` is a subexpression of `body` outside pad guards and inlined reductions."""
+    stack = [body]
+    while stack:
+        e = stack.pop()
+        if e == target:
+            return True
+        if not isinstance(e, (Guard, Reduce)):
+            stack.extend(E.children(e))
+    return False
+
+
+def _row_reread(prod: Phase, cons: Phase) -> RowCache | None:
+    """The cache of `prod`'s terms for `cons` (named later) when `cons` is a one-axis reduction over
+    the same rows and length whose body holds the same term."""
+    if cons.combine is None or cons.reduce != prod.reduce or cons.gemm is not None \
+            or cons.region.spans != prod.region.spans or cons.region.shape != prod.region.shape:
+        return None
+    rows = prod.region.rank
+    if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))} or not _occurs(cons.body, prod.body):
+        return None
+    extents = tuple(sp.ext for sp in prod.region.spans)
+    return RowCache("", prod.stage, cons.stage, prod.body, rows, extents, prod.reduce[0])
+
+
+def find_row_caches(seg: Segment) -> list[RowCache]:
+    """Row caches of a segment: a one-axis reduction whose term is more than one load and appears
+    again in a later phase over the same rows, either a reduction over the same r0 or, with r0 read
+    as the innermost index, an elementwise phase whose innermost axis spans exactly the reduced length
+    (softmax's max/sum/normalise phases). At most MAX_LINE floats per tile in all."""
+    out: list[RowCache] = []
+    for k, prod in enumerate(seg.phases):
+        if (prod.combine is None or len(prod.reduce) != 1 or prod.gemm is not None or prod.region.flat
+                or not prod.region.spans or isinstance(prod.body, (E.Load, E.Imm))
+                or prod.combine in (Combine.ARGMAX, Combine.ARGMIN)):
+            continue
+        n = prod.reduce[0]
+        for cons in seg.phases[k + 1:]:
+            if cons.region.flat or not cons.region.spans:
+                continue
+            again = _row_reread(prod, cons)
+            if again is not None:
+                if again.size + sum(c.size for c in out) <= MAX_LINE:
+                    out.append(dataclasses.replace(again, name=f"row{len(out)}"))
+                break
+            rc = cons.region.rank
+            if cons.combine is not None or cons.gemm is not None or not rc or prod.region.rank not in (rc - 1, rc):
+                continue
+            last = cons.region.spans[-1]
+            if (last.base, last.ext, last.clamp, any(last.coeffs)) != (0, n, False, False) \
+                    or cons.region.shape[-1] != n:
+                continue
+            rows = rc - 1
+            if prod.region.rank == rc and prod.region.shape[-1] != 1:
+                continue
+            if any(prod.region.spans[d] != cons.region.spans[d] or prod.region.spans[d].clamp
+                   for d in range(rows)):
+                continue
+            if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))}:
+                continue
+            term = substitute_body(prod.body, {"r0": I.var(f"i{rc - 1}")})
+            extents = tuple(cons.region.spans[d].ext for d in range(rows))
+            cache = RowCache(f"row{len(out)}", prod.stage, cons.stage, term, rows, extents, n)
+            if _occurs(cons.body, term):
+                if cache.size + sum(c.size for c in out) <= MAX_LINE:
+                    out.append(cache)
+                break
+    return out
 
 
 # ---- OpenMP -------------------------------------------------------------------------------------------

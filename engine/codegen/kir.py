@@ -8,6 +8,7 @@ that cross a barrier live in explicit buffers: BLOCK scope (shared memory / per-
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
@@ -323,6 +324,26 @@ class Phase:
 
 
 @dataclass(frozen=True)
+class RowCache:
+    """A reduction's per-term value that a later phase of the same tile recomputes: softmax's exp in
+    the normalise phase (along its innermost axis), its masked logits in the sum phase (along the
+    same r0). The reduction loop stores each term in a per-tile array `name[rows][n]` (L1-resident),
+    the later phase reads it back: same value, so the same rounding. C target: ctarget.cache_rows."""
+
+    name: str
+    producer: str  # stage of the reduction phase
+    consumer: str  # stage of the later phase (elementwise, or a reduction over the same rows)
+    term: object  # the reduced term at the consumer's index (its innermost variable for r0)
+    row_dims: int  # leading axes both phases share; the consumer's next axis runs along the row
+    extents: tuple[int, ...]  # of the row axes
+    n: int  # row length
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.extents) * self.n
+
+
+@dataclass(frozen=True)
 class Segment:
     """Blocks loop over the anchor's tiles; phases are separated by block barriers."""
 
@@ -335,9 +356,8 @@ class Segment:
     omp: str = ""
     work: int = 0
     panel_axis: int = -1  # C target: tiles walked column tile by column tile along this axis (Gemm.panel)
+    row_caches: tuple[RowCache, ...] = ()  # C target: per-tile arrays of reduction terms a later phase rereads
 
-    def describe_c(self) -> str:
-        return f"{self.omp} ({self.work} element-steps)" if self.omp else ""
 
 
 @dataclass(frozen=True)
@@ -508,7 +528,9 @@ def program_to_json(program: Program) -> dict:
                         "extent": list(b.region.extent) if b.region else []} for b in k.locals],
             "segments": [{"anchor": s.anchor, "ntiles": s.ntiles, "phases": [p.describe() for p in s.phases],
                           **({"omp": s.omp, "work": s.work} if s.omp else {}),
-                          **({"panel_axis": s.panel_axis} if s.panel_axis >= 0 else {})}
+                          **({"panel_axis": s.panel_axis} if s.panel_axis >= 0 else {}),
+                          **({"row_caches": [f"{c.name}: {c.producer} terms reread by {c.consumer}, {c.size} floats"
+                                             for c in s.row_caches]} if s.row_caches else {})}
                          for s in k.segments],
             "gemms": [{"stage": p.stage, **p.gemm.params} for s in k.segments for p in s.phases if p.gemm],
         })

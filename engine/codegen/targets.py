@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from engine.codegen.conv import dot_terms, flat_stride, window_interior
 from engine.codegen.ctarget import MAX_LINE, for_c, transcendental
 from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kmap, kwalk, substitute_body
-from engine.codegen.kir import Kernel, Phase, Program, Segment
+from engine.codegen.kir import Kernel, Phase, Program, RowCache, Segment
 from engine.codegen.printer import BodyWriter, Printer, invariant_values
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -224,18 +224,6 @@ def axpy_sums(kernel: Kernel, body, var: str) -> list[Reduce]:
     return found
 
 
-def _occurs(body, target) -> bool:
-    """Whether `target` is a subexpression of `body` outside pad guards and inlined reductions."""
-    stack = [body]
-    while stack:
-        e = stack.pop()
-        if e == target:
-            return True
-        if not isinstance(e, (Guard, Reduce)):
-            stack.extend(E.children(e))
-    return False
-
-
 def reciprocal_divisions(body, var: str):
     """`body` with float32 divisions x / y, x varying along `var` and y not (a softmax row's sum, a
     LayerNorm row's sqrt(var + eps)), as x * (1 / y): the reciprocal is then computed once per row
@@ -252,89 +240,13 @@ def reciprocal_divisions(body, var: str):
     return kmap(body, visit)
 
 
-@dataclass(frozen=True)
-class RowCache:
-    """A reduction's per-term value that a later phase of the same tile recomputes: softmax's exp in
-    the normalise phase (along its innermost axis), its masked logits in the sum phase (along the
-    same r0). The reduction loop stores each term in a per-tile array `name[rows][n]` (L1-resident),
-    the later phase reads it back: same value, so the same rounding."""
-
-    name: str
-    producer: str  # stage of the reduction phase
-    consumer: str  # stage of the later phase (elementwise, or a reduction over the same rows)
-    term: object  # the reduced term at the consumer's index (its innermost variable for r0)
-    row_dims: int  # leading axes both phases share; the consumer's next axis runs along the row
-    extents: tuple[int, ...]  # of the row axes
-    n: int  # row length
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.extents) * self.n
-
-    def at(self, tag: str, col: str) -> str:
-        row = ""
-        for d, ext in enumerate(self.extents):
-            term = f"(i{d} - {tag}_lo{d})"
-            row = term if not row else f"({row}) * {ext} + {term}"
-        return f"{self.name}[({row}) * {self.n} + {col}]" if row else f"{self.name}[{col}]"
-
-
-def _row_reread(prod: Phase, cons: Phase) -> RowCache | None:
-    """The cache of `prod`'s terms for `cons` (named later) when `cons` is a one-axis reduction over
-    the same rows and length whose body holds the same term."""
-    if cons.combine is None or cons.reduce != prod.reduce or cons.gemm is not None \
-            or cons.region.spans != prod.region.spans or cons.region.shape != prod.region.shape:
-        return None
-    rows = prod.region.rank
-    if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))} or not _occurs(cons.body, prod.body):
-        return None
-    extents = tuple(sp.ext for sp in prod.region.spans)
-    return RowCache("", prod.stage, cons.stage, prod.body, rows, extents, prod.reduce[0])
-
-
-def find_row_caches(seg: Segment) -> list[RowCache]:
-    """Row caches of a segment: a one-axis reduction whose term is more than one load and appears
-    again in a later phase over the same rows, either a reduction over the same r0 or, with r0 read
-    as the innermost index, an elementwise phase whose innermost axis spans exactly the reduced length
-    (softmax's max/sum/normalise phases). At most MAX_LINE floats per tile in all."""
-    out: list[RowCache] = []
-    for k, prod in enumerate(seg.phases):
-        if (prod.combine is None or len(prod.reduce) != 1 or prod.gemm is not None or prod.region.flat
-                or not prod.region.spans or isinstance(prod.body, (E.Load, E.Imm))
-                or prod.combine in (Combine.ARGMAX, Combine.ARGMIN)):
-            continue
-        n = prod.reduce[0]
-        for cons in seg.phases[k + 1:]:
-            if cons.region.flat or not cons.region.spans:
-                continue
-            again = _row_reread(prod, cons)
-            if again is not None:
-                if again.size + sum(c.size for c in out) <= MAX_LINE:
-                    out.append(replace(again, name=f"row{len(out)}"))
-                break
-            rc = cons.region.rank
-            if cons.combine is not None or cons.gemm is not None or not rc or prod.region.rank not in (rc - 1, rc):
-                continue
-            last = cons.region.spans[-1]
-            if (last.base, last.ext, last.clamp, any(last.coeffs)) != (0, n, False, False) \
-                    or cons.region.shape[-1] != n:
-                continue
-            rows = rc - 1
-            if prod.region.rank == rc and prod.region.shape[-1] != 1:
-                continue
-            if any(prod.region.spans[d] != cons.region.spans[d] or prod.region.spans[d].clamp
-                   for d in range(rows)):
-                continue
-            if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))}:
-                continue
-            term = substitute_body(prod.body, {"r0": I.var(f"i{rc - 1}")})
-            extents = tuple(cons.region.spans[d].ext for d in range(rows))
-            cache = RowCache(f"row{len(out)}", prod.stage, cons.stage, term, rows, extents, n)
-            if _occurs(cons.body, term):
-                if cache.size + sum(c.size for c in out) <= MAX_LINE:
-                    out.append(cache)
-                break
-    return out
+def _cache_at(cache: RowCache, tag: str, col: str) -> str:
+    """The element of row cache `cache` at column `col` of the current row (of the phase tagged `tag`)."""
+    row = ""
+    for d, ext in enumerate(cache.extents):
+        term = f"(i{d} - {tag}_lo{d})"
+        row = term if not row else f"({row}) * {ext} + {term}"
+    return f"{cache.name}[({row}) * {cache.n} + {col}]" if row else f"{cache.name}[{col}]"
 
 
 class CPrinter(Printer):
@@ -361,7 +273,7 @@ class CPrinter(Printer):
         self.panels: dict[str, str] = {}  # GEMM stage -> per-thread B panel (panel_phases)
         self.panel_sizes: dict[str, int] = {}
         self.panel_axis = 0
-        self.row_caches: list[RowCache] = []  # of the segment being printed
+        self.row_caches: tuple[RowCache, ...] = ()  # of the segment being printed
         self.launch_lines: dict = {}  # node -> (array, lo): per-launch line caches of that segment
 
     def render_segment(self, kernel: Kernel, seg: Segment, last: bool) -> list[str]:
@@ -435,7 +347,7 @@ class CPrinter(Printer):
         return f"for (int {var} = 0; {var} < {count}; ++{var})"
 
     def segment_scratch(self, kernel: Kernel, seg: Segment) -> list[str]:
-        self.row_caches = find_row_caches(seg)
+        self.row_caches = seg.row_caches
         types = {p.stage: self.compute_type(p.body.dtype) for p in seg.phases}
         return [f"{types[c.producer]} {c.name}[{c.size}];  // {c.producer} terms, reread by {c.consumer}"
                 for c in self.row_caches]
@@ -1060,9 +972,9 @@ class CPrinter(Printer):
         keep = ""
         for c in self.row_caches:
             if c.consumer == phase.stage:
-                ssa.memo[c.term] = c.at(tag, "r0" if phase.combine is not None else f"i{r - 1}")
+                ssa.memo[c.term] = _cache_at(c, tag, "r0" if phase.combine is not None else f"i{r - 1}")
             if c.producer == phase.stage:
-                keep = f"{c.at(tag, 'r0')} = {{v}};"
+                keep = f"{_cache_at(c, tag, 'r0')} = {{v}};"
         lines += ["    " + x for x in self.cache_line_values(kernel, phase, tag, ssa)]
         # A sum phase (the stage itself reduces: attention's probabilities @ V per head, which the GEMM
         # path does not take) as one inlined sum, so it can run column-wise too.

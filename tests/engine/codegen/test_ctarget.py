@@ -25,6 +25,7 @@ from engine.codegen.ctarget import (  # noqa: E402
     block_convs,
     block_gemms,
     c_decisions,
+    cache_rows,
     for_c,
     schedule_segments,
     segment_work,
@@ -186,3 +187,20 @@ def test_cuda_program_printed_as_c_takes_the_compilers_lanes(tmp_path):
     assert meta["c_lanes"] == compiler_lanes() and meta["convs"][0]["lanes"] == compiler_lanes()
     assert all(s["omp"] in ("serial", "guided") for s in meta["segments"])
     assert render_c(program) == render_c(lowered)
+
+
+def test_cache_rows_records_softmax_terms_reread_by_a_later_phase():
+    """masked_softmax fused whole: the max phase's masked logits are kept for the sum phase; the
+    segment records the cache (name, producer, consumer, floats), the Program JSON shows it, and the
+    printed C declares that array."""
+    from sample_io import load_sample
+
+    graph = load_sample("masked_softmax")[0]
+    program = _with(generate(make_test_plan(graph, fuse_all(graph)), graph, "a100"), cache_rows)
+    caches = [c for k in program.kernels for s in k.segments for c in s.row_caches]
+    assert caches and all(c.producer.endswith("::max") or c.producer.endswith("::sum") for c in caches)
+    assert [c.name for c in caches] == [f"row{i}" for i in range(len(caches))]
+    shown = [r for k in program_to_json(program)["kernels"] for s in k["segments"] for r in s.get("row_caches", ())]
+    assert len(shown) == len(caches)
+    source = render_c(program)
+    assert all(f"{c.name}[{c.size}];  // {c.producer} terms, reread by {c.consumer}" in source for c in caches)

@@ -17,9 +17,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plans import fuse_all, make_test_plan, policy_plan  # noqa: E402
 from sample_io import SAMPLES, load_sample, rel_error  # noqa: E402
 
-from engine.codegen.ctarget import SERIAL_WORK, STREAM_WORK, _streams_weight, c_decisions, segment_work  # noqa: E402
+from engine.codegen.ctarget import (  # noqa: E402
+    SERIAL_WORK,
+    STREAM_WORK,
+    _streams_weight,
+    c_decisions,
+    find_row_caches,
+    segment_work,
+)
 from engine.codegen.generate import generate  # noqa: E402
-from engine.codegen.targets import find_row_caches, render_c  # noqa: E402
+from engine.codegen.targets import render_c  # noqa: E402
 from engine.runtime.cpu import compile_program_c, run_cpu  # noqa: E402
 from engine.schedule.plan import Tile  # noqa: E402
 
