@@ -226,10 +226,9 @@ def _column_key(phase: Phase) -> tuple:
     r = phase.region.rank
     if phase.region.flat or not r:
         return ()
-    from engine.codegen.ctarget import MAX_LINE
-    from engine.codegen.targets import _one_wide
+    from engine.codegen.ctarget import MAX_LINE, one_wide
 
-    return (_one_wide(phase.region, r - 1), phase.region.extent[r - 1] <= MAX_LINE)
+    return (one_wide(phase.region, r - 1), phase.region.extent[r - 1] <= MAX_LINE)
 
 
 def _column_sums(kernel: Kernel, phase: Phase) -> set:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 
 from engine.codegen.conv import flat_stride
-from engine.codegen.kexpr import Guard, Reduce, free_vars, kwalk, substitute_body
+from engine.codegen.kexpr import Guard, Reduce, free_vars, kmap, kwalk, substitute_body
 from engine.codegen.kir import Kernel, Phase, Program, RowCache, Segment
 from engine.device import Device
 from engine.ir import expr as E
@@ -66,9 +66,11 @@ def c_lanes(device: Device) -> int:
 
 def c_decisions(kernel: Kernel, lanes: int) -> Kernel:
     """The C printer's choices for `kernel` on a CPU with `lanes`-float vectors, recorded in its IR:
-    `block_convs`, `block_gemms`, `schedule_segments`, `cache_rows` (run after conv.conv_dot_products, whose convs
+    `block_convs`, `block_gemms`, `schedule_segments`, `cache_rows`, then `reciprocal_rows` (the row
+    caches hold the terms as the bodies read before it; run after conv.conv_dot_products, whose convs
     keep their dot-product form)."""
-    return dataclasses.replace(cache_rows(schedule_segments(block_gemms(block_convs(kernel, lanes)))), c_lanes=lanes)
+    kernel = cache_rows(schedule_segments(block_gemms(block_convs(kernel, lanes))))
+    return dataclasses.replace(reciprocal_rows(kernel), c_lanes=lanes)
 
 
 def for_c(program: Program) -> Program:
@@ -348,6 +350,48 @@ def find_row_caches(seg: Segment) -> list[RowCache]:
                     out.append(cache)
                 break
     return out
+
+
+# ---- divisions by a row's value ------------------------------------------------------------------------
+
+
+def reciprocal_rows(kernel: Kernel) -> Kernel:
+    """Each per-element phase whose innermost axis is a loop (not one-wide on every tile) with its
+    float32 divisions by a value of the row (`reciprocal_divisions` along that axis)."""
+    segments = []
+    for seg in kernel.segments:
+        phases = []
+        for p in seg.phases:
+            r = p.region.rank
+            if p.gemm is None and p.conv is None and not p.region.flat and p.combine is None and r \
+                    and not one_wide(p.region, r - 1):
+                p = dataclasses.replace(p, body=reciprocal_divisions(p.body, f"i{r - 1}"))
+            phases.append(p)
+        segments.append(dataclasses.replace(seg, phases=tuple(phases)))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def reciprocal_divisions(body, var: str):
+    """`body` with float32 divisions x / y, x varying along `var` and y not (a softmax row's sum, a
+    LayerNorm row's sqrt(var + eps)), as x * (1 / y): the reciprocal is then computed once per row
+    and the column loop multiplies; a vector divide costs several multiplies. Within 1.5 ulp of the
+    quotient (the printers' results are compared at 1e-3 relative), as onnxruntime's kernels do."""
+    memo: dict = {}
+
+    def visit(e):
+        if isinstance(e, E.Binary) and e.op == "div" and e.dtype == DType.F32 \
+                and var in free_vars(e.a, memo) and var not in free_vars(e.b, memo):
+            return E.Binary("mul", e.a, E.Unary("recip", e.b, e.dtype), e.dtype)
+        return e
+
+    return kmap(body, visit)
+
+
+def one_wide(region, d: int) -> bool:
+    """Whether axis d of the region spans exactly one index on every tile."""
+    if region.spans:
+        return region.spans[d].ext == 1 and not region.spans[d].clamp
+    return all(row[region.rank + d] - row[d] == 1 for row in region.table)
 
 
 # ---- OpenMP -------------------------------------------------------------------------------------------

@@ -4,11 +4,11 @@ and a few hooks (thread loop, tile loop, where block buffers live), never by bra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from engine.codegen.conv import dot_terms, flat_stride, window_interior
-from engine.codegen.ctarget import MAX_LINE, for_c, transcendental
-from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kmap, kwalk, substitute_body
+from engine.codegen.ctarget import MAX_LINE, for_c, one_wide, transcendental
+from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kwalk, substitute_body
 from engine.codegen.kir import Kernel, Phase, Program, RowCache, Segment
 from engine.codegen.printer import BodyWriter, Printer, invariant_values
 from engine.ir import expr as E
@@ -70,13 +70,6 @@ __device__ __forceinline__ void tw_mma_m16n8k8_tf32(float& d0, float& d1, float&
                  : "r"(ua0), "r"(ua1), "r"(ua2), "r"(ua3), "r"(ub0), "r"(ub1));
 }
 #endif"""
-
-
-def _one_wide(region, d: int) -> bool:
-    """Whether axis d of the region spans exactly one index on every tile."""
-    if region.spans:
-        return region.spans[d].ext == 1 and not region.spans[d].clamp
-    return all(row[region.rank + d] - row[d] == 1 for row in region.table)
 
 
 def _line_values(body, var: str) -> list:
@@ -222,22 +215,6 @@ def axpy_sums(kernel: Kernel, body, var: str) -> list[Reduce]:
         if loads and all(sv in (1, None) and sk != 1 for sv, sk in strides) and any(sv == 1 for sv, _ in strides):
             found.append(n)
     return found
-
-
-def reciprocal_divisions(body, var: str):
-    """`body` with float32 divisions x / y, x varying along `var` and y not (a softmax row's sum, a
-    LayerNorm row's sqrt(var + eps)), as x * (1 / y): the reciprocal is then computed once per row
-    and the column loop multiplies; a vector divide costs several multiplies. Within 1.5 ulp of the
-    quotient (the printers' results are compared at 1e-3 relative), as onnxruntime's kernels do."""
-    memo: dict = {}
-
-    def visit(e):
-        if isinstance(e, E.Binary) and e.op == "div" and e.dtype == DType.F32 \
-                and var in free_vars(e.a, memo) and var not in free_vars(e.b, memo):
-            return E.Binary("mul", e.a, E.Unary("recip", e.b, e.dtype), e.dtype)
-        return e
-
-    return kmap(body, visit)
 
 
 def _cache_at(cache: RowCache, tag: str, col: str) -> str:
@@ -965,9 +942,7 @@ class CPrinter(Printer):
             return super().render_phase(kernel, phase)
         tag, lines = self.open_phase(kernel, phase, phase.stage)
         r = phase.region.rank
-        single = [_one_wide(phase.region, d) for d in range(r)]
-        if r and not single[-1] and phase.combine is None:
-            phase = replace(phase, body=reciprocal_divisions(phase.body, f"i{r - 1}"))
+        single = [one_wide(phase.region, d) for d in range(r)]
         ssa = BodyWriter(self, kernel, self.phase_ranges(phase))
         keep = ""
         for c in self.row_caches:

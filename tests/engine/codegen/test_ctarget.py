@@ -27,6 +27,7 @@ from engine.codegen.ctarget import (  # noqa: E402
     c_decisions,
     cache_rows,
     for_c,
+    reciprocal_rows,
     schedule_segments,
     segment_work,
 )
@@ -204,3 +205,26 @@ def test_cache_rows_records_softmax_terms_reread_by_a_later_phase():
     assert len(shown) == len(caches)
     source = render_c(program)
     assert all(f"{c.name}[{c.size}];  // {c.producer} terms, reread by {c.consumer}" in source for c in caches)
+
+
+def test_reciprocal_rows_divides_once_per_row():
+    """layernorm_residual fused whole: the normalise phase's division by the row's sqrt(var + eps)
+    becomes a multiply by its reciprocal (computed once per row in the printed C), in the phase body
+    the Program records; reduction phases keep their bodies."""
+    from sample_io import load_sample
+
+    from engine.codegen.kexpr import kwalk
+    from engine.ir import expr as E
+
+    def recips(program):
+        return [p.stage for p in _phases(program) if any(isinstance(n, E.Unary) and n.op == "recip"
+                                                         for n in kwalk(p.body))]
+
+    graph, inputs, expected = load_sample("layernorm_residual")
+    program = generate(make_test_plan(graph, fuse_all(graph)), graph, "a100")
+    lowered = _with(program, reciprocal_rows)
+    assert not recips(program) and recips(lowered)
+    assert all(p.combine is None for p in _phases(lowered) if p.stage in recips(lowered))
+    assert "(1.0f / " in render_c(lowered)
+    got, _ = run_cpu(compile_program_c(lowered), graph.specs, inputs, graph.weights)
+    assert max(np.max(np.abs(got[k] - expected[k])) / np.max(np.abs(expected[k])) for k in expected) < 1e-3

@@ -142,7 +142,7 @@ def test_row_invariants_are_computed_before_the_column_loop():
 def test_division_by_a_row_value_becomes_a_reciprocal_only_there():
     """x / y with y constant along the column becomes x * (1 / y); a column-varying divisor and a
     division inside the divisor's own row value stay divisions."""
-    from engine.codegen.targets import reciprocal_divisions
+    from engine.codegen.ctarget import reciprocal_divisions
     from engine.ir import expr as E
     from engine.ir import index as I
     from engine.ir.dtypes import DType
