@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from engine.codegen.conv import flat_stride
 from engine.codegen.kexpr import Guard, Reduce, free_vars, kmap, kwalk, substitute_body
-from engine.codegen.kir import Kernel, Phase, Program, RowCache, Segment
+from engine.codegen.kir import Kernel, LineCache, Phase, Program, RowCache, Segment
 from engine.device import Device
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -67,10 +67,10 @@ def c_lanes(device: Device) -> int:
 def c_decisions(kernel: Kernel, lanes: int) -> Kernel:
     """The C printer's choices for `kernel` on a CPU with `lanes`-float vectors, recorded in its IR:
     `block_convs`, `block_gemms`, `schedule_segments`, `cache_rows`, then `reciprocal_rows` (the row
-    caches hold the terms as the bodies read before it; run after conv.conv_dot_products, whose convs
-    keep their dot-product form)."""
+    caches hold the terms as the bodies read before it) and `cache_lines` (on the bodies after it). Run
+    after conv.conv_dot_products, whose convs keep their dot-product form."""
     kernel = cache_rows(schedule_segments(block_gemms(block_convs(kernel, lanes))))
-    return dataclasses.replace(reciprocal_rows(kernel), c_lanes=lanes)
+    return dataclasses.replace(cache_lines(reciprocal_rows(kernel)), c_lanes=lanes)
 
 
 def for_c(program: Program) -> Program:
@@ -392,6 +392,100 @@ def one_wide(region, d: int) -> bool:
     if region.spans:
         return region.spans[d].ext == 1 and not region.spans[d].clamp
     return all(row[region.rank + d] - row[d] == 1 for row in region.table)
+
+
+# ---- line caches -------------------------------------------------------------------------------------------
+
+
+def cache_lines(kernel: Kernel) -> Kernel:
+    """Expensive subexpressions of one loop variable alone (`_line_values`) that the nest would recompute
+    for every row: per segment the LineCaches computed once per launch where the variable's range is the
+    same in every tile and the value reads only global tensors (Segment.launch_lines; each phase's reads
+    of them in Phase.line_reads), per phase the rest computed once per tile (Phase.tile_lines) — on the
+    CPU the blocks are iterations of one loop, so nothing is gained by each recomputing them."""
+    bare = kernel.stripped()
+    segments = []
+    for seg, bseg in zip(kernel.segments, bare.segments):
+        launch, reads = _launch_lines(bare, bseg)
+        phases = []
+        for p, bp in zip(seg.phases, bseg.phases):
+            axis = _line_axis(bp)
+            if axis is not None:
+                var, ext, rows = axis
+                nodes = _line_values(bp.body, var)
+                p = dataclasses.replace(
+                    p, line_reads=tuple((n, *reads[n]) for n in nodes if n in reads),
+                    tile_lines=tuple(n for n in nodes if n not in reads) if rows > 1 and ext <= MAX_LINE else ())
+            phases.append(p)
+        segments.append(dataclasses.replace(seg, phases=tuple(phases), launch_lines=launch))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def _line_axis(p: Phase) -> tuple[str, int, int] | None:
+    """(variable, extent, rows) of a per-element phase's line caches: its lone reduction axis over every
+    element, or its innermost axis over the rows before it."""
+    if p.gemm is not None or p.conv is not None or p.region.flat:
+        return None
+    r = p.region.rank
+    if p.combine is not None and len(p.reduce) == 1:
+        return "r0", p.reduce[0], math.prod(p.region.extent)
+    if p.combine is None and r:
+        return f"i{r - 1}", p.region.extent[-1], math.prod(p.region.extent[:-1])
+    return None
+
+
+def _launch_lines(kernel: Kernel, seg: Segment) -> tuple[tuple[LineCache, ...], dict]:
+    """The segment's launch line caches, one per chain (over a canonical variable) and range, and
+    value -> (array, lo) for every phase value read from one."""
+    if seg.ntiles < 2:
+        return (), {}
+    globals_ = {b.name for b in kernel.params}
+    made: dict = {}  # (chain over a canonical variable, lo, hi) -> array
+    caches: list[LineCache] = []
+    reads: dict = {}
+    for phase in seg.phases:
+        if phase.gemm is not None or phase.conv is not None or phase.region.flat:
+            continue
+        r = phase.region.rank
+        if phase.combine is not None and len(phase.reduce) == 1:
+            var, lo, hi = "r0", 0, phase.reduce[0]
+        elif phase.combine is None and r and phase.region.spans:
+            span = phase.region.spans[-1]
+            if span.clamp or any(span.coeffs):
+                continue
+            var, lo, hi = f"i{r - 1}", span.base, span.base + span.ext
+        else:
+            continue
+        if hi - lo > 4 * MAX_LINE:
+            continue
+        for node in _line_values(phase.body, var):
+            if node in reads or any(isinstance(x, E.Load) and x.tensor not in globals_ for x in kwalk(node)):
+                continue
+            key = (substitute_body(node, {var: I.var("line_")}), lo, hi)
+            if key in made:
+                reads[node] = (made[key], lo)
+                continue
+            name = made[key] = f"launch_line{len(made)}"
+            caches.append(LineCache(name, node, var, lo, hi))
+            reads[node] = (name, lo)
+    return tuple(caches), reads
+
+
+def _line_values(body, var: str) -> list:
+    """Maximal float subexpressions of `body` depending on `var` alone and holding a transcendental
+    (none under a pad guard or inside an inlined reduction)."""
+    found: list = []
+    stack = [body]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, (Guard, Reduce)):
+            continue
+        if getattr(e, "dtype", None) is not None and e.dtype.is_float and free_vars(e) == {var} \
+                and any(map(transcendental, kwalk(e))) and e not in found:
+            found.append(e)
+            continue
+        stack.extend(E.children(e))
+    return found
 
 
 # ---- OpenMP -------------------------------------------------------------------------------------------

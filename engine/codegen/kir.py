@@ -308,6 +308,10 @@ class Phase:
     threads_per_row: int = 1  # >1: threads of a row split the reduction and combine in a tree
     gemm: Gemm | None = None  # set: the contraction in this phase runs as a tiled GEMM
     conv: Conv | None = None  # set: the contraction in this phase runs as a direct convolution
+    # C target (ctarget.cache_lines): subexpressions of the innermost variable alone this phase reads from
+    # a segment's LineCache, as (value, array, lo), and those it computes once per tile into arrays line0...
+    line_reads: tuple[tuple[object, str, int], ...] = ()
+    tile_lines: tuple[object, ...] = ()
     # Where tiles' regions overlap (a halo, rows every column tile needs), the elements this tile writes
     # to GLOBAL buffers: each element by one tile only (affine spans; a flat region only stands for the
     # count of a sampled segment). None: the whole region.
@@ -344,6 +348,20 @@ class RowCache:
 
 
 @dataclass(frozen=True)
+class LineCache:
+    """C target (ctarget.cache_lines): `value`, an expensive subexpression of the one loop variable `var`
+    (a broadcast chain exp(-sqrt(|a|^2.5 + 1)) along a row's columns), computed into the array `name`
+    over var in lo..hi-1 once per launch, before the tile loop (every tile reads the same range), and
+    read by the phases instead of recomputed per row."""
+
+    name: str
+    value: object  # kexpr over `var` alone
+    var: str
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
 class Segment:
     """Blocks loop over the anchor's tiles; phases are separated by block barriers."""
 
@@ -357,6 +375,7 @@ class Segment:
     work: int = 0
     panel_axis: int = -1  # C target: tiles walked column tile by column tile along this axis (Gemm.panel)
     row_caches: tuple[RowCache, ...] = ()  # C target: per-tile arrays of reduction terms a later phase rereads
+    launch_lines: tuple[LineCache, ...] = ()  # C target: arrays computed once per launch (before the tile loop)
 
 
 
@@ -517,6 +536,8 @@ class Program:
 
 def program_to_json(program: Program) -> dict:
     """program.json: launch list, grids, blocks, shared bytes, buffers, and each kernel's phases."""
+    from engine.codegen.kexpr import kformat
+
     kernels = []
     for k in program.kernels:
         kernels.append({
@@ -530,7 +551,11 @@ def program_to_json(program: Program) -> dict:
                           **({"omp": s.omp, "work": s.work} if s.omp else {}),
                           **({"panel_axis": s.panel_axis} if s.panel_axis >= 0 else {}),
                           **({"row_caches": [f"{c.name}: {c.producer} terms reread by {c.consumer}, {c.size} floats"
-                                             for c in s.row_caches]} if s.row_caches else {})}
+                                             for c in s.row_caches]} if s.row_caches else {}),
+                          **({"launch_lines": [f"{c.name}: {kformat(c.value)} over {c.var} {c.lo}..{c.hi - 1}"
+                                               for c in s.launch_lines]} if s.launch_lines else {}),
+                          **({"tile_lines": {p.stage: [kformat(v) for v in p.tile_lines] for p in s.phases
+                                             if p.tile_lines}} if any(p.tile_lines for p in s.phases) else {})}
                          for s in k.segments],
             "gemms": [{"stage": p.stage, **p.gemm.params} for s in k.segments for p in s.phases if p.gemm],
         })

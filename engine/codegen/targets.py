@@ -3,12 +3,11 @@ and a few hooks (thread loop, tile loop, where block buffers live), never by bra
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from engine.codegen.conv import dot_terms, flat_stride, window_interior
-from engine.codegen.ctarget import MAX_LINE, for_c, one_wide, transcendental
-from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kwalk, substitute_body
+from engine.codegen.ctarget import MAX_LINE, for_c, one_wide
+from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kwalk
 from engine.codegen.kir import Kernel, Phase, Program, RowCache, Segment
 from engine.codegen.printer import BodyWriter, Printer, invariant_values
 from engine.ir import expr as E
@@ -70,23 +69,6 @@ __device__ __forceinline__ void tw_mma_m16n8k8_tf32(float& d0, float& d1, float&
                  : "r"(ua0), "r"(ua1), "r"(ua2), "r"(ua3), "r"(ub0), "r"(ub1));
 }
 #endif"""
-
-
-def _line_values(body, var: str) -> list:
-    """Maximal float subexpressions of `body` depending on `var` alone and holding a transcendental
-    (none under a pad guard or inside an inlined reduction)."""
-    found: list = []
-    stack = [body]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, (Guard, Reduce)):
-            continue
-        if getattr(e, "dtype", None) is not None and e.dtype.is_float and free_vars(e) == {var} \
-                and any(map(transcendental, kwalk(e))) and e not in found:
-            found.append(e)
-            continue
-        stack.extend(E.children(e))
-    return found
 
 
 PREFETCH_CHANNELS = 4  # input channels ahead a direct conv prefetches rows read in place
@@ -251,7 +233,6 @@ class CPrinter(Printer):
         self.panel_sizes: dict[str, int] = {}
         self.panel_axis = 0
         self.row_caches: tuple[RowCache, ...] = ()  # of the segment being printed
-        self.launch_lines: dict = {}  # node -> (array, lo): per-launch line caches of that segment
 
     def render_segment(self, kernel: Kernel, seg: Segment, last: bool) -> list[str]:
         self.panels = self.panel_phases(kernel, seg)
@@ -278,46 +259,14 @@ class CPrinter(Printer):
         return out
 
     def launch_line_caches(self, kernel: Kernel, seg: Segment) -> list[str]:
-        """Expensive subexpressions of one loop variable whose range is the same in every tile, reading
-        only global tensors (a broadcast chain exp(-sqrt(|a|^2.5 + 1)) over columns every row-tile
-        spans whole): computed once per launch, before the tile loop, instead of once per tile — on
-        the CPU the blocks are iterations of one loop, so nothing is gained by each recomputing it."""
-        self.launch_lines = {}
-        if seg.ntiles < 2:
-            return []
-        globals_ = {b.name for b in kernel.params}
+        """The segment's LineCaches (ctarget.cache_lines), computed once per launch before the tile loop."""
         out: list[str] = []
-        made: dict = {}  # (chain over a canonical variable, lo, hi) -> array: one per chain and range
-        for phase in seg.phases:
-            if phase.gemm is not None or phase.conv is not None or phase.region.flat:
-                continue
-            r = phase.region.rank
-            if phase.combine is not None and len(phase.reduce) == 1:
-                var, lo, hi = "r0", 0, phase.reduce[0]
-            elif phase.combine is None and r and phase.region.spans:
-                span = phase.region.spans[-1]
-                if span.clamp or any(span.coeffs):
-                    continue
-                var, lo, hi = f"i{r - 1}", span.base, span.base + span.ext
-            else:
-                continue
-            if hi - lo > 4 * MAX_LINE:
-                continue
-            for node in _line_values(phase.body, var):
-                if node in self.launch_lines or any(isinstance(x, E.Load) and x.tensor not in globals_
-                                                    for x in kwalk(node)):
-                    continue
-                key = (substitute_body(node, {var: I.var("line_")}), lo, hi)
-                if key in made:
-                    self.launch_lines[node] = (made[key], lo)
-                    continue
-                name = made[key] = f"launch_line{len(made)}"
-                inner = BodyWriter(self, kernel, {var: (lo, hi - 1)})
-                v = inner.value(node)
-                out += [f"float {name}[{hi - lo}];  // once per launch: read by every tile",
-                        "#pragma omp simd", f"for (int {var} = {lo}; {var} < {hi}; ++{var}) {{"]
-                out += ["    " + x for x in inner.lines + [f"{name}[{var} - {lo}] = {v};"]] + ["}"]
-                self.launch_lines[node] = (name, lo)
+        for c in seg.launch_lines:
+            inner = BodyWriter(self, kernel, {c.var: (c.lo, c.hi - 1)})
+            v = inner.value(c.value)
+            out += [f"float {c.name}[{c.hi - c.lo}];  // once per launch: read by every tile",
+                    "#pragma omp simd", f"for (int {c.var} = {c.lo}; {c.var} < {c.hi}; ++{c.var}) {{"]
+            out += ["    " + x for x in inner.lines + [f"{c.name}[{c.var} - {c.lo}] = {v};"]] + ["}"]
         return out
 
     def thread_loop(self, var: str, count: str) -> str:
@@ -902,27 +851,19 @@ class CPrinter(Printer):
         return lines
 
     def cache_line_values(self, kernel: Kernel, phase: Phase, tag: str, ssa: BodyWriter) -> list[str]:
-        """Expensive subexpressions of one loop variable only — the innermost output axis, or a lone
-        reduction axis — that the nest would recompute for every row of the tile (a broadcast chain
-        like exp(-sqrt(|a|^2.5 + 1)) added to each row): computed once per tile into a small per-block
-        array, which `ssa` then reads instead."""
+        """The phase's reads of launch line caches, and its per-tile line caches (ctarget.cache_lines:
+        Phase.line_reads, tile_lines) computed into small per-block arrays, which `ssa` then reads."""
         r = phase.region.rank
         if phase.combine is not None and len(phase.reduce) == 1:
-            var, lo, hi, rows = "r0", "0", str(phase.reduce[0]), math.prod(phase.region.extent)
+            var, lo, hi, ext = "r0", "0", str(phase.reduce[0]), phase.reduce[0]
         elif phase.combine is None and r:
-            var, lo, hi = f"i{r - 1}", f"{tag}_lo{r - 1}", f"{tag}_hi{r - 1}"
-            rows = math.prod(phase.region.extent[:-1])
+            var, lo, hi, ext = f"i{r - 1}", f"{tag}_lo{r - 1}", f"{tag}_hi{r - 1}", phase.region.extent[-1]
         else:
             return []
-        ext = phase.reduce[0] if var == "r0" else phase.region.extent[-1]
-        for node in _line_values(phase.body, var):
-            if node in self.launch_lines:
-                name, at = self.launch_lines[node]
-                ssa.memo[node] = f"{name}[{var} - {at}]"
-        found = [n for n in _line_values(phase.body, var) if n not in self.launch_lines] \
-            if rows > 1 and ext <= MAX_LINE else []
+        for node, name, at in phase.line_reads:
+            ssa.memo[node] = f"{name}[{var} - {at}]"
         out = []
-        for k, node in enumerate(found):
+        for k, node in enumerate(phase.tile_lines):
             name = f"line{k}"
             inner = BodyWriter(self, kernel, ssa.ranges, ssa.counter)
             v = inner.value(node)

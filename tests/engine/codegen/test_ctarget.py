@@ -25,6 +25,7 @@ from engine.codegen.ctarget import (  # noqa: E402
     block_convs,
     block_gemms,
     c_decisions,
+    cache_lines,
     cache_rows,
     for_c,
     reciprocal_rows,
@@ -228,3 +229,32 @@ def test_reciprocal_rows_divides_once_per_row():
     assert "(1.0f / " in render_c(lowered)
     got, _ = run_cpu(compile_program_c(lowered), graph.specs, inputs, graph.weights)
     assert max(np.max(np.abs(got[k] - expected[k])) / np.max(np.abs(expected[k])) for k in expected) < 1e-3
+
+
+def test_cache_lines_records_launch_and_tile_line_caches():
+    """pow_broadcast_add's exp(-sqrt(|a|^2.5 + 1)) chain along the columns (see
+    test_generate.test_c_printer_computes_a_broadcast_chain_once_per_launch_or_tile): with every row
+    tile spanning the 4096 columns, one LineCache per launch that both phases read; with the
+    normalisation's tiles 512 columns wide, that phase computes its copy once per tile instead."""
+    from sample_io import load_sample
+
+    from engine.device import get_device
+    from engine.schedule.edits import apply_edit
+    from engine.schedule.plan import Edit
+    from engine.schedule.policies import make_plan
+
+    graph = load_sample("pow_broadcast_add")[0]
+    a100 = get_device("a100")
+    pin = Edit.make("set_edge", producer="Add_9_out", consumer="ReduceSum_11_out", conn="register")
+    plan = apply_edit(make_plan(graph, "welder", a100, options={"recompute_bound": 1e6}), graph, a100, pin)
+    whole = _with(generate(plan, graph, a100), cache_lines)
+    (seg,) = [s for k in whole.kernels for s in k.segments if s.launch_lines]
+    (line,) = seg.launch_lines
+    assert (line.name, line.lo, line.hi) == ("launch_line0", 0, 4096)
+    assert sum(1 for p in seg.phases for n, name, _ in p.line_reads if name == line.name) == 2
+    assert not any(p.tile_lines for p in seg.phases)
+    assert "launch_line0: " in json.dumps(program_to_json(whole))
+    split = apply_edit(plan, graph, a100, Edit.make("set_tile", stage="out", shape=[8, 512], threads=256))
+    split = _with(generate(split, graph, a100), cache_lines)
+    (seg,) = [s for k in split.kernels for s in k.segments if s.launch_lines]
+    assert len(seg.launch_lines) == 1 and [len(p.tile_lines) for p in seg.phases if p.tile_lines] == [1]
