@@ -238,7 +238,7 @@ def _column_sums(kernel: Kernel, phase: Phase) -> set:
     key = _column_key(phase)
     if not key or key[0] or not key[1]:
         return set()
-    from engine.codegen.targets import axpy_sums
+    from engine.codegen.ctarget import axpy_sums
 
     r = phase.region.rank
     var = f"i{r - 1}"

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 
 from engine.codegen.conv import flat_stride
-from engine.codegen.kexpr import Guard, Reduce, free_vars, kmap, kwalk, substitute_body
+from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kmap, kwalk, substitute_body
 from engine.codegen.kir import Kernel, LineCache, Phase, Program, RowCache, Segment
 from engine.device import Device
 from engine.ir import expr as E
@@ -67,10 +67,11 @@ def c_lanes(device: Device) -> int:
 def c_decisions(kernel: Kernel, lanes: int) -> Kernel:
     """The C printer's choices for `kernel` on a CPU with `lanes`-float vectors, recorded in its IR:
     `block_convs`, `block_gemms`, `schedule_segments`, `cache_rows`, then `reciprocal_rows` (the row
-    caches hold the terms as the bodies read before it) and `cache_lines` (on the bodies after it). Run
+    caches hold the terms as the bodies read before it), `cache_lines` and `sum_columns` (on the bodies
+    after it). Run
     after conv.conv_dot_products, whose convs keep their dot-product form."""
     kernel = cache_rows(schedule_segments(block_gemms(block_convs(kernel, lanes))))
-    return dataclasses.replace(cache_lines(reciprocal_rows(kernel)), c_lanes=lanes)
+    return dataclasses.replace(sum_columns(cache_lines(reciprocal_rows(kernel))), c_lanes=lanes)
 
 
 def for_c(program: Program) -> Program:
@@ -485,6 +486,59 @@ def _line_values(body, var: str) -> list:
             found.append(e)
             continue
         stack.extend(E.children(e))
+    return found
+
+
+# ---- column-wise sums -----------------------------------------------------------------------------------
+
+
+def sum_columns(kernel: Kernel) -> Kernel:
+    """Per phase whose innermost axis is a loop of at most MAX_LINE columns, the `axpy_sums` of its body
+    (of the phase's own sum as one inlined sum, for a sum phase whose terms no row cache keeps), run
+    column-wise before that loop (Phase.column_sums): attention's probabilities @ V per head, which the
+    GEMM path does not take, and mobilevit's projections."""
+    bare = kernel.stripped()
+    segments = []
+    for seg, bseg in zip(kernel.segments, bare.segments):
+        kept = {c.producer for c in bseg.row_caches}
+        phases = []
+        for p, bp in zip(seg.phases, bseg.phases):
+            r = bp.region.rank
+            if bp.gemm is None and bp.conv is None and not bp.region.flat and r and not one_wide(bp.region, r - 1) \
+                    and bp.region.extent[r - 1] <= MAX_LINE:
+                body = bp.body if bp.combine is None else None
+                if bp.combine == Combine.SUM and bp.stage not in kept:
+                    body = Reduce(bp.body, tuple(f"r{k}" for k in range(len(bp.reduce))), bp.reduce, bp.combine,
+                                  bp.dtype)
+                if body is not None:
+                    p = dataclasses.replace(p, column_sums=tuple(axpy_sums(bare, body, f"i{r - 1}")))
+            phases.append(p)
+        segments.append(dataclasses.replace(seg, phases=tuple(phases)))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def axpy_sums(kernel: Kernel, body, var: str) -> list[Reduce]:
+    """Inlined sums in `body` (not under a guard or another reduction) that a phase's innermost loop
+    over `var` should run column-wise: their summands read memory contiguously along `var` (a weight
+    row B[k, j]) or not at all, never contiguously along the sum's own innermost variable, so
+    `for k: for j (simd): acc[j] += a(k) * B[k, j]` streams rows where the per-element form walks a
+    column of B for every output (mobilevit's attention projections: 4 x 2 x 32 regions, which the
+    GEMM path does not take, ran as scalar dot products down strided columns)."""
+    found, stack = [], [body]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Guard):
+            continue
+        if not isinstance(n, Reduce):
+            stack.extend(kchildren(n))
+            continue
+        if n.combine != Combine.SUM or n.dtype != DType.F32 or var not in free_vars(n.body) \
+                or any(isinstance(x, (Reduce, Guard)) and x is not n for x in kwalk(n.body) if var in free_vars(x)):
+            continue
+        loads = [x for x in kwalk(n.body) if isinstance(x, E.Load) and x.index and var in free_vars(x)]
+        strides = [(flat_stride(kernel, x, var), flat_stride(kernel, x, n.vars[-1])) for x in loads]
+        if loads and all(sv in (1, None) and sk != 1 for sv, sk in strides) and any(sv == 1 for sv, _ in strides):
+            found.append(n)
     return found
 
 

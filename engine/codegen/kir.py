@@ -312,6 +312,8 @@ class Phase:
     # a segment's LineCache, as (value, array, lo), and those it computes once per tile into arrays line0...
     line_reads: tuple[tuple[object, str, int], ...] = ()
     tile_lines: tuple[object, ...] = ()
+    # C target (ctarget.sum_columns): inlined sums (kexpr.Reduce) run column-wise before the innermost loop
+    column_sums: tuple[object, ...] = ()
     # Where tiles' regions overlap (a halo, rows every column tile needs), the elements this tile writes
     # to GLOBAL buffers: each element by one tile only (affine spans; a flat region only stands for the
     # count of a sampled segment). None: the whole region.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from engine.codegen.conv import dot_terms, flat_stride, window_interior
 from engine.codegen.ctarget import MAX_LINE, for_c, one_wide
-from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kwalk
+from engine.codegen.kexpr import Reduce, kwalk
 from engine.codegen.kir import Kernel, Phase, Program, RowCache, Segment
 from engine.codegen.printer import BodyWriter, Printer, invariant_values
 from engine.ir import expr as E
@@ -172,31 +172,6 @@ def fold_lanes(sums: list[str], lanes: int, vtype: str, zero: str, prefix: str) 
             nxt.append((name, oa + ob))
         level, seg = nxt, half
     return lines, level
-
-
-def axpy_sums(kernel: Kernel, body, var: str) -> list[Reduce]:
-    """Inlined sums in `body` (not under a guard or another reduction) that a phase's innermost loop
-    over `var` should run column-wise: their summands read memory contiguously along `var` (a weight
-    row B[k, j]) or not at all, never contiguously along the sum's own innermost variable, so
-    `for k: for j (simd): acc[j] += a(k) * B[k, j]` streams rows where the per-element form walks a
-    column of B for every output (mobilevit's attention projections: 4 x 2 x 32 regions, which the
-    GEMM path does not take, ran as scalar dot products down strided columns)."""
-    found, stack = [], [body]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, Guard):
-            continue
-        if not isinstance(n, Reduce):
-            stack.extend(kchildren(n))
-            continue
-        if n.combine != Combine.SUM or n.dtype != DType.F32 or var not in free_vars(n.body) \
-                or any(isinstance(x, (Reduce, Guard)) and x is not n for x in kwalk(n.body) if var in free_vars(x)):
-            continue
-        loads = [x for x in kwalk(n.body) if isinstance(x, E.Load) and x.index and var in free_vars(x)]
-        strides = [(flat_stride(kernel, x, var), flat_stride(kernel, x, n.vars[-1])) for x in loads]
-        if loads and all(sv in (1, None) and sk != 1 for sv, sk in strides) and any(sv == 1 for sv, _ in strides):
-            found.append(n)
-    return found
 
 
 def _cache_at(cache: RowCache, tag: str, col: str) -> str:
@@ -906,9 +881,9 @@ class CPrinter(Printer):
                     pre.value(node)
                 ssa.memo = pre.memo
                 lines += [depth + x for x in pre.lines]
-                lines += [depth + x for x in self.column_sums(kernel, phase.body, phase, tag, ssa, d)]
+                lines += [depth + x for x in self.column_sums(kernel, phase, tag, ssa, d)]
             elif d == r - 1 and not single[d] and whole is not None:
-                lines += [depth + x for x in self.column_sums(kernel, whole, phase, tag, ssa, d)]
+                lines += [depth + x for x in self.column_sums(kernel, phase, tag, ssa, d)]
             # A one-wide axis is a constant, not a loop: GCC gives up vectorising a reduction loop
             # nested in single-iteration loops with run-time bounds ("control flow in loop").
             lines.append(f"{depth}{{ const int i{d} = {tag}_lo{d};" if single[d] else
@@ -931,15 +906,16 @@ class CPrinter(Printer):
             lines.append("    " * (d + 1) + "}")
         return lines + ["}"]
 
-    def column_sums(self, kernel: Kernel, body, phase: Phase, tag: str, ssa: BodyWriter, d: int) -> list[str]:
-        """The axpy_sums of `body` (a phase's), before its innermost loop over i{d}: one accumulator row
+    def column_sums(self, kernel: Kernel, phase: Phase, tag: str, ssa: BodyWriter, d: int) -> list[str]:
+        """The phase's column-wise sums (ctarget.sum_columns: Phase.column_sums), before its innermost
+        loop over i{d}: one accumulator row
         per sum, the sum's loop outside and the columns inside (vectorised); the parts of a summand
         that do not depend on the column (an A element, a LayerNorm of it) are computed once per k.
         Each element still adds its terms in k order. `ssa` then reads the row."""
         var, lo, hi = f"i{d}", f"{tag}_lo{d}", f"{tag}_hi{d}"
         ext = phase.region.extent[d]
         out = []
-        for k, node in enumerate(axpy_sums(kernel, body, var) if ext <= MAX_LINE else []):
+        for k, node in enumerate(phase.column_sums):
             if node in ssa.memo:
                 continue
             name = f"ax{k}"

@@ -242,6 +242,7 @@ def test_batched_projection_sums_run_column_wise(tmp_path, fused):
     if not fused:
         (phase,) = phases
         assert phase.combine is not None
+    assert any(p.column_sums for p in phases)  # ctarget.sum_columns chose them
     source = render_c(program)
     assert "ax0[i2 - " in source and "] += " in source
     x = rng.standard_normal((4, 16, 32)).astype(np.float32)
