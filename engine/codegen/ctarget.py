@@ -1,8 +1,9 @@
 """The C target's passes: a Kernel and the vector lanes of the CPU it runs on in, the same Kernel with the
 C printer's choices recorded out — direct-conv register blocking (Conv.lanes/chunk/...), the GEMM
 micro-kernel and its operands read in place, GEMV mode and B panels (Gemm.c_rows/.../panel), and how
-OpenMP shares each segment's tiles (Segment.omp). `c_decisions` runs them; the C printer renders the
-fields and decides nothing. Each pass is a pure function of the IR and the lanes.
+OpenMP shares each segment's tiles (Segment.omp), row and line caches, reciprocals of row values and
+column-wise sums. `c_decisions` runs them; the C printer renders the fields. Each pass is a pure function
+of the IR (and the lanes).
 """
 
 from __future__ import annotations
