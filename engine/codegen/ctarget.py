@@ -69,8 +69,7 @@ def c_decisions(kernel: Kernel, lanes: int) -> Kernel:
     """The C printer's choices for `kernel` on a CPU with `lanes`-float vectors, recorded in its IR:
     `block_convs`, `block_gemms`, `schedule_segments`, `cache_rows`, then `reciprocal_rows` (the row
     caches hold the terms as the bodies read before it), `cache_lines` and `sum_columns` (on the bodies
-    after it). Run
-    after conv.conv_dot_products, whose convs keep their dot-product form."""
+    after it). Run after conv.conv_dot_products, whose convs keep their dot-product form."""
     kernel = cache_rows(schedule_segments(block_gemms(block_convs(kernel, lanes))))
     return dataclasses.replace(sum_columns(cache_lines(reciprocal_rows(kernel))), c_lanes=lanes)
 
