@@ -47,6 +47,7 @@ GEMM_COLS = 16
 GEMV_ROWS = 4
 GEMV_LANES = 32
 PANEL_BYTES = 4 << 20  # largest per-thread B panel a C GEMM keeps across tiles
+PREFETCH_CHANNELS = 4  # input channels ahead a direct conv prefetches rows read in place
 MAX_LINE = 16384  # floats of one per-tile line cache or dot-product row (on the stack of an OpenMP thread)
 # L1 data cache geometry (32 KiB, 8 ways, 64-byte lines: one way spans 4 KiB) and the most lines of
 # one k step of B that may share a set while the micro-kernel's row groups reread them.
@@ -119,10 +120,43 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         v = conv_chunk(ow, lanes)
         nc = 1 if c.depthwise else conv_channels(v, co, lanes)
         by_channel = (not c.depthwise and c.taps == (1, 1) and c.strides == (1, 1) and oh * ow < lanes <= co)
+        in_place = _window_rows_in_place(c)
+        taps = c.taps[0] * c.taps[1]
+        step = 1 if c.depthwise else c.bc
+        if in_place and not c.depthwise and co * c.channels * taps <= MAX_LINE:
+            step = c.channels  # nothing staged but weights: one step, partial sums stay in registers
+        # A window row read in place sits a whole channel plane from the next channel's: too far for
+        # the hardware's stride prefetchers, so each (channel, row) load would miss to L2/L3.
+        chan = flat_stride(bare, c.x, c.chan_vars[-1]) if in_place and c.chan_vars else None
+        one_chan = len(c.chan_vars) == 1
         return {"lanes": lanes, "chunk": v, "chunk_channels": nc, "chunk_rows": conv_rows(v, oh, nc, lanes),
-                "lone_rows": conv_rows(v, oh, 1, lanes), "by_channel": by_channel}
+                "lone_rows": conv_rows(v, oh, 1, lanes), "by_channel": by_channel, "x_in_place": in_place,
+                "step": step, "prefetch": PREFETCH_CHANNELS * chan if chan and chan * 4 > 1024 else 0,
+                "x_channels_last": one_chan and contiguous_along(bare, c.x, c.chan_vars[0], c.window_vars[1]),
+                "w_channel_inner": one_chan and contiguous_along(bare, c.w, "i1", c.chan_vars[0])}
 
     return _map_phases(kernel, block) if kernel.convs else kernel
+
+
+def _window_rows_in_place(c) -> bool:
+    """Whether the input factor is one unpadded fp32 load whose last index is the window column plus a
+    constant and no other index holds it: a window row is then a row of the tensor itself (strided by
+    the conv's column stride) and needs no staging."""
+    x = c.x
+    if not isinstance(x, E.Load) or x.pad is not None or not x.index or x.dtype != DType.F32:
+        return False
+    w = c.window_vars[1]
+    return x.index[-1].terms == ((I.Var(w), 1),) and not any(w in ix.vars() for ix in x.index[:-1])
+
+
+def contiguous_along(kernel: Kernel, operand, inner: str, outer: str) -> bool:
+    """Whether staging `operand` reads memory contiguously with `inner` as the innermost loop rather
+    than `outer`: more of its loads step by one element along `inner` than along `outer`."""
+    score = 0
+    for x in kwalk(operand):
+        if isinstance(x, E.Load) and x.index:
+            score += (flat_stride(kernel, x, inner) == 1) - (flat_stride(kernel, x, outer) == 1)
+    return score > 0
 
 
 def conv_chunk(cols: int, lanes: int) -> int:
@@ -194,8 +228,10 @@ def block_gemms(kernel: Kernel) -> Kernel:
             gemv = GEMV_LANES
         elif b_in is not None and (b_in[0] != 1 or (g.bm > GEMM_ROWS and _rows_share_sets(b_in[1], g.bk))):
             b_in = None
+        r = p.region.rank
         return {"c_rows": GEMM_ROWS, "c_cols": GEMM_COLS, "c_wide": wide, "a_in": a_in or (), "b_in": b_in or (),
-                "gemv": gemv}
+                "gemv": gemv, "b_k_inner": contiguous_along(bare, g.b, g.vars[-1], f"i{r - 1}"),
+                "a_rows_inner": contiguous_along(bare, g.a, f"i{r - 2}", g.vars[-1])}
 
     kernel = _map_phases(kernel, block)
     bare = kernel.stripped()

@@ -141,6 +141,10 @@ class Gemm:
     b_in: tuple[int, ...] = ()
     gemv: int = 0
     panel: bool = False
+    # staging loop orders (C): B staged with k innermost in bands of c_cols columns (B contiguous along k);
+    # A staged with its rows innermost (A contiguous along its rows)
+    b_k_inner: bool = False
+    a_rows_inner: bool = False
 
     @property
     def mma_tiles(self) -> tuple[int, int]:
@@ -171,7 +175,8 @@ class Gemm:
                 "ty": self.ty, "vec_a": self.vec_a, "vec_b": self.vec_b, "buffers": self.buffers,
                 **({"mma": self.mma, "warps_m": self.warps_m, "warps_n": self.warps_n} if self.mma else {}),
                 **({"c_rows": self.c_rows, "c_cols": self.c_cols, "c_wide": self.c_wide, "a_in": list(self.a_in),
-                    "b_in": list(self.b_in), "gemv": self.gemv, "panel": self.panel} if self.c_cols else {})}
+                    "b_in": list(self.b_in), "gemv": self.gemv, "panel": self.panel, "b_k_inner": self.b_k_inner,
+                    "a_rows_inner": self.a_rows_inner} if self.c_cols else {})}
 
     def describe_c(self) -> str:
         """The C target's blocking (ctarget.block_gemms), "" before it ran."""
@@ -238,6 +243,15 @@ class Conv:
     chunk_rows: int = 0
     lone_rows: int = 0
     by_channel: bool = False
+    # and the staging (ctarget.stage_convs): the input's window rows read in place (an unpadded plain load
+    # whose last index is the window column), input channels per step, elements ahead to prefetch in-place
+    # rows, the window staged channels innermost (a channels-last input), weights staged output channel
+    # innermost (weights stored input-channel-major)
+    x_in_place: bool = False
+    step: int = 0
+    prefetch: int = 0
+    x_channels_last: bool = False
+    w_channel_inner: bool = False
 
     buffers = 1  # the direct convolution stages one buffer per step (no double buffering yet)
 
@@ -288,7 +302,9 @@ class Conv:
             out |= {"dot_lanes": self.dot_lanes, "dot_channels": self.dot_channels, "dot_pixels": self.dot_pixels}
         if self.lanes:
             out |= {"lanes": self.lanes, "chunk": self.chunk, "chunk_channels": self.chunk_channels,
-                    "chunk_rows": self.chunk_rows, "lone_rows": self.lone_rows, "by_channel": self.by_channel}
+                    "chunk_rows": self.chunk_rows, "lone_rows": self.lone_rows, "by_channel": self.by_channel,
+                    "x_in_place": self.x_in_place, "step": self.step, "prefetch": self.prefetch,
+                    "x_channels_last": self.x_channels_last, "w_channel_inner": self.w_channel_inner}
         return out
 
 

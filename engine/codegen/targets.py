@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.codegen.conv import dot_terms, flat_stride, window_interior
-from engine.codegen.ctarget import MAX_LINE, for_c, one_wide
-from engine.codegen.kexpr import Reduce, kwalk
+from engine.codegen.conv import dot_terms, window_interior
+from engine.codegen.ctarget import for_c, one_wide
+from engine.codegen.kexpr import Reduce
 from engine.codegen.kir import Kernel, Phase, Program, RowCache, Segment
 from engine.codegen.printer import BodyWriter, Printer, invariant_values
-from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
 from engine.ir.graph import Combine
@@ -71,7 +70,6 @@ __device__ __forceinline__ void tw_mma_m16n8k8_tf32(float& d0, float& d1, float&
 #endif"""
 
 
-PREFETCH_CHANNELS = 4  # input channels ahead a direct conv prefetches rows read in place
 
 
 def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_at: str,
@@ -136,16 +134,6 @@ def gemm_in_place(printer: Printer, kernel: Kernel, phase: Phase, which: str) ->
     ptr = f"{which}_in"
     at = BodyWriter(printer, kernel, printer.gemm_ranges(phase)).offset(kernel.buffer(load.tensor), index)
     return InPlace((f"const float* restrict {ptr} = {load.tensor} + {at};",), ptr, *strides)
-
-
-def _k_inner(kernel: Kernel, operand, inner: str, outer: str) -> bool:
-    """Whether staging `operand` reads memory contiguously with `inner` as the innermost loop rather
-    than `outer`: more of its loads step by one element along `inner` than along `outer`."""
-    score = 0
-    for x in kwalk(operand):
-        if isinstance(x, E.Load) and x.index:
-            score += (flat_stride(kernel, x, inner) == 1) - (flat_stride(kernel, x, outer) == 1)
-    return score > 0
 
 
 def fold_lanes(sums: list[str], lanes: int, vtype: str, zero: str, prefix: str) -> tuple[list[str], list]:
@@ -305,8 +293,7 @@ class CPrinter(Printer):
         wide = g.c_wide
         _, lines = self.gemm_head(kernel, phase)
         _, b_lines, b_val = self.gemm_operand(kernel, phase, "b")
-        kvar = g.vars[-1]  # the k variable with flat step 1
-        b_k_inner = _k_inner(kernel, g.b, kvar, n)
+        b_k_inner = g.b_k_inner
         lines += ["    " + x for x in (a_in.lines if a_in else ()) + (b_in.lines if b_in else ())]
         staged = ([f"st_a[{g.bm * g.bk}]"] if a_in is None else []) + \
             ([f"st_b[{g.bk * ldb}]"] if b_in is None and panel is None else [])
@@ -396,12 +383,11 @@ class CPrinter(Printer):
         """Lines staging factor a's k_n columns from k0 into st_a (row stride `ld`): the row's
         k-invariant reductions once per row; k outside when A's rows are its contiguous axis."""
         g = phase.gemm
-        m = f"i{phase.region.rank - 2}"
         a_pre, a_lines, a_val = self.gemm_operand(kernel, phase, "a")
         a_row = ["for (int mm = 0; mm < m_n; ++mm) {", "    " + self.gemm_rows(phase, "mm")]
         a_col = ["for (int kk = 0; kk < k_n; ++kk) {"] + ["    " + x for x in self._gemm_k_head(phase)]
         store_a = a_lines + [f"st_a[mm * {ld} + kk] = {a_val};"]
-        if not a_pre and _k_inner(kernel, g.a, m, g.vars[-1]):  # A's rows are its contiguous axis (transposed)
+        if not a_pre and g.a_rows_inner:  # A's rows are its contiguous axis (transposed)
             return a_col + ["    " + x for x in a_row] + ["        " + x for x in store_a] + ["    }", "}"]
         return a_row + ["    " + x for x in a_pre + a_col] + ["        " + x for x in store_a] + ["    }", "}"]
 
@@ -468,9 +454,7 @@ class CPrinter(Printer):
         lines = self.conv_head(kernel, phase)
         w_lines, w_val = self.conv_operand(kernel, phase, "w")
         direct = self.conv_direct_row(kernel, phase)
-        step = 1 if c.depthwise else c.bc
-        if direct is not None and not c.depthwise and co * c.channels * kk <= MAX_LINE:
-            step = c.channels  # nothing staged but weights: one step, partial sums stay in registers
+        step = c.step
         if direct is None:  # the staging loop zeroes each row's columns past the window (read by whole chunks)
             lines += [f"    float st_x[{step * wh * wwp}];"]
         lines += [f"    float st_w[{co * step * kk}], acc[{co * oh * owp}];",
@@ -559,8 +543,7 @@ class CPrinter(Printer):
 
         # A window row read in place sits a whole channel plane from the next channel's: too far for
         # the hardware's stride prefetchers, so each (channel, row) load would miss to L2/L3.
-        chan = flat_stride(kernel, c.x, c.chan_vars[-1]) if direct is not None and c.chan_vars else None
-        ahead = PREFETCH_CHANNELS * chan if chan and chan * 4 > 1024 else 0
+        ahead = c.prefetch
 
         def vector_micro(nc: int, nr: int, nv: int, vw: int, body: list[str]) -> list[str]:
             """micro's whole-chunk form in GCC vector types: nc x nr x nv named vector registers (an
@@ -640,7 +623,7 @@ class CPrinter(Printer):
             chans = self.conv_chan_vars(phase, "c0 + cl")
             lines += [f"    for (int c0 = 0; c0 < {c.channels}; c0 += {step}) {{",
                       f"        const int c_k = {c.channels} - c0 < {step} ? {c.channels} - c0 : {step};"]
-            if window and len(c.chan_vars) == 1 and _k_inner(kernel, c.x, c.chan_vars[0], c.window_vars[1]):
+            if window and c.x_channels_last:
                 lines += ["        " + x for x in self.conv_stage_channels_last(kernel, phase, wwp, step, chans)]
             elif window:
                 lines += ["        for (int cl = 0; cl < c_k; ++cl) {"]
@@ -648,7 +631,7 @@ class CPrinter(Printer):
             # Weights stored input-channel-major (a GEMM's [K, N] read as a 1x1 conv): the output channel
             # innermost, so the loads are contiguous (column-wise reads of a 64 KiB panel missed L1 on
             # every load: 55 % of convnext's last MLP segment).
-            if len(c.chan_vars) == 1 and _k_inner(kernel, c.w, "i1", c.chan_vars[0]):
+            if c.w_channel_inner:
                 lines += ["        for (int cl = 0; cl < c_k; ++cl) {"] + ["            " + x for x in chans]
                 lines += ["            for (int col = 0; col < c_n; ++col) {", "                const int i1 = c_lo + col;"]
             else:
@@ -747,15 +730,10 @@ class CPrinter(Printer):
     def conv_direct_row(self, kernel: Kernel, phase: Phase) -> str | None:
         """Address of the input factor at (cwh, cww) when the factor is one unpadded load whose last
         index is cww plus a constant and no other index holds cww: a window row is then a row of the
-        tensor itself (strided by the conv's column stride) and needs no staging."""
+        tensor itself (strided by the conv's column stride) and needs no staging (Conv.x_in_place)."""
         c = phase.conv
         x = c.x
-        if not isinstance(x, E.Load) or x.pad is not None or not x.index or not x.dtype.is_float \
-                or x.dtype != DType.F32:
-            return None
-        w = c.window_vars[1]
-        last = x.index[-1]
-        if last.terms != ((I.Var(w), 1),) or any(w in ix.vars() for ix in x.index[:-1]):
+        if not c.x_in_place:
             return None
         ssa = BodyWriter(self, kernel, self.conv_ranges(phase))
         return f"{x.tensor} + {ssa.offset(kernel.buffer(x.tensor), x.index)}"

@@ -103,7 +103,9 @@ def test_block_convs_from_the_lanes(tmp_path, lanes):
     (conv,) = [p.conv for p in _phases(blocked) if p.conv is not None]
     assert (conv.lanes, conv.chunk, conv.chunk_channels, conv.chunk_rows, conv.lone_rows) == (lanes, *CONV_BLOCKING[lanes])
     assert not conv.by_channel
-    assert dataclasses.replace(conv, lanes=0, chunk=0, chunk_channels=0, chunk_rows=0, lone_rows=0) == before
+    # the input is padded: its window is staged, bc channels per step
+    assert not conv.x_in_place and conv.step == conv.bc and not conv.prefetch
+    assert dataclasses.replace(conv, lanes=0, chunk=0, chunk_channels=0, chunk_rows=0, lone_rows=0, step=0) == before
     source = render_c(_with(blocked, lambda k: c_decisions(k, lanes)))
     assert CONV_SUMS[lanes] in source and f"q0 += {CONV_BLOCKING[lanes][0]})" in source
     got = _run_c(_with(blocked, lambda k: c_decisions(k, lanes)), graph, feeds)
@@ -123,6 +125,7 @@ def test_pointwise_conv_over_fewer_pixels_than_a_vector_puts_channels_in_the_lan
         blocked = _with(program, lambda k, lanes=lanes: c_decisions(k, lanes))
         (conv,) = [p.conv for p in _phases(blocked) if p.conv is not None]
         assert conv.by_channel == by_channel and conv.lanes == lanes
+        assert conv.x_in_place and conv.step == 12  # unpadded: rows read in place, every channel in one step
         got = _run_c(blocked, graph, {"x": x})
         assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
 
