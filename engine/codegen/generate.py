@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from engine.codegen.conv import conv_dot_products, conv_of
+from engine.codegen.ctarget import c_decisions, c_lanes
 from engine.codegen.kexpr import (
     Guard,
     InBounds,
@@ -88,7 +89,8 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
         with tensor_core_options(dict(given.options)):
             kernel = built.get(group.name) or build_kernel(group, graph, conns, device)
         if target == "c":
-            kernel = conv_dot_products(fma_only(scalar_staging(kernel)), _c_lanes(device))
+            lanes = c_lanes(device)
+            kernel = c_decisions(conv_dot_products(fma_only(scalar_staging(kernel)), lanes), lanes)
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
                             f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",
@@ -199,16 +201,6 @@ def _segments(group: Group, graph: PrimGraph, conns) -> list[tuple[Tile, list[st
         if not progressed:
             raise PlanError(f"group {group.name}: its segments depend on each other in a cycle")
     return order
-
-
-def _c_lanes(device: Device) -> int:
-    """fp32 lanes of the vector registers the C kernels are built for: the host's measured figure for a
-    CPU device; for a GPU's plan run on this CPU, what the C compiler targets here (-march=native)."""
-    if device.kind == "cpu" and device.vector_lanes > 1:
-        return device.vector_lanes
-    from engine.codegen.targets import conv_vector
-
-    return conv_vector()
 
 
 def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = None,
