@@ -103,7 +103,10 @@ def _check_odd_gemm(m, k, n, batch, epilogue, device, data):
         graph, plan = plan_model(load_graph(path), "welder", dev)
         conns = {e.key: e.conn for e in plan.edges}
         (group,) = [g for g in plan.groups if "mm" in g.stages or any(graph.stage(s).reduce for s in g.stages)]
-        (seg,) = segments_of(graph, group.stages, conns)
+        # The contraction's segment (welder may put the epilogue behind a grid barrier in the same kernel).
+        segs = segments_of(graph, group.stages, conns)
+        (at,) = [i for i, sg in enumerate(segs) if any(graph.stage(x).reduce for x in sg)]
+        seg = segs[at]
         anchor = segment_sinks(graph, seg, conns)[-1]
         stage = graph.stage(anchor)
         pool = tiles.candidate_tiles(graph, seg, anchor, dev, "welder")
@@ -121,7 +124,8 @@ def _check_odd_gemm(m, k, n, batch, epilogue, device, data):
         tile = data.draw(st.sampled_from(new), label="new candidate")
         event(f"ran: {'k step' if tile.reduce_step != pool[0].reduce_step else 'odd extent'}")
         edited = dataclasses.replace(plan, groups=tuple(
-            dataclasses.replace(g, segments=(tile,)) if g is group else g for g in plan.groups))
+            dataclasses.replace(g, segments=tuple(tile if i == at else t for i, t in enumerate(g.segments)))
+            if g is group else g for g in plan.groups))
         program = generate(edited, graph, dev, target="cuda")
         gemms = [p.gemm for kern in program.kernels for s in kern.segments for p in s.phases if p.gemm]
         ktot = k
