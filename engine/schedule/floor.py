@@ -52,8 +52,9 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
             # A contraction may run on tensor cores (the plan option tf32, fp16 operands: codegen/mma.py):
             # its multiply-adds at the fastest rate the device has keep this a floor either way.
             compute = macs / max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops) + other / elementwise
-            got = local[fkey] = (dram + written.get(k, 0), glob * per_block, compute * per_block)
-        dram, glob, compute = got
+            got = local[fkey] = (dram + written.get(k, 0), glob * per_block, compute * per_block,
+                                 (macs + other) * per_block)
+        dram, glob, compute, _ = got
         # From ceil(blocks / SMs) blocks per SM on, more residency changes nothing: no need to try those.
         fits = -(-max(1, tile.blocks) // device.sm_count)
         warps = max(1, -(-tile.threads // device.warp_size))
@@ -65,6 +66,20 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
             best = min(best, C._bound(terms, device) * C.wave_quantisation(device, tile.blocks, r))
         total += best
     return total
+
+
+def flops_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, k: int = 0,
+                local: dict | None = None) -> float:
+    """Flops the kernel IR counts at least over all blocks of `segment` (its `k`-th in the group) under
+    `tile`: `work_floor`'s multiply-adds and other operations of one typical block times the blocks (0 for
+    rows split across blocks). `local`: the tile search's memo, where `floor_us` keeps it per candidate."""
+    got = (local or {}).get(("floor-work", k, tile.stage, tile.shape, tile.blocks, tile.row_split))
+    if got is not None:
+        return got[3]
+    if tile.row_split != 1:
+        return 0.0
+    _, macs, other = work_floor(graph, segment, conns, C.segment_regions(graph, segment, conns, tile))
+    return (macs + other) * tile.blocks
 
 
 def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, regions: GroupRegions) -> tuple[float, float, float]:

@@ -23,7 +23,7 @@ from engine.memo import memo
 from engine.schedule.cost import estimate_group
 from engine.schedule.floor import floor_us
 from engine.schedule.plan import Candidate, GroupCost, Tile
-from engine.schedule.validate import Violation, check_group, recompute_bound
+from engine.schedule.validate import Violation, check_group, recompute_bound, refused_early
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
 
 TOP_K = 6
@@ -195,6 +195,8 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
             if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
                 break
             t, trial = pool[i], trials[i]
+            if len(pool) > 1 and refused_early(graph, stages, conns, trial, device, segs, j, local):
+                continue  # check_group would refuse it: skipped without building its kernel
             bad = check_group(graph, stages, conns, trial, device, segs=segs, local=local)
             if bad and len(pool) > 1:
                 continue

@@ -111,6 +111,80 @@ def check_group(
     return out
 
 
+def refused_early(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
+                  segs: Sequence[Sequence[str]], j: int, local: dict | None = None) -> bool:
+    """True when `check_group(graph, stages, conns, tiles, device, segs=segs)` certainly reports a
+    violation, found from segment `j`'s tile and its regions alone — no kernel IR built (False: not
+    known; `check_group` decides). The tile search skips such a candidate without costing it. Each test
+    is one `_check_tile` / `_check_wave` makes, or a bound on it: rule 7 (the segment's one sink anchors
+    the tile), rule 1's shape, thread and register limits (`cost.segment_registers`, the figure
+    `segment_use` reports), rule 3 (a SHARED producer's region over a block's shared memory; rows split
+    only for a reduction behind a grid barrier), rule 9 from `floor.flops_floor` (never above the kernel
+    IR's count; only for tiles dividing the anchor evenly, where the typical tile's count alone decides),
+    and rule 4 against the blocks an SM could hold were shared memory free and every segment's registers
+    those of segment `j`. `local`: the tile search's memo (its connections and segments are fixed)."""
+    tile = at_kernel_block(tiles)[j]
+    local = {} if local is None else local
+    key = ("early", j, tile, recompute_bound())
+    regs = local.get(key)
+    if regs is None:
+        regs = local[key] = _early_tile(graph, segs[j], conns, tile, tiles[j], device, j, local)
+    if regs < 0:
+        return True
+    if device.kind != "cpu" and _has_sync(graph, stages, conns, local):
+        most = resident_blocks_per_sm(device, tile.threads, regs, 0)[0]
+        if max(t.blocks for t in tiles) > most * device.sm_count:
+            return True
+    return False
+
+
+def _has_sync(graph: PrimGraph, stages: Sequence[str], conns: Mapping, local: dict) -> bool:
+    """Whether a grid barrier joins two stages of the group (`_check_wave` runs then)."""
+    hit = local.get(("has-sync",))
+    if hit is None:
+        group = set(stages)
+        hit = local[("has-sync",)] = any(conns.get((p, c)) == Conn.GLOBAL_SYNC for p in stages
+                                         for c in graph.consumers.get(p, ()) if c in group)
+    return hit
+
+
+def _early_tile(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile, own: Tile, device: Device,
+                j: int, local: dict) -> int:
+    """-1 when `_check_tile` certainly reports a violation for `tile` (the kernel's block) on `seg`, else
+    the registers per thread it would find (`own`: the candidate's tile at its own thread count)."""
+    from engine.schedule.cost import segment_regions, segment_registers
+    from engine.schedule.floor import flops_floor
+
+    sinks = segment_sinks(graph, seg, conns)
+    if len(sinks) != 1 or tile.stage != sinks[0]:
+        return -1
+    anchor = graph.stage(tile.stage)
+    if len(tile.shape) != len(anchor.shape) or any(t < 1 for t in tile.shape):
+        return -1
+    if not 1 <= tile.threads <= device.max_threads_per_block:
+        return -1
+    if tile.row_split > 1 and not (anchor.kind == StageKind.REDUCE and tile.stage not in graph.outputs and all(
+            conns.get((tile.stage, c)) == Conn.GLOBAL_SYNC for c in graph.consumers.get(tile.stage, ()))):
+        return -1
+    regions = segment_regions(graph, seg, conns, tile)
+    regs = segment_registers(graph, seg, tile, regions)
+    if regs > device.max_regs_per_thread:
+        return -1
+    members = set(seg)
+    for p in seg:
+        pbox = regions.stages.get(p)
+        if pbox is not None and any(c in members and conns.get((p, c)) == Conn.SHARED for c in graph.consumers.get(p, ())):
+            if box_size(pbox) * graph.stage(p).dtype.itemsize > device.max_smem_per_block_bytes:
+                return -1
+    ragged = any(n % t for n, t in zip(anchor.shape, tile.shape))
+    if len(seg) > 1 and not ragged:
+        once = sum(graph.stage(p).flops for p in seg)
+        # The floor may exceed the count by float rounding (1e-6 relative at most, tests/…/test_floor.py).
+        if once and flops_floor(graph, seg, conns, own, j, local) > once * recompute_bound() * (1 + 1e-9) * (1 + 1e-6):
+            return -1
+    return regs
+
+
 def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str, local: dict | None = None) -> list[Violation]:
     """`_check_tile`, memoised: a tile search re-checks every segment's unchanged tile per candidate
     (`local`: the search's own memo, keyed on segment and tile alone — its connections are fixed)."""
