@@ -9,6 +9,7 @@ as the printed code evaluates it — a reduction exactly once per element, anyth
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -123,16 +124,17 @@ def refused_early(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles
     IR's count; only for tiles dividing the anchor evenly, where the typical tile's count alone decides),
     and rule 4 against the blocks an SM could hold were shared memory free and every segment's registers
     those of segment `j`. `local`: the tile search's memo (its connections and segments are fixed)."""
-    tile = at_kernel_block(tiles)[j]
+    own, kt = tiles[j], max(t.threads for t in tiles)
     local = {} if local is None else local
-    key = ("early", j, tile, recompute_bound())
+    key = ("early", j, own, kt, recompute_bound())
     regs = local.get(key)
     if regs is None:
-        regs = local[key] = _early_tile(graph, segs[j], conns, tile, tiles[j], device, j, local)
+        tile = own if own.threads == kt else dataclasses.replace(own, threads=kt)  # `at_kernel_block`
+        regs = local[key] = _early_tile(graph, segs[j], conns, tile, own, device, j, local)
     if regs < 0:
         return True
     if device.kind != "cpu" and _has_sync(graph, stages, conns, local):
-        most = resident_blocks_per_sm(device, tile.threads, regs, 0)[0]
+        most = resident_blocks_per_sm(device, kt, regs, 0)[0]
         if max(t.blocks for t in tiles) > most * device.sm_count:
             return True
     return False
@@ -153,9 +155,11 @@ def _early_tile(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile
     """-1 when `_check_tile` certainly reports a violation for `tile` (the kernel's block) on `seg`, else
     the registers per thread it would find (`own`: the candidate's tile at its own thread count)."""
     from engine.schedule.cost import segment_regions, segment_registers
-    from engine.schedule.floor import flops_floor
+    from engine.schedule.floor import floor_regions, flops_floor
 
-    sinks = segment_sinks(graph, seg, conns)
+    sinks = local.get(("sinks", j))
+    if sinks is None:
+        sinks = local[("sinks", j)] = segment_sinks(graph, seg, conns)
     if len(sinks) != 1 or tile.stage != sinks[0]:
         return -1
     anchor = graph.stage(tile.stage)
@@ -166,7 +170,7 @@ def _early_tile(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile
     if tile.row_split > 1 and not (anchor.kind == StageKind.REDUCE and tile.stage not in graph.outputs and all(
             conns.get((tile.stage, c)) == Conn.GLOBAL_SYNC for c in graph.consumers.get(tile.stage, ()))):
         return -1
-    regions = segment_regions(graph, seg, conns, tile)
+    regions = floor_regions(own, j, local) or segment_regions(graph, seg, conns, tile)
     regs = segment_registers(graph, seg, tile, regions)
     if regs > device.max_regs_per_thread:
         return -1
