@@ -86,7 +86,7 @@ def test_early_refusal_memo_keys_on_the_recompute_bound():
     graph = load_graph(SAMPLES / "bert_layer.onnx")
     _, plan = plan_model(graph, "welder", dev)
     conns = {e.key: e.conn for e in plan.edges}
-    for group, segs, seg, tile, trial in candidate_trials(graph, plan, dev):
+    for group, segs, seg, _, trial in candidate_trials(graph, plan, dev):
         j = segs.index(seg)
         local: dict = {}
         with validate.bounded({"recompute_bound": 1.0}):
