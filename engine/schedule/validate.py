@@ -157,10 +157,16 @@ def _early_tile(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile
     from engine.schedule.cost import segment_regions, segment_registers
     from engine.schedule.floor import floor_regions, flops_floor
 
-    sinks = local.get(("sinks", j))
-    if sinks is None:
-        sinks = local[("sinks", j)] = segment_sinks(graph, seg, conns)
-    if len(sinks) != 1 or tile.stage != sinks[0]:
+    fixed = local.get(("early-seg", j))
+    if fixed is None:  # what does not depend on the tile, once per segment of the search
+        sinks = segment_sinks(graph, seg, conns)
+        members = set(seg)
+        staged = tuple((p, graph.stage(p).dtype.itemsize) for p in seg if any(
+            c in members and conns.get((p, c)) == Conn.SHARED for c in graph.consumers.get(p, ())))
+        once = sum(graph.stage(p).flops for p in seg) if len(seg) > 1 else 0
+        fixed = local[("early-seg", j)] = (sinks[0] if len(sinks) == 1 else None, staged, once)
+    sink, staged, once = fixed
+    if tile.stage != sink:
         return -1
     anchor = graph.stage(tile.stage)
     if len(tile.shape) != len(anchor.shape) or any(t < 1 for t in tile.shape):
@@ -174,17 +180,14 @@ def _early_tile(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile
     regs = segment_registers(graph, seg, tile, regions)
     if regs > device.max_regs_per_thread:
         return -1
-    members = set(seg)
-    for p in seg:
+    for p, itemsize in staged:
         pbox = regions.stages.get(p)
-        if pbox is not None and any(c in members and conns.get((p, c)) == Conn.SHARED for c in graph.consumers.get(p, ())):
-            if box_size(pbox) * graph.stage(p).dtype.itemsize > device.max_smem_per_block_bytes:
-                return -1
-    ragged = any(n % t for n, t in zip(anchor.shape, tile.shape))
-    if len(seg) > 1 and not ragged:
-        once = sum(graph.stage(p).flops for p in seg)
+        if pbox is not None and box_size(pbox) * itemsize > device.max_smem_per_block_bytes:
+            return -1
+    # Rule 9 (segments of two or more stages) where the typical tile's count alone decides: no ragged edge.
+    if once and not any(n % t for n, t in zip(anchor.shape, tile.shape)):
         # The floor may exceed the count by float rounding (1e-6 relative at most, tests/…/test_floor.py).
-        if once and flops_floor(graph, seg, conns, own, j, local) > once * recompute_bound() * (1 + 1e-9) * (1 + 1e-6):
+        if flops_floor(graph, seg, conns, own, j, local) > once * recompute_bound() * (1 + 1e-9) * (1 + 1e-6):
             return -1
     return regs
 
