@@ -9,8 +9,8 @@ to see whether plans changed).
 MODEL is a path, a comma list of paths, or `zoo` / `samples` (every model of samples/zoo/ or samples/);
 DEVICE a comma list. With --against OTHER_TREE each (model, device) is planned by the other tree and then
 by this one, one after the other in fresh processes (same load), and a table of both trees' CPU seconds,
-builds and old/new ratios per policy is printed, then the sums; --out DIR then holds DIR/old and
-DIR/new and every plan is compared (`plans identical` or the differing files)."""
+builds and old/new ratios per policy is printed, then the sums; --out DIR then holds DIR/old/MODEL and
+DIR/new/MODEL and every plan is compared (`plans identical` or the differing files)."""
 
 from __future__ import annotations
 
@@ -92,19 +92,24 @@ def compare(args, models: list[Path], devices: list[str], policies: list[str]) -
     print("|---|---|" + "---|" * len(policies))
     for model in models:
         for device in devices:
-            old = run_tree(other, model, device, policies, outs[0])
-            new = run_tree(ROOT, model, device, policies, outs[1])
+            # One folder per model: samples/lstm.onnx and samples/zoo/lstm.onnx write the same file names.
+            sub = model.resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", "_") \
+                if model.resolve().is_relative_to(ROOT) else model.stem
+            old = run_tree(other, model, device, policies, outs[0] / sub if args.out else None)
+            new = run_tree(ROOT, model, device, policies, outs[1] / sub if args.out else None)
             cells = []
             for p in policies:
                 (a, ba), (b, bb) = old[p], new[p]
                 s = sums.setdefault((device, p), [0.0, 0.0])
                 s[0], s[1] = s[0] + a, s[1] + b
                 cells.append(f"{a:.2f} → {b:.2f} ({a / max(b, 1e-9):.2f}×), {ba:,} → {bb:,}")
-            print(f"| {model.stem} | {device} | " + " | ".join(cells) + " |", flush=True)
+            shown = model.resolve().relative_to(SETS["samples"]).with_suffix("").as_posix() \
+                if model.resolve().is_relative_to(SETS["samples"]) else model.stem  # zoo/lstm vs lstm
+            print(f"| {shown} | {device} | " + " | ".join(cells) + " |", flush=True)
     for (device, p), (a, b) in sorted(sums.items()):
         print(f"sum {device} {p}: {a:.2f} → {b:.2f} s ({a / max(b, 1e-9):.2f}×)")
     if args.out:
-        names = sorted({f.name for f in outs[0].glob("*.json")} | {f.name for f in outs[1].glob("*.json")})
+        names = sorted({f.relative_to(o).as_posix() for o in outs for f in o.glob("*/*.json")})
         differ = [n for n in names if not (outs[0] / n).exists() or not (outs[1] / n).exists()
                   or (outs[0] / n).read_bytes() != (outs[1] / n).read_bytes()]
         print(f"plans identical: {len(names)} of {len(names)}" if not differ else
