@@ -16,7 +16,14 @@ from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.memo import memo
 from engine.schedule.plan import Conn, GroupCost, Tile
 from engine.tilegraph.propagate import Box, box_size
-from engine.tilegraph.tilegraph import GroupRegions, anchor_box, propagate_group, segments_of, typical_index
+from engine.tilegraph.tilegraph import (
+    IN_SEGMENT,
+    GroupRegions,
+    anchor_box,
+    propagate_group,
+    segments_of,
+    typical_index,
+)
 
 LINE = 128  # bytes per read transaction (L1/L2 line)
 SECTOR = 32  # bytes per write transaction
@@ -126,23 +133,26 @@ def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
 
 def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members,
                  exact: bool = False, device: Device | None = None) -> SegmentUse:
-    anchor = graph.stage(tile.stage)
     regions = segment_regions(graph, segment, conns, tile)
     kernel, work = segment_work(graph, segment, conns, tile, False if exact else regions.stages, device)
     per = max(1, kernel.ntiles)
     evals = {s: work.evals.get(s, 0.0) / per for s in segment}
-    anchor_elems = box_size(regions.stages.get(tile.stage, ()))
-    if anchor.kind == StageKind.CONTRACTION:
-        acc = -(-anchor_elems // max(1, tile.threads))
-        regs = BASE_REGS + 2 * acc + 8
-    else:
-        regs = BASE_REGS + 2 * len(segment)
     lines = _read_lines(graph, regions)
     completion = tuple(p.stage for seg in kernel.segments for p in seg.phases if p.region.flat)
-    return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes, min(regs, 999), evals, lines,
+    return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes, segment_registers(graph, segment, tile, regions),
+                      evals, lines,
                       int(work.shared_bytes / per), (work.flops - work.mma_flops) / per, work.mma_flops / per,
                       work.global_bytes / per, work,
                       completion, work.tiled_flops / per, idle_lanes(work, device) / per)
+
+
+def segment_registers(graph: PrimGraph, segment: Sequence[str], tile: Tile, regions: GroupRegions) -> int:
+    """Registers per thread one segment's code needs under `tile` (formula, no kernel built): a
+    contraction's accumulators (its anchor region over the threads, two registers each) or two per stage."""
+    if graph.stage(tile.stage).kind == StageKind.CONTRACTION:
+        acc = -(-box_size(regions.stages.get(tile.stage, ())) // max(1, tile.threads))
+        return min(BASE_REGS + 2 * acc + 8, 999)
+    return min(BASE_REGS + 2 * len(segment), 999)
 
 
 def idle_lanes(work, device: Device | None) -> float:
@@ -199,9 +209,11 @@ def _read_lines(graph: PrimGraph, regions: GroupRegions) -> dict[str, int]:
 
 
 def _regions(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str, box: Box) -> GroupRegions:
-    # Tile search re-propagates the same (segment, tile shape) for every thread mapping it tries.
+    # Tile search re-propagates the same (segment, tile shape) for every thread mapping it tries, and a
+    # connection trial at REGISTER and one at SHARED the same segment: propagation reads of a connection
+    # only whether it keeps the edge inside the segment (`tilegraph.IN_SEGMENT`).
     members = set(segment)
-    inner = tuple((p, c, str(conns.get((p, c)))) for p in segment for c in graph.consumers.get(p, ()) if c in members)
+    inner = tuple(conns.get((p, c)) in IN_SEGMENT for p in segment for c in graph.consumers.get(p, ()) if c in members)
     key = (graph.structural_hash, tuple(segment), inner, anchor, box)
     return memo("cost.regions", 50000).lookup(key, lambda: propagate_group(graph, segment, conns, anchor, box))
 

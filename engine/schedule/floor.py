@@ -33,42 +33,85 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
     every residency the block size allows — plus the launch and the grid barriers. `local`: the tile
     search's memo (its connections and segments are fixed), for the per-segment bytes."""
     total = device.launch_overhead_s * 1e6 + (len(segs) - 1) * device.grid_barrier_s * 1e6
-    in_llc = C._in_llc(graph, device)
     local = {} if local is None else local
-    members = set(stages)
-    seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
-    _, written = C._group_writes(graph, stages, conns, seg_of, device, in_llc, local)
+    shared = local.get(("floor-group",))
+    if shared is None:  # what does not depend on the tiles, once per search
+        in_llc = C._in_llc(graph, device)
+        seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
+        _, written = C._group_writes(graph, stages, conns, seg_of, device, in_llc, local)
+        shared = local[("floor-group",)] = (set(stages), in_llc, written)
+    members, in_llc, written = shared
     # Registers and shared memory only lower the blocks an SM holds: the thread count bounds them.
     most = max(1, resident_blocks_per_sm(device, max(t.threads for t in tiles), 0, 0)[0])
-    elementwise = device.elementwise_flops or device.peak_fp32_flops
     for k, (seg, tile) in enumerate(zip(segs, tiles)):
         fkey = ("floor-work", k, tile.stage, tile.shape, tile.blocks, tile.row_split)
         got = local.get(fkey)
         if got is None:
-            regions = C.segment_regions(graph, seg, conns, tile)
-            per_block = tile.blocks / max(1, tile.row_split)
             # An input an earlier segment of the kernel reads may be an L2 hit here (estimate_group charges
             # a kernel at most a tensor's size for it): none of it counts toward the floor.
-            earlier = {t: C.nbytes(graph, t) for s in (x for seg_ in segs[:k] for x in seg_)
-                       for t in graph.stage(s).inputs if t not in members and t in graph.specs}
-            dram = C._read_dram(graph, members, C._read_lines(graph, regions), per_block, device, in_llc, earlier)
-            glob, macs, other = work_floor(graph, seg, conns, regions) if tile.row_split == 1 else (0.0, 0.0, 0.0)
-            # A contraction may run on tensor cores (the plan option tf32, fp16 operands: codegen/mma.py):
-            # its multiply-adds at the fastest rate the device has keep this a floor either way.
-            compute = macs / max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops) + other / elementwise
-            got = local[fkey] = (dram + written.get(k, 0), glob * per_block, compute * per_block)
-        dram, glob, compute = got
-        # From ceil(blocks / SMs) blocks per SM on, more residency changes nothing: no need to try those.
-        fits = -(-max(1, tile.blocks) // device.sm_count)
-        warps = max(1, -(-tile.threads // device.warp_size))
-        best = math.inf
-        for r in range(1, min(most, fits) + 1):
-            memory, _, arith = C.latency_efficiency(device, min(r, fits) * warps)
-            terms = [dram / device.dram_bw_bytes_per_s * 1e6 / memory, glob / device.l2_bw_bytes_per_s * 1e6 / memory,
-                     0.0, compute * 1e6 / arith]
-            best = min(best, C._bound(terms, device) * C.wave_quantisation(device, tile.blocks, r))
+            earlier = local.get(("floor-earlier", k))
+            if earlier is None:
+                earlier = local[("floor-earlier", k)] = {
+                    t: C.nbytes(graph, t) for x in (x for seg_ in segs[:k] for x in seg_)
+                    for t in graph.stage(x).inputs if t not in members and t in graph.specs}
+            got = local[fkey] = _segment_work(graph, members, seg, conns, tile, device, in_llc, written.get(k, 0),
+                                              earlier)
+        bkey = (fkey, tile.threads, most)  # a segment's floor at one residency bound, reused across trials
+        best = local.get(bkey)
+        if best is None:
+            best = local[bkey] = _segment_floor(device, tile, most, *got[:3])
         total += best
     return total
+
+
+def _segment_work(graph: PrimGraph, members: set, seg: Sequence[str], conns: Mapping, tile: Tile, device: Device,
+                  in_llc: bool, written: int, earlier: Mapping[str, int] | None = None) -> tuple:
+    """(DRAM bytes, global bytes, compute seconds, flops) a segment's kernel IR counts at least under `tile`,
+    and the regions they come from. `earlier`: inputs an earlier segment of the kernel reads (no DRAM here)."""
+    regions = C.segment_regions(graph, seg, conns, tile)
+    per_block = tile.blocks / max(1, tile.row_split)
+    dram = C._read_dram(graph, members, C._read_lines(graph, regions), per_block, device, in_llc,
+                        dict(earlier) if earlier else None)  # _read_dram adds to it
+    glob, macs, other = work_floor(graph, seg, conns, regions) if tile.row_split == 1 else (0.0, 0.0, 0.0)
+    # A contraction may run on tensor cores (the plan option tf32, fp16 operands: codegen/mma.py):
+    # its multiply-adds at the fastest rate the device has keep this a floor either way.
+    elementwise = device.elementwise_flops or device.peak_fp32_flops
+    compute = macs / max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops) + other / elementwise
+    return dram + written, glob * per_block, compute * per_block, (macs + other) * per_block, regions
+
+
+def _segment_floor(device: Device, tile: Tile, most: int, dram: float, glob: float, compute: float) -> float:
+    """A segment's floor in µs: its terms at the best residency up to `most` blocks per SM, wave quantised."""
+    # From ceil(blocks / SMs) blocks per SM on, more residency changes nothing: no need to try those.
+    fits = -(-max(1, tile.blocks) // device.sm_count)
+    warps = max(1, -(-tile.threads // device.warp_size))
+    best = math.inf
+    for r in range(1, min(most, fits) + 1):
+        memory, _, arith = C.latency_efficiency(device, min(r, fits) * warps)
+        terms = [dram / device.dram_bw_bytes_per_s * 1e6 / memory, glob / device.l2_bw_bytes_per_s * 1e6 / memory,
+                 0.0, compute * 1e6 / arith]
+        best = min(best, C._bound(terms, device) * C.wave_quantisation(device, tile.blocks, r))
+    return best
+
+
+def floor_regions(tile: Tile, k: int, local: dict | None) -> GroupRegions | None:
+    """The regions `floor_us` propagated for the `k`-th segment's `tile` in this search (`local`), if any."""
+    got = (local or {}).get(("floor-work", k, tile.stage, tile.shape, tile.blocks, tile.row_split))
+    return got[4] if got is not None else None
+
+
+def flops_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, k: int = 0,
+                local: dict | None = None) -> float:
+    """Flops the kernel IR counts at least over all blocks of `segment` (its `k`-th in the group) under
+    `tile`: `work_floor`'s multiply-adds and other operations of one typical block times the blocks (0 for
+    rows split across blocks). `local`: the tile search's memo, where `floor_us` keeps it per candidate."""
+    got = (local or {}).get(("floor-work", k, tile.stage, tile.shape, tile.blocks, tile.row_split))
+    if got is not None:
+        return got[3]
+    if tile.row_split != 1:
+        return 0.0
+    _, macs, other = work_floor(graph, segment, conns, C.segment_regions(graph, segment, conns, tile))
+    return (macs + other) * tile.blocks
 
 
 def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, regions: GroupRegions) -> tuple[float, float, float]:

@@ -25,7 +25,7 @@ from engine.memo import memo
 from engine.schedule.cost import estimate_group
 from engine.schedule.floor import floor_us
 from engine.schedule.plan import Candidate, GroupCost, Tile
-from engine.schedule.validate import Violation, check_group, recompute_bound
+from engine.schedule.validate import Violation, check_group, recompute_bound, refused_early
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
 
 TOP_K = 6
@@ -250,6 +250,8 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
             if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
                 break
             t, trial = pool[i], trials[i]
+            if len(pool) > 1 and refused_early(graph, stages, conns, trial, device, segs, j, local):
+                continue  # check_group would refuse it: skipped without building its kernel
             bad = check_group(graph, stages, conns, trial, device, segs=segs, local=local)
             if bad and len(pool) > 1:
                 continue
@@ -329,12 +331,33 @@ def _group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) ->
                 parts.append(f"{names[t]}:{spec.shape}:{spec.dtype.value}")
         outside = s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ()))
         parts.append(f"{names[s]}|{st.kind.value}|{st.shape}|{st.dtype.value}|{st.reduce}|{st.combine}|"
-                     f"{outside}|{_canon(st.body, names)}")
+                     f"{outside}|{_MARK.sub(lambda m: names.get(m[1], m[1]), _body_template(st))}")
     for p in stages:
         for c in graph.consumers.get(p, ()):
             if c in members:
                 parts.append(f"{names[p]}>{names[c]}={conns.get((p, c), 'kernel')}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+_MARK = re.compile("\x00([^\x01]*)\x01")
+
+
+class _Marked(dict):
+    """A naming that leaves a marker for every tensor (`_body_template`)."""
+
+    def get(self, key, default=None):
+        return f"\x00{key}\x01"
+
+
+def _body_template(stage: Stage) -> str:
+    """`_canon(stage.body, names)` with a marker in place of every tensor name, memoised on the body (kept
+    beside its entry so its id stays its own): a group's signature fills the markers with its naming."""
+    key = (id(stage.body), stage.name)
+    table = memo("tiles.body_templates", 50000)
+    hit = table.get(key)
+    if hit is None or hit[0] is not stage.body:
+        hit = table.put(key, (stage.body, _canon(stage.body, _Marked())))
+    return hit[1]
 
 
 def _canon(e: E.Expr, names: Mapping[str, str]) -> str:

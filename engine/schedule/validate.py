@@ -9,6 +9,7 @@ as the printed code evaluates it — a reduction exactly once per element, anyth
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -109,6 +110,86 @@ def check_group(
     if any(conns.get(e) == Conn.GLOBAL_SYNC for e in inner) and not any(v.rule == "recompute" for v in out):
         out.extend(_check_wave(graph, segs, conns, tiles, device, name, local))
     return out
+
+
+def refused_early(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
+                  segs: Sequence[Sequence[str]], j: int, local: dict | None = None) -> bool:
+    """True when `check_group(graph, stages, conns, tiles, device, segs=segs)` certainly reports a
+    violation, found from segment `j`'s tile and its regions alone — no kernel IR built (False: not
+    known; `check_group` decides). The tile search skips such a candidate without costing it. Each test
+    is one `_check_tile` / `_check_wave` makes, or a bound on it: rule 7 (the segment's one sink anchors
+    the tile), rule 1's shape, thread and register limits (`cost.segment_registers`, the figure
+    `segment_use` reports), rule 3 (a SHARED producer's region over a block's shared memory; rows split
+    only for a reduction behind a grid barrier), rule 9 from `floor.flops_floor` (never above the kernel
+    IR's count; only for tiles dividing the anchor evenly, where the typical tile's count alone decides),
+    and rule 4 against the blocks an SM could hold were shared memory free and every segment's registers
+    those of segment `j`. `local`: the tile search's memo (its connections and segments are fixed)."""
+    own, kt = tiles[j], max(t.threads for t in tiles)
+    local = {} if local is None else local
+    key = ("early", j, own, kt, recompute_bound())
+    regs = local.get(key)
+    if regs is None:
+        tile = own if own.threads == kt else dataclasses.replace(own, threads=kt)  # `at_kernel_block`
+        regs = local[key] = _early_tile(graph, segs[j], conns, tile, own, device, j, local)
+    if regs < 0:
+        return True
+    if device.kind != "cpu" and _has_sync(graph, stages, conns, local):
+        most = resident_blocks_per_sm(device, kt, regs, 0)[0]
+        if max(t.blocks for t in tiles) > most * device.sm_count:
+            return True
+    return False
+
+
+def _has_sync(graph: PrimGraph, stages: Sequence[str], conns: Mapping, local: dict) -> bool:
+    """Whether a grid barrier joins two stages of the group (`_check_wave` runs then)."""
+    hit = local.get(("has-sync",))
+    if hit is None:
+        group = set(stages)
+        hit = local[("has-sync",)] = any(conns.get((p, c)) == Conn.GLOBAL_SYNC for p in stages
+                                         for c in graph.consumers.get(p, ()) if c in group)
+    return hit
+
+
+def _early_tile(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile, own: Tile, device: Device,
+                j: int, local: dict) -> int:
+    """-1 when `_check_tile` certainly reports a violation for `tile` (the kernel's block) on `seg`, else
+    the registers per thread it would find (`own`: the candidate's tile at its own thread count)."""
+    from engine.schedule.cost import segment_regions, segment_registers
+    from engine.schedule.floor import floor_regions, flops_floor
+
+    fixed = local.get(("early-seg", j))
+    if fixed is None:  # what does not depend on the tile, once per segment of the search
+        sinks = segment_sinks(graph, seg, conns)
+        members = set(seg)
+        staged = tuple((p, graph.stage(p).dtype.itemsize) for p in seg if any(
+            c in members and conns.get((p, c)) == Conn.SHARED for c in graph.consumers.get(p, ())))
+        once = sum(graph.stage(p).flops for p in seg) if len(seg) > 1 else 0
+        fixed = local[("early-seg", j)] = (sinks[0] if len(sinks) == 1 else None, staged, once)
+    sink, staged, once = fixed
+    if tile.stage != sink:
+        return -1
+    anchor = graph.stage(tile.stage)
+    if len(tile.shape) != len(anchor.shape) or any(t < 1 for t in tile.shape):
+        return -1
+    if not 1 <= tile.threads <= device.max_threads_per_block:
+        return -1
+    if tile.row_split > 1 and not (anchor.kind == StageKind.REDUCE and tile.stage not in graph.outputs and all(
+            conns.get((tile.stage, c)) == Conn.GLOBAL_SYNC for c in graph.consumers.get(tile.stage, ()))):
+        return -1
+    regions = floor_regions(own, j, local) or segment_regions(graph, seg, conns, tile)
+    regs = segment_registers(graph, seg, tile, regions)
+    if regs > device.max_regs_per_thread:
+        return -1
+    for p, itemsize in staged:
+        pbox = regions.stages.get(p)
+        if pbox is not None and box_size(pbox) * itemsize > device.max_smem_per_block_bytes:
+            return -1
+    # Rule 9 (segments of two or more stages) where the typical tile's count alone decides: no ragged edge.
+    if once and not any(n % t for n, t in zip(anchor.shape, tile.shape)):
+        # The floor may exceed the count by float rounding (1e-6 relative at most, tests/…/test_floor.py).
+        if flops_floor(graph, seg, conns, own, j, local) > once * recompute_bound() * (1 + 1e-9) * (1 + 1e-6):
+            return -1
+    return regs
 
 
 def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str, local: dict | None = None) -> list[Violation]:

@@ -1,5 +1,6 @@
 """Tile search (engine/schedule/tiles.py): the shortcuts that make it fast — candidates skipped by a
-floor, trials that keep only the winner, a segment built once per tile shape — never change a plan.
+floor or refused before their kernel is built, trials that keep only the winner, a segment built once
+per tile shape — never change a plan.
 The reference is the exhaustive search: no floor, every caller keeping the top k, every segment built
 afresh, each run on tables of its own."""
 
@@ -44,6 +45,7 @@ def _exhaustive(monkeypatch) -> None:
         return search(*args, **kwargs)
 
     monkeypatch.setattr(tiles, "floor_us", lambda *args, **kwargs: 0.0)
+    monkeypatch.setattr(tiles, "refused_early", lambda *args, **kwargs: False)
     monkeypatch.setattr(build, "search_group", keep_all)
     monkeypatch.setattr(elementwise, "search_group", keep_all)
     monkeypatch.setattr(generate, "_sampled_segment", generate._build_segment)
