@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from engine.codegen.mma import f16_mma
 from engine.device import Device, resident_blocks_per_sm
 from engine.ir import expr as E
 from engine.ir.graph import PrimGraph, Stage, StageKind
@@ -51,7 +52,9 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
             glob, macs, other = work_floor(graph, seg, conns, regions) if tile.row_split == 1 else (0.0, 0.0, 0.0)
             # A contraction may run on tensor cores (the plan option tf32, fp16 operands: codegen/mma.py):
             # its multiply-adds at the fastest rate the device has keep this a floor either way.
-            compute = macs / max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops) + other / elementwise
+            fastest = max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops,
+                          device.peak_fp16_tensor_flops if f16_mma(device) else 0.0)
+            compute = macs / fastest + other / elementwise
             got = local[fkey] = (dram + written.get(k, 0), glob * per_block, compute * per_block)
         dram, glob, compute = got
         # From ceil(blocks / SMs) blocks per SM on, more residency changes nothing: no need to try those.

@@ -102,7 +102,8 @@ def shared_regions(kernel: Kernel, lines: list[str], lo: int = 0, hi: int | None
     reduction slots (8 bytes per warp of the kernel's own thread count)."""
     sizes = {b.name: b.nbytes for b in kernel.locals}
     a, b = kernel.staging
-    sizes.update({"st_a": 4 * a, "st_b": 4 * b})
+    item = kernel.stage_dtype.itemsize
+    sizes.update({"st_a": item * a, "st_b": item * b})
     out = []
     for n in range(lo, len(lines) if hi is None else hi):
         m = _DECL.match(lines[n])
@@ -124,7 +125,7 @@ def region_table(regions: list[SharedRegion]) -> tuple[ctypes.Array, list]:
 
 
 def smem_shift(kernels) -> int:
-    """Granule of shared-memory shadow cells: the smallest element any block buffer holds (floats for
-    the staging tiles and reduction slots)."""
-    sizes = [b.dtype.itemsize for k in kernels for b in k.locals] + [4]
+    """Granule of shared-memory shadow cells: the smallest element any block buffer or staging tile
+    holds (floats for the reduction slots)."""
+    sizes = [b.dtype.itemsize for k in kernels for b in k.locals] + [k.stage_dtype.itemsize for k in kernels] + [4]
     return shift_of(min(sizes))
