@@ -323,22 +323,26 @@ class Kernel:
         return tuple(p.conv for s in self.segments for p in s.phases if p.conv is not None)
 
     @property
-    def staging(self) -> tuple[int, int]:
-        """Elements (`stage_dtype`) of the GEMM/conv staging buffers st_a, st_b (shared by the kernel's tiled phases; a
-        double-buffered GEMM's two buffers one after the other), placed in shared memory after the
-        BLOCK buffers."""
+    def staging_bytes(self) -> tuple[int, int]:
+        """Bytes of the GEMM/conv staging buffers st_a, st_b (shared by the kernel's tiled phases, each
+        in its own element type: Gemm.stage_dtype, fp32 for convs; a double-buffered GEMM's two buffers
+        one after the other), placed in shared memory after the BLOCK buffers."""
         tiled = self.gemms + self.convs
-        return (max((g.a_elems * g.buffers for g in tiled), default=0),
-                max((g.b_elems * g.buffers for g in tiled), default=0))
+        item = [g.stage_dtype.itemsize if isinstance(g, Gemm) else 4 for g in tiled]
+        return (max((g.a_elems * g.buffers * n for g, n in zip(tiled, item)), default=0),
+                max((g.b_elems * g.buffers * n for g, n in zip(tiled, item)), default=0))
 
     @property
-    def stage_dtype(self) -> DType:
-        """Element type of st_a / st_b: fp16 where every tiled phase is a GEMM staged as fp16 (mma.py gives
-        a kernel one staging type), else fp32."""
-        tiled = self.gemms + self.convs
-        if tiled and all(isinstance(g, Gemm) and g.stage_dtype == DType.F16 for g in tiled):
-            return DType.F16
-        return DType.F32
+    def staging(self) -> tuple[int, int]:
+        """Floats of the staging buffers st_a, st_b (`staging_bytes` in whole floats)."""
+        a, b = self.staging_bytes
+        return -(-a // 4), -(-b // 4)
+
+    @property
+    def staging_dtypes(self) -> frozenset[DType]:
+        """Element types the kernel's tiled phases stage in (the printer declares a view of st_a / st_b
+        per type)."""
+        return frozenset(g.stage_dtype if isinstance(g, Gemm) else DType.F32 for g in self.gemms + self.convs)
 
     @property
     def locals_bytes(self) -> int:
@@ -353,9 +357,8 @@ class Kernel:
 
     @property
     def shared_bytes(self) -> int:
-        a, b = self.staging
-        item = self.stage_dtype.itemsize
-        return self.locals_bytes + -(-item * a // 16) * 16 + -(-item * b // 16) * 16 + self.reduce_scratch_bytes
+        a, b = self.staging_bytes
+        return self.locals_bytes + -(-a // 16) * 16 + -(-b // 16) * 16 + self.reduce_scratch_bytes
 
     @property
     def ntiles(self) -> int:

@@ -47,35 +47,33 @@ def tensor_core_options(options: Mapping | None) -> Iterator[None]:
 def use_tensor_cores(kernel: Kernel, device: Device, tf32: bool | None = None) -> Kernel:
     """`kernel` with its tiled GEMMs on the device's tensor cores, where whole mma tiles and warps cover
     the padded block tile and k step (`warp_grid`):
-    - m16n8k16 .f16 (Gemm.mma MMA_F16) where both factors are plain loads of fp16 tensors, the device
-      has fp16 tensor cores taking that shape (`f16_mma`), and every tiled phase of the kernel can
-      (their staging buffers st_a / st_b then hold fp16: one element type per kernel);
+    - m16n8k16 .f16 (Gemm.mma MMA_F16, staged as fp16) where both factors are fp16 in the graph (loads
+      of fp16 tensors, or values the graph types fp16: a fused LayerNorm's output is staged rounded to
+      fp16, as the unfused graph stores it) and the device has fp16 tensor cores taking that shape
+      (`f16_mma`);
     - else m16n8k8 .tf32 where the device has TF32 and either `tf32` (default: the option in force)
-      allows rounding fp32 operands, or both factors are fp16 loads (exact in TF32's 10-bit mantissa
-      and 8-bit exponent).
+      allows rounding fp32 operands, or both factors are plain fp16 loads (exact in TF32's 10-bit
+      mantissa and 8-bit exponent).
     Edge tiles need no mask: the staging zero-fills past the tile's live rows, columns and k, and the
     epilogue stores only live elements. Any other GEMM keeps the FMA micro-tile."""
     if not kernel.gemms:
         return kernel
-    has_tf32 = "tf32" in device.tensor_precisions
-    allowed = tf32_allowed() if tf32 is None else tf32
-    tiled = [p for s in kernel.segments for p in s.phases if p.gemm is not None or p.conv is not None]
-    half = f16_mma(device) and all(
-        p.gemm is not None and _fp16_factors(kernel, p.gemm) and warp_grid(p.gemm, kernel.threads, MMA_K_F16)
-        for p in tiled)
+    half, has_tf32 = f16_mma(device), "tf32" in device.tensor_precisions
     if not half and not has_tf32:
         return kernel
+    allowed = tf32_allowed() if tf32 is None else tf32
     segments, changed = [], False
     for seg in kernel.segments:
         phases = []
         for p in seg.phases:
-            if p.gemm is not None and (half or allowed or _fp16_factors(kernel, p.gemm)):
-                kind = MMA_F16 if half else MMA_TF32
-                grid = warp_grid(p.gemm, kernel.threads, MMA_K_F16 if half else MMA_K)
-                if grid is not None:
-                    p = dataclasses.replace(p, gemm=dataclasses.replace(
-                        p.gemm, mma=kind, warps_m=grid[0], warps_n=grid[1]))
-                    changed = True
+            g, grid = p.gemm, None
+            if g is not None and half and _fp16_typed(g):
+                kind, grid = MMA_F16, warp_grid(g, kernel.threads, MMA_K_F16)
+            if g is not None and grid is None and has_tf32 and (allowed or _fp16_loads(kernel, g)):
+                kind, grid = MMA_TF32, warp_grid(g, kernel.threads, MMA_K)
+            if grid is not None:
+                p = dataclasses.replace(p, gemm=dataclasses.replace(g, mma=kind, warps_m=grid[0], warps_n=grid[1]))
+                changed = True
             phases.append(p)
         segments.append(dataclasses.replace(seg, phases=tuple(phases)))
     return dataclasses.replace(kernel, segments=tuple(segments)) if changed else kernel
@@ -106,9 +104,13 @@ def warp_grid(g: Gemm, threads: int, mma_k: int = MMA_K) -> tuple[int, int] | No
     return None if best is None else (best[1], best[2])
 
 
-def _fp16_factors(kernel: Kernel, g: Gemm) -> bool:
-    """Both factors are plain loads of global fp16 tensors: their values are fp16 as loaded (and TF32
-    holds every one exactly)."""
+def _fp16_typed(g: Gemm) -> bool:
+    """Both factors are fp16 values in the graph (their expressions' dtype)."""
+    return all(strip(f, {}).dtype == DType.F16 for f in (g.a, g.b))
+
+
+def _fp16_loads(kernel: Kernel, g: Gemm) -> bool:
+    """Both factors are plain loads of global fp16 tensors: TF32 holds every fp16 value exactly."""
     for factor in (g.a, g.b):
         e = strip(factor, {})
         if not isinstance(e, E.Load) or e.dtype != DType.F16:

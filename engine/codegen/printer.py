@@ -393,27 +393,28 @@ class Printer:
         the current buffer before the next step's writes to it, and this step's staging before the
         next step's reads)."""
         g = phase.gemm
+        st_a, st_b = self.staging_names(g.stage_dtype)
         lines = self.gemm_prologue(kernel, phase)
         if g.buffers == 1:
             lines.append(f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{")
-            lines += ["        " + x for x in self.gemm_stage(kernel, phase, "st_a", "st_b")]
+            lines += ["        " + x for x in self.gemm_stage(kernel, phase, st_a, st_b)]
             lines.append(f"        {self.block_barrier}")
-            lines += ["        " + x for x in self.gemm_accumulate(phase, "st_a", "st_b")]
+            lines += ["        " + x for x in self.gemm_accumulate(phase, st_a, st_b)]
             lines += [f"        {self.block_barrier}", "    }"]
             return lines + self.gemm_store(kernel, phase)
-        steps, sp, st = -(-g.k // g.bk), self.local_space, self.storage_type(kernel.stage_dtype)
+        steps, sp, st = -(-g.k // g.bk), self.local_space, self.storage_type(g.stage_dtype)
         lines += ["    {  // the first k tile into buffer 0", "        const int k0 = 0;"]
-        lines += ["        " + x for x in self.gemm_stage(kernel, phase, "st_a", "st_b")]
+        lines += ["        " + x for x in self.gemm_stage(kernel, phase, st_a, st_b)]
         lines += ["    }", f"    {self.block_barrier}",
                   f"    for (int ks = 0; ks < {steps}; ++ks) {{",
                   f"        if (ks + 1 < {steps}) {{  // the next k tile into the other buffer",
                   f"            const int k0 = (ks + 1) * {g.bk};",
-                  f"            {sp}{st}* sa = st_a + ((ks + 1) & 1) * {g.a_elems};",
-                  f"            {sp}{st}* sb = st_b + ((ks + 1) & 1) * {g.b_elems};"]
+                  f"            {sp}{st}* sa = {st_a} + ((ks + 1) & 1) * {g.a_elems};",
+                  f"            {sp}{st}* sb = {st_b} + ((ks + 1) & 1) * {g.b_elems};"]
         lines += ["            " + x for x in self.gemm_stage(kernel, phase, "sa", "sb")]
         lines += ["        }",
-                  f"        {sp}{st}* ca = st_a + (ks & 1) * {g.a_elems};",
-                  f"        {sp}{st}* cb = st_b + (ks & 1) * {g.b_elems};"]
+                  f"        {sp}{st}* ca = {st_a} + (ks & 1) * {g.a_elems};",
+                  f"        {sp}{st}* cb = {st_b} + (ks & 1) * {g.b_elems};"]
         lines += ["        " + x for x in self.gemm_accumulate(phase, "ca", "cb")]
         lines += [f"        {self.block_barrier}", "    }"]
         return lines + self.gemm_store(kernel, phase)
@@ -435,7 +436,7 @@ class Printer:
         and of factor b into `sb` (bk x pn), zero past the tile's live rows, columns and k (as the kernel's
         staging type: fp16 staging of fp16 loads converts back exactly)."""
         g = phase.gemm
-        val = self.store_value("val", kernel.stage_dtype)
+        val = self.store_value("val", g.stage_dtype)
         r = phase.region.rank
         n = f"i{r - 1}"
         pm, pn = g.ty * g.tm, g.tx * g.tn
@@ -548,6 +549,12 @@ class Printer:
                  "                " + self.gemm_rows(phase, "mm"), f"                const int {n} = n_lo + nn;"]
         lines += ["                " + x for x in self.gemm_epilogue(kernel, phase, f"acc[x * {g.tn} + y]")]
         return lines + ["            }", "        }", "    }", "}"]
+
+    @staticmethod
+    def staging_names(dtype: DType) -> tuple[str, str]:
+        """The kernel's views of its staging tiles A and B in `dtype` (fp32: st_a / st_b; fp16, the
+        m16n8k16 .f16 path: st_ha / st_hb over the same bytes)."""
+        return ("st_ha", "st_hb") if dtype == DType.F16 else ("st_a", "st_b")
 
     # ---- tiled GEMM on tensor cores (Gemm.mma, engine/codegen/mma.py) ---------------------------
     # Fragment layouts of mma.m16n8k8 with .tf32 operands (PTX ISA, "Matrix Fragments for mma.m16n8k8"),

@@ -1468,11 +1468,13 @@ class CudaPrinter(Printer):
         for buf, off in zip(kernel.locals, kernel.shared_offsets):
             t = self.storage_type(buf.dtype)
             lines.append(f"{sp}{t}* {buf.name} = ({sp}{t}*)(smem + {off});  // {buf.capacity} elements")
-        if a:  # GEMM staging tiles after the block buffers (fp16 on the m16n8k16 .f16 path)
-            at, st = kernel.locals_bytes, self.storage_type(kernel.stage_dtype)
-            size = kernel.stage_dtype.itemsize
-            lines.append(f"{sp}{st}* st_a = ({sp}{st}*)(smem + {at});  // {a} elements")
-            lines.append(f"{sp}{st}* st_b = ({sp}{st}*)(smem + {at + -(-size * a // 16) * 16});  // {b} elements")
+        if a:  # GEMM staging tiles after the block buffers: a view per element type staged in
+            at = kernel.locals_bytes
+            a_bytes, b_bytes = kernel.staging_bytes
+            for dtype in sorted(kernel.staging_dtypes, key=lambda d: d.itemsize, reverse=True):
+                st, sa, sb, n = self.storage_type(dtype), *self.staging_names(dtype), dtype.itemsize
+                lines.append(f"{sp}{st}* {sa} = ({sp}{st}*)(smem + {at});  // {a_bytes // n} elements")
+                lines.append(f"{sp}{st}* {sb} = ({sp}{st}*)(smem + {at + -(-a_bytes // 16) * 16});  // {b_bytes // n} elements")
         return [x for x in lines if x]
 
     def kernel_qualifiers(self, kernel: Kernel) -> str:
