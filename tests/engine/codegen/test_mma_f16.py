@@ -243,6 +243,37 @@ def test_cost_model_charges_fp16_mma_at_the_fp16_tensor_peak_and_fma_at_the_fp32
     assert base < fma * v100.peak_fp32_flops / a100.peak_fp16_tensor_flops * 4
 
 
+def test_persistent_kernel_with_fp16_tensor_cores_runs_under_cuda_sim(tmp_path):
+    """The rProgram's persistent kernel carries the tasks' mma helpers (inline PTX, not printer HELPERS)."""
+    from engine.rprogram.persistent import persistent_cuda
+    from engine.rprogram.wavefront import build_rprogram, plan_for_rprogram
+    from engine.runtime.simt.persistent import run_persistent_simt
+    from engine.schedule.policies import make_plan
+
+    rng = np.random.default_rng(7)
+    w1, w2 = _rand(rng, 48, 64) * np.float16(0.2), _rand(rng, 64, 32) * np.float16(0.2)
+    path = _save(tmp_path, "mlp", [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                                   helper.make_node("MatMul", ["r", "W2"], ["y"])],
+                 [helper.make_tensor_value_info("x", H, [64, 48])], [helper.make_tensor_value_info("y", H, [64, 32])],
+                 [onnx.numpy_helper.from_array(w1, "W1"), onnx.numpy_helper.from_array(w2, "W2")])
+    graph, inputs = load_graph(path), {"x": _rand(rng, 64, 48)}
+    a100 = get_device("a100")
+    small = dataclasses.replace(a100, name="a100-2sm", sm_count=2)
+    plan = make_plan(graph, "welder", a100)
+    rp = build_rprogram(plan, small, graph=graph)
+    program = generate(plan_for_rprogram(plan, rp, graph, small), graph, small)
+    assert _f16_gemms(program)
+    source = persistent_cuda(program, rp).source
+    assert source.count("void tw_mma_m16n8k16_f16(") == 1
+    assert compile_cuda(source, name="persistent", arch="sm_80").ptx.count(PTX_F16) >= 1
+    outs, report = run_persistent_simt(program, rp, graph, inputs, device=small)
+    assert report.ok, "\n".join(report.summary_lines())
+    want = run_model(graph, inputs, backend="reference").outputs
+    for n in graph.output_names:  # fp16 outputs: a couple of ulps of the largest
+        y, w = np.asarray(outs[n], np.float32), np.asarray(want[n], np.float32)
+        assert np.abs(y - w).max() <= 4e-3 * np.abs(w).max(), n
+
+
 ZOO = ROOT / "samples" / "zoo"
 # fp16 everywhere in onnxruntime, fp16 only at graph tensors in ours (a fused kernel keeps fp32 between
 # its stages): a few fp16 ulps (2^-10 relative at the top) of the largest output apart.
