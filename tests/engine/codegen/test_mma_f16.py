@@ -198,7 +198,8 @@ extern "C" __global__ void mma16(const __half* a, const __half* b, const float* 
     assert compile_cuda(source, name="mma16", arch="sm_80").ptx.count(PTX_F16) == 1
 
 
-@pytest.mark.parametrize("name", ["nerf_mlp", "bert_layer", "vit_block"])
+@pytest.mark.parametrize("name", ["nerf_mlp", pytest.param("bert_layer", marks=pytest.mark.slow),
+                                  pytest.param("vit_block", marks=pytest.mark.slow)])
 def test_fp16_samples_print_tensor_core_kernels_that_compile_for_sm80_and_sm90(tmp_path, name):
     model, _ = ms.build(next(s for s in ms.SAMPLES if s.name == name))
     path = tmp_path / f"{name}.fp16.onnx"
