@@ -87,11 +87,14 @@ def show_kernel(state: AppState, loaded: services.LoadedModel, graph: PrimGraph,
         tile = st.text_input("Tile of the anchor stage", "x".join(map(str, seg.shape)), key="tg_tile",
                              help=f"anchor stage {seg.stage}; like 32x64")
         threads = st.number_input("Threads", min_value=1, max_value=1024, value=int(seg.threads), key="tg_threads")
+        kstep = st.text_input("k step", "x".join(map(str, seg.reduce_step)), key="tg_kstep",
+                              help="a contraction's reduce step per reduce axis, like 32 (empty: the default)")
         if st.form_submit_button("Apply tile"):
             try:
                 shape = [int(x) for x in tile.lower().replace("×", "x").split("x")]
+                step = [int(x) for x in kstep.lower().replace("×", "x").split("x") if x.strip()]
             except ValueError:
-                st.error(f"Refused: tile '{tile}' is not like 32x64")
+                st.error(f"Refused: tile '{tile}' / k step '{kstep}' is not like 32x64 / 32")
             else:
-                submit_edits(state, loaded, [Edit.make("set_tile", stage=seg.stage, shape=shape,
-                                                       threads=int(threads))])
+                submit_edits(state, loaded, [Edit.make("set_tile", stage=seg.stage, shape=shape, threads=int(threads),
+                                                       **({"reduce_step": step} if step else {}))])

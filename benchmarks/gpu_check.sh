@@ -6,10 +6,11 @@
 # are installed and the probe repeated); `tileweave run --backend cuda` as a new user types it; the gpu-marked
 # tests (every sample x policy against onnxruntime, the persistent kernel, a second thread, a bundle); the
 # zoo's kernels timed against the cost model (benchmarks/bench_cost_model.py --device gpu); hardware
-# traffic under Nsight Compute for three zoo models (benchmarks/gpu_counters.py). STEPS picks which of
-# "cli tests bench counters" run (default all); *_S variables bound each step in seconds.
+# traffic under Nsight Compute for three zoo models (benchmarks/gpu_counters.py), per kernel with cold caches,
+# then whole programs with caches warm between kernels (the L2 residency model, engine/schedule/residency.py).
+# STEPS picks which of "cli tests bench counters program" run (default all); *_S variables bound each step.
 set -u
-STEPS=${STEPS:-cli tests bench counters}
+STEPS=${STEPS:-cli tests bench counters program}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/gpu_check}
 PY=${PY:-python3}
@@ -78,6 +79,14 @@ if want counters; then
     --policies welder,stitch --timeout 60 --json "$OUT/counters.json" >> "$OUT/counters.log" 2>&1
   echo "rc=$?" >> "$OUT/counters.log"
   grep -E "all |rc=|error|failed" "$OUT/counters.log" | tail -8
+fi
+
+if want program; then
+  step "Nsight Compute counters, whole programs, caches warm between kernels" | tee "$OUT/program.log"
+  timeout ${PROGRAM_S:-120} $PY benchmarks/gpu_counters.py --store "$STORE" --program --models lstm,nerf,bert \
+    --policies welder,stitch --timeout 60 --json "$OUT/program.json" >> "$OUT/program.log" 2>&1
+  echo "rc=$?" >> "$OUT/program.log"
+  grep -E "all |rc=|error|failed" "$OUT/program.log" | tail -8
 fi
 
 step done

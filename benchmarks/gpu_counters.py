@@ -1,9 +1,18 @@
 """Hardware traffic per kernel against the cost model's, on an attached GPU through Nsight Compute: each
 prepared variant (`bench_cost_model.py --device gpu --store DIR` writes DIR/MODEL.pkl) run once under
 `ncu`, which replays every kernel with cold caches and reads its DRAM and L2 bytes and duration; the
-table puts them beside the plan's modeled DRAM and L2 traffic per kernel.
+table puts them beside the plan's modeled DRAM (its cold figure: the kernel's DRAM plus what the L2 residency
+model serves from L2, `GroupCost.l2_warm_bytes`) and L2 traffic per kernel.
 
     python benchmarks/gpu_counters.py --store DIR [--models bert,convnext] [--policies welder] [--json OUT]
+    python benchmarks/gpu_counters.py --store DIR --program [--models lstm,nerf,bert] ...
+
+`--program` checks the program-level L2 residency model (engine/schedule/residency.py, unmeasured until
+then): the program's first run after its inputs and weights are uploaded, kernels in launch order, caches
+left as the previous kernel left them (`--cache-control none`, application replay so that every metric pass
+sees the same cache history); the modeled DRAM column is then the warm figure (`GroupCost.l2_warm`). An
+upload passes through L2 too, so a first touch of a weight may hit there: measured bytes can fall below the
+model's cold start; re-reads of weights and intermediates that the model calls warm should not reach DRAM.
 
 Needs `ncu` (Nsight Compute) and a GPU whose counters it may read; the clocks are left as they are
 (--clock-control none). Without them it says so in one line and exits 2.
@@ -50,9 +59,11 @@ def worker(store: str, policy: str) -> None:
     run_cuda(compiled.program, planned.specs, inputs, planned.weights, repeat=1)
 
 
-def counters(ncu: str, store: Path, policy: str, timeout: float) -> dict[str, dict[str, float]]:
-    """{kernel: {metric: value}} from the last profiled launch of each kernel."""
-    cmd = [ncu, "--clock-control", "none", "--csv", "--metrics", ",".join(METRICS), "-k", "regex:^k[0-9]",
+def counters(ncu: str, store: Path, policy: str, timeout: float, program: int = 0) -> dict[str, dict[str, float]]:
+    """{kernel: {metric: value}} from the last profiled launch of each kernel. `program` N: only the first N
+    launches (one run of the program), caches warm between kernels, the whole application replayed per pass."""
+    warm = ["--cache-control", "none", "--replay-mode", "application", "--launch-count", str(program)] if program else []
+    cmd = [ncu, "--clock-control", "none", *warm, "--csv", "--metrics", ",".join(METRICS), "-k", "regex:^k[0-9]",
            sys.executable, __file__, "--worker", str(store), "--policies", policy]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     rows = [line for line in proc.stdout.splitlines() if line.startswith('"')]
@@ -77,6 +88,8 @@ def main() -> int:
     p.add_argument("--policies", default="welder")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per model and policy")
     p.add_argument("--json", metavar="OUT.json")
+    p.add_argument("--program", action="store_true",
+                   help="one run of each program with caches warm between kernels (checks the L2 residency model)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -98,15 +111,19 @@ def main() -> int:
         for policy in [x for x in args.policies.split(",") if x]:
             plan = pickle.loads(store.read_bytes())[policy][1].plan
             try:
-                got = counters(ncu, store, policy, args.timeout)
+                got = counters(ncu, store, policy, args.timeout, len(plan.groups) if args.program else 0)
             except (RuntimeError, subprocess.TimeoutExpired) as err:
                 print(f"| {store.stem} | {policy} | {' '.join(str(err).split())[:200]} |||||||")
                 continue
             total = {"mdram": 0.0, "dram": 0.0, "ml2": 0.0, "l2": 0.0}
             for g in plan.groups:
-                c, t = got.get(g.name, {}), g.cost.traffic_bytes if g.cost else {}
+                c, t = got.get(g.name, {}), dict(g.cost.traffic_bytes) if g.cost else {}
+                if g.cost and not args.program:  # replayed alone with cold caches: nothing is warm in L2
+                    t["dram"] = t.get("dram", 0) + g.cost.l2_warm_bytes
                 dram = c.get("dram__bytes_read.sum", 0) + c.get("dram__bytes_write.sum", 0)
                 row = {"model": store.stem, "policy": policy, "kernel": g.name, "modeled_dram": t.get("dram", 0),
+                       "caches": "warm between kernels" if args.program else "cold per kernel",
+                       "l2_warm": list(g.cost.l2_warm) if g.cost else [],
                        "ncu_dram": dram, "modeled_l2": t.get("l2", 0), "ncu_l2": c.get("lts__t_bytes.sum", 0),
                        "modeled_us": g.cost.modeled_us if g.cost else None, "ncu_us": c.get("gpu__time_duration.sum"),
                        "achieved_occupancy_pct": c.get("sm__warps_active.avg.pct_of_peak_sustained_active"),

@@ -4,8 +4,8 @@ backend with inputs from an .npz file or the fixed-seed generator, outputs writt
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import BackendError, ShapeError, TileweaveError
+from engine.files import check_output, write_output
 from engine.ir.graph import PrimGraph, StageKind, TensorSpec
 
 BACKENDS = ("reference", "cpu", "cuda", "cuda-sim", "opencl")
@@ -320,7 +321,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_sim_args(args)
     check_devices_args(args)
     args.time_limit = time_limit_s(args.time_limit)
-    out_path = check_writable(args.outputs)
+    out_path = check_output(args.outputs, "--outputs", inputs=(args.model, args.inputs, args.plan_in), kind="zip")
     args.budget = memory_budget(args.memory_budget, backend=args.backend,
                                 device=default_device(args) if args.backend in ("cuda", "cuda-sim") else None)
     graph = load_graph(args.model, parse_shapes(args.shape))
@@ -429,19 +430,6 @@ def run_backend(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.
     return dict(result.outputs)
 
 
-def check_writable(path: str) -> Path:
-    """Fail before running when OUT.npz cannot be written."""
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if p.is_dir():
-        raise TileweaveError(f"output path '{path}' is a folder", hint="give a file name such as out.npz")
-    if not parent.is_dir():
-        raise TileweaveError(f"cannot write '{path}': folder '{parent}' does not exist", hint="create it first")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise TileweaveError(f"cannot write '{path}': permission denied", hint="choose another --outputs path")
-    return p
-
-
 def read_npz(path: str) -> dict[str, np.ndarray]:
     from engine.runtime.npz import read_npz_arrays
 
@@ -455,11 +443,10 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    try:
-        with open(path, "wb") as f:  # a file object keeps numpy from appending '.npz' to the name
-            np.savez(f, **arrays)
-    except OSError as err:
-        raise TileweaveError(f"cannot write '{path}' ({err.strerror})", hint="choose another --outputs path") from None
+    """The arrays as one .npz, written whole or not at all (the previous file survives a failed write)."""
+    buf = io.BytesIO()  # a file object keeps numpy from appending '.npz' to the name
+    np.savez(buf, **arrays)
+    write_output(path, buf.getvalue(), "--outputs")
 
 
 def summarize_array(name: str, arr: np.ndarray) -> str:

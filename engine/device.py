@@ -162,7 +162,8 @@ def _validate(values: Mapping[str, Any], *, where: str) -> None:
     for key in values:
         if key not in FIELDS:
             close = difflib.get_close_matches(key, FIELDS, n=1)
-            fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(REQUIRED_FIELDS)}"
+            fix = f"did you mean {close[0]!r}?" if close else (f"required keys: {', '.join(REQUIRED_FIELDS)}; "
+                                                   f"optional: {', '.join(OPTIONAL_FIELDS)}")
             raise DeviceError(f"{where}: unknown key {key!r} ({fix})")
     for key in REQUIRED_FIELDS:
         if key not in values:
@@ -207,7 +208,7 @@ def _validate(values: Mapping[str, Any], *, where: str) -> None:
         raise DeviceError(f"{where}: key 'source' must be a table of field = provenance, got {source!r}")
     for key, label in source.items():
         if key not in REQUIRED_FIELDS + OPTIONAL_FIELDS:
-            raise DeviceError(f"{where}: key 'source.{key}' names no device field (known keys: {', '.join(REQUIRED_FIELDS)})")
+            raise DeviceError(f"{where}: key 'source.{key}' names no device field (known keys: {', '.join(REQUIRED_FIELDS + OPTIONAL_FIELDS)})")
         if label not in SOURCES:
             raise DeviceError(f"{where}: key 'source.{key}' must be one of {', '.join(SOURCES)}, got {label!r}")
     _check_limits(values, where)

@@ -72,21 +72,24 @@ with guarded("Editing the plan"):
                 submit([Edit.make("merge", producer=p, consumer=c)])
     with tile_tab:
         rows = pd.DataFrame([{"group": g.id, "kernel": g.name, "anchor stage": g.segments[0].stage,
-                              "tile": "x".join(map(str, g.segments[0].shape)), "threads": g.segments[0].threads}
+                              "tile": "x".join(map(str, g.segments[0].shape)), "threads": g.segments[0].threads,
+                              "k step": "x".join(map(str, g.segments[0].reduce_step))}
                              for g in plan.groups])
         edited = st.data_editor(rows, key="plan_tiles", hide_index=True, width="stretch",
                                 disabled=["group", "kernel", "anchor stage"])
         if st.button("Apply tile changes", key="plan_apply_tiles"):
             edits = []
             for before, after in zip(rows.to_dict("records"), edited.to_dict("records")):
-                if (before["tile"], before["threads"]) != (after["tile"], after["threads"]):
+                if (before["tile"], before["threads"], before["k step"]) != (after["tile"], after["threads"], after["k step"]):
                     try:
                         shape = [int(x) for x in str(after["tile"]).lower().replace("×", "x").split("x")]
+                        step = [int(x) for x in str(after["k step"] or "").lower().replace("×", "x").split("x") if x.strip()]
                     except ValueError:
-                        st.error(f"Refused: tile '{after['tile']}' of {after['kernel']} is not like 32x64")
+                        st.error(f"Refused: tile '{after['tile']}' / k step '{after['k step']}' of {after['kernel']} "
+                                 "is not like 32x64 / 32")
                         break
                     edits.append(Edit.make("set_tile", stage=before["anchor stage"], shape=shape,
-                                           threads=int(after["threads"])))
+                                           threads=int(after["threads"]), **({"reduce_step": step} if step else {})))
             else:
                 if edits:
                     submit(edits)

@@ -88,6 +88,9 @@ def group_detail(graph: PrimGraph, group: Group) -> dict:
     if cost:
         out["footprint"] = {k: fmt_bytes(v) for k, v in cost.footprint.items()}
         out["traffic"] = {k: fmt_bytes(v) for k, v in cost.traffic_bytes.items()}
+        if cost.l2_warm:  # inputs earlier kernels left in L2 (modeled on a GPU preset, unmeasured)
+            out["read from L2, left by earlier kernels"] = (f"{', '.join(cost.l2_warm)}: {fmt_bytes(cost.l2_warm_bytes)} "
+                                                            "of DRAM saved")
         out["modeled time"] = {k: fmt_us(v) for k, v in cost.terms_us.items()} | {"total": fmt_us(cost.modeled_us)}
         out["occupancy"] = (f"{cost.resident_blocks_per_sm} blocks/SM (limited by {cost.occupancy_limiter}), "
                             f"{cost.waves} wave(s), efficiency {cost.wave_efficiency:.0%}")
@@ -114,7 +117,8 @@ def describe_edit(edit: Edit) -> str:
         return f"split at {a['producer']} → {a['consumer']}"
     if edit.kind == "set_tile":
         shape = fmt_shape(tuple(a.get("shape", ()))) if a.get("shape") else "—"
-        return f"set_tile {a.get('stage', a.get('group_stage'))}: tile {shape}, {a.get('threads')} threads"
+        step = f", k step {fmt_shape(tuple(a['reduce_step']))}" if a.get("reduce_step") else ""
+        return f"set_tile {a.get('stage', a.get('group_stage'))}: tile {shape}, {a.get('threads')} threads{step}"
     return f"{edit.kind} " + ", ".join(f"{k}={v}" for k, v in edit.args)
 
 

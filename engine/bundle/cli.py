@@ -28,26 +28,31 @@ def add_export_command(sub) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from engine.bundle.annotate import annotate_onnx
     from engine.bundle.export import DEFAULT_ARCHS, bundle_info, export_bundle
-    from engine.commands import check_writable, planned_model
+    from engine.commands import planned_model
     from engine.errors import TileweaveError
+    from engine.files import check_output, write_output
     from engine.flags import time_limit_s
 
     if not args.out and not args.annotated_onnx:
         raise TileweaveError("nothing to export: give -o bundle.zip, --annotated-onnx model.onnx, or both")
     time_limit = time_limit_s(args.time_limit)
-    for path in (args.out, args.annotated_onnx):
-        if path:
-            check_writable(Path(path))
+    inputs = (args.model, getattr(args, "plan_in", None))
+    if args.out:
+        check_output(args.out, "-o", inputs, kind="zip")
+    if args.annotated_onnx:
+        check_output(args.annotated_onnx, "--annotated-onnx", inputs, kind="onnx")
+    if args.out and args.annotated_onnx and Path(args.out).absolute() == Path(args.annotated_onnx).absolute():
+        raise TileweaveError(f"-o and --annotated-onnx are the same file '{args.out}'", hint="give two paths")
     device, graph, plan = planned_model(args)
     if args.annotated_onnx:
-        Path(args.annotated_onnx).write_bytes(annotate_onnx(args.model, graph, plan))
+        write_output(args.annotated_onnx, annotate_onnx(args.model, graph, plan), "--annotated-onnx")
         print(f"{args.annotated_onnx}: {Path(args.model).name} annotated with {plan.kernels} kernels of {plan.policy}")
     if not args.out:
         return 0
     out = Path(args.out)
     data = export_bundle(graph, plan, device, archs=tuple(args.arch or DEFAULT_ARCHS),
                          with_weights=not args.no_weights, time_limit=time_limit)
-    out.write_bytes(data)
+    write_output(out, data, "-o")
     info = bundle_info(data)
     print(f"{out}: {info.kernels} kernels for {', '.join(info.archs)}, {len(info.files)} files, "
           f"{info.nbytes / 1e6:.2f} MB")

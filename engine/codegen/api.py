@@ -185,10 +185,15 @@ def _buffers(program: Program) -> list[dict]:
 
 def write_compiled(program: Program, compiled: CompiledProgram, out: Path) -> list[Path]:
     """Write `compiled_files` and program.json into `out` (created); returns the paths written.
-    A folder that cannot be written is a one-line TileweaveError."""
+    A folder that cannot be written, or one holding a file of the same name that an earlier compile did
+    not write (no program.json there), is a one-line TileweaveError."""
     files = compiled_files(program, compiled)
     meta = program_json(program, compiled, files)
     files["program.json"] = json.dumps(meta, indent=1).encode()
+    clash = sorted(name for name in files if (out / name).exists())
+    if clash and not (out / "program.json").is_file():  # a folder of the user's, not an earlier compile
+        raise TileweaveError(f"'{out}' already has {clash[0]} and is not an earlier tileweave compile output "
+                             "(no program.json): writing would replace it", hint="choose another -o folder")
     written = []
     try:
         out.mkdir(parents=True, exist_ok=True)

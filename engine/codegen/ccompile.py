@@ -57,6 +57,24 @@ def _default_options(cmd: tuple[str, ...]) -> tuple[str, ...]:
     return (*DEFAULT_OPTIONS, "-march=native") if proc.returncode == 0 else DEFAULT_OPTIONS
 
 
+def compiler_lanes() -> int:
+    """fp32 lanes of the widest vector registers the C kernels are compiled for (`default_options`):
+    16 where the compiler defines __AVX512F__, 8 for __AVX__, else 4 — the host probe's rule for the
+    host Device's vector_lanes (engine/host.py), read from the compiler's predefined macros."""
+    return _compiler_lanes(tuple(find_compiler()), default_options())
+
+
+@functools.cache
+def _compiler_lanes(cmd: tuple[str, ...], options: tuple[str, ...]) -> int:
+    try:
+        proc = subprocess.run([*cmd, *[o for o in options if o.startswith("-m")], "-dM", "-E", "-x", "c", "-"],
+                              input="", capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 4
+    macros = {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("#define ")}
+    return 16 if "__AVX512F__" in macros else 8 if "__AVX__" in macros else 4
+
+
 def find_compiler(cxx: bool = False) -> list[str]:
     """The C compiler command: $CC (may carry arguments, e.g. "ccache gcc"), else cc, else gcc.
     With `cxx`, the C++ compiler: $CXX, else c++, else g++ (the cuda-sim emulator's kernels)."""

@@ -23,7 +23,8 @@ launch list (kernel, source, per-arch ptx/cubin files with sha256, grid, block, 
 cooperative, args; a cooperative grid is one wave of the device at the registers the first --arch's
 CUBIN uses, re-capped on a GPU by the driver's occupancy), per kernel and arch the compiled registers,
 local and static shared bytes, the buffers with their arena offsets, and the arena peak beside the
-naive sum."""
+naive sum; for --target c also each kernel's C-target choices (engine/codegen/ctarget.py: c_lanes, the
+GEMM and conv register blocking, per segment the OpenMP split and the row and line caches)."""
 
 
 def add_compile_command(sub) -> None:

@@ -144,7 +144,7 @@ def _dense_conv_channels(seg) -> int | None:
 def _gemv_cols(seg) -> int | None:
     """Columns per block of the segment's tiled GEMM of at most GEMV_ROWS rows (the C printer runs it
     as dot products against a weight, its tiles split statically over the threads), or None."""
-    from engine.codegen.targets import GEMV_ROWS
+    from engine.codegen.ctarget import GEMV_ROWS
 
     gemms = [p.gemm for p in seg.phases if p.gemm is not None]
     return gemms[0].bn if gemms and gemms[0].bm <= GEMV_ROWS and len(gemms) == 1 else None

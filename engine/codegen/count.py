@@ -230,9 +230,9 @@ def _column_key(phase: Phase) -> tuple:
     r = phase.region.rank
     if phase.region.flat or not r:
         return ()
-    from engine.codegen.targets import _MAX_LINE, _one_wide
+    from engine.codegen.ctarget import MAX_LINE, one_wide
 
-    return (_one_wide(phase.region, r - 1), phase.region.extent[r - 1] <= _MAX_LINE)
+    return (one_wide(phase.region, r - 1), phase.region.extent[r - 1] <= MAX_LINE)
 
 
 def _column_sums(kernel: Kernel, phase: Phase) -> set:
@@ -242,7 +242,7 @@ def _column_sums(kernel: Kernel, phase: Phase) -> set:
     key = _column_key(phase)
     if not key or key[0] or not key[1]:
         return set()
-    from engine.codegen.targets import axpy_sums
+    from engine.codegen.ctarget import axpy_sums
 
     r = phase.region.rank
     var = f"i{r - 1}"

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from engine.codegen.conv import conv_dot_products, conv_of
+from engine.codegen.ctarget import c_decisions, c_lanes
 from engine.codegen.kexpr import (
     Guard,
     InBounds,
@@ -88,7 +89,8 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
         with tensor_core_options(dict(given.options)):
             kernel = built.get(group.name) or build_kernel(group, graph, conns, device)
         if target == "c":
-            kernel = conv_dot_products(fma_only(scalar_staging(kernel)), _c_lanes(device))
+            lanes = c_lanes(device)
+            kernel = c_decisions(conv_dot_products(fma_only(scalar_staging(kernel)), lanes), lanes)
         if kernel.shared_bytes > device.max_smem_per_block_bytes:
             raise PlanError(f"group {group.name}: block buffers need {kernel.shared_bytes} B of shared memory, "
                             f"over the {device.max_smem_per_block_bytes} B a block may use on {device.name}",
@@ -199,16 +201,6 @@ def _segments(group: Group, graph: PrimGraph, conns) -> list[tuple[Tile, list[st
         if not progressed:
             raise PlanError(f"group {group.name}: its segments depend on each other in a cycle")
     return order
-
-
-def _c_lanes(device: Device) -> int:
-    """fp32 lanes of the vector registers the C kernels are built for: the host's measured figure for a
-    CPU device; for a GPU's plan run on this CPU, what the C compiler targets here (-march=native)."""
-    if device.kind == "cpu" and device.vector_lanes > 1:
-        return device.vector_lanes
-    from engine.codegen.targets import conv_vector
-
-    return conv_vector()
 
 
 def build_kernel(group: Group, graph: PrimGraph, conns, device: Device | None = None,
@@ -339,6 +331,19 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroB
     bm, bn = math.prod(region.extent[region.rank - 1 - rows:region.rank - 1]), region.extent[-1]
     k = math.prod(extents)
     bk = max(1, min(step, k))
+    tm, tn, tx, ty = micro_tile(bm, bn, threads)
+    if tm * tn > budget.accumulators or threads % tx:
+        return None
+    while bk > 4 and 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
+        bk //= 2
+    if 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
+        return None
+    return Gemm(a, b, target, tuple(names), tuple(extents), bm, bn, bk, tm, tn, tx, ty, rows)
+
+
+def micro_tile(bm: int, bn: int, threads: int) -> tuple[int, int, int, int]:
+    """(tm, tn, tx, ty): the block's threads as tx (a power of two) x ty over a bm x bn GEMM tile, each
+    with a tm x tn micro-tile, the fewest accumulators per thread (then the fewest operand loads)."""
     best = None
     tx = 1
     while tx <= threads:
@@ -348,14 +353,7 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroB
         if best is None or key < best[0]:
             best = (key, tm, tn, tx, ty)
         tx *= 2
-    _, tm, tn, tx, ty = best
-    if tm * tn > budget.accumulators or threads % tx:
-        return None
-    while bk > 4 and 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
-        bk //= 2
-    if 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
-        return None
-    return Gemm(a, b, target, tuple(names), tuple(extents), bm, bn, bk, tm, tn, tx, ty, rows)
+    return best[1:]
 
 
 def _gemm_operands(p: Phase, graph: PrimGraph, rank: int, rows: int) -> tuple | None:

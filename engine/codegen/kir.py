@@ -8,6 +8,7 @@ that cross a barrier live in explicit buffers: BLOCK scope (shared memory / per-
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
@@ -129,6 +130,22 @@ class Gemm:
     mma: str = ""
     warps_m: int = 0
     warps_n: int = 0
+    # C target (ctarget.block_gemms): the block-wide accumulator updated c_rows rows x c_cols columns at a
+    # time (partial sums in vector registers), rows past the last whole group one at a time over c_wide
+    # columns; `a_in` / `b_in`: (row or column stride, flat-k stride) of a factor read where it lies, ()
+    # staged; `gemv` > 0: each output a dot product over the whole of k in `gemv` partial sums (B read in
+    # place along k); `panel`: B's whole k range staged once per column tile in a per-thread panel.
+    c_rows: int = 0
+    c_cols: int = 0
+    c_wide: int = 0
+    a_in: tuple[int, ...] = ()
+    b_in: tuple[int, ...] = ()
+    gemv: int = 0
+    panel: bool = False
+    # staging loop orders (C): B staged with k innermost in bands of c_cols columns (B contiguous along k);
+    # A staged with its rows innermost (A contiguous along its rows)
+    b_k_inner: bool = False
+    a_rows_inner: bool = False
 
     @property
     def mma_tiles(self) -> tuple[int, int]:
@@ -162,7 +179,20 @@ class Gemm:
         """The micro-kernel's parameters, as program.json records them."""
         return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "tm": self.tm, "tn": self.tn, "tx": self.tx,
                 "ty": self.ty, "vec_a": self.vec_a, "vec_b": self.vec_b, "buffers": self.buffers,
-                **({"mma": self.mma, "warps_m": self.warps_m, "warps_n": self.warps_n} if self.mma else {})}
+                **({"mma": self.mma, "warps_m": self.warps_m, "warps_n": self.warps_n} if self.mma else {}),
+                **({"c_rows": self.c_rows, "c_cols": self.c_cols, "c_wide": self.c_wide, "a_in": list(self.a_in),
+                    "b_in": list(self.b_in), "gemv": self.gemv, "panel": self.panel, "b_k_inner": self.b_k_inner,
+                    "a_rows_inner": self.a_rows_inner} if self.c_cols else {})}
+
+    def describe_c(self) -> str:
+        """The C target's blocking (ctarget.block_gemms), "" before it ran."""
+        if not self.c_cols:
+            return ""
+        where = "".join(f", {n} in place" for n, s in (("a", self.a_in), ("b", self.b_in)) if s)
+        if self.gemv:
+            return f"; C: dot products over k in {self.gemv} partial sums{where}"
+        panel = ", B panel per column tile" if self.panel else ""
+        return f"; C: {self.c_rows}x{self.c_cols} register block (tail rows {self.c_wide} wide){where}{panel}"
 
     def describe(self) -> str:
         over = f" (rows over {self.rows} axes)" if self.rows > 1 else ""
@@ -209,6 +239,25 @@ class Conv:
     dot_lanes: int = 0
     dot_channels: int = 0
     dot_pixels: int = 0
+    # C target, the window form (ctarget.block_convs): `lanes`-float vector registers; output columns in
+    # chunks of `chunk`; `chunk_channels` output channels x `chunk_rows` output rows per register block
+    # (the channels left over one at a time over `lone_rows` rows); `by_channel`: output channels in the
+    # vector lanes instead (a pointwise conv over fewer pixels than a vector).
+    lanes: int = 0
+    chunk: int = 0
+    chunk_channels: int = 0
+    chunk_rows: int = 0
+    lone_rows: int = 0
+    by_channel: bool = False
+    # and the staging (ctarget.stage_convs): the input's window rows read in place (an unpadded plain load
+    # whose last index is the window column), input channels per step, elements ahead to prefetch in-place
+    # rows, the window staged channels innermost (a channels-last input), weights staged output channel
+    # innermost (weights stored input-channel-major)
+    x_in_place: bool = False
+    step: int = 0
+    prefetch: int = 0
+    x_channels_last: bool = False
+    w_channel_inner: bool = False
 
     buffers = 1  # the direct convolution stages one buffer per step (no double buffering yet)
 
@@ -242,6 +291,28 @@ class Conv:
                 + (f", dot products {self.dot_lanes} lanes x {self.dot_channels} channels x {self.dot_pixels} pixels"
                    if self.dot_lanes else ""))
 
+    def describe_c(self) -> str:
+        """The C target's window-form blocking (ctarget.block_convs), "" before it ran or for dot products."""
+        if not self.lanes:
+            return ""
+        if self.by_channel:
+            return f"; C: {self.lanes}-lane vectors over output channels"
+        return (f"; C: {self.lanes}-lane vectors, {self.chunk}-column chunks, {self.chunk_channels} channels x "
+                f"{self.chunk_rows} rows per block ({self.lone_rows} rows for one channel)")
+
+    @property
+    def params(self) -> dict:
+        """The blocking parameters, as program.json records them."""
+        out = {"bc": self.bc, "tm": self.tm, "tn": self.tn, "tx": self.tx, "ty": self.ty}
+        if self.dot_lanes:
+            out |= {"dot_lanes": self.dot_lanes, "dot_channels": self.dot_channels, "dot_pixels": self.dot_pixels}
+        if self.lanes:
+            out |= {"lanes": self.lanes, "chunk": self.chunk, "chunk_channels": self.chunk_channels,
+                    "chunk_rows": self.chunk_rows, "lone_rows": self.lone_rows, "by_channel": self.by_channel,
+                    "x_in_place": self.x_in_place, "step": self.step, "prefetch": self.prefetch,
+                    "x_channels_last": self.x_channels_last, "w_channel_inner": self.w_channel_inner}
+        return out
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -259,6 +330,12 @@ class Phase:
     threads_per_row: int = 1  # >1: threads of a row split the reduction and combine in a tree
     gemm: Gemm | None = None  # set: the contraction in this phase runs as a tiled GEMM
     conv: Conv | None = None  # set: the contraction in this phase runs as a direct convolution
+    # C target (ctarget.cache_lines): subexpressions of the innermost variable alone this phase reads from
+    # a segment's LineCache, as (value, array, lo), and those it computes once per tile into arrays line0...
+    line_reads: tuple[tuple[object, str, int], ...] = ()
+    tile_lines: tuple[object, ...] = ()
+    # C target (ctarget.sum_columns): inlined sums (kexpr.Reduce) run column-wise before the innermost loop
+    column_sums: tuple[object, ...] = ()
     # Where tiles' regions overlap (a halo, rows every column tile needs), the elements this tile writes
     # to GLOBAL buffers: each element by one tile only (affine spans; a flat region only stands for the
     # count of a sampled segment). None: the whole region.
@@ -268,8 +345,44 @@ class Phase:
         red = f" {self.combine.value} over {list(self.reduce)}" if self.combine else ""
         from engine.codegen.kexpr import kformat
 
-        tiled = f" [{(self.gemm or self.conv).describe()}]" if self.gemm or self.conv else ""
+        tiled = self.gemm or self.conv
+        # (describe() alone titles the phase in the printed source; the C target's choices come after it)
+        tiled = f" [{tiled.describe()}{tiled.describe_c()}]" if tiled else ""
         return f"{self.stage}{red} = {kformat(self.body)} -> {', '.join(self.stores)}{tiled}"
+
+
+@dataclass(frozen=True)
+class RowCache:
+    """A reduction's per-term value that a later phase of the same tile recomputes: softmax's exp in
+    the normalise phase (along its innermost axis), its masked logits in the sum phase (along the
+    same r0). The reduction loop stores each term in a per-tile array `name[rows][n]` (L1-resident),
+    the later phase reads it back: same value, so the same rounding. C target: ctarget.cache_rows."""
+
+    name: str
+    producer: str  # stage of the reduction phase
+    consumer: str  # stage of the later phase (elementwise, or a reduction over the same rows)
+    term: object  # the reduced term at the consumer's index (its innermost variable for r0)
+    row_dims: int  # leading axes both phases share; the consumer's next axis runs along the row
+    extents: tuple[int, ...]  # of the row axes
+    n: int  # row length
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.extents) * self.n
+
+
+@dataclass(frozen=True)
+class LineCache:
+    """C target (ctarget.cache_lines): `value`, an expensive subexpression of the one loop variable `var`
+    (a broadcast chain exp(-sqrt(|a|^2.5 + 1)) along a row's columns), computed into the array `name`
+    over var in lo..hi-1 once per launch, before the tile loop (every tile reads the same range), and
+    read by the phases instead of recomputed per row."""
+
+    name: str
+    value: object  # kexpr over `var` alone
+    var: str
+    lo: int
+    hi: int
 
 
 @dataclass(frozen=True)
@@ -279,6 +392,15 @@ class Segment:
     anchor: str
     ntiles: int
     phases: tuple[Phase, ...]
+    # C target (ctarget.schedule_segments): how the OpenMP threads share the tiles — "serial" (the calling
+    # thread: too little work to wake a team), "guided" or "static" (a weight-streaming GEMV); `work`, the
+    # element-steps that decided it. "" before the pass ran.
+    omp: str = ""
+    work: int = 0
+    panel_axis: int = -1  # C target: tiles walked column tile by column tile along this axis (Gemm.panel)
+    row_caches: tuple[RowCache, ...] = ()  # C target: per-tile arrays of reduction terms a later phase rereads
+    launch_lines: tuple[LineCache, ...] = ()  # C target: arrays computed once per launch (before the tile loop)
+
 
 
 @dataclass(frozen=True)
@@ -290,6 +412,7 @@ class Kernel:
     threads: int
     stages: tuple[str, ...]
     origin: tuple[str, ...]  # ONNX nodes
+    c_lanes: int = 0  # >0: the C target's passes (ctarget.c_decisions) chose its parameters for these vector lanes
 
     @property
     def cooperative(self) -> bool:
@@ -450,6 +573,8 @@ class Program:
 
 def program_to_json(program: Program) -> dict:
     """program.json: launch list, grids, blocks, shared bytes, buffers, and each kernel's phases."""
+    from engine.codegen.kexpr import kformat
+
     kernels = []
     for k in program.kernels:
         kernels.append({
@@ -459,10 +584,22 @@ def program_to_json(program: Program) -> dict:
                        for b in k.params],
             "locals": [{"name": b.name, "tensor": b.tensor, "dtype": b.dtype.value,
                         "extent": list(b.region.extent) if b.region else []} for b in k.locals],
-            "segments": [{"anchor": s.anchor, "ntiles": s.ntiles, "phases": [p.describe() for p in s.phases]}
+            "segments": [{"anchor": s.anchor, "ntiles": s.ntiles, "phases": [p.describe() for p in s.phases],
+                          **({"omp": s.omp, "work": s.work} if s.omp else {}),
+                          **({"panel_axis": s.panel_axis} if s.panel_axis >= 0 else {}),
+                          **({"row_caches": [f"{c.name}: {c.producer} terms reread by {c.consumer}, {c.size} floats"
+                                             for c in s.row_caches]} if s.row_caches else {}),
+                          **({"launch_lines": [f"{c.name}: {kformat(c.value)} over {c.var} {c.lo}..{c.hi - 1}"
+                                               for c in s.launch_lines]} if s.launch_lines else {}),
+                          **({"tile_lines": {p.stage: [kformat(v) for v in p.tile_lines] for p in s.phases
+                                             if p.tile_lines}} if any(p.tile_lines for p in s.phases) else {})}
                          for s in k.segments],
             "gemms": [{"stage": p.stage, **p.gemm.params} for s in k.segments for p in s.phases if p.gemm],
         })
+        if k.c_lanes:  # the C target's choices (absent from a CUDA program)
+            kernels[-1] |= {"c_lanes": k.c_lanes,
+                            "convs": [{"stage": p.stage, **p.conv.params} for s in k.segments for p in s.phases
+                                      if p.conv]}
     return {
         "name": program.name, "model_hash": program.model_hash, "plan_hash": program.plan_hash,
         "policy": program.policy, "device": program.device, "kernels": kernels,

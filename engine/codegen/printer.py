@@ -368,6 +368,10 @@ class Printer:
     def gemm_epilogue(self, kernel: Kernel, phase: Phase, acc: str) -> list[str]:
         """The phase body at (i_m, i_n) with the contraction replaced by the accumulator; the stores
         (also the direct convolution's epilogue)."""
+        return self.epilogue_lines(kernel, phase, acc)[0]
+
+    def epilogue_lines(self, kernel: Kernel, phase: Phase, acc: str) -> tuple[list[str], int]:
+        """gemm_epilogue's lines and the loops among them (inlined reductions of the epilogue)."""
         g = phase.gemm or phase.conv
         r = phase.region.rank
         ranges = {f"i{k}": (0, n - 1) for k, n in enumerate(phase.region.shape)}
@@ -382,7 +386,7 @@ class Printer:
         for name in phase.stores:
             idx = tuple(I.var(f"i{d}") for d in range(r))
             lines.append(self.store(kernel, phase, name, ssa.offset(kernel.buffer(name), idx), value))
-        return lines
+        return lines, ssa.loops
 
     def render_gemm_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         """Threads stage A (rows x bk) and B (bk x cols) tiles cooperatively, barrier, each thread
@@ -956,6 +960,7 @@ class BodyWriter:
         self.memo: dict = {}
         self.counter = counter if counter is not None else [0]
         self.picks = 0  # pointer picks emitted (_pick_tensor)
+        self.loops = 0  # loops emitted (reductions, nested ones included): a loop around these lines is not innermost
 
     def fresh(self) -> str:
         self.counter[0] += 1
@@ -1061,6 +1066,7 @@ class BodyWriter:
             for n in extents:
                 total *= n
             self.lines.append(f"for (int rf = lane; rf < {total}; rf += {lanes}) {{")
+            self.loops += 1
             rest = "rf"
             for v, n in reversed(list(zip(names, extents))):
                 self.lines.append(f"    const int {v} = {rest} % {n};" if v != names[0] else f"    const int {v} = {rest};")
@@ -1072,15 +1078,17 @@ class BodyWriter:
         if lanes <= 1:
             for k, (name, n) in enumerate(zip(names, extents)):
                 pragma = self.p.reduction_pragma(combine, acc) if k == len(names) - 1 else ""
-                if pragma and not any(line.lstrip().startswith("for (") for line in inner.lines):
+                if pragma and not inner.loops:
                     self.lines.append(pragma)  # innermost loop, no loop nested in its body
                 self.lines.append(f"for (int {name} = 0; {name} < {n}; ++{name}) {{")
+                self.loops += 1
         step = {Combine.SUM: f"{acc} += {v};", Combine.PROD: f"{acc} *= {v};",
                 Combine.MAX: f"{acc} = {v} > {acc} ? {v} : {acc};", Combine.MIN: f"{acc} = {v} < {acc} ? {v} : {acc};",
                 Combine.ARGMAX: f"if ({v} > {acc}) {{ {acc} = {v}; {acc}_arg = {names[0]}; }}",
                 Combine.ARGMIN: f"if ({v} < {acc}) {{ {acc} = {v}; {acc}_arg = {names[0]}; }}"}[combine]
         kept = [keep.format(v=v)] if keep else []
         self.lines += ["    " + x for x in inner.lines + kept + [step]]
+        self.loops += inner.loops
         self.lines += ["}"] * (1 if lanes > 1 else len(extents))
         return f"{acc}_arg" if arg else acc
 
@@ -1093,6 +1101,7 @@ class BodyWriter:
         self.lines.append(f"if ({self.inbounds(g.cond.index, g.cond.shape)}) {{")
         self.lines += ["    " + x for x in inner.lines + [f"{name} = {v};"]]
         self.lines.append("}")
+        self.loops += inner.loops
         return name
 
     def _pick_tensor(self, e) -> str | None:

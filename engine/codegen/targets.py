@@ -3,17 +3,13 @@ and a few hooks (thread loop, tile loop, where block buffers live), never by bra
 
 from __future__ import annotations
 
-import functools
-import math
-import platform
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
-from engine.codegen.conv import dot_terms, flat_stride, window_interior
-from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kmap, kwalk, substitute_body
-from engine.codegen.kir import Kernel, Phase, Program, Segment
+from engine.codegen.conv import dot_terms, window_interior
+from engine.codegen.ctarget import for_c, one_wide
+from engine.codegen.kexpr import Reduce
+from engine.codegen.kir import Kernel, Phase, Program, RowCache, Segment
 from engine.codegen.printer import BodyWriter, Printer, invariant_values
-from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
 from engine.ir.graph import Combine
@@ -90,95 +86,6 @@ __device__ __forceinline__ void tw_mma_m16n8k16_f16(float& d0, float& d1, float&
 #endif"""
 
 
-# Element-steps below which a C segment runs serially. On an idle machine (2 threads, vectorised
-# a*x+b) an OpenMP parallel loop costs ~3 us over the serial one and breaks even near 64 K
-# element-steps; but on a shared machine every parallel loop may wait a whole time slice (~8 ms) for
-# a descheduled thread at its end: at 64 K, lstm's 30 per-step segments went parallel and its median
-# run took 264 ms instead of 20 ms. So only segments well past break-even get a team.
-SERIAL_WORK = 1 << 19
-STREAM_WORK = 1 << 17  # element-steps from which a weight-streaming GEMV segment splits statically
-
-
-
-@functools.cache
-def conv_vector() -> int:
-    """Floats per vector register the C direct convolutions block for: 16 on an x86 host with
-    AVX-512 (the kernels are built with -march=native: 32 registers of 16 floats), else 8 (AVX2). Measured on conv_bn_relu / mobilenetv2_block (one thread, Zen 4):
-    AVX-512 blocking 460 / 2980 us against 529 / 3880 us held to AVX2."""
-    if not _X86:
-        return 8
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return 8
-    return 16 if "avx512f" in flags else 8
-_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
-TRANSCENDENTAL_STEPS = 8  # element-steps one exp/tanh/erf/log/pow/sqrt/... counts for
-
-
-def _streams_weight(seg: Segment) -> bool:
-    """A segment holding a tiled GEMM of at most GEMV_ROWS rows per block (run as dot products)."""
-    return any(p.gemm is not None and p.gemm.bm <= GEMV_ROWS for p in seg.phases) and seg.ntiles > 1
-
-
-def segment_work(seg: Segment) -> int:
-    """Element-steps of a segment: per phase, elements per tile times the reduction length (inlined
-    reductions and tiled GEMM k included) times the body's weight (transcendentals count
-    TRANSCENDENTAL_STEPS each), times the tiles."""
-    total = 0
-    for p in seg.phases:
-        elems = p.region.flat or math.prod(p.region.extent)
-        steps = math.prod(p.reduce) if p.reduce else 1
-        steps += sum(math.prod(r.extents) for r in kwalk(p.body) if isinstance(r, Reduce))
-        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * sum(map(_transcendental, kwalk(p.body))))
-    return total * seg.ntiles
-
-
-def _one_wide(region, d: int) -> bool:
-    """Whether axis d of the region spans exactly one index on every tile."""
-    if region.spans:
-        return region.spans[d].ext == 1 and not region.spans[d].clamp
-    return all(row[region.rank + d] - row[d] == 1 for row in region.table)
-
-
-_MAX_LINE = 16384  # floats of one per-tile line cache (on the stack of an OpenMP thread)
-_EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos"}
-
-
-def _transcendental(n) -> bool:
-    return (isinstance(n, E.Unary) and n.op in _EXPENSIVE) or (isinstance(n, E.Binary) and n.op == "pow")
-
-
-def _line_values(body, var: str) -> list:
-    """Maximal float subexpressions of `body` depending on `var` alone and holding a transcendental
-    (none under a pad guard or inside an inlined reduction)."""
-    found: list = []
-    stack = [body]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, (Guard, Reduce)):
-            continue
-        if getattr(e, "dtype", None) is not None and e.dtype.is_float and free_vars(e) == {var} \
-                and any(map(_transcendental, kwalk(e))) and e not in found:
-            found.append(e)
-            continue
-        stack.extend(E.children(e))
-    return found
-
-
-# The C GEMM micro-kernel: GEMM_ROWS x GEMM_COLS partial sums in registers (four AVX-512 vectors,
-# eight AVX2 ones). Measured on the host (Zen 4, one thread, bert's 128x768x768 GEMM, 64x64 blocks,
-# k step 32): 4x16 1.70 ms, 8x16 1.80, 16x16 2.0, 4x32 3.1, 4x64 2.4, 8x32 2.5; the rank-1 updates
-# of the whole block through memory 3.5; AVX2 only (target no-avx512f) 4x16 3.9. Wider chunks than
-# one vector per row lose: GCC no longer keeps every partial sum in a register.
-GEMM_ROWS = 4
-GEMM_COLS = 16
-# Tiles of at most GEMV_ROWS rows with B contiguous along k run as dot products of GEMV_LANES
-# partial sums (several independent vector accumulators, so the FMA latency overlaps).
-GEMV_ROWS = 4
-GEMV_LANES = 32
-PANEL_BYTES = 4 << 20  # largest per-thread B panel a C GEMM keeps across tiles
-PREFETCH_CHANNELS = 4  # input channels ahead a direct conv prefetches rows read in place
 
 
 def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_at: str,
@@ -220,9 +127,9 @@ def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_a
 
 @dataclass(frozen=True)
 class InPlace:
-    """A GEMM factor read where it lies instead of staged: `ptr` points at its element (first row
-    or column of the tile, k = 0); `outer` and `k` are the elements one step of its row (a) /
-    column (b) axis and one step of flat k move it."""
+    """A GEMM factor read where it lies instead of staged (Gemm.a_in / b_in): `ptr` points at its
+    element (first row or column of the tile, k = 0); `outer` and `k` are the elements one step of its
+    row (a) / column (b) axis and one step of flat k move it."""
 
     lines: tuple[str, ...]
     ptr: str
@@ -231,104 +138,18 @@ class InPlace:
 
 
 def gemm_in_place(printer: Printer, kernel: Kernel, phase: Phase, which: str) -> InPlace | None:
-    """Factor `which` as an InPlace when it is one float load with no pad guard whose address is
-    affine in its row/column axis and in flat k (nothing computed in the load, so reading it in place
-    gives the same value as staging it); else None."""
+    """Factor `which` as the InPlace that ctarget.block_gemms recorded (None: staged)."""
     g = phase.gemm
-    load = g.a if which == "a" else g.b
-    if not isinstance(load, E.Load) or load.pad is not None or not load.index or load.dtype != DType.F32:
+    strides = g.a_in if which == "a" else g.b_in
+    if not strides:
         return None
-    buf = kernel.buffer(load.tensor)
-    if buf.dtype != DType.F32:
-        return None
-    r = phase.region.rank
-    if which == "a" and g.rows > 1:  # rows over several axes: no single row stride
-        return None
+    load, r = (g.a if which == "a" else g.b), phase.region.rank
     axis = f"i{r - 2}" if which == "a" else f"i{r - 1}"
-    outer = flat_stride(kernel, load, axis)
-    strides = [flat_stride(kernel, load, v) for v in g.vars]
-    if outer is None or None in strides:
-        return None
-    inner = 1
-    for s, n in zip(reversed(strides), reversed(g.extents)):
-        if s != strides[-1] * inner:  # k's variables must flatten to one affine step
-            return None
-        inner *= n
     base = {axis: I.var("m_lo" if which == "a" else "n_lo"), **{v: I.const(0) for v in g.vars}}
     index = tuple(I.substitute(ix, base) for ix in load.index)
     ptr = f"{which}_in"
-    at = BodyWriter(printer, kernel, printer.gemm_ranges(phase)).offset(buf, index)
-    return InPlace((f"const float* restrict {ptr} = {load.tensor} + {at};",), ptr, outer, strides[-1])
-
-
-# L1 data cache geometry (32 KiB, 8 ways, 64-byte lines: one way spans 4 KiB) and the most lines of
-# one k step of B that may share a set while the micro-kernel's row groups reread them.
-L1_WAY_BYTES = 4096
-B_LINES_PER_SET = 4
-
-
-def _rows_share_sets(stride: int, bk: int) -> bool:
-    """Whether the bk rows of B read in place `stride` floats apart crowd into too few L1 sets for
-    the next row group to find them there: rows a multiple of 4 KiB apart all fall in one set.
-    Measured on bert's 16x256 tiles of B [768, 3072] (rows 12 KiB apart): in place 18.1 ms for
-    the kernel against 9.6 staged; rows 1.5 KiB apart (vit's 384-wide B) gain from it."""
-    offsets = L1_WAY_BYTES // math.gcd(4 * abs(stride), L1_WAY_BYTES) if stride else 1
-    return -(-bk // min(offsets, L1_WAY_BYTES // 64)) > B_LINES_PER_SET
-
-
-def _k_inner(kernel: Kernel, operand, inner: str, outer: str) -> bool:
-    """Whether staging `operand` reads memory contiguously with `inner` as the innermost loop rather
-    than `outer`: more of its loads step by one element along `inner` than along `outer`."""
-    score = 0
-    for x in kwalk(operand):
-        if isinstance(x, E.Load) and x.index:
-            score += (flat_stride(kernel, x, inner) == 1) - (flat_stride(kernel, x, outer) == 1)
-    return score > 0
-
-
-def conv_chunk(cols: int) -> int:
-    """Output columns a C convolution keeps in registers at once. With AVX-512 (conv_vector 16): one
-    or two vectors (16 or 32 columns), the wider unless it pads more, 8 for narrow tiles. With AVX2
-    (GCC keeps up to four AVX2 vectors of partial sums in registers across the channel and tap
-    loops): the widest divisor of the tile's columns from 8 to 32 (no partial chunk, whose variable
-    trip count sends the sums to memory), else the widest of 32/24/16 whose padding wastes at most
-    an eighth, else 8."""
-    if conv_vector() == 16:
-        if cols <= 8:
-            return 8
-        return 32 if -(-cols // 32) * 32 <= -(-cols // 16) * 16 else 16
-    for v in range(min(cols, 32), 7, -1):
-        if cols % v == 0:
-            return v
-    for v in (32, 24, 16):
-        if -(-cols // v) * v - cols <= cols / 8:
-            return v
-    return 8
-
-
-def conv_channels(cols: int, out_channels: int) -> int:
-    """Output channels a C convolution updates together per chunk of `cols` columns (each loaded
-    window vector feeds one FMA per channel): channels x ceil(cols / conv_vector()) partial-sum
-    vectors plus one broadcast weight per channel in 24 of AVX-512's 32 registers (8, 4 or 2
-    channels; mobilenetv2_block's 1x1 conv one thread 770 -> 445 us from 4 to 8) or 12 of AVX2's 16
-    (4 or 2; the window loads and addresses need the rest: more spills)."""
-    nv = -(-cols // conv_vector())
-    if conv_vector() == 16:  # 32 registers
-        return next((n for n in (8, 4, 2) if n <= out_channels and n * nv + n <= 24), 1)
-    return next((n for n in (4, 2) if n <= out_channels and n * nv + n <= 12), 1)
-
-
-def conv_rows(cols: int, out_rows: int, channels: int = 1) -> int:
-    """Output rows a C convolution updates together per chunk of `cols` columns and `channels`
-    channels: enough independent partial-sum vectors (channels x rows x ceil(cols / vector)) to cover
-    the FMA latency x throughput (4 x 2 on current x86 cores), at most 12 AVX2 registers (the
-    broadcast weights and loads need the rest), and no more rows than the tile has. With AVX-512 a
-    micro-tile of several channels takes one row (each row adds its own window loads: conv_bn_relu
-    one thread 455 us at one row, 490 at two, 559 at three) and a lone channel up to 8 vectors."""
-    nv = -(-cols // conv_vector())
-    if conv_vector() == 16:
-        return 1 if channels > 1 else max(1, min(4, 8 // nv, out_rows))
-    return max(1, min(4, 12 // (channels * nv), out_rows))
+    at = BodyWriter(printer, kernel, printer.gemm_ranges(phase)).offset(kernel.buffer(load.tensor), index)
+    return InPlace((f"const float* restrict {ptr} = {load.tensor} + {at};",), ptr, *strides)
 
 
 def fold_lanes(sums: list[str], lanes: int, vtype: str, zero: str, prefix: str) -> tuple[list[str], list]:
@@ -357,142 +178,13 @@ def fold_lanes(sums: list[str], lanes: int, vtype: str, zero: str, prefix: str) 
     return lines, level
 
 
-def axpy_sums(kernel: Kernel, body, var: str) -> list[Reduce]:
-    """Inlined sums in `body` (not under a guard or another reduction) that a phase's innermost loop
-    over `var` should run column-wise: their summands read memory contiguously along `var` (a weight
-    row B[k, j]) or not at all, never contiguously along the sum's own innermost variable, so
-    `for k: for j (simd): acc[j] += a(k) * B[k, j]` streams rows where the per-element form walks a
-    column of B for every output (mobilevit's attention projections: 4 x 2 x 32 regions, which the
-    GEMM path does not take, ran as scalar dot products down strided columns)."""
-    found, stack = [], [body]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, Guard):
-            continue
-        if not isinstance(n, Reduce):
-            stack.extend(kchildren(n))
-            continue
-        if n.combine != Combine.SUM or n.dtype != DType.F32 or var not in free_vars(n.body) \
-                or any(isinstance(x, (Reduce, Guard)) and x is not n for x in kwalk(n.body) if var in free_vars(x)):
-            continue
-        loads = [x for x in kwalk(n.body) if isinstance(x, E.Load) and x.index and var in free_vars(x)]
-        strides = [(flat_stride(kernel, x, var), flat_stride(kernel, x, n.vars[-1])) for x in loads]
-        if loads and all(sv in (1, None) and sk != 1 for sv, sk in strides) and any(sv == 1 for sv, _ in strides):
-            found.append(n)
-    return found
-
-
-def _occurs(body, target) -> bool:
-    """Whether `target` is a subexpression of `body` outside pad guards and inlined reductions."""
-    stack = [body]
-    while stack:
-        e = stack.pop()
-        if e == target:
-            return True
-        if not isinstance(e, (Guard, Reduce)):
-            stack.extend(E.children(e))
-    return False
-
-
-def reciprocal_divisions(body, var: str):
-    """`body` with float32 divisions x / y, x varying along `var` and y not (a softmax row's sum, a
-    LayerNorm row's sqrt(var + eps)), as x * (1 / y): the reciprocal is then computed once per row
-    and the column loop multiplies; a vector divide costs several multiplies. Within 1.5 ulp of the
-    quotient (the printers' results are compared at 1e-3 relative), as onnxruntime's kernels do."""
-    memo: dict = {}
-
-    def visit(e):
-        if isinstance(e, E.Binary) and e.op == "div" and e.dtype == DType.F32 \
-                and var in free_vars(e.a, memo) and var not in free_vars(e.b, memo):
-            return E.Binary("mul", e.a, E.Unary("recip", e.b, e.dtype), e.dtype)
-        return e
-
-    return kmap(body, visit)
-
-
-@dataclass(frozen=True)
-class RowCache:
-    """A reduction's per-term value that a later phase of the same tile recomputes: softmax's exp in
-    the normalise phase (along its innermost axis), its masked logits in the sum phase (along the
-    same r0). The reduction loop stores each term in a per-tile array `name[rows][n]` (L1-resident),
-    the later phase reads it back: same value, so the same rounding."""
-
-    name: str
-    producer: str  # stage of the reduction phase
-    consumer: str  # stage of the later phase (elementwise, or a reduction over the same rows)
-    term: object  # the reduced term at the consumer's index (its innermost variable for r0)
-    row_dims: int  # leading axes both phases share; the consumer's next axis runs along the row
-    extents: tuple[int, ...]  # of the row axes
-    n: int  # row length
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.extents) * self.n
-
-    def at(self, tag: str, col: str) -> str:
-        row = ""
-        for d, ext in enumerate(self.extents):
-            term = f"(i{d} - {tag}_lo{d})"
-            row = term if not row else f"({row}) * {ext} + {term}"
-        return f"{self.name}[({row}) * {self.n} + {col}]" if row else f"{self.name}[{col}]"
-
-
-def _row_reread(prod: Phase, cons: Phase) -> RowCache | None:
-    """The cache of `prod`'s terms for `cons` (named later) when `cons` is a one-axis reduction over
-    the same rows and length whose body holds the same term."""
-    if cons.combine is None or cons.reduce != prod.reduce or cons.gemm is not None \
-            or cons.region.spans != prod.region.spans or cons.region.shape != prod.region.shape:
-        return None
-    rows = prod.region.rank
-    if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))} or not _occurs(cons.body, prod.body):
-        return None
-    extents = tuple(sp.ext for sp in prod.region.spans)
-    return RowCache("", prod.stage, cons.stage, prod.body, rows, extents, prod.reduce[0])
-
-
-def find_row_caches(seg: Segment) -> list[RowCache]:
-    """Row caches of a segment: a one-axis reduction whose term is more than one load and appears
-    again in a later phase over the same rows, either a reduction over the same r0 or, with r0 read
-    as the innermost index, an elementwise phase whose innermost axis spans exactly the reduced length
-    (softmax's max/sum/normalise phases). At most _MAX_LINE floats per tile in all."""
-    out: list[RowCache] = []
-    for k, prod in enumerate(seg.phases):
-        if (prod.combine is None or len(prod.reduce) != 1 or prod.gemm is not None or prod.region.flat
-                or not prod.region.spans or isinstance(prod.body, (E.Load, E.Imm))
-                or prod.combine in (Combine.ARGMAX, Combine.ARGMIN)):
-            continue
-        n = prod.reduce[0]
-        for cons in seg.phases[k + 1:]:
-            if cons.region.flat or not cons.region.spans:
-                continue
-            again = _row_reread(prod, cons)
-            if again is not None:
-                if again.size + sum(c.size for c in out) <= _MAX_LINE:
-                    out.append(replace(again, name=f"row{len(out)}"))
-                break
-            rc = cons.region.rank
-            if cons.combine is not None or cons.gemm is not None or not rc or prod.region.rank not in (rc - 1, rc):
-                continue
-            last = cons.region.spans[-1]
-            if (last.base, last.ext, last.clamp, any(last.coeffs)) != (0, n, False, False) \
-                    or cons.region.shape[-1] != n:
-                continue
-            rows = rc - 1
-            if prod.region.rank == rc and prod.region.shape[-1] != 1:
-                continue
-            if any(prod.region.spans[d] != cons.region.spans[d] or prod.region.spans[d].clamp
-                   for d in range(rows)):
-                continue
-            if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))}:
-                continue
-            term = substitute_body(prod.body, {"r0": I.var(f"i{rc - 1}")})
-            extents = tuple(cons.region.spans[d].ext for d in range(rows))
-            cache = RowCache(f"row{len(out)}", prod.stage, cons.stage, term, rows, extents, n)
-            if _occurs(cons.body, term):
-                if cache.size + sum(c.size for c in out) <= _MAX_LINE:
-                    out.append(cache)
-                break
-    return out
+def _cache_at(cache: RowCache, tag: str, col: str) -> str:
+    """The element of row cache `cache` at column `col` of the current row (of the phase tagged `tag`)."""
+    row = ""
+    for d, ext in enumerate(cache.extents):
+        term = f"(i{d} - {tag}_lo{d})"
+        row = term if not row else f"({row}) * {ext} + {term}"
+    return f"{cache.name}[({row}) * {cache.n} + {col}]" if row else f"{cache.name}[{col}]"
 
 
 class CPrinter(Printer):
@@ -519,12 +211,12 @@ class CPrinter(Printer):
         self.panels: dict[str, str] = {}  # GEMM stage -> per-thread B panel (panel_phases)
         self.panel_sizes: dict[str, int] = {}
         self.panel_axis = 0
-        self.row_caches: list[RowCache] = []  # of the segment being printed
-        self.launch_lines: dict = {}  # node -> (array, lo): per-launch line caches of that segment
+        self.row_caches: tuple[RowCache, ...] = ()  # of the segment being printed
 
     def render_segment(self, kernel: Kernel, seg: Segment, last: bool) -> list[str]:
         self.panels = self.panel_phases(kernel, seg)
-        self.panel_sizes = {self.panels[p.stage]: p.gemm.k * -(-p.gemm.bn // GEMM_COLS) * GEMM_COLS
+        self.panel_axis = seg.panel_axis
+        self.panel_sizes = {self.panels[p.stage]: p.gemm.k * -(-p.gemm.bn // p.gemm.c_cols) * p.gemm.c_cols
                             for p in seg.phases if p.stage in self.panels}
         lines = self.launch_line_caches(kernel, seg) + super().render_segment(kernel, seg, last)
         self.panels, self.panel_sizes = {}, {}
@@ -546,53 +238,21 @@ class CPrinter(Printer):
         return out
 
     def launch_line_caches(self, kernel: Kernel, seg: Segment) -> list[str]:
-        """Expensive subexpressions of one loop variable whose range is the same in every tile, reading
-        only global tensors (a broadcast chain exp(-sqrt(|a|^2.5 + 1)) over columns every row-tile
-        spans whole): computed once per launch, before the tile loop, instead of once per tile — on
-        the CPU the blocks are iterations of one loop, so nothing is gained by each recomputing it."""
-        self.launch_lines = {}
-        if seg.ntiles < 2:
-            return []
-        globals_ = {b.name for b in kernel.params}
+        """The segment's LineCaches (ctarget.cache_lines), computed once per launch before the tile loop."""
         out: list[str] = []
-        made: dict = {}  # (chain over a canonical variable, lo, hi) -> array: one per chain and range
-        for phase in seg.phases:
-            if phase.gemm is not None or phase.conv is not None or phase.region.flat:
-                continue
-            r = phase.region.rank
-            if phase.combine is not None and len(phase.reduce) == 1:
-                var, lo, hi = "r0", 0, phase.reduce[0]
-            elif phase.combine is None and r and phase.region.spans:
-                span = phase.region.spans[-1]
-                if span.clamp or any(span.coeffs):
-                    continue
-                var, lo, hi = f"i{r - 1}", span.base, span.base + span.ext
-            else:
-                continue
-            if hi - lo > 4 * _MAX_LINE:
-                continue
-            for node in _line_values(phase.body, var):
-                if node in self.launch_lines or any(isinstance(x, E.Load) and x.tensor not in globals_
-                                                    for x in kwalk(node)):
-                    continue
-                key = (substitute_body(node, {var: I.var("line_")}), lo, hi)
-                if key in made:
-                    self.launch_lines[node] = (made[key], lo)
-                    continue
-                name = made[key] = f"launch_line{len(made)}"
-                inner = BodyWriter(self, kernel, {var: (lo, hi - 1)})
-                v = inner.value(node)
-                out += [f"float {name}[{hi - lo}];  // once per launch: read by every tile",
-                        "#pragma omp simd", f"for (int {var} = {lo}; {var} < {hi}; ++{var}) {{"]
-                out += ["    " + x for x in inner.lines + [f"{name}[{var} - {lo}] = {v};"]] + ["}"]
-                self.launch_lines[node] = (name, lo)
+        for c in seg.launch_lines:
+            inner = BodyWriter(self, kernel, {c.var: (c.lo, c.hi - 1)})
+            v = inner.value(c.value)
+            out += [f"float {c.name}[{c.hi - c.lo}];  // once per launch: read by every tile",
+                    "#pragma omp simd", f"for (int {c.var} = {c.lo}; {c.var} < {c.hi}; ++{c.var}) {{"]
+            out += ["    " + x for x in inner.lines + [f"{c.name}[{c.var} - {c.lo}] = {v};"]] + ["}"]
         return out
 
     def thread_loop(self, var: str, count: str) -> str:
         return f"for (int {var} = 0; {var} < {count}; ++{var})"
 
     def segment_scratch(self, kernel: Kernel, seg: Segment) -> list[str]:
-        self.row_caches = find_row_caches(seg)
+        self.row_caches = seg.row_caches
         types = {p.stage: self.compute_type(p.body.dtype) for p in seg.phases}
         return [f"{types[c.producer]} {c.name}[{c.size}];  // {c.producer} terms, reread by {c.consumer}"
                 for c in self.row_caches]
@@ -629,27 +289,27 @@ class CPrinter(Printer):
     def render_gemm_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         """The block's threads run one after another, so their tm x tn register micro-tiles together
         are one block-wide accumulator array: per k step, A and B, then a register-blocked
-        micro-kernel: GEMM_ROWS rows x GEMM_COLS columns of partial sums held in vector registers
+        micro-kernel: c_rows rows x c_cols columns of partial sums held in vector registers
         across the k step, fused multiply-adds with the rows' A values broadcast; rows past the last
         whole block run one at a time over wider chunks. A factor that is a plain affine load is read
         in place (B when its rows are contiguous); any other is staged into st_a/st_b (each in the
         loop order that reads its operand contiguously), B's staging rows padded with zero columns
         to whole chunks. Each element still sums its k terms in order, like the per-element loop.
-        Tiny-m tiles whose B is contiguous along k run as dot products (gemv_phase)."""
+        Tiny-m tiles whose B is contiguous along k run as dot products (gemv_phase). The choices are
+        ctarget.block_gemms' (Gemm.c_rows, c_cols, c_wide, a_in, b_in, gemv, panel)."""
         g = phase.gemm
         r = phase.region.rank
         n = f"i{r - 1}"
-        a_in = gemm_in_place(self, kernel, phase, "a")
-        gemv, b_in = self.gemm_b_in(kernel, phase)
-        if gemv:
+        a_in, b_in = gemm_in_place(self, kernel, phase, "a"), gemm_in_place(self, kernel, phase, "b")
+        if g.gemv:
             return self.gemv_phase(kernel, phase, a_in, b_in)
         panel = self.panels.get(phase.stage)
-        ldb = -(-g.bn // GEMM_COLS) * GEMM_COLS  # row stride of st_b and acc: whole chunks
-        wide = next(c for c in (4 * GEMM_COLS, 2 * GEMM_COLS, GEMM_COLS) if ldb % c == 0)
+        cols = g.c_cols
+        ldb = -(-g.bn // cols) * cols  # row stride of st_b and acc: whole chunks
+        wide = g.c_wide
         _, lines = self.gemm_head(kernel, phase)
         _, b_lines, b_val = self.gemm_operand(kernel, phase, "b")
-        kvar = g.vars[-1]  # the k variable with flat step 1
-        b_k_inner = _k_inner(kernel, g.b, kvar, n)
+        b_k_inner = g.b_k_inner
         lines += ["    " + x for x in (a_in.lines if a_in else ()) + (b_in.lines if b_in else ())]
         staged = ([f"st_a[{g.bm * g.bk}]"] if a_in is None else []) + \
             ([f"st_b[{g.bk * ldb}]"] if b_in is None and panel is None else [])
@@ -669,13 +329,13 @@ class CPrinter(Printer):
         if b_in is not None or panel is not None:
             stage_b = []
         elif b_k_inner:
-            # k is B's contiguous axis (h @ R^T, K^T in attention): per band of GEMM_COLS columns, k
+            # k is B's contiguous axis (h @ R^T, K^T in attention): per band of c_cols columns, k
             # outside the band's columns, so each k run is read from cache lines the band keeps in
             # L1 and the writes stay contiguous. Columns outside every k run (k inside) wrote
             # st_b a row apart per element: lstm's 1x256x256 step 390 us against 270 banded and
             # 780 for the plain k-outer order that reads B a row apart.
-            stage_b = [f"for (int nb = 0; nb < n_n; nb += {GEMM_COLS}) {{",
-                       f"    const int ne = nb + {GEMM_COLS} < n_n ? nb + {GEMM_COLS} : n_n;"]
+            stage_b = [f"for (int nb = 0; nb < n_n; nb += {cols}) {{",
+                       f"    const int ne = nb + {cols} < n_n ? nb + {cols} : n_n;"]
             stage_b += ["    " + x for x in a_col]
             stage_b += ["        for (int nn = nb; nn < ne; ++nn) {", f"            const int {n} = n_lo + nn;"]
             stage_b += ["            " + x for x in store_b] + ["        }", "    }", "}"]
@@ -695,9 +355,9 @@ class CPrinter(Printer):
         else:
             a_at = f"st_a[(mm + {{q}}) * {g.bk} + kk]"
         tail = b_in is not None
-        lines += ["        " + x for x in _gemm_micro_kernel(GEMM_ROWS, GEMM_COLS, ldb, "mm = 0; mm + 4 <= m_n; mm += 4",
+        lines += ["        " + x for x in _gemm_micro_kernel(g.c_rows, cols, ldb, f"mm = 0; mm + {g.c_rows} <= m_n; mm += {g.c_rows}",
                                                             brow, a_at, tail)]
-        lines += ["        " + x for x in _gemm_micro_kernel(1, wide, ldb, f"mm = m_n - m_n % {GEMM_ROWS}; mm < m_n; ++mm",
+        lines += ["        " + x for x in _gemm_micro_kernel(1, wide, ldb, f"mm = m_n - m_n % {g.c_rows}; mm < m_n; ++mm",
                                                             brow, a_at, tail)]
         lines += ["    }",
                   "    for (int mm = 0; mm < m_n; ++mm) {",
@@ -708,43 +368,11 @@ class CPrinter(Printer):
         lines += ["        }", "    }", "}"]
         return lines
 
-    def gemm_b_in(self, kernel: Kernel, phase: Phase) -> tuple[bool, InPlace | None]:
-        """(runs as dot products, B read in place or None: staged)."""
-        g = phase.gemm
-        b_in = gemm_in_place(self, kernel, phase, "b")
-        if b_in is not None and b_in.k == 1 and g.bm <= GEMV_ROWS and g.bm * g.k <= _MAX_LINE:
-            return True, b_in
-        if b_in is not None and (b_in.outer != 1 or (g.bm > GEMM_ROWS and _rows_share_sets(b_in.k, g.bk))):
-            b_in = None
-        return False, b_in
-
     def panel_phases(self, kernel: Kernel, seg: Segment) -> dict[str, str]:
-        """GEMM phases of `seg` whose B is staged and depends on the column tile alone (a weight):
-        stage -> name of a per-thread panel holding B's whole k range for one column tile, staged
-        when a thread's tile moves to another column tile instead of per tile (the tiles are then
-        walked column tile by column tile: tile_coords). bert's FFN1 (16-row tiles of LayerNorm +
-        768x3072 GEMM) restaged its 786 KB column panel 96 times per run, 8x what it reads."""
-        if seg.ntiles < 2 or any(p.region.table for p in seg.phases) \
-                or any(b.region is not None and b.region.table for b in kernel.locals):
-            return {}
-        found, axes = {}, set()
-        for p in seg.phases:
-            g = p.gemm
-            if g is None or p.region.flat or self.gemm_b_in(kernel, p) != (False, None):
-                continue
-            r = p.region.rank
-            span = p.region.spans[-1] if p.region.spans else None
-            moves = [k for k, c in enumerate(span.coeffs) if c] if span is not None else []
-            ldb = -(-g.bn // GEMM_COLS) * GEMM_COLS
-            if span is None or span.clamp or len(moves) != 1 or p.region.tiles[moves[0]] >= p.region.ntiles \
-                    or not free_vars(g.b) <= {f"i{r - 1}", *g.vars} or g.k * ldb * 4 > PANEL_BYTES:
-                continue
-            found[p.stage] = f"pb{len(found)}"
-            axes.add(moves[0])
-        if len(axes) != 1:
-            return {}
-        self.panel_axis = axes.pop()
-        return found
+        """GEMM stage -> name of its per-thread B panel (Gemm.panel), staged when a thread's tile moves
+        to another column tile (the tiles walked column tile by column tile: tile_coords)."""
+        stages = [p.stage for p in seg.phases if p.gemm is not None and p.gemm.panel]
+        return {st: f"pb{k}" for k, st in enumerate(stages)}
 
     def _gemm_stage_panel(self, kernel: Kernel, phase: Phase, panel: str, ldb: int, wide: int) -> list[str]:
         """Lines staging B's whole k range for this tile's columns into `panel` unless it holds them."""
@@ -771,18 +399,17 @@ class CPrinter(Printer):
         """Lines staging factor a's k_n columns from k0 into st_a (row stride `ld`): the row's
         k-invariant reductions once per row; k outside when A's rows are its contiguous axis."""
         g = phase.gemm
-        m = f"i{phase.region.rank - 2}"
         a_pre, a_lines, a_val = self.gemm_operand(kernel, phase, "a")
         a_row = ["for (int mm = 0; mm < m_n; ++mm) {", "    " + self.gemm_rows(phase, "mm")]
         a_col = ["for (int kk = 0; kk < k_n; ++kk) {"] + ["    " + x for x in self._gemm_k_head(phase)]
         store_a = a_lines + [f"st_a[mm * {ld} + kk] = {a_val};"]
-        if not a_pre and _k_inner(kernel, g.a, m, g.vars[-1]):  # A's rows are its contiguous axis (transposed)
+        if not a_pre and g.a_rows_inner:  # A's rows are its contiguous axis (transposed)
             return a_col + ["    " + x for x in a_row] + ["        " + x for x in store_a] + ["    }", "}"]
         return a_row + ["    " + x for x in a_pre + a_col] + ["        " + x for x in store_a] + ["    }", "}"]
 
     def gemv_phase(self, kernel: Kernel, phase: Phase, a_in: InPlace | None, b_in: InPlace) -> list[str]:
-        """A tile of at most GEMV_ROWS rows whose B is contiguous along k (lstm's h @ R^T): each output
-        element is a dot product over the whole of k, B's column read in place, GEMV_LANES partial
+        """A tile of few rows whose B is contiguous along k (lstm's h @ R^T; ctarget.block_gemms): each
+        output element is a dot product over the whole of k, B's column read in place, `gemv` partial
         sums (independent vector accumulators) then their sum, so the k order differs from the
         per-element loop. A is read in place when contiguous along k, else its rows are staged once."""
         g = phase.gemm
@@ -798,7 +425,7 @@ class CPrinter(Printer):
             lines += ["        " + x for x in self._gemm_stage_a(kernel, phase, g.k)] + ["    }"]
             arow = f"st_a + mm * {g.k}"
         self.helpers.add("c0_fmaf")
-        w, whole = GEMV_LANES, g.k - g.k % GEMV_LANES
+        w, whole = g.gemv, g.k - g.k % g.gemv
         lines += ["    for (int mm = 0; mm < m_n; ++mm) {",
                   "        " + self.gemm_rows(phase, "mm"),
                   f"        const float* restrict arow = {arow};",
@@ -827,14 +454,15 @@ class CPrinter(Printer):
         of input channels (per channel when depthwise) stage the window and the weights, then for each
         chunk of v output columns keep the partial sums in registers across every (channel, tap) of
         the step, adding weight x shifted window row (vectorised along the columns). Each element
-        still sums its (ci, kh, kw) terms in order."""
+        still sums its (ci, kh, kw) terms in order. The blocking is ctarget.block_convs' (Conv.lanes,
+        chunk, chunk_channels, chunk_rows, lone_rows, by_channel)."""
         c = phase.conv
         if c.dot_lanes:
             return self.conv_dot_phase(kernel, phase)
         (sh, sw), (kh, kw), (dh, dw) = c.strides, c.taps, c.dilations
         wh, ww = c.window
         co, oh, ow = c.out
-        v = conv_chunk(ow)
+        v = c.chunk
         owp = -(-ow // v) * v
         wwp = max(ww, (owp - 1) * sw + (kw - 1) * dw + 1)  # chunks past the last column read zeros
         wwp = -(-wwp // sw) * sw  # a staged row is stored as sw column phases of wwp / sw each
@@ -842,9 +470,7 @@ class CPrinter(Printer):
         lines = self.conv_head(kernel, phase)
         w_lines, w_val = self.conv_operand(kernel, phase, "w")
         direct = self.conv_direct_row(kernel, phase)
-        step = 1 if c.depthwise else c.bc
-        if direct is not None and not c.depthwise and co * c.channels * kk <= _MAX_LINE:
-            step = c.channels  # nothing staged but weights: one step, partial sums stay in registers
+        step = c.step
         if direct is None:  # the staging loop zeroes each row's columns past the window (read by whole chunks)
             lines += [f"    float st_x[{step * wh * wwp}];"]
         lines += [f"    float st_w[{co * step * kk}], acc[{co * oh * owp}];",
@@ -852,8 +478,7 @@ class CPrinter(Printer):
         window = self.conv_stage_window(kernel, phase, wwp)
         # A pointwise conv over fewer pixels than a vector (ConvNeXt's last stage: 2x2) runs with the
         # output channels in the vector lanes instead of the columns (weights staged [cl][col]).
-        by_channel = (not c.depthwise and (kh, kw) == (1, 1) and (sh, sw) == (1, 1)
-                      and oh * ow < conv_vector() <= co)
+        by_channel = c.by_channel
         w_at = f"st_w[cl * {co} + col]" if by_channel else f"st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw]"
         taps = [f"for (int kh = 0; kh < {kh}; ++kh) {{", f"    for (int kw = 0; kw < {kw}; ++kw) {{"]
         taps += ["        " + x for x in self.conv_tap_vars(phase) + w_lines + [f"{w_at} = {w_val};"]] + ["    }", "}"]
@@ -874,7 +499,7 @@ class CPrinter(Printer):
         # GCC from fusing a plain a * x + r). No per-kernel optimize/target attribute: GCC will not
         # inline the math helpers (c0_fmaf, erf, exp) across one, and a fused conv + GEMM kernel
         # called c0_fmaf per multiply-add (convnext's MLP segments: 3-7x slower than unfused).
-        nc = 1 if c.depthwise else conv_channels(v, co)
+        nc = c.chunk_channels
 
         def micro(nc: int, nr: int, width: int, var: bool = False) -> list[str]:
             """nc output channels x nr output rows x `width` columns from (col, oh, q0): partial sums in
@@ -885,7 +510,7 @@ class CPrinter(Printer):
             sums = [(cc, rr) for cc in range(nc) for rr in range(nr)]
             body = [f"float* restrict arow{cc}_{rr} = acc + ((col + {cc}) * {oh} + oh + {rr}) * {owp} + q0;"
                     for cc, rr in sums]
-            vw = conv_vector()
+            vw = c.lanes
             if not var and mul == "q" and width % vw == 0:
                 return vector_micro(nc, nr, width // vw, vw, body)
             body += [" ".join(f"float r{cc}_{rr}[{width}];" for cc, rr in sums), "#pragma omp simd",
@@ -934,8 +559,7 @@ class CPrinter(Printer):
 
         # A window row read in place sits a whole channel plane from the next channel's: too far for
         # the hardware's stride prefetchers, so each (channel, row) load would miss to L2/L3.
-        chan = flat_stride(kernel, c.x, c.chan_vars[-1]) if direct is not None and c.chan_vars else None
-        ahead = PREFETCH_CHANNELS * chan if chan and chan * 4 > 1024 else 0
+        ahead = c.prefetch
 
         def vector_micro(nc: int, nr: int, nv: int, vw: int, body: list[str]) -> list[str]:
             """micro's whole-chunk form in GCC vector types: nc x nr x nv named vector registers (an
@@ -972,7 +596,7 @@ class CPrinter(Printer):
             # The tensor is not: whole chunks, then one vector's worth (AVX-512), then chunks of 8,
             # then the last few live columns.
             out = ["int q0 = 0;", f"for (; q0 + {v} <= ow_n; q0 += {v})"] + micro(nc, nr, v)
-            if v > 16 and conv_vector() == 16:
+            if v > 16 and c.lanes == 16:
                 out += ["if (q0 + 16 <= ow_n) {"] + ["    " + x for x in micro(nc, nr, 16)] + ["    q0 += 16;", "}"]
             if v > 8:
                 out += ["for (; q0 + 8 <= ow_n; q0 += 8)"] + micro(nc, nr, 8)
@@ -981,7 +605,7 @@ class CPrinter(Printer):
         mul = "q" if sw == 1 or direct is None else f"q * {sw}"  # a staged window is split by column phase
 
         def rows_of(nc: int) -> list[str]:
-            nr = conv_rows(v, oh, nc)
+            nr = c.chunk_rows if nc == c.chunk_channels else c.lone_rows
             out = ["int oh = 0;"]
             if nr > 1:
                 out += [f"for (; oh + {nr} <= oh_n; oh += {nr}) {{"] + ["    " + x for x in chunks(nc, nr)] + ["}"]
@@ -1015,7 +639,7 @@ class CPrinter(Printer):
             chans = self.conv_chan_vars(phase, "c0 + cl")
             lines += [f"    for (int c0 = 0; c0 < {c.channels}; c0 += {step}) {{",
                       f"        const int c_k = {c.channels} - c0 < {step} ? {c.channels} - c0 : {step};"]
-            if window and len(c.chan_vars) == 1 and _k_inner(kernel, c.x, c.chan_vars[0], c.window_vars[1]):
+            if window and c.x_channels_last:
                 lines += ["        " + x for x in self.conv_stage_channels_last(kernel, phase, wwp, step, chans)]
             elif window:
                 lines += ["        for (int cl = 0; cl < c_k; ++cl) {"]
@@ -1023,7 +647,7 @@ class CPrinter(Printer):
             # Weights stored input-channel-major (a GEMM's [K, N] read as a 1x1 conv): the output channel
             # innermost, so the loads are contiguous (column-wise reads of a 64 KiB panel missed L1 on
             # every load: 55 % of convnext's last MLP segment).
-            if len(c.chan_vars) == 1 and _k_inner(kernel, c.w, "i1", c.chan_vars[0]):
+            if c.w_channel_inner:
                 lines += ["        for (int cl = 0; cl < c_k; ++cl) {"] + ["            " + x for x in chans]
                 lines += ["            for (int col = 0; col < c_n; ++col) {", "                const int i1 = c_lo + col;"]
             else:
@@ -1037,12 +661,12 @@ class CPrinter(Printer):
     def conv_epilogue(self, kernel: Kernel, phase: Phase, owp: int) -> list[str]:
         """The GEMM epilogue over the block's accumulator acc[channel][row][owp columns], closing the phase."""
         oh = phase.conv.out[1]
-        epilogue = self.gemm_epilogue(kernel, phase, f"acc[(col * {oh} + oh) * {owp} + q]")
+        epilogue, loops = self.epilogue_lines(kernel, phase, f"acc[(col * {oh} + oh) * {owp} + q]")
         lines = ["    for (int col = 0; col < c_n; ++col) {",
                  "        const int i1 = c_lo + col;",
                  "        for (int oh = 0; oh < oh_n; ++oh) {",
                  "            const int i2 = oh_lo + oh;"]
-        if not any(x.lstrip().startswith("for (") for x in epilogue):
+        if not loops:
             lines.append("            #pragma omp simd")
         lines += ["            for (int q = 0; q < ow_n; ++q) {", "                const int i3 = ow_lo + q;"]
         lines += ["                " + x for x in epilogue]
@@ -1122,15 +746,10 @@ class CPrinter(Printer):
     def conv_direct_row(self, kernel: Kernel, phase: Phase) -> str | None:
         """Address of the input factor at (cwh, cww) when the factor is one unpadded load whose last
         index is cww plus a constant and no other index holds cww: a window row is then a row of the
-        tensor itself (strided by the conv's column stride) and needs no staging."""
+        tensor itself (strided by the conv's column stride) and needs no staging (Conv.x_in_place)."""
         c = phase.conv
         x = c.x
-        if not isinstance(x, E.Load) or x.pad is not None or not x.index or not x.dtype.is_float \
-                or x.dtype != DType.F32:
-            return None
-        w = c.window_vars[1]
-        last = x.index[-1]
-        if last.terms != ((I.Var(w), 1),) or any(w in ix.vars() for ix in x.index[:-1]):
+        if not c.x_in_place:
             return None
         ssa = BodyWriter(self, kernel, self.conv_ranges(phase))
         return f"{x.tensor} + {ssa.offset(kernel.buffer(x.tensor), x.index)}"
@@ -1156,7 +775,9 @@ class CPrinter(Printer):
             return lines
         (hl, hh_), (wl, wh_) = inner
         fast_lines, fast_val = self.conv_operand(kernel, phase, "x", {h: (hl, hh_), w: (wl, wh_)})
-        fast = [f"const int {w} = ow_lo * {sw} + ww;"] + fast_lines + [store + fast_val + ";"]
+        # With a column stride, the interior runs phase by phase (`ph`, `j`): stored contiguously.
+        fast_store = store if sw == 1 else f"st_x[(cl * {wh} + hh) * {wwp} + ph * {wwp // sw} + j] = "
+        fast = [f"const int {w} = ow_lo * {sw} + ww;"] + fast_lines + [fast_store + fast_val + ";"]
         lines += [f"    int w_a = {wl} - ow_lo * {sw}, w_b = {wh_ + 1} - ow_lo * {sw};",
                   "    w_a = w_a < 0 ? 0 : (w_a > ww_n ? ww_n : w_a);",
                   "    w_b = w_b < w_a ? w_a : (w_b > ww_n ? ww_n : w_b);",
@@ -1166,7 +787,6 @@ class CPrinter(Printer):
             lines += ["    }", "    #pragma omp simd", "    for (int ww = w_a; ww < w_b; ++ww) {"]
             lines += ["        " + x for x in fast] + ["    }"]
         else:  # phase by phase: contiguous stores, loads strided by sw (shuffled, not scattered)
-            fast[-1] = fast[-1].replace(store, f"st_x[(cl * {wh} + hh) * {wwp} + ph * {wwp // sw} + j] = ")
             lines += ["    }", f"    for (int ph = 0; ph < {sw}; ++ph) {{",
                       f"        const int j_a = (w_a - ph + {sw - 1}) / {sw}, j_b = (w_b - ph + {sw - 1}) / {sw};",
                       "        #pragma omp simd", "        for (int j = j_a; j < j_b; ++j) {",
@@ -1200,27 +820,19 @@ class CPrinter(Printer):
         return lines
 
     def cache_line_values(self, kernel: Kernel, phase: Phase, tag: str, ssa: BodyWriter) -> list[str]:
-        """Expensive subexpressions of one loop variable only — the innermost output axis, or a lone
-        reduction axis — that the nest would recompute for every row of the tile (a broadcast chain
-        like exp(-sqrt(|a|^2.5 + 1)) added to each row): computed once per tile into a small per-block
-        array, which `ssa` then reads instead."""
+        """The phase's reads of launch line caches, and its per-tile line caches (ctarget.cache_lines:
+        Phase.line_reads, tile_lines) computed into small per-block arrays, which `ssa` then reads."""
         r = phase.region.rank
         if phase.combine is not None and len(phase.reduce) == 1:
-            var, lo, hi, rows = "r0", "0", str(phase.reduce[0]), math.prod(phase.region.extent)
+            var, lo, hi, ext = "r0", "0", str(phase.reduce[0]), phase.reduce[0]
         elif phase.combine is None and r:
-            var, lo, hi = f"i{r - 1}", f"{tag}_lo{r - 1}", f"{tag}_hi{r - 1}"
-            rows = math.prod(phase.region.extent[:-1])
+            var, lo, hi, ext = f"i{r - 1}", f"{tag}_lo{r - 1}", f"{tag}_hi{r - 1}", phase.region.extent[-1]
         else:
             return []
-        ext = phase.reduce[0] if var == "r0" else phase.region.extent[-1]
-        for node in _line_values(phase.body, var):
-            if node in self.launch_lines:
-                name, at = self.launch_lines[node]
-                ssa.memo[node] = f"{name}[{var} - {at}]"
-        found = [n for n in _line_values(phase.body, var) if n not in self.launch_lines] \
-            if rows > 1 and ext <= _MAX_LINE else []
+        for node, name, at in phase.line_reads:
+            ssa.memo[node] = f"{name}[{var} - {at}]"
         out = []
-        for k, node in enumerate(found):
+        for k, node in enumerate(phase.tile_lines):
             name = f"line{k}"
             inner = BodyWriter(self, kernel, ssa.ranges, ssa.counter)
             v = inner.value(node)
@@ -1240,16 +852,14 @@ class CPrinter(Printer):
             return super().render_phase(kernel, phase)
         tag, lines = self.open_phase(kernel, phase, phase.stage)
         r = phase.region.rank
-        single = [_one_wide(phase.region, d) for d in range(r)]
-        if r and not single[-1] and phase.combine is None:
-            phase = replace(phase, body=reciprocal_divisions(phase.body, f"i{r - 1}"))
+        single = [one_wide(phase.region, d) for d in range(r)]
         ssa = BodyWriter(self, kernel, self.phase_ranges(phase))
         keep = ""
         for c in self.row_caches:
             if c.consumer == phase.stage:
-                ssa.memo[c.term] = c.at(tag, "r0" if phase.combine is not None else f"i{r - 1}")
+                ssa.memo[c.term] = _cache_at(c, tag, "r0" if phase.combine is not None else f"i{r - 1}")
             if c.producer == phase.stage:
-                keep = f"{c.at(tag, 'r0')} = {{v}};"
+                keep = f"{_cache_at(c, tag, 'r0')} = {{v}};"
         lines += ["    " + x for x in self.cache_line_values(kernel, phase, tag, ssa)]
         # A sum phase (the stage itself reduces: attention's probabilities @ V per head, which the GEMM
         # path does not take) as one inlined sum, so it can run column-wise too.
@@ -1265,9 +875,9 @@ class CPrinter(Printer):
                     pre.value(node)
                 ssa.memo = pre.memo
                 lines += [depth + x for x in pre.lines]
-                lines += [depth + x for x in self.column_sums(kernel, phase.body, phase, tag, ssa, d)]
+                lines += [depth + x for x in self.column_sums(kernel, phase, tag, ssa, d)]
             elif d == r - 1 and not single[d] and whole is not None:
-                lines += [depth + x for x in self.column_sums(kernel, whole, phase, tag, ssa, d)]
+                lines += [depth + x for x in self.column_sums(kernel, phase, tag, ssa, d)]
             # A one-wide axis is a constant, not a loop: GCC gives up vectorising a reduction loop
             # nested in single-iteration loops with run-time bounds ("control flow in loop").
             lines.append(f"{depth}{{ const int i{d} = {tag}_lo{d};" if single[d] else
@@ -1281,7 +891,7 @@ class CPrinter(Printer):
         # Not over a pointer pick: under `omp simd` the pointer, declared in the body, is private to
         # each lane (loads become gathers, lstm's y ran 3x slower); left alone GCC hoists it and
         # vectorises the plain loop.
-        if r and not single[-1] and not ssa.picks and not any(x.lstrip().startswith(("for (", "#pragma")) for x in body):
+        if r and not single[-1] and not ssa.picks and not ssa.loops:
             # Elements of a phase are independent (a stage never reads itself): the innermost,
             # contiguous loop vectorises.
             lines.insert(len(lines) - 1, lines[-1][:len(lines[-1]) - len(lines[-1].lstrip())] + "#pragma omp simd")
@@ -1290,15 +900,16 @@ class CPrinter(Printer):
             lines.append("    " * (d + 1) + "}")
         return lines + ["}"]
 
-    def column_sums(self, kernel: Kernel, body, phase: Phase, tag: str, ssa: BodyWriter, d: int) -> list[str]:
-        """The axpy_sums of `body` (a phase's), before its innermost loop over i{d}: one accumulator row
+    def column_sums(self, kernel: Kernel, phase: Phase, tag: str, ssa: BodyWriter, d: int) -> list[str]:
+        """The phase's column-wise sums (ctarget.sum_columns: Phase.column_sums), before its innermost
+        loop over i{d}: one accumulator row
         per sum, the sum's loop outside and the columns inside (vectorised); the parts of a summand
         that do not depend on the column (an A element, a LayerNorm of it) are computed once per k.
         Each element still adds its terms in k order. `ssa` then reads the row."""
         var, lo, hi = f"i{d}", f"{tag}_lo{d}", f"{tag}_hi{d}"
         ext = phase.region.extent[d]
         out = []
-        for k, node in enumerate(axpy_sums(kernel, body, var) if ext <= _MAX_LINE else []):
+        for k, node in enumerate(phase.column_sums):
             if node in ssa.memo:
                 continue
             name = f"ax{k}"
@@ -1324,27 +935,20 @@ class CPrinter(Printer):
         return out
 
     def tile_loop(self, seg: Segment) -> list[str]:
-        # Guided: on a shared machine one OpenMP thread may be descheduled for a whole time slice;
-        # with a static split the others then wait at the loop's end for its half of the tiles
-        # (measured: ~8 ms per kernel on 2 busy cores), with guided chunks they take its tiles
-        # instead. Unlike dynamic (one tile per grab) it does not pay an atomic per tile: 512 row
-        # tiles of LayerNorm ran ~1.5x slower under dynamic.
-        # A segment of little work runs on the calling thread: waking a team costs more than it saves.
+        """The tile loop as ctarget.schedule_segments chose it (Segment.omp): on the calling thread,
+        or an OpenMP loop split statically or in guided chunks."""
         loop = f"for (int t = 0; t < {seg.ntiles}; ++t) {{"
-        if _streams_weight(seg) and segment_work(seg) >= STREAM_WORK:
-            # A matrix-vector product streaming a weight too big for one core's L1 but not for the
-            # cores' L2s together (lstm's 1 MB recurrent weight, once per step): a static split, so
-            # every step each thread reads the same part of the weight, from its own L2.
-            return [f"// {segment_work(seg)} element-steps streaming a weight: static split",
+        if seg.omp == "static":
+            return [f"// {seg.work} element-steps streaming a weight: static split",
                     "#pragma omp parallel for schedule(static)", loop]
         if self.panels:  # per-thread B panels live across the thread's tiles
             head = [f"float* restrict {pb} = (float*)malloc({n} * sizeof(float)); int {pb}_key = -1;"
                     for pb, n in self.panel_sizes.items()]
-            if segment_work(seg) < SERIAL_WORK:
-                return [f"// {segment_work(seg)} element-steps: serial", "{"] + ["    " + x for x in head] + [loop]
+            if seg.omp == "serial":
+                return [f"// {seg.work} element-steps: serial", "{"] + ["    " + x for x in head] + [loop]
             return ["#pragma omp parallel", "{"] + ["    " + x for x in head] + ["#pragma omp for schedule(guided)", loop]
-        if segment_work(seg) < SERIAL_WORK:
-            return [f"// {segment_work(seg)} element-steps: serial", loop]
+        if seg.omp == "serial":
+            return [f"// {seg.work} element-steps: serial", loop]
         return ["#pragma omp parallel for schedule(guided)", loop]
 
     def tile_loop_end(self, seg: Segment, last: bool) -> list[str]:
@@ -1482,7 +1086,8 @@ class CudaPrinter(Printer):
 
 
 def render_c(program: Program) -> str:
-    return CPrinter().render_program(program)
+    """The C of `program`, its kernels' C choices taken first where they were not (ctarget.for_c)."""
+    return CPrinter().render_program(for_c(program))
 
 
 def render_cuda(program: Program) -> str:

@@ -13,11 +13,11 @@ import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from engine.errors import TileweaveError, UnsupportedOpError
+from engine.files import check_output, write_output
 from engine.ir.dtypes import DType
 
 SUPPORTED_NP = frozenset(d.np for d in DType)
@@ -269,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--op", action="append", help="only this op (repeatable)")
     parser.add_argument("--failures", action="store_true", help="print every failure")
     args = parser.parse_args(argv)
+    try:
+        if args.write:
+            check_output(args.write, "--write")
+    except TileweaveError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     report = run_conformance(args.op)
     print(f"passed {report.passed}/{report.total} ({100 * report.rate:.1f}%), "
           f"{100 * report.rate_without_dtype:.1f}% excluding dtype")
@@ -277,7 +283,11 @@ def main(argv: list[str] | None = None) -> int:
             if not r.passed:
                 print(f"{r.op:24s} {r.name:60s} {r.category:12s} {r.reason}")
     if args.write:
-        Path(args.write).write_text(render_markdown(report))
+        try:
+            write_output(args.write, render_markdown(report), "--write")
+        except TileweaveError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     return 0
 
 

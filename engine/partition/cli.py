@@ -55,8 +55,11 @@ def partitioned_model(args: argparse.Namespace):
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
+    from engine.files import check_output
     from engine.rprogram.trace import export_partition_trace, write_trace
 
+    if args.trace:
+        check_output(args.trace, "--trace", inputs=(args.model, args.plan_in), kind="json")
     _, _, _, part = partitioned_model(args)
     if args.trace:
         write_trace([], args.trace, trace=export_partition_trace(part))

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
-
-from engine.errors import TileweaveError
 
 DEFAULT_POLICY = "welder"
 DEFAULT_DEVICE = "a100"
@@ -31,20 +28,22 @@ def add_rprogram_command(sub) -> None:
 
 def cmd_rprogram(args: argparse.Namespace) -> int:
     from engine.commands import planned_model
+    from engine.files import check_output, write_output
     from engine.rprogram.model import rprogram_to_json
     from engine.rprogram.trace import write_trace
     from engine.rprogram.wavefront import build_rprogram
     from engine.schedule.pipeline import batching_decisions
 
+    inputs = (args.model, args.plan_in)
+    for flag, path in (("--trace", args.trace), ("--out", args.out)):
+        if path:
+            check_output(path, flag, inputs, kind="json")
     device, graph, plan = planned_model(args)
     rp = build_rprogram(plan, device, graph=graph, merge=not args.no_merge)
     if args.trace:
         write_trace(rp, args.trace)
     if args.out:
-        try:
-            Path(args.out).write_text(json.dumps(rprogram_to_json(rp)))
-        except OSError as err:
-            raise TileweaveError(f"{args.out}: cannot write the rProgram ({err.strerror})") from None
+        write_output(args.out, json.dumps(rprogram_to_json(rp)), "--out")
     batching = list(batching_decisions(plan))
     info = rp.summary() | {"batching": batching, "steps_detail": [{"waves": list(s.waves), "kernels": len(s.ops),
                                               "start_us": round(s.start_us, 3), "end_us": round(s.end_us, 3),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.codegen.ctarget import for_c
 from engine.codegen.kir import Kernel, Program, Segment
 from engine.codegen.targets import CPrinter, CudaPrinter
 from engine.device import Device, wave_grid
@@ -187,6 +188,7 @@ def _array(printer, name: str, values: list[int]) -> str:
 
 def persistent_c(program: Program, rp: RProgram) -> PersistentSource:
     """C: `void tw_persistent(void** buf)` runs every rTask in `task_order` on OpenMP threads."""
+    program = for_c(program)
     kernels, index = _checked(program, rp)
     tensors = _tensors(program)
     printer = CTaskPrinter()

@@ -9,6 +9,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine.files import write_atomic
 from engine.rprogram.model import RProgram, RProgramError
 
 X_ARGS = ("kernel", "group", "stages", "block", "source")
@@ -109,7 +110,9 @@ def write_trace(programs: RProgram | Sequence[RProgram], path: str | Path, *, tr
         raise RProgramError(f"trace breaks {len(problems)} rule(s), first: {problems[0]}")
     path = Path(path)
     try:
-        path.write_text(json.dumps(trace))
+        if not path.parent.is_dir():
+            raise FileNotFoundError(2, "No such file or directory")
+        write_atomic(path, json.dumps(trace).encode())
     except OSError as err:
         raise RProgramError(f"{path}: cannot write the trace ({err.strerror})", hint="check the folder") from None
     return path

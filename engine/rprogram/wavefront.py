@@ -178,7 +178,7 @@ def _costed_variants(g: Group, plan: Plan, graph: PrimGraph, device: Device, vde
         if key in seen or check_group(graph, g.stages, conns, [tile], device):
             continue
         seen.add(key)
-        cost = estimate_group(graph, g.stages, conns, [tile], device)
+        cost = estimate_group(graph, g.stages, conns, [tile], device, warm=g.cost.l2_warm if g.cost else ())
         variant_group = dataclasses.replace(g, segments=(tile,), cost=cost)
         threads, shared, regs = _resources(variant_group, device)
         if threads > vdev.threads or shared > vdev.shared_bytes or regs > max(vdev.regs_per_thread, 1):
@@ -251,7 +251,7 @@ def plan_for_rprogram(plan: Plan, rp: RProgram, graph: PrimGraph, device: Device
             continue
         tile = Tile(g.segments[0].stage, v.tile, v.threads, v.blocks, v.reduce_step, v.rows_per_block,
                     v.threads_per_row, v.row_split)
-        cost = estimate_group(graph, g.stages, conns, [tile], device)
+        cost = estimate_group(graph, g.stages, conns, [tile], device, warm=g.cost.l2_warm if g.cost else ())
         groups.append(dataclasses.replace(g, segments=(tile,), cost=cost,
                                           reason=f"{g.reason}; rProgram variant {v.origin} tile {list(v.tile)}"))
     return dataclasses.replace(plan, groups=tuple(groups))

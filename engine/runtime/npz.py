@@ -53,11 +53,19 @@ def read_npz_arrays(path):
     except FileNotFoundError:
         raise
     except Exception as err:  # noqa: BLE001 - NumPy's header parser also raises tokenize errors
-        numpy_said = " ".join(str(err).split())[:120] or type(err).__name__
+        numpy_said = _clip(str(err)) or type(err).__name__
     try:
         with zipfile.ZipFile(path) as z:
             return {name[:-4] if name.endswith(".npy") else name: read_npy_bytes(z.read(name))
                     for name in z.namelist()}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise ValueError(f"NumPy could not read it ({numpy_said}), nor could it be read directly "
-                         f"({' '.join(str(err).split())[:120]})") from None
+                         f"({_clip(str(err))})") from None
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    """`text` on one line, cut at a word boundary (with an ellipsis) when longer than `limit`."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(".,;:") + " …"

@@ -13,6 +13,7 @@ from engine.flags import debug
 from engine.ir.graph import PrimGraph, StageKind
 from engine.schedule.cost import estimate_group
 from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, components, kernel_name
+from engine.schedule.residency import with_l2_residency
 from engine.schedule.tiles import GroupSchedule, search_group
 from engine.schedule.validate import Decision
 from engine.tilegraph.tilegraph import segments_of, stage_order
@@ -51,6 +52,7 @@ def assemble(
         edges=edges, groups=tuple(groups), base_policy=base_policy, edits=tuple(edits),
         decisions=tuple(decisions), schedule_seconds=0.0, options=tuple(sorted((options or {}).items())),
     )
+    plan = with_l2_residency(plan, graph, device)  # GPU: inputs earlier kernels left in L2
     if device.kind == "cpu":  # kept groups were coarsened in their own plan
         anchors = {t.stage for g in groups if frozenset(g.stages) in kept for t in g.segments}
         plan = coarsen_plan(plan, graph, device, keep=(set(fixed or ()) if policy == "user" else set()) | anchors)

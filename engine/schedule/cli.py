@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 from engine.errors import PlanError
 from engine.schedule.plan import Conn, Plan, plan_to_json
@@ -42,6 +41,7 @@ def add_plan_command(sub) -> None:
 def run_plan_command(args) -> int:
     from engine.commands import parse_shapes
     from engine.device import get_device
+    from engine.files import check_output, write_output
     from engine.frontend.importer import load_graph
     from engine.schedule.edits import replay
     from engine.schedule.pipeline import BATCHING_PREFIX, load_plan, plan_model
@@ -56,6 +56,8 @@ def run_plan_command(args) -> int:
         options["recompute_bound"] = args.recompute_bound
     if args.tf32:
         options["tf32"] = True
+    if args.plan_out:
+        check_output(args.plan_out, "--plan-out", inputs=(args.model, args.plan_in), kind="json")
     graph = load_graph(args.model, parse_shapes(args.shape))
     if args.plan_in:
         if args.tune is not None:
@@ -71,7 +73,7 @@ def run_plan_command(args) -> int:
     if bad:
         raise PlanError(f"plan is illegal: {bad[0]}")
     if args.plan_out:
-        Path(args.plan_out).write_text(json.dumps(plan_to_json(plan), indent=1, sort_keys=True))
+        write_output(args.plan_out, json.dumps(plan_to_json(plan), indent=1, sort_keys=True), "--plan-out")
     summary = plan_summary(plan, graph)
     if args.json:
         print(json.dumps(summary, indent=1))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.codegen.mma import tf32_allowed
@@ -234,6 +234,20 @@ def _ancestors_in(graph: PrimGraph, members: set[str], name: str) -> list[str]:
     return seen
 
 
+def _cold_reads(graph: PrimGraph, members: set[str], uses: Sequence[SegmentUse], read_bytes: Mapping[str, int],
+                device: Device, in_llc: bool) -> int:
+    """DRAM bytes of a kernel's reads with nothing warm in L2 when it starts (as Nsight Compute replays one
+    kernel with `--cache-control all`): its warm figure plus `GroupCost.l2_warm_bytes`."""
+    seen: dict[str, int] = {}
+    charged: set[str] = set()
+    total = 0
+    for use in uses:
+        total += _read_dram(graph, members, use.read_lines, use.tile.blocks / max(1, use.tile.row_split), device,
+                            in_llc, seen)
+        total += 0 if in_llc else _completion_dram(graph, use, read_bytes, charged)
+    return total
+
+
 # Warps an SM needs to keep its four schedulers' FMA pipes busy (a dependent FMA's ~4-cycle latency hidden
 # by two warps each at the ILP of our micro-tiles); shared-memory loads need about half as many.
 FMA_WARPS_PER_SM = 8
@@ -269,8 +283,11 @@ def _in_llc(graph: PrimGraph, device: Device) -> bool:
 
 
 def _read_dram(graph: PrimGraph, members: set[str], read_lines: Mapping[str, int], per_block: float,
-               device: Device, in_llc: bool) -> int:
-    """DRAM bytes of one segment's reads from outside it (`per_block`: its blocks over its row split)."""
+               device: Device, in_llc: bool, seen: dict[str, int] | None = None) -> int:
+    """DRAM bytes of one segment's reads from outside it (`per_block`: its blocks over its row split).
+    `seen`: bytes of each outside tensor that fits in L2 already charged to this kernel — by its earlier
+    segments, or by earlier kernels that left it whole in L2 (`GroupCost.l2_warm`); updated here. A
+    re-read within L2's reach is an L2 hit, so a kernel never pays more than a tensor's size for it."""
     dram = 0
     for tensor, lines in read_lines.items():
         total = int(lines * LINE * per_block)
@@ -281,7 +298,11 @@ def _read_dram(graph: PrimGraph, members: set[str], read_lines: Mapping[str, int
         elif in_llc:
             pass  # in the last-level cache since the last run
         elif size <= device.l2_bytes:
-            dram += min(total, size)  # first touch; re-reads hit L2
+            done = seen.get(tensor, 0) if seen is not None else 0
+            first = min(total, size - done)  # first touch; re-reads hit L2
+            dram += first
+            if seen is not None:
+                seen[tensor] = done + first
         else:
             dram += total
     return dram
@@ -329,12 +350,13 @@ def wave_quantisation(device: Device, blocks: int, resident: int) -> float:
 def estimate_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
     segs: Sequence[Sequence[str]] | None = None, local: dict | None = None, exact: bool = False,
-    registers: tuple[int, str] | None = None,
+    registers: tuple[int, str] | None = None, warm: Collection[str] = (),
 ) -> GroupCost:
     """Every term of one kernel's modeled time. `tiles` has one Tile per segment, in segment order
     (`segs`: the group's segments when the caller has them already; `local` and `exact`: see
     `segment_use`). `registers`: (registers per thread, where from) of the compiled kernel, in place of
-    the formula's estimate (`at_compiled_registers`)."""
+    the formula's estimate (`at_compiled_registers`). `warm`: tensors earlier kernels of the program left
+    whole in L2 (engine/schedule/residency.py; GPU only): this kernel reads them from L2, not DRAM."""
     members = set(stages)
     segs = segs if segs is not None else segments_of(graph, stages, conns)
     if len(segs) != len(tiles):
@@ -350,12 +372,14 @@ def estimate_group(
         for t, lines in use.read_lines.items():
             got = lines * LINE * use.tile.blocks / max(1, use.tile.row_split)
             read_bytes[t] = min(nbytes(graph, t), read_bytes.get(t, 0) + int(got))
-    charged: set[str] = set()  # an input's unread bytes come from DRAM once per kernel
+    warm = frozenset(t for t in warm if t in read_bytes and t not in members) if device.kind != "cpu" else frozenset()
+    charged: set[str] = set(warm)  # an input's unread bytes come from DRAM once per kernel
     in_llc = _in_llc(graph, device)
-    for k, use in enumerate(uses):
+    seen = {t: nbytes(graph, t) for t in warm}  # bytes of each outside input already charged (or in L2)
+    for k, use in enumerate(uses):  # reads first: `dram` holds only them until the writes below
         per_block = use.tile.blocks / max(1, use.tile.row_split)
         reads += sum(int(lines * per_block) for lines in use.read_lines.values())
-        dram[k] += _read_dram(graph, members, use.read_lines, per_block, device, in_llc)
+        dram[k] += _read_dram(graph, members, use.read_lines, per_block, device, in_llc, seen)
         # Every global load and store the kernel IR counts goes through L2 (DRAM misses included).
         l2[k] += use.global_bytes * per_block
         sh[k] += int(use.shared_traffic * per_block)
@@ -365,6 +389,7 @@ def estimate_group(
         tc[k] += (use.flops_tc - use.flops_tc_f16) * per_block
         tc16[k] += use.flops_tc_f16 * per_block
         dram[k] += 0 if in_llc else _completion_dram(graph, use, read_bytes, charged)
+    warm_saved = _cold_reads(graph, members, uses, read_bytes, device, in_llc) - int(sum(dram)) if warm else 0
     flops_once = sum(graph.stage(name).flops for name in stages)
     writes, written = _group_writes(graph, stages, conns, seg_of, device, in_llc, local)
     for k, b in written.items():
@@ -430,6 +455,8 @@ def estimate_group(
         terms_us={k: round(v, 4) for k, v in terms.items()},
         modeled_us=round(modeled, 4),
         registers_from="formula" if registers is None else registers[1],
+        l2_warm=tuple(sorted(warm)),
+        l2_warm_bytes=int(warm_saved),
     )
 
 
@@ -446,7 +473,8 @@ def at_compiled_registers(plan, graph: PrimGraph, device: Device, registers: Map
         regs = registers.get(g.name)
         if regs is not None and g.cost is not None and (regs, source) != (g.cost.footprint.get("register"),
                                                                           g.cost.registers_from):
-            cost = estimate_group(graph, g.stages, conns, g.segments, device, exact=True, registers=(int(regs), source))
+            cost = estimate_group(graph, g.stages, conns, g.segments, device, exact=True, registers=(int(regs), source),
+                                  warm=g.cost.l2_warm)
             g = dataclasses.replace(g, cost=cost, score=cost.modeled_us)
         groups.append(g)
     return dataclasses.replace(plan, groups=tuple(groups))

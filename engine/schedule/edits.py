@@ -56,7 +56,13 @@ def _tile_from(graph: PrimGraph, edit: Edit) -> Tile:
     if len(shape) != len(stage.shape) or any(t < 1 for t in shape):
         raise PlanError(f"edit set_tile: tile {list(shape)} does not fit the rank-{len(stage.shape)} output "
                         f"{list(stage.shape)} of '{name}'")
-    step = tuple(int(x) for x in (_arg(edit, "reduce_step", False) or ()))
+    step = _arg(edit, "reduce_step", False) or ()
+    try:
+        step = tuple(int(x) for x in step)
+    except (TypeError, ValueError):
+        raise PlanError(f"edit set_tile: reduce_step {step!r} must be a list of integers") from None
+    if any(s < 1 for s in step):
+        raise PlanError(f"edit set_tile: reduce_step {list(step)} must be positive")
     tpr = _arg(edit, "threads_per_row", False)
     return make_tile(stage, shape, threads, step, int(tpr) if tpr is not None else None)
 

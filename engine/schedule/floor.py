@@ -48,7 +48,11 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
         if got is None:
             regions = C.segment_regions(graph, seg, conns, tile)
             per_block = tile.blocks / max(1, tile.row_split)
-            dram = C._read_dram(graph, members, C._read_lines(graph, regions), per_block, device, in_llc)
+            # An input an earlier segment of the kernel reads may be an L2 hit here (estimate_group charges
+            # a kernel at most a tensor's size for it): none of it counts toward the floor.
+            earlier = {t: C.nbytes(graph, t) for s in (x for seg_ in segs[:k] for x in seg_)
+                       for t in graph.stage(s).inputs if t not in members and t in graph.specs}
+            dram = C._read_dram(graph, members, C._read_lines(graph, regions), per_block, device, in_llc, earlier)
             glob, macs, other = work_floor(graph, seg, conns, regions) if tile.row_split == 1 else (0.0, 0.0, 0.0)
             # A contraction may run on tensor cores (the plan option tf32, fp16 operands: codegen/mma.py):
             # its multiply-adds at the fastest rate the device has keep this a floor either way.

@@ -93,6 +93,7 @@ def _at_least_the_fma_plan(graph: PrimGraph, policy: str, device, plan: Plan) ->
     it is legal under them. The FMA plan is made on the device with no tensor cores listed (its name kept)."""
     from engine.schedule.cost import estimate_group
     from engine.schedule.policies import make_plan
+    from engine.schedule.residency import with_l2_residency
     from engine.schedule.validate import bounded, validate
 
     options = {k: v for k, v in plan.options if k != "tf32"}
@@ -101,9 +102,10 @@ def _at_least_the_fma_plan(graph: PrimGraph, policy: str, device, plan: Plan) ->
     conns = {e.key: e.conn for e in fp32.edges}
     with bounded(dict(plan.options)):
         groups = tuple(dataclasses.replace(g, cost=(c := estimate_group(graph, g.stages, conns, g.segments, device,
-                                                                         exact=True)), score=c.modeled_us)
+                                                                         exact=True, warm=g.cost.l2_warm)),
+                                           score=c.modeled_us)
                        for g in fp32.groups)
-    recosted = dataclasses.replace(fp32, groups=groups, options=plan.options)
+    recosted = with_l2_residency(dataclasses.replace(fp32, groups=groups, options=plan.options), graph, device)
     if recosted.modeled_us >= plan.modeled_us or validate(recosted, graph, device):
         return plan
     why = (f"tensor cores: the FMA plan's groups and tiles on tensor cores model {recosted.modeled_us:.1f} us, "

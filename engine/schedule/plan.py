@@ -93,6 +93,10 @@ class GroupCost:
     # Where footprint["register"] came from: "formula" (the model's estimate from the kernel IR) or the
     # compiled kernel, e.g. "sm_90 CUBIN" (`cost.at_compiled_registers`, once NVRTC has built it).
     registers_from: str = "formula"
+    # Inputs this kernel finds whole in L2, left there by earlier kernels of the program (GPU presets:
+    # engine/schedule/residency.py): read from L2, not DRAM. Modeled, not measured on a GPU yet.
+    l2_warm: tuple[str, ...] = ()
+    l2_warm_bytes: int = 0  # DRAM bytes those reads would cost with caches cold (as ncu replays one kernel)
 
 
 @dataclass(frozen=True)
@@ -185,6 +189,12 @@ class Plan:
     @property
     def dram_bytes(self) -> int:
         return sum(int(g.cost.traffic_bytes.get("dram", 0)) for g in self.groups if g.cost)
+
+    @property
+    def dram_bytes_cold(self) -> int:
+        """DRAM bytes with every kernel's caches cold at its start (Nsight Compute's per-kernel replay):
+        `dram_bytes` plus the reads the L2 residency model serves from L2 (`GroupCost.l2_warm_bytes`)."""
+        return self.dram_bytes + sum(int(g.cost.l2_warm_bytes) for g in self.groups if g.cost)
 
     @property
     def plan_hash(self) -> str:
@@ -309,7 +319,8 @@ def _group(g: dict) -> Group:
         segments=tuple(_tile(t) for t in g["segments"]), reason=g["reason"], score=g.get("score"),
         candidates=tuple(Candidate(_tile(c["tile"]), c["score"], c["traffic_bytes"], c["waves"])
                          for c in g.get("candidates", ())),
-        cost=GroupCost(**cost) if cost else None, measured_us=_measured(g.get("measured_us")),
+        cost=GroupCost(**{**cost, "l2_warm": tuple(cost.get("l2_warm", ()))}) if cost else None,
+        measured_us=_measured(g.get("measured_us")),
     )
 
 

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from engine.codegen.count import CountBudgetError
+from engine.codegen.generate import micro_tile
+from engine.codegen.micro import micro_budget
 from engine.codegen.mma import tf32_allowed
 from engine.device import Device
 from engine.ir import expr as E
@@ -78,6 +80,59 @@ def _spread(shape: Sequence[int], count: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+# ---- the tile space beyond powers of two ---------------------------------------------------------
+PAD_CUT = 0.2  # a non-power-of-two extent joins the space where it cuts the padded extent by this much
+_INNER_ALIGN = 8  # innermost-axis extents stay whole 32-byte sectors of fp32
+_STEPS = (8, 16, 32)  # k steps searched beside the whole reduction; 32: the default (the first candidate)
+_WHOLE_K = 256  # the whole reduction is one step up to this many
+
+
+def _extents(n: int, base: set[int], align: int = 1) -> list[int]:
+    """`base` (extents of one axis of `n`) plus, for each extent t < n in it, the extent covering `n` in
+    as many tiles as t does with the least padding, aligned up to `align`, where that cuts the padded
+    extent ceil(n / t) * t by PAD_CUT or more (197 tokens: 128 pads to 256, 99 to 198; 50 for 64; 65 tokens:
+    33 for 64, 22 for 32, not 13 for 16: 80 to 65 is under a fifth)."""
+    out = set(base)
+    for t in base:
+        if t < n:
+            count = -(-n // t)
+            even = -(-n // count)
+            b = -(-even // align) * align
+            if b < t and -(-n // b) * b <= (1 - PAD_CUT) * count * t:
+                out.add(b)
+    return sorted(out)
+
+
+def reduce_steps(graph: PrimGraph, segment: Sequence[str], stage: Stage, shape: Sequence[int], threads: int,
+                 device: Device) -> list[tuple[int, ...]]:
+    """k steps for the one contraction of a segment anchored at `stage`, tiled `shape` on `threads`: the
+    default first (min(32, r) per reduce axis of a contraction anchor; none for another anchor: codegen's
+    32), then each step of _STEPS and the whole reduction (up to _WHOLE_K) that pads k less than every
+    smaller one and the default (ceil(k / s) * s: k = 197 steps by 8 or 197, not 32; k = 768 by 32 alone)
+    and whose staging fits the device's budget (codegen prints it as recorded, not halved). An anchor
+    inlining the contraction records its step as (s,). A segment with no or several contractions, or one
+    reducing more than one axis (a direct convolution: its k step is the channel loop's), keeps the
+    default. The count tells steps apart by padding and by staging bytes (blocks per SM); a smaller step
+    for fewer staging bytes alone never entered a zoo plan (a100 and host, benchmarks/NOTES.md), so only
+    the padding is searched."""
+    default = tuple(min(32, r) for r in stage.reduce) if stage.kind == StageKind.CONTRACTION else ()
+    found = [graph.stage(s) for s in segment if graph.stage(s).kind == StageKind.CONTRACTION]
+    wide = [d for d, r in enumerate(found[0].reduce) if r > 1] if len(found) == 1 else []
+    if len(wide) != 1 or len(shape) < 2 or found[0].reduce[wide[0]] % 32 == 0:
+        return [default]
+    k = found[0].reduce[wide[0]]
+    tm, tn, tx, ty = micro_tile(math.prod(shape[:-1]), shape[-1], threads)
+    per_k, budget = 4 * (ty * tm + tx * tn), micro_budget(device)
+    first = min(32, k)
+    out, least = [default], -(-k // first) * first
+    for s in sorted({min(s, k) for s in _STEPS} | ({k} if k <= _WHOLE_K else set())):
+        if -(-k // s) * s < least and per_k * s <= budget.stage_bytes:
+            out.append(tuple(s if d == wide[0] else r for d, r in enumerate(stage.reduce))
+                       if stage.name == found[0].name else (s,))
+            least = -(-k // s) * s
+    return out
+
+
 def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, device: Device, mode: str) -> list[Tile]:
     stage = graph.stage(anchor)
     kinds = {graph.stage(s).kind for s in segment}
@@ -101,13 +156,13 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
     m = stage.shape[-2] if rank >= 2 else 1
     gemm = StageKind.CONTRACTION in kinds
     full_row = n <= 4096 if not gemm else (n <= 1024 and StageKind.REDUCE in kinds) or n <= 256
-    inner = sorted({min(n, x) for x in (32, 64, 128, 256)} | ({n} if full_row else set()))
+    inner = _extents(n, {min(n, x) for x in (32, 64, 128, 256)} | ({n} if full_row else set()), _INNER_ALIGN)
     # A rank-4 (NCHW) anchor of a segment holding a contraction (a convolution) also tiles its
     # channels when the spatial tile is small: late stages of a CNN are a few pixels wide, and one
     # channel of 2x2 pixels would leave most of a block's threads without work.
     channels = stage.shape[1] if rank == 4 and gemm else 1
     for bn in inner:
-        for bm in sorted({x for x in _POW2 if x <= m} | {m}):
+        for bm in _extents(m, {x for x in _POW2 if x <= m} | {m}):
             for bc in (c for c in _POW2 if c <= channels and (c == 1 or bm * bn * c // 2 < 256)):
                 elems = bm * bn * bc
                 full = bm == m and bn == n
@@ -117,10 +172,10 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
                 shape = (1,) * max(0, rank - 2) + ((bm, bn) if rank >= 2 else (bn,))
                 if bc > 1:
                     shape = (1, bc, bm, bn)
-                step = tuple(min(32, r) for r in stage.reduce) if stage.kind == StageKind.CONTRACTION else ()
                 options = (min(256, _r32(elems // 8)),) if gemm else sorted({min(256, _r32(elems)), min(1024, _r32(elems // 4))})
                 for threads in options:
-                    out.append(make_tile(stage, shape, threads, step))
+                    for step in reduce_steps(graph, segment, stage, shape, threads, device):
+                        out.append(make_tile(stage, shape, threads, step))
                 if StageKind.REDUCE in kinds and bm <= 256 and bc == 1:
                     out.append(make_tile(stage, shape, _r32(bm), threads_per_row=1))  # thread per row
     return out

@@ -225,7 +225,8 @@ def _variants(graph: PrimGraph, plan: Plan, device: Device, k: int) -> list[Plan
                 pass
             elif len(g.segments) == 1 and len(g.candidates) > j and g.candidates[j].tile != g.segments[0]:
                 tiles = (g.candidates[j].tile,)
-                cost = estimate_group(graph, g.stages, conns, tiles, device, exact=True)
+                warm = g.cost.l2_warm if g.cost else ()
+                cost = estimate_group(graph, g.stages, conns, tiles, device, exact=True, warm=warm)
                 g = dataclasses.replace(g, segments=tiles, score=cost.modeled_us, cost=cost)
                 changed = True
             groups.append(g)
@@ -413,7 +414,9 @@ def _assemble(graph: PrimGraph, plan: Plan, plans: Mapping[str, Plan], picks: Se
         reason = g.reason + f"; measured {us:.1f} us on {device.name}" + (f" ({policy}'s kernel)" if policy != plan.policy else "")
         groups.append(dataclasses.replace(g, id=k, name=kernel_name(k, graph, comp), segments=tiles, reason=reason,
                                           score=cost.modeled_us, cost=cost, measured_us=round(us, 3)))
-    return dataclasses.replace(plan, edges=tuple(edges), groups=tuple(groups))
+    from engine.schedule.residency import with_l2_residency
+
+    return with_l2_residency(dataclasses.replace(plan, edges=tuple(edges), groups=tuple(groups)), graph, device)
 
 
 # ---- signatures -------------------------------------------------------------------------------

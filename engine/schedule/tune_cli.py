@@ -52,6 +52,7 @@ def add_tune_command(sub) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from engine.commands import parse_shapes
+    from engine.files import check_output
     from engine.schedule.farm import check_address, tune_models
     from engine.schedule.tune import check_tune
     from engine.schedule.tunedb import TuneDB
@@ -66,6 +67,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise TileweaveError("--in-process runs without Ray; --cluster and --workers are for Ray",
                              hint="drop one of them")
     shapes = parse_shapes(args.shape)
+    if args.export_db:
+        check_output(args.export_db, "--export-db", inputs=(*(args.models or ()), args.import_db, args.db), kind="json")
     with TuneDB(args.db) as db:
         if args.import_db:
             read, new = db.import_jsonl(args.import_db)

@@ -100,6 +100,8 @@ def test_a_clicked_kernel_shows_its_stages_details_and_edits():
     assert at.get("graphviz_chart") and at.json
     for key in ("tg_tile", "tg_threads"):
         assert at.text_input(key=key) if key == "tg_tile" else at.number_input(key=key)
+    # the k step is shown and edited with the tile: applying a tile keeps the searched step
+    assert at.text_input(key="tg_kstep").value == "x".join(map(str, group.segments[0].reduce_step))
 
 
 def test_an_edge_clicked_in_the_overview_offers_legal_connections_and_undo_restores():

@@ -17,12 +17,12 @@ from app.views.dot import CONN_STYLE, legend_dot, plan_to_dot
 from app.views.fmt import fmt_bytes
 from app.views.layers import find_layers, matching_edges, repeated_layers
 from app.views.simt import simt_finding_rows, simt_traffic_rows, simt_verdict
-from app.views.tables import edge_rows, model_summary, verdict_text
+from app.views.tables import describe_edit, edge_rows, group_detail, model_summary, verdict_text
 from app.views.timeline import timeline_figure
 from engine.api import load_graph
 from engine.rprogram.model import ROperator, RProgram, RTask, Step, Variant, VDevice
 from engine.runtime.simt.report import Finding, KernelTraffic
-from engine.schedule.plan import Conn, components
+from engine.schedule.plan import Conn, Edit, components
 from engine.schedule.policies import make_plan
 
 
@@ -151,6 +151,20 @@ def test_summary_and_rows_follow_the_graph(gelu):
     assert not verdict_text(0.5, 1e-3)[0]
 
 
+def test_group_detail_names_the_inputs_read_from_l2(gelu):
+    """A kernel of the unfused plan (a100) that reads what the kernel before it wrote says so, with the
+    DRAM the residency model saved; the first kernel reads only the model's input, cold."""
+    from engine.device import get_device
+
+    plan = make_plan(gelu, "unfused", get_device("a100"))
+    key = "read from L2, left by earlier kernels"
+    first, warm = plan.groups[0], [g for g in plan.groups if g.cost.l2_warm]
+    assert key not in group_detail(gelu, first) and warm
+    detail = group_detail(gelu, warm[0])
+    assert detail[key].startswith(", ".join(warm[0].cost.l2_warm))
+    assert fmt_bytes(warm[0].cost.l2_warm_bytes) in detail[key]
+
+
 
 def random_sim_result(rng: random.Random, kinds: list[str], *, stopped: str = "", err: float = 2.5e-6):
     """A SimVerifyResult with random traffic per kernel and a finding of each kind in `kinds`."""
@@ -210,3 +224,9 @@ def test_kernel_source_is_clipped_to_its_first_lines():
     shown, hidden = clip_source("".join(lines), 300)
     assert shown == "".join(lines[:300]) and hidden == len(lines) - 300
     assert clip_source("".join(lines[:40]), 300) == ("".join(lines[:40]), 0)
+
+
+def test_set_tile_edits_name_their_k_step():
+    with_step = Edit.make("set_tile", stage="mm", shape=[99, 64], threads=256, reduce_step=[197])
+    assert describe_edit(with_step).endswith("256 threads, k step 197")
+    assert "k step" not in describe_edit(Edit.make("set_tile", stage="mm", shape=[99, 64], threads=256))

@@ -4,6 +4,7 @@ handling: every error is one `error: ...` line on stderr with exit code 2, never
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -341,3 +342,58 @@ def test_a_bad_time_limit_is_one_line(capsys, tmp_path, value):
     code, _, err = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--time-limit", value,
                            "--outputs", tmp_path / "o.npz")
     assert_one_line_error(code, err, f"--time-limit '{value}' is not a time limit in seconds")
+
+
+# Every command that writes a file, by its output option: (command, option, extra arguments).
+WRITERS = [
+    ("run", "--outputs", ()),
+    ("plan", "--plan-out", ()),
+    ("rprogram", "--out", ()),
+    ("rprogram", "--trace", ()),
+    ("partition", "--trace", ("--devices", "2")),
+    ("export", "-o", ()),
+    ("export", "--annotated-onnx", ()),
+    ("tune", "--export-db", ()),
+]
+
+
+@pytest.mark.parametrize("command,flag,extra", WRITERS, ids=[f"{c}{f}" for c, f, _ in WRITERS])
+def test_outputs_never_destroy_what_the_user_has(capsys, tmp_path, command, flag, extra):
+    """An output option pointed at the model itself, or at an existing file of another kind, is refused
+    in one line before any work, and the file is left byte for byte; an unwritable path is one line."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(sample_path("gelu_chain").read_bytes())
+    before = model.read_bytes()
+    code, _, err = run_cli(capsys, command, model, *extra, flag, model)
+    assert_one_line_error(code, err, flag, "overwrite the input")
+    assert model.read_bytes() == before
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a user's file that is not an output of ours\n")
+    code, _, err = run_cli(capsys, command, model, *extra, flag, notes)
+    assert_one_line_error(code, err, flag, "exists and is not")
+    assert notes.read_text() == "a user's file that is not an output of ours\n"
+    for bad in (tmp_path / "missing" / "out", notes / "out"):
+        code, _, err = run_cli(capsys, command, model, *extra, flag, bad)
+        assert_one_line_error(code, err, flag)
+
+
+def test_outputs_replace_an_earlier_output_whole(capsys, tmp_path, monkeypatch):
+    """Re-running into the same --outputs file replaces it; a write that fails leaves the earlier file."""
+    import engine.files as files
+
+    model, out = sample_path("gelu_chain"), tmp_path / "o.npz"
+    assert run_cli(capsys, "run", model, "--backend", "reference", "--outputs", out)[0] == 0
+    first = out.read_bytes()
+    assert run_cli(capsys, "run", model, "--backend", "reference", "--seed", "7", "--outputs", out)[0] == 0
+    second = out.read_bytes()
+    assert second != first
+
+    def full_disk(fd, mode):
+        os.close(fd)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fdopen", full_disk)
+    code, _, err = run_cli(capsys, "run", model, "--backend", "reference", "--seed", "8", "--outputs", out)
+    assert_one_line_error(code, err, "--outputs", "No space left")
+    assert out.read_bytes() == second
+    assert [p.name for p in tmp_path.iterdir()] == ["o.npz"]

@@ -43,3 +43,44 @@ def test_a_crash_mid_write_leaves_the_old_file(tmp_path, monkeypatch, durable):
         files.write_atomic(path, new, durable=durable)
     assert path.read_bytes() == old
     assert os.listdir(tmp_path) == ["state.bin"]  # the half-written temp file is gone
+
+
+def test_check_output_replaces_only_earlier_outputs_of_its_kind(tmp_path):
+    import json
+    import zipfile
+
+    import onnx
+    from support import sample_path
+
+    from engine.errors import TileweaveError
+
+    zipped, plan = tmp_path / "b.zip", tmp_path / "p.json"
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("manifest.json", "{}")
+    plan.write_text(json.dumps({"policy": "welder"}))
+    assert files.check_output(zipped, "-o", kind="zip") == zipped
+    assert files.check_output(plan, "--plan-out", kind="json") == plan
+    for path, kind in ((zipped, "json"), (plan, "zip")):
+        with pytest.raises(TileweaveError, match="exists and is not"):
+            files.check_output(path, "--x", kind=kind)
+    plain = tmp_path / "model.onnx"
+    plain.write_bytes(sample_path("gelu_chain").read_bytes())
+    with pytest.raises(TileweaveError, match="is not a model annotated by tileweave"):
+        files.check_output(plain, "--annotated-onnx", kind="onnx")  # someone's model, not our annotation
+    proto = onnx.load(str(plain))
+    proto.metadata_props.add(key="tileweave.plan_hash", value="abc")
+    onnx.save(proto, str(plain))
+    assert files.check_output(plain, "--annotated-onnx", kind="onnx") == plain
+    empty = tmp_path / "empty.npz"
+    empty.touch()  # an empty file holds nothing to lose
+    assert files.check_output(empty, "--outputs", kind="zip") == empty
+
+
+def test_write_output_names_the_option(tmp_path):
+    from engine.errors import TileweaveError
+
+    target = tmp_path / "file"
+    target.write_text("x")
+    with pytest.raises(TileweaveError, match="cannot write --plan-out") as err:
+        files.write_output(target / "sub.json", "{}", "--plan-out")
+    assert "\n" not in str(err.value)

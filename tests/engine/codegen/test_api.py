@@ -146,6 +146,17 @@ def test_compile_cli_lists_what_it_writes(tmp_path, capsys):
     assert {p.name for p in out_c.iterdir()} == {"layernorm_residual.c", "program.json"}
     meta_c = json.loads((out_c / "program.json").read_text())
     assert meta_c["target"] == "c" and meta_c["archs"] == [] and meta_c["buffers"]
+    # Again into the same folder: an earlier output is replaced; a user's file of the same name is not.
+    assert main(["compile", str(SAMPLES / "layernorm_residual.onnx"), "--target", "c", "-o", str(out_c)]) == 0
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "layernorm_residual.c").write_text("/* the user's own */\n")
+    capsys.readouterr()
+    assert main(["compile", str(SAMPLES / "layernorm_residual.onnx"), "--target", "c", "-o", str(mine)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already has layernorm_residual.c" in err[0], err
+    assert (mine / "layernorm_residual.c").read_text() == "/* the user's own */\n"
+    assert [p.name for p in mine.iterdir()] == ["layernorm_residual.c"]
 
 
 @pytest.mark.parametrize("args, words", [

@@ -21,9 +21,10 @@ from support import max_rel_error  # noqa: E402
 
 from engine.api import load_graph  # noqa: E402
 from engine.codegen.coarsen import coarsen_for_c  # noqa: E402
+from engine.codegen.ctarget import conv_channels, conv_chunk, conv_rows  # noqa: E402
 from engine.codegen.generate import generate  # noqa: E402
 from engine.codegen.nvrtc import compile_cuda  # noqa: E402
-from engine.codegen.targets import conv_rows, render_c, render_cuda  # noqa: E402
+from engine.codegen.targets import render_c, render_cuda  # noqa: E402
 from engine.device import get_device  # noqa: E402
 from engine.runtime.cpu import _im2col_call, _library_call, bind_buffers, compile_program_c, run_cpu  # noqa: E402
 from engine.runtime.reference import run_reference  # noqa: E402
@@ -194,18 +195,14 @@ def test_coarsened_plans_validate_and_keep_their_kernels():
         assert all(a <= b for a, b in zip(after, before)) and sum(after) < sum(before)
 
 
-def test_conv_rows_fill_the_registers(monkeypatch):
+def test_conv_rows_fill_the_registers():
     """AVX2: ceil(cols / 8) vectors per row, at most 12 vectors, 4 rows, the tile's rows. AVX-512:
     one row for a multi-channel micro-tile, up to 8 vectors for a lone channel."""
-    import engine.codegen.targets as T
-
-    monkeypatch.setattr(T, "conv_vector", lambda: 8)
-    assert [conv_rows(v, 16) for v in (8, 16, 24, 28, 32)] == [4, 4, 4, 3, 3]
-    assert conv_rows(32, 2) == 2 and conv_rows(32, 1) == 1 and conv_rows(16, 16, 4) == 1
-    assert T.conv_channels(32, 4) == 2 and T.conv_channels(16, 4) == 4 and T.conv_channels(16, 1) == 1
-    monkeypatch.setattr(T, "conv_vector", lambda: 16)
-    assert [conv_rows(v, 16) for v in (16, 32)] == [4, 4] and conv_rows(16, 16, 4) == 1
-    assert T.conv_chunk(56) == 32 and T.conv_chunk(16) == 16 and T.conv_chunk(6) == 8
+    assert [conv_rows(v, 16, 1, 8) for v in (8, 16, 24, 28, 32)] == [4, 4, 4, 3, 3]
+    assert conv_rows(32, 2, 1, 8) == 2 and conv_rows(32, 1, 1, 8) == 1 and conv_rows(16, 16, 4, 8) == 1
+    assert conv_channels(32, 4, 8) == 2 and conv_channels(16, 4, 8) == 4 and conv_channels(16, 1, 8) == 1
+    assert [conv_rows(v, 16, 1, 16) for v in (16, 32)] == [4, 4] and conv_rows(16, 16, 4, 16) == 1
+    assert conv_chunk(56, 16) == 32 and conv_chunk(16, 16) == 16 and conv_chunk(6, 16) == 8
 
 
 def _library_kernels(program, graph, env):
@@ -462,7 +459,7 @@ def test_conv_on_few_pixels_runs_as_dot_products(tmp_path, monkeypatch, case, la
     import engine.codegen.generate as gen
 
     x_shape, co, kernel, attrs, tile, staged = DOT_CASES[case]
-    monkeypatch.setattr(gen, "_c_lanes", lambda device: lanes)
+    monkeypatch.setattr(gen, "c_lanes", lambda device: lanes)
     g = load_graph(_dot_model(tmp_path / "dot.onnx", x_shape, co, staged=staged, kernel=kernel, **attrs))
     program = generate(_plan(g, tile), g, target="c")
     (conv,) = [p.conv for p in _phases(program) if p.conv is not None]
@@ -489,7 +486,7 @@ def test_dot_products_only_where_they_fit(tmp_path, monkeypatch, why):
     staging would repeat it per tap), a depthwise conv."""
     import engine.codegen.generate as gen
 
-    monkeypatch.setattr(gen, "_c_lanes", lambda device: 16)
+    monkeypatch.setattr(gen, "c_lanes", lambda device: 16)
     x_shape, kernel, attrs, tile, staged = {
         "few_terms": ((1, 12, 2, 2), (1, 1), {}, (1, 8, 2, 2), False),
         "many_pixels": ((1, 32, 4, 4), (1, 1), {}, (1, 8, 4, 4), False),

@@ -4,6 +4,7 @@ the host CPU. Each is checked on the source and on the result against onnxruntim
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -16,15 +17,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plans import fuse_all, make_test_plan, policy_plan  # noqa: E402
 from sample_io import SAMPLES, load_sample, rel_error  # noqa: E402
 
-from engine.codegen.generate import generate  # noqa: E402
-from engine.codegen.targets import (  # noqa: E402
+from engine.codegen.ctarget import (  # noqa: E402
     SERIAL_WORK,
     STREAM_WORK,
     _streams_weight,
+    c_decisions,
     find_row_caches,
-    render_c,
     segment_work,
 )
+from engine.codegen.generate import generate  # noqa: E402
+from engine.codegen.targets import render_c  # noqa: E402
 from engine.runtime.cpu import compile_program_c, run_cpu  # noqa: E402
 from engine.schedule.plan import Tile  # noqa: E402
 
@@ -140,7 +142,7 @@ def test_row_invariants_are_computed_before_the_column_loop():
 def test_division_by_a_row_value_becomes_a_reciprocal_only_there():
     """x / y with y constant along the column becomes x * (1 / y); a column-varying divisor and a
     division inside the divisor's own row value stay divisions."""
-    from engine.codegen.targets import reciprocal_divisions
+    from engine.codegen.ctarget import reciprocal_divisions
     from engine.ir import expr as E
     from engine.ir import index as I
     from engine.ir.dtypes import DType
@@ -152,16 +154,15 @@ def test_division_by_a_row_value_becomes_a_reciprocal_only_there():
 
 
 @pytest.mark.parametrize("vector", [8, 16])
-def test_convolution_kernels_carry_no_per_kernel_attributes(vector, monkeypatch):
-    """Blocked for AVX2 (conv_vector 8) or AVX-512 (16), no kernel carries a target or optimize
-    attribute: GCC refuses to inline the math helpers across one (see
+def test_convolution_kernels_carry_no_per_kernel_attributes(vector):
+    """Blocked for AVX2 (ctarget.c_decisions at 8 lanes) or AVX-512 (16), no kernel carries a target or
+    optimize attribute: GCC refuses to inline the math helpers across one (see
     test_conv.test_fused_conv_kernels_inline_every_math_helper); the conv micro-tiles get their FMA
     from C0_VFMA instead. Both match onnxruntime."""
-    import engine.codegen.targets as T
-
-    monkeypatch.setattr(T, "conv_vector", lambda: vector)
     graph, inputs, expected = load_sample("conv_bn_relu")
     program = generate(policy_plan(graph, "unfused"), graph)
+    program = dataclasses.replace(program, kernels=tuple(c_decisions(k, vector) for k in program.kernels))
+    assert {p.conv.lanes for k in program.kernels for s in k.segments for p in s.phases if p.conv} == {vector}
     c = render_c(program)
     sigs = [x for x in c.splitlines() if x.rstrip().endswith("{") and " void k" in " " + x]
     assert any(p.conv for k in program.kernels for s in k.segments for p in s.phases)
@@ -241,6 +242,7 @@ def test_batched_projection_sums_run_column_wise(tmp_path, fused):
     if not fused:
         (phase,) = phases
         assert phase.combine is not None
+    assert any(p.column_sums for p in phases)  # ctarget.sum_columns chose them
     source = render_c(program)
     assert "ax0[i2 - " in source and "] += " in source
     x = rng.standard_normal((4, 16, 32)).astype(np.float32)

@@ -296,7 +296,7 @@ def test_tiny_m_with_k_contiguous_b_runs_as_dot_products(tmp_path, m, k, n, tile
 def test_b_rows_that_crowd_one_cache_set_are_staged():
     """B's rows read in place 12 KiB apart (bert's [768, 3072] weight) all fall in one L1 set, so a
     tile with several row groups stages them; 1.5 KiB apart (a 384-wide B) they spread over 8 sets."""
-    from engine.codegen.targets import _rows_share_sets
+    from engine.codegen.ctarget import _rows_share_sets
 
     assert _rows_share_sets(3072, 32) and _rows_share_sets(1024, 32) and _rows_share_sets(1536, 32)
     assert not _rows_share_sets(384, 32) and not _rows_share_sets(29, 32) and not _rows_share_sets(3072, 4)

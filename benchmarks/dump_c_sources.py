@@ -1,0 +1,57 @@
+"""Write the generated C of every sample and zoo model under every policy, planned for each device, into
+a folder (one file per model x device x policy, the error line where one fails): run it on two commits
+and `diff -r` the folders to show a codegen refactor left the C byte-identical.
+
+    PYTHONPATH=$PWD python benchmarks/dump_c_sources.py OUT [--devices host,a100] [--policies ...] [MODEL ...]
+
+Per case: `plan_model` then `generate(..., target="c")` and `render_c`, as `tileweave compile --target c`
+does; for a GPU device also the CUDA-target program printed as C (NAME.DEVICE.POLICY.cuda-program.c), as
+the golden test and the DUMP_DIR trail print it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.codegen.generate import generate
+    from engine.codegen.targets import render_c
+    from engine.device import get_device
+    from engine.frontend.importer import load_graph
+    from engine.schedule.pipeline import plan_model
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--devices", default="host,a100")
+    p.add_argument("--policies", default="unfused,elementwise,stitch,welder")
+    p.add_argument("models", nargs="*", type=Path)
+    args = p.parse_args(argv)
+    models = args.models or sorted(ROOT.glob("samples/*.onnx")) + sorted(ROOT.glob("samples/zoo/*.onnx"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    for model in models:
+        tag = f"{model.parent.name}_{model.stem}"
+        for dev in args.devices.split(","):
+            device = get_device(dev)
+            for policy in args.policies.split(","):
+                t0 = time.perf_counter()
+                outs = {}
+                try:
+                    graph, plan = plan_model(load_graph(model), policy, device)
+                    outs["c"] = render_c(generate(plan, graph, device, target="c"))
+                    if device.kind != "cpu":
+                        outs["cuda-program.c"] = render_c(generate(plan, graph, device, target="cuda"))
+                except Exception as err:  # noqa: BLE001 - the error is part of what is compared
+                    outs["c"] = f"error: {type(err).__name__}: {err}\n"
+                for ext, text in outs.items():
+                    (args.out / f"{tag}.{dev}.{policy}.{ext}").write_text(text)
+                print(f"{tag:28} {dev:5} {policy:12} {time.perf_counter() - t0:6.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,623 @@
+"""The C target's passes: a Kernel and the vector lanes of the CPU it runs on in, the same Kernel with the
+C printer's choices recorded out — direct-conv register blocking (Conv.lanes/chunk/...), the GEMM
+micro-kernel and its operands read in place, GEMV mode and B panels (Gemm.c_rows/.../panel), and how
+OpenMP shares each segment's tiles (Segment.omp), row and line caches, reciprocals of row values and
+column-wise sums. `c_decisions` runs them; the C printer renders the fields. Each pass is a pure function
+of the IR (and the lanes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+from engine.codegen.conv import flat_stride
+from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kmap, kwalk, substitute_body
+from engine.codegen.kir import Kernel, LineCache, Phase, Program, RowCache, Segment
+from engine.device import Device
+from engine.ir import expr as E
+from engine.ir import index as I
+from engine.ir.dtypes import DType
+from engine.ir.graph import Combine
+
+# ---- OpenMP: which segments get a team ------------------------------------------------------------
+
+# Element-steps below which a C segment runs serially. On an idle machine (2 threads, vectorised
+# a*x+b) an OpenMP parallel loop costs ~3 us over the serial one and breaks even near 64 K
+# element-steps; but on a shared machine every parallel loop may wait a whole time slice (~8 ms) for
+# a descheduled thread at its end: at 64 K, lstm's 30 per-step segments went parallel and its median
+# run took 264 ms instead of 20 ms. So only segments well past break-even get a team.
+SERIAL_WORK = 1 << 19
+STREAM_WORK = 1 << 17  # element-steps from which a weight-streaming GEMV segment splits statically
+TRANSCENDENTAL_STEPS = 8  # element-steps one exp/tanh/erf/log/pow/sqrt/... counts for
+_EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos"}
+
+# ---- the GEMM micro-kernel -------------------------------------------------------------------------
+
+# GEMM_ROWS x GEMM_COLS partial sums in registers (four AVX-512 vectors, eight AVX2 ones). Measured on
+# the host (Zen 4, one thread, bert's 128x768x768 GEMM, 64x64 blocks, k step 32): 4x16 1.70 ms, 8x16
+# 1.80, 16x16 2.0, 4x32 3.1, 4x64 2.4, 8x32 2.5; the rank-1 updates of the whole block through memory
+# 3.5; AVX2 only (target no-avx512f) 4x16 3.9. Wider chunks than one vector per row lose: GCC no
+# longer keeps every partial sum in a register. (Measured at 16 and 8 lanes only: both take 4x16.)
+GEMM_ROWS = 4
+GEMM_COLS = 16
+# Tiles of at most GEMV_ROWS rows with B contiguous along k run as dot products of GEMV_LANES
+# partial sums (several independent vector accumulators, so the FMA latency overlaps).
+GEMV_ROWS = 4
+GEMV_LANES = 32
+PANEL_BYTES = 4 << 20  # largest per-thread B panel a C GEMM keeps across tiles
+PREFETCH_CHANNELS = 4  # input channels ahead a direct conv prefetches rows read in place
+MAX_LINE = 16384  # floats of one per-tile line cache or dot-product row (on the stack of an OpenMP thread)
+# L1 data cache geometry (32 KiB, 8 ways, 64-byte lines: one way spans 4 KiB) and the most lines of
+# one k step of B that may share a set while the micro-kernel's row groups reread them.
+L1_WAY_BYTES = 4096
+B_LINES_PER_SET = 4
+
+
+def c_lanes(device: Device) -> int:
+    """fp32 lanes of the vector registers the C kernels are built for: the host's measured figure for a
+    CPU device; for a GPU's plan run on this CPU, what the C compiler targets here (-march=native: its
+    predefined macros, the host probe's rule)."""
+    if device.kind == "cpu" and device.vector_lanes > 1:
+        return device.vector_lanes
+    from engine.codegen.ccompile import compiler_lanes
+
+    return compiler_lanes()
+
+
+def c_decisions(kernel: Kernel, lanes: int) -> Kernel:
+    """The C printer's choices for `kernel` on a CPU with `lanes`-float vectors, recorded in its IR:
+    `block_convs`, `block_gemms`, `schedule_segments`, `cache_rows`, then `reciprocal_rows` (the row
+    caches hold the terms as the bodies read before it), `cache_lines` and `sum_columns` (on the bodies
+    after it). Run after conv.conv_dot_products, whose convs keep their dot-product form."""
+    kernel = cache_rows(schedule_segments(block_gemms(block_convs(kernel, lanes))))
+    return dataclasses.replace(sum_columns(cache_lines(reciprocal_rows(kernel))), c_lanes=lanes)
+
+
+def for_c(program: Program) -> Program:
+    """`program` with `c_decisions` taken for every kernel that has not had them (a CUDA program
+    printed as C: the golden sources, the DUMP_DIR trail), for this CPU's compiler's lanes."""
+    if all(k.c_lanes for k in program.kernels):
+        return program
+    from engine.codegen.ccompile import compiler_lanes
+
+    lanes = compiler_lanes()
+    return dataclasses.replace(program, kernels=tuple(k if k.c_lanes else c_decisions(k, lanes)
+                                                      for k in program.kernels))
+
+
+def _map_phases(kernel: Kernel, fn: Callable[[Kernel, Phase], dict | None]) -> Kernel:
+    """`kernel` with the fields fn(stripped kernel, stripped phase) returns set on each phase's gemm or
+    conv (None: unchanged): decisions are taken on what the printer renders (no Inlined markers); the
+    markers stay in the kernel."""
+    bare = kernel.stripped()
+    segments = []
+    for seg, bseg in zip(kernel.segments, bare.segments):
+        phases = []
+        for p, bp in zip(seg.phases, bseg.phases):
+            fields = fn(bare, bp)
+            if fields is not None:
+                p = (dataclasses.replace(p, gemm=dataclasses.replace(p.gemm, **fields)) if p.gemm is not None
+                     else dataclasses.replace(p, conv=dataclasses.replace(p.conv, **fields)))
+            phases.append(p)
+        segments.append(dataclasses.replace(seg, phases=tuple(phases)))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+# ---- direct convolutions ----------------------------------------------------------------------------
+
+
+def block_convs(kernel: Kernel, lanes: int) -> Kernel:
+    """Each window-form convolution's register blocking for `lanes`-float vectors: output columns per
+    chunk (`conv_chunk`), output channels (`conv_channels`) and rows (`conv_rows`) per block of partial
+    sums, or output channels in the lanes (`by_channel`); convs marked for dot products keep theirs."""
+    def block(bare: Kernel, p: Phase) -> dict | None:
+        c = p.conv
+        if c is None or c.dot_lanes:
+            return None
+        co, oh, ow = c.out
+        v = conv_chunk(ow, lanes)
+        nc = 1 if c.depthwise else conv_channels(v, co, lanes)
+        by_channel = (not c.depthwise and c.taps == (1, 1) and c.strides == (1, 1) and oh * ow < lanes <= co)
+        in_place = _window_rows_in_place(c)
+        taps = c.taps[0] * c.taps[1]
+        step = 1 if c.depthwise else c.bc
+        if in_place and not c.depthwise and co * c.channels * taps <= MAX_LINE:
+            step = c.channels  # nothing staged but weights: one step, partial sums stay in registers
+        # A window row read in place sits a whole channel plane from the next channel's: too far for
+        # the hardware's stride prefetchers, so each (channel, row) load would miss to L2/L3.
+        chan = flat_stride(bare, c.x, c.chan_vars[-1]) if in_place and c.chan_vars else None
+        one_chan = len(c.chan_vars) == 1
+        return {"lanes": lanes, "chunk": v, "chunk_channels": nc, "chunk_rows": conv_rows(v, oh, nc, lanes),
+                "lone_rows": conv_rows(v, oh, 1, lanes), "by_channel": by_channel, "x_in_place": in_place,
+                "step": step, "prefetch": PREFETCH_CHANNELS * chan if chan and chan * 4 > 1024 else 0,
+                "x_channels_last": one_chan and contiguous_along(bare, c.x, c.chan_vars[0], c.window_vars[1]),
+                "w_channel_inner": one_chan and contiguous_along(bare, c.w, "i1", c.chan_vars[0])}
+
+    return _map_phases(kernel, block) if kernel.convs else kernel
+
+
+def _window_rows_in_place(c) -> bool:
+    """Whether the input factor is one unpadded fp32 load whose last index is the window column plus a
+    constant and no other index holds it: a window row is then a row of the tensor itself (strided by
+    the conv's column stride) and needs no staging."""
+    x = c.x
+    if not isinstance(x, E.Load) or x.pad is not None or not x.index or x.dtype != DType.F32:
+        return False
+    w = c.window_vars[1]
+    return x.index[-1].terms == ((I.Var(w), 1),) and not any(w in ix.vars() for ix in x.index[:-1])
+
+
+def contiguous_along(kernel: Kernel, operand, inner: str, outer: str) -> bool:
+    """Whether staging `operand` reads memory contiguously with `inner` as the innermost loop rather
+    than `outer`: more of its loads step by one element along `inner` than along `outer`."""
+    score = 0
+    for x in kwalk(operand):
+        if isinstance(x, E.Load) and x.index:
+            score += (flat_stride(kernel, x, inner) == 1) - (flat_stride(kernel, x, outer) == 1)
+    return score > 0
+
+
+def conv_chunk(cols: int, lanes: int) -> int:
+    """Output columns a C convolution keeps in registers at once. With AVX-512 (16 lanes): one or two
+    vectors (16 or 32 columns), the wider unless it pads more, 8 for narrow tiles. Otherwise (GCC keeps
+    up to four AVX2 vectors of partial sums in registers across the channel and tap loops): the widest
+    divisor of the tile's columns from 8 to 32 (no partial chunk, whose variable trip count sends the
+    sums to memory), else the widest of 32/24/16 whose padding wastes at most an eighth, else 8.
+    Measured on conv_bn_relu / mobilenetv2_block (one thread, Zen 4): AVX-512 blocking 460 / 2980 us
+    against 529 / 3880 us held to AVX2."""
+    if lanes == 16:
+        if cols <= 8:
+            return 8
+        return 32 if -(-cols // 32) * 32 <= -(-cols // 16) * 16 else 16
+    for v in range(min(cols, 32), 7, -1):
+        if cols % v == 0:
+            return v
+    for v in (32, 24, 16):
+        if -(-cols // v) * v - cols <= cols / 8:
+            return v
+    return 8
+
+
+def conv_channels(cols: int, out_channels: int, lanes: int) -> int:
+    """Output channels a C convolution updates together per chunk of `cols` columns (each loaded
+    window vector feeds one FMA per channel): channels x ceil(cols / lanes) partial-sum vectors plus
+    one broadcast weight per channel in 24 of AVX-512's 32 registers (8, 4 or 2 channels;
+    mobilenetv2_block's 1x1 conv one thread 770 -> 445 us from 4 to 8) or 12 of AVX2's 16 (4 or 2;
+    the window loads and addresses need the rest: more spills)."""
+    nv = -(-cols // lanes)
+    if lanes == 16:  # 32 registers
+        return next((n for n in (8, 4, 2) if n <= out_channels and n * nv + n <= 24), 1)
+    return next((n for n in (4, 2) if n <= out_channels and n * nv + n <= 12), 1)
+
+
+def conv_rows(cols: int, out_rows: int, channels: int, lanes: int) -> int:
+    """Output rows a C convolution updates together per chunk of `cols` columns and `channels`
+    channels: enough independent partial-sum vectors (channels x rows x ceil(cols / lanes)) to cover
+    the FMA latency x throughput (4 x 2 on current x86 cores), at most 12 AVX2 registers (the
+    broadcast weights and loads need the rest), and no more rows than the tile has. With AVX-512 a
+    micro-tile of several channels takes one row (each row adds its own window loads: conv_bn_relu
+    one thread 455 us at one row, 490 at two, 559 at three) and a lone channel up to 8 vectors."""
+    nv = -(-cols // lanes)
+    if lanes == 16:
+        return 1 if channels > 1 else max(1, min(4, 8 // nv, out_rows))
+    return max(1, min(4, 12 // (channels * nv), out_rows))
+
+
+# ---- tiled GEMMs ------------------------------------------------------------------------------------
+
+
+def block_gemms(kernel: Kernel) -> Kernel:
+    """Each tiled GEMM's C micro-kernel: GEMM_ROWS x GEMM_COLS register blocks (the tail rows over the
+    widest of 4, 2, 1 x GEMM_COLS columns dividing the padded row), which factors are read in place
+    (`in_place_strides`), dot products over k (GEMV) for tiles of at most GEMV_ROWS rows whose B is
+    contiguous along k, and per segment the GEMMs that keep B in per-thread panels (`panel_gemms`)."""
+    if not kernel.gemms:
+        return kernel
+
+    def block(bare: Kernel, p: Phase) -> dict | None:
+        g = p.gemm
+        if g is None:
+            return None
+        ldb = -(-g.bn // GEMM_COLS) * GEMM_COLS
+        wide = next(c for c in (4 * GEMM_COLS, 2 * GEMM_COLS, GEMM_COLS) if ldb % c == 0)
+        a_in, b_in = in_place_strides(bare, p, "a"), in_place_strides(bare, p, "b")
+        gemv = 0
+        if b_in is not None and b_in[1] == 1 and g.bm <= GEMV_ROWS and g.bm * g.k <= MAX_LINE:
+            gemv = GEMV_LANES
+        elif b_in is not None and (b_in[0] != 1 or (g.bm > GEMM_ROWS and _rows_share_sets(b_in[1], g.bk))):
+            b_in = None
+        r = p.region.rank
+        return {"c_rows": GEMM_ROWS, "c_cols": GEMM_COLS, "c_wide": wide, "a_in": a_in or (), "b_in": b_in or (),
+                "gemv": gemv, "b_k_inner": contiguous_along(bare, g.b, g.vars[-1], f"i{r - 1}"),
+                "a_rows_inner": contiguous_along(bare, g.a, f"i{r - 2}", g.vars[-1])}
+
+    kernel = _map_phases(kernel, block)
+    bare = kernel.stripped()
+    segments = []
+    for seg, bseg in zip(kernel.segments, bare.segments):
+        stages, axis = panel_gemms(bare, bseg)
+        if stages:
+            seg = dataclasses.replace(seg, panel_axis=axis, phases=tuple(
+                dataclasses.replace(p, gemm=dataclasses.replace(p.gemm, panel=True)) if p.stage in stages else p
+                for p in seg.phases))
+        segments.append(seg)
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def in_place_strides(kernel: Kernel, phase: Phase, which: str) -> tuple[int, int] | None:
+    """(elements one step of its row (a) / column (b) axis moves it, elements one step of flat k moves
+    it) of factor `which` when it is one float load with no pad guard whose address is affine in that
+    axis and in flat k — nothing computed in the load, so reading it in place gives the same value as
+    staging it; else None. `kernel` without Inlined markers (Kernel.stripped)."""
+    g = phase.gemm
+    load = g.a if which == "a" else g.b
+    if not isinstance(load, E.Load) or load.pad is not None or not load.index or load.dtype != DType.F32:
+        return None
+    if kernel.buffer(load.tensor).dtype != DType.F32:
+        return None
+    r = phase.region.rank
+    if which == "a" and g.rows > 1:  # rows over several axes: no single row stride
+        return None
+    outer = flat_stride(kernel, load, f"i{r - 2}" if which == "a" else f"i{r - 1}")
+    strides = [flat_stride(kernel, load, v) for v in g.vars]
+    if outer is None or None in strides:
+        return None
+    inner = 1
+    for s, n in zip(reversed(strides), reversed(g.extents)):
+        if s != strides[-1] * inner:  # k's variables must flatten to one affine step
+            return None
+        inner *= n
+    return outer, strides[-1]
+
+
+def _rows_share_sets(stride: int, bk: int) -> bool:
+    """Whether the bk rows of B read in place `stride` floats apart crowd into too few L1 sets for
+    the next row group to find them there: rows a multiple of 4 KiB apart all fall in one set.
+    Measured on bert's 16x256 tiles of B [768, 3072] (rows 12 KiB apart): in place 18.1 ms for
+    the kernel against 9.6 staged; rows 1.5 KiB apart (vit's 384-wide B) gain from it."""
+    offsets = L1_WAY_BYTES // math.gcd(4 * abs(stride), L1_WAY_BYTES) if stride else 1
+    return -(-bk // min(offsets, L1_WAY_BYTES // 64)) > B_LINES_PER_SET
+
+
+def panel_gemms(kernel: Kernel, seg: Segment) -> tuple[set[str], int]:
+    """(stages, tile axis): GEMM phases of `seg` (blocked by `block_gemms`) whose B is staged and
+    depends on the column tile alone (a weight), each then staging B's whole k range for one column
+    tile into a per-thread panel when a thread's tile moves to another column tile instead of per
+    tile, the tiles walked column tile by column tile along that axis. bert's FFN1 (16-row tiles of
+    LayerNorm + 768x3072 GEMM) restaged its 786 KB column panel 96 times per run, 8x what it reads."""
+    if seg.ntiles < 2 or any(p.region.table for p in seg.phases) \
+            or any(b.region is not None and b.region.table for b in kernel.locals):
+        return set(), -1
+    found, axes = set(), set()
+    for p in seg.phases:
+        g = p.gemm
+        if g is None or p.region.flat or g.gemv or g.b_in:
+            continue
+        r = p.region.rank
+        span = p.region.spans[-1] if p.region.spans else None
+        moves = [k for k, c in enumerate(span.coeffs) if c] if span is not None else []
+        ldb = -(-g.bn // g.c_cols) * g.c_cols
+        if span is None or span.clamp or len(moves) != 1 or p.region.tiles[moves[0]] >= p.region.ntiles \
+                or not free_vars(g.b) <= {f"i{r - 1}", *g.vars} or g.k * ldb * 4 > PANEL_BYTES:
+            continue
+        found.add(p.stage)
+        axes.add(moves[0])
+    if len(axes) != 1:
+        return set(), -1
+    return found, axes.pop()
+
+
+# ---- row caches --------------------------------------------------------------------------------------
+
+
+def cache_rows(kernel: Kernel) -> Kernel:
+    """Each segment's row caches (`find_row_caches`, on what the printer renders) in Segment.row_caches."""
+    segments = tuple(dataclasses.replace(seg, row_caches=tuple(find_row_caches(bseg)))
+                     for seg, bseg in zip(kernel.segments, kernel.stripped().segments))
+    return dataclasses.replace(kernel, segments=segments)
+
+
+def _occurs(body, target) -> bool:
+    """Whether `target` is a subexpression of `body` outside pad guards and inlined reductions."""
+    stack = [body]
+    while stack:
+        e = stack.pop()
+        if e == target:
+            return True
+        if not isinstance(e, (Guard, Reduce)):
+            stack.extend(E.children(e))
+    return False
+
+
+def _row_reread(prod: Phase, cons: Phase) -> RowCache | None:
+    """The cache of `prod`'s terms for `cons` (named later) when `cons` is a one-axis reduction over
+    the same rows and length whose body holds the same term."""
+    if cons.combine is None or cons.reduce != prod.reduce or cons.gemm is not None \
+            or cons.region.spans != prod.region.spans or cons.region.shape != prod.region.shape:
+        return None
+    rows = prod.region.rank
+    if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))} or not _occurs(cons.body, prod.body):
+        return None
+    extents = tuple(sp.ext for sp in prod.region.spans)
+    return RowCache("", prod.stage, cons.stage, prod.body, rows, extents, prod.reduce[0])
+
+
+def find_row_caches(seg: Segment) -> list[RowCache]:
+    """Row caches of a segment: a one-axis reduction whose term is more than one load and appears
+    again in a later phase over the same rows, either a reduction over the same r0 or, with r0 read
+    as the innermost index, an elementwise phase whose innermost axis spans exactly the reduced length
+    (softmax's max/sum/normalise phases). At most MAX_LINE floats per tile in all."""
+    out: list[RowCache] = []
+    for k, prod in enumerate(seg.phases):
+        if (prod.combine is None or len(prod.reduce) != 1 or prod.gemm is not None or prod.region.flat
+                or not prod.region.spans or isinstance(prod.body, (E.Load, E.Imm))
+                or prod.combine in (Combine.ARGMAX, Combine.ARGMIN)):
+            continue
+        n = prod.reduce[0]
+        for cons in seg.phases[k + 1:]:
+            if cons.region.flat or not cons.region.spans:
+                continue
+            again = _row_reread(prod, cons)
+            if again is not None:
+                if again.size + sum(c.size for c in out) <= MAX_LINE:
+                    out.append(dataclasses.replace(again, name=f"row{len(out)}"))
+                break
+            rc = cons.region.rank
+            if cons.combine is not None or cons.gemm is not None or not rc or prod.region.rank not in (rc - 1, rc):
+                continue
+            last = cons.region.spans[-1]
+            if (last.base, last.ext, last.clamp, any(last.coeffs)) != (0, n, False, False) \
+                    or cons.region.shape[-1] != n:
+                continue
+            rows = rc - 1
+            if prod.region.rank == rc and prod.region.shape[-1] != 1:
+                continue
+            if any(prod.region.spans[d] != cons.region.spans[d] or prod.region.spans[d].clamp
+                   for d in range(rows)):
+                continue
+            if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))}:
+                continue
+            term = substitute_body(prod.body, {"r0": I.var(f"i{rc - 1}")})
+            extents = tuple(cons.region.spans[d].ext for d in range(rows))
+            cache = RowCache(f"row{len(out)}", prod.stage, cons.stage, term, rows, extents, n)
+            if _occurs(cons.body, term):
+                if cache.size + sum(c.size for c in out) <= MAX_LINE:
+                    out.append(cache)
+                break
+    return out
+
+
+# ---- divisions by a row's value ------------------------------------------------------------------------
+
+
+def reciprocal_rows(kernel: Kernel) -> Kernel:
+    """Each per-element phase whose innermost axis is a loop (not one-wide on every tile) with its
+    float32 divisions by a value of the row (`reciprocal_divisions` along that axis)."""
+    segments = []
+    for seg in kernel.segments:
+        phases = []
+        for p in seg.phases:
+            r = p.region.rank
+            if p.gemm is None and p.conv is None and not p.region.flat and p.combine is None and r \
+                    and not one_wide(p.region, r - 1):
+                p = dataclasses.replace(p, body=reciprocal_divisions(p.body, f"i{r - 1}"))
+            phases.append(p)
+        segments.append(dataclasses.replace(seg, phases=tuple(phases)))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def reciprocal_divisions(body, var: str):
+    """`body` with float32 divisions x / y, x varying along `var` and y not (a softmax row's sum, a
+    LayerNorm row's sqrt(var + eps)), as x * (1 / y): the reciprocal is then computed once per row
+    and the column loop multiplies; a vector divide costs several multiplies. Within 1.5 ulp of the
+    quotient (the printers' results are compared at 1e-3 relative), as onnxruntime's kernels do."""
+    memo: dict = {}
+
+    def visit(e):
+        if isinstance(e, E.Binary) and e.op == "div" and e.dtype == DType.F32 \
+                and var in free_vars(e.a, memo) and var not in free_vars(e.b, memo):
+            return E.Binary("mul", e.a, E.Unary("recip", e.b, e.dtype), e.dtype)
+        return e
+
+    return kmap(body, visit)
+
+
+def one_wide(region, d: int) -> bool:
+    """Whether axis d of the region spans exactly one index on every tile."""
+    if region.spans:
+        return region.spans[d].ext == 1 and not region.spans[d].clamp
+    return all(row[region.rank + d] - row[d] == 1 for row in region.table)
+
+
+# ---- line caches -------------------------------------------------------------------------------------------
+
+
+def cache_lines(kernel: Kernel) -> Kernel:
+    """Expensive subexpressions of one loop variable alone (`_line_values`) that the nest would recompute
+    for every row: per segment the LineCaches computed once per launch where the variable's range is the
+    same in every tile and the value reads only global tensors (Segment.launch_lines; each phase's reads
+    of them in Phase.line_reads), per phase the rest computed once per tile (Phase.tile_lines) — on the
+    CPU the blocks are iterations of one loop, so nothing is gained by each recomputing them."""
+    bare = kernel.stripped()
+    segments = []
+    for seg, bseg in zip(kernel.segments, bare.segments):
+        launch, reads = _launch_lines(bare, bseg)
+        phases = []
+        for p, bp in zip(seg.phases, bseg.phases):
+            axis = _line_axis(bp)
+            if axis is not None:
+                var, ext, rows = axis
+                nodes = _line_values(bp.body, var)
+                p = dataclasses.replace(
+                    p, line_reads=tuple((n, *reads[n]) for n in nodes if n in reads),
+                    tile_lines=tuple(n for n in nodes if n not in reads) if rows > 1 and ext <= MAX_LINE else ())
+            phases.append(p)
+        segments.append(dataclasses.replace(seg, phases=tuple(phases), launch_lines=launch))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def _line_axis(p: Phase) -> tuple[str, int, int] | None:
+    """(variable, extent, rows) of a per-element phase's line caches: its lone reduction axis over every
+    element, or its innermost axis over the rows before it."""
+    if p.gemm is not None or p.conv is not None or p.region.flat:
+        return None
+    r = p.region.rank
+    if p.combine is not None and len(p.reduce) == 1:
+        return "r0", p.reduce[0], math.prod(p.region.extent)
+    if p.combine is None and r:
+        return f"i{r - 1}", p.region.extent[-1], math.prod(p.region.extent[:-1])
+    return None
+
+
+def _launch_lines(kernel: Kernel, seg: Segment) -> tuple[tuple[LineCache, ...], dict]:
+    """The segment's launch line caches, one per chain (over a canonical variable) and range, and
+    value -> (array, lo) for every phase value read from one."""
+    if seg.ntiles < 2:
+        return (), {}
+    globals_ = {b.name for b in kernel.params}
+    made: dict = {}  # (chain over a canonical variable, lo, hi) -> array
+    caches: list[LineCache] = []
+    reads: dict = {}
+    for phase in seg.phases:
+        if phase.gemm is not None or phase.conv is not None or phase.region.flat:
+            continue
+        r = phase.region.rank
+        if phase.combine is not None and len(phase.reduce) == 1:
+            var, lo, hi = "r0", 0, phase.reduce[0]
+        elif phase.combine is None and r and phase.region.spans:
+            span = phase.region.spans[-1]
+            if span.clamp or any(span.coeffs):
+                continue
+            var, lo, hi = f"i{r - 1}", span.base, span.base + span.ext
+        else:
+            continue
+        if hi - lo > 4 * MAX_LINE:
+            continue
+        for node in _line_values(phase.body, var):
+            if node in reads or any(isinstance(x, E.Load) and x.tensor not in globals_ for x in kwalk(node)):
+                continue
+            key = (substitute_body(node, {var: I.var("line_")}), lo, hi)
+            if key in made:
+                reads[node] = (made[key], lo)
+                continue
+            name = made[key] = f"launch_line{len(made)}"
+            caches.append(LineCache(name, node, var, lo, hi))
+            reads[node] = (name, lo)
+    return tuple(caches), reads
+
+
+def _line_values(body, var: str) -> list:
+    """Maximal float subexpressions of `body` depending on `var` alone and holding a transcendental
+    (none under a pad guard or inside an inlined reduction)."""
+    found: list = []
+    stack = [body]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, (Guard, Reduce)):
+            continue
+        if getattr(e, "dtype", None) is not None and e.dtype.is_float and free_vars(e) == {var} \
+                and any(map(transcendental, kwalk(e))) and e not in found:
+            found.append(e)
+            continue
+        stack.extend(E.children(e))
+    return found
+
+
+# ---- column-wise sums -----------------------------------------------------------------------------------
+
+
+def sum_columns(kernel: Kernel) -> Kernel:
+    """Per phase whose innermost axis is a loop of at most MAX_LINE columns, the `axpy_sums` of its body
+    (of the phase's own sum as one inlined sum, for a sum phase whose terms no row cache keeps), run
+    column-wise before that loop (Phase.column_sums): attention's probabilities @ V per head, which the
+    GEMM path does not take, and mobilevit's projections."""
+    bare = kernel.stripped()
+    segments = []
+    for seg, bseg in zip(kernel.segments, bare.segments):
+        kept = {c.producer for c in bseg.row_caches}
+        phases = []
+        for p, bp in zip(seg.phases, bseg.phases):
+            r = bp.region.rank
+            if bp.gemm is None and bp.conv is None and not bp.region.flat and r and not one_wide(bp.region, r - 1) \
+                    and bp.region.extent[r - 1] <= MAX_LINE:
+                body = bp.body if bp.combine is None else None
+                if bp.combine == Combine.SUM and bp.stage not in kept:
+                    body = Reduce(bp.body, tuple(f"r{k}" for k in range(len(bp.reduce))), bp.reduce, bp.combine,
+                                  bp.dtype)
+                if body is not None:
+                    p = dataclasses.replace(p, column_sums=tuple(axpy_sums(bare, body, f"i{r - 1}")))
+            phases.append(p)
+        segments.append(dataclasses.replace(seg, phases=tuple(phases)))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def axpy_sums(kernel: Kernel, body, var: str) -> list[Reduce]:
+    """Inlined sums in `body` (not under a guard or another reduction) that a phase's innermost loop
+    over `var` should run column-wise: their summands read memory contiguously along `var` (a weight
+    row B[k, j]) or not at all, never contiguously along the sum's own innermost variable, so
+    `for k: for j (simd): acc[j] += a(k) * B[k, j]` streams rows where the per-element form walks a
+    column of B for every output (mobilevit's attention projections: 4 x 2 x 32 regions, which the
+    GEMM path does not take, ran as scalar dot products down strided columns)."""
+    found, stack = [], [body]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Guard):
+            continue
+        if not isinstance(n, Reduce):
+            stack.extend(kchildren(n))
+            continue
+        if n.combine != Combine.SUM or n.dtype != DType.F32 or var not in free_vars(n.body) \
+                or any(isinstance(x, (Reduce, Guard)) and x is not n for x in kwalk(n.body) if var in free_vars(x)):
+            continue
+        loads = [x for x in kwalk(n.body) if isinstance(x, E.Load) and x.index and var in free_vars(x)]
+        strides = [(flat_stride(kernel, x, var), flat_stride(kernel, x, n.vars[-1])) for x in loads]
+        if loads and all(sv in (1, None) and sk != 1 for sv, sk in strides) and any(sv == 1 for sv, _ in strides):
+            found.append(n)
+    return found
+
+
+# ---- OpenMP -------------------------------------------------------------------------------------------
+
+
+def schedule_segments(kernel: Kernel) -> Kernel:
+    """How OpenMP shares each segment's tiles. "serial": under SERIAL_WORK element-steps the calling
+    thread runs them (waking a team costs more than it saves). "static": a matrix-vector product
+    streaming a weight too big for one core's L1 but not for the cores' L2s together (lstm's 1 MB
+    recurrent weight, once per step), from STREAM_WORK: every step each thread reads the same part of
+    the weight, from its own L2. Else "guided": on a shared machine one thread may be descheduled for a
+    whole time slice; with a static split the others then wait at the loop's end for its half of the
+    tiles (~8 ms per kernel on 2 busy cores), with guided chunks they take its tiles instead; unlike
+    dynamic (one tile per grab) it pays no atomic per tile (512 row tiles of LayerNorm ~1.5x slower)."""
+    segments = []
+    for seg, bseg in zip(kernel.segments, kernel.stripped().segments):
+        work = segment_work(bseg)
+        if _streams_weight(seg) and work >= STREAM_WORK:
+            omp = "static"
+        else:
+            omp = "serial" if work < SERIAL_WORK else "guided"
+        segments.append(dataclasses.replace(seg, omp=omp, work=work))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def _streams_weight(seg: Segment) -> bool:
+    """A segment holding a tiled GEMM of at most GEMV_ROWS rows per block (run as dot products)."""
+    return any(p.gemm is not None and p.gemm.bm <= GEMV_ROWS for p in seg.phases) and seg.ntiles > 1
+
+
+def segment_work(seg: Segment) -> int:
+    """Element-steps of a segment: per phase, elements per tile times the reduction length (inlined
+    reductions and tiled GEMM k included) times the body's weight (transcendentals count
+    TRANSCENDENTAL_STEPS each), times the tiles."""
+    total = 0
+    for p in seg.phases:
+        elems = p.region.flat or math.prod(p.region.extent)
+        steps = math.prod(p.reduce) if p.reduce else 1
+        steps += sum(math.prod(r.extents) for r in kwalk(p.body) if isinstance(r, Reduce))
+        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * sum(map(transcendental, kwalk(p.body))))
+    return total * seg.ntiles
+
+
+def transcendental(n) -> bool:
+    return (isinstance(n, E.Unary) and n.op in _EXPENSIVE) or (isinstance(n, E.Binary) and n.op == "pow")

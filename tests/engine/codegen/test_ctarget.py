@@ -1,0 +1,263 @@
+"""The C target's passes (engine/codegen/ctarget.py), each alone on one small kernel: the parameters it
+records for a CPU with 8 and with 16 vector lanes, and the C printed from them compiled and compared
+with NumPy on random inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plans import fuse_all, make_test_plan  # noqa: E402
+
+from engine.api import load_graph  # noqa: E402
+from engine.codegen.ccompile import compiler_lanes  # noqa: E402
+from engine.codegen.ctarget import (  # noqa: E402
+    GEMV_LANES,
+    SERIAL_WORK,
+    block_convs,
+    block_gemms,
+    c_decisions,
+    cache_lines,
+    cache_rows,
+    for_c,
+    reciprocal_rows,
+    schedule_segments,
+    segment_work,
+)
+from engine.codegen.generate import generate  # noqa: E402
+from engine.codegen.kir import program_to_json  # noqa: E402
+from engine.codegen.targets import render_c  # noqa: E402
+from engine.runtime.cpu import compile_program_c, run_cpu  # noqa: E402
+from engine.schedule.plan import Conn, Tile  # noqa: E402
+
+TOL = 1e-4
+
+
+def _save(path: Path, nodes, inputs, inits) -> Path:
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [onnx.numpy_helper.from_array(a, n) for n, a in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(onnx.shape_inference.infer_shapes(model), path)
+    return path
+
+
+def _program(path: Path, tile: tuple[int, ...], threads: int = 64):
+    """The CUDA-target program of the one fused kernel (no C passes run yet) and its graph."""
+    graph = load_graph(path)
+    out = graph.stage(graph.outputs[0])
+    blocks = int(np.prod([-(-n // t) for n, t in zip(out.shape, tile)]))
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {out.name: Tile("", tile, threads, blocks)})
+    return generate(plan, graph, "a100"), graph
+
+
+def _with(program, fn):
+    return dataclasses.replace(program, kernels=tuple(fn(k) for k in program.kernels))
+
+
+def _phases(program):
+    return [p for k in program.kernels for s in k.segments for p in s.phases]
+
+
+def _run_c(program, graph, feeds) -> np.ndarray:
+    outs, _ = run_cpu(compile_program_c(program), graph.specs, feeds, graph.weights)
+    return outs["y"]
+
+
+def _conv(tmp_path):
+    rng = np.random.default_rng(21)
+    w = rng.standard_normal((16, 5, 3, 3)).astype(np.float32)
+    path = _save(tmp_path / "conv.onnx", [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+                                          helper.make_node("Relu", ["c"], ["y"])], [("x", (1, 5, 12, 40))], {"W": w})
+    program, graph = _program(path, (1, 16, 6, 40))
+    x = rng.standard_normal((1, 5, 12, 40)).astype(np.float32)
+    xp = np.pad(x[0], ((0, 0), (1, 1), (1, 1)))
+    want = np.einsum("cikl,ikl...->c...", w, np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(1, 2))
+                     .transpose(0, 3, 4, 1, 2))
+    return program, graph, {"x": x}, np.maximum(want, 0)[None]
+
+
+# (lanes) -> (chunk, chunk_channels, chunk_rows, lone_rows) for 16 output channels x 6 x 40 pixels per tile:
+# AVX-512 one 16-column vector per chunk (32 would pad 40 to 64), 8 channels x 1 row; AVX2 a 20-column
+# chunk (the widest divisor of 40), 3 vectors a row, so 2 channels x 2 rows in 12 registers, 4 rows alone.
+CONV_BLOCKING = {16: (16, 8, 1, 4), 8: (20, 2, 2, 4)}
+# What the printer makes of it: named vector registers (16 columns: whole vectors), or fixed-size arrays
+# of partial sums for 2 channels x 2 rows (20 columns: not whole 8-lane vectors).
+CONV_SUMS = {16: "c0_v16 r0_0_0;", 8: "float r0_0[20]; float r0_1[20]; float r1_0[20]; float r1_1[20];"}
+
+
+@pytest.mark.parametrize("lanes", sorted(CONV_BLOCKING))
+def test_block_convs_from_the_lanes(tmp_path, lanes):
+    program, graph, feeds, want = _conv(tmp_path)
+    (before,) = [p.conv for p in _phases(program) if p.conv is not None]
+    assert before.lanes == 0 and not before.dot_lanes
+    blocked = _with(program, lambda k: block_convs(k, lanes))
+    (conv,) = [p.conv for p in _phases(blocked) if p.conv is not None]
+    assert (conv.lanes, conv.chunk, conv.chunk_channels, conv.chunk_rows, conv.lone_rows) == (lanes, *CONV_BLOCKING[lanes])
+    assert not conv.by_channel
+    # the input is padded: its window is staged, bc channels per step
+    assert not conv.x_in_place and conv.step == conv.bc and not conv.prefetch
+    assert dataclasses.replace(conv, lanes=0, chunk=0, chunk_channels=0, chunk_rows=0, lone_rows=0, step=0) == before
+    source = render_c(_with(blocked, lambda k: c_decisions(k, lanes)))
+    assert CONV_SUMS[lanes] in source and f"q0 += {CONV_BLOCKING[lanes][0]})" in source
+    got = _run_c(_with(blocked, lambda k: c_decisions(k, lanes)), graph, feeds)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+
+
+def test_pointwise_conv_over_fewer_pixels_than_a_vector_puts_channels_in_the_lanes(tmp_path):
+    """A 1x1 conv over 2x3 pixels per tile and 16 output channels: at 8 and 16 lanes the channels go in
+    the vector lanes (6 pixels < lanes <= 16 channels); at 4 lanes the pixels fill a vector."""
+    rng = np.random.default_rng(22)
+    w = rng.standard_normal((16, 12, 1, 1)).astype(np.float32)
+    path = _save(tmp_path / "pw.onnx", [helper.make_node("Conv", ["x", "W"], ["y"])], [("x", (1, 12, 4, 6))], {"W": w})
+    program, graph = _program(path, (1, 16, 2, 3))
+    x = rng.standard_normal((1, 12, 4, 6)).astype(np.float32)
+    want = np.einsum("ci,ihw->chw", w[:, :, 0, 0], x[0])[None]
+    for lanes, by_channel in ((16, True), (8, True), (4, False)):
+        blocked = _with(program, lambda k, lanes=lanes: c_decisions(k, lanes))
+        (conv,) = [p.conv for p in _phases(blocked) if p.conv is not None]
+        assert conv.by_channel == by_channel and conv.lanes == lanes
+        assert conv.x_in_place and conv.step == 12  # unpadded: rows read in place, every channel in one step
+        got = _run_c(blocked, graph, {"x": x})
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+
+
+def _gemm(tmp_path, rows: int, transposed: bool):
+    """y = relu(A @ B): B a [64, 48] weight, or (transposed) A @ W^T with W [48, 64]."""
+    rng = np.random.default_rng(23)
+    w = rng.standard_normal((48, 64) if transposed else (64, 48)).astype(np.float32)
+    mm = (helper.make_node("Gemm", ["a", "W"], ["c"], transB=1) if transposed
+          else helper.make_node("MatMul", ["a", "W"], ["c"]))
+    path = _save(tmp_path / "mm.onnx", [mm, helper.make_node("Relu", ["c"], ["y"])], [("a", (32, 64))], {"W": w})
+    program, graph = _program(path, (rows, 48))
+    a = rng.standard_normal((32, 64)).astype(np.float32)
+    return program, graph, {"a": a}, np.maximum(a @ (w.T if transposed else w), 0)
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_block_gemms_register_block_and_operands_in_place(tmp_path, lanes):
+    """8-row tiles of A [32, 64] @ W [64, 48]: a 4 x 16 register block at both widths (measured best at
+    AVX2 and AVX-512 alike), the 1-row tail 16 wide (48 columns: no 32 or 64 divides them), A read in
+    place (rows 64 apart, k contiguous), W's rows read in place (contiguous columns, rows 48 apart)."""
+    program, graph, feeds, want = _gemm(tmp_path, 8, transposed=False)
+    blocked = _with(program, lambda k: c_decisions(k, lanes))
+    (g,) = [p.gemm for p in _phases(blocked) if p.gemm is not None]
+    assert (g.c_rows, g.c_cols, g.c_wide, g.a_in, g.b_in, g.gemv, g.panel) == (4, 16, 16, (64, 1), (1, 48), 0, False)
+    assert "4x16 register block" in json.dumps(program_to_json(blocked))
+    source = render_c(blocked)
+    assert "const float* restrict a_in = " in source and "const float* restrict b_in = " in source
+    assert np.max(np.abs(_run_c(blocked, graph, feeds) - want)) / np.max(np.abs(want)) < TOL
+
+
+def test_block_gemms_runs_few_rows_against_a_transposed_weight_as_dot_products(tmp_path):
+    """2-row tiles of A @ W^T (W [48, 64]: B contiguous along k) run as dot products over k in
+    GEMV_LANES partial sums, B's columns read in place 64 apart."""
+    program, graph, feeds, want = _gemm(tmp_path, 2, transposed=True)
+    blocked = _with(program, block_gemms)
+    (g,) = [p.gemm for p in _phases(blocked) if p.gemm is not None]
+    assert g.gemv == GEMV_LANES and g.b_in == (64, 1) and not g.panel
+    blocked = _with(blocked, lambda k: c_decisions(k, 16))
+    assert f"float part[{GEMV_LANES}];" in render_c(blocked)
+    assert np.max(np.abs(_run_c(blocked, graph, feeds) - want)) / np.max(np.abs(want)) < TOL
+
+
+def test_schedule_segments_records_the_work_and_the_split(tmp_path):
+    program, graph, feeds, want = _conv(tmp_path)
+    scheduled = _with(program, schedule_segments)
+    bare = [s for k in program.kernels for s in k.stripped().segments]
+    segs = [s for k in scheduled.kernels for s in k.segments]
+    assert [s.work for s in segs] == [segment_work(s) for s in bare] and all(s.work for s in segs)
+    assert [s.omp for s in segs] == ["serial" if s.work < SERIAL_WORK else "guided" for s in segs]
+    pragma = "#pragma omp parallel for schedule(guided)" in render_c(scheduled)
+    assert pragma == any(s.omp == "guided" for s in segs)
+
+
+def test_cuda_program_printed_as_c_takes_the_compilers_lanes(tmp_path):
+    """render_c of a program generated for CUDA runs c_decisions for the lanes the C compiler targets;
+    running them twice changes nothing; the Program JSON shows them only once they ran."""
+    program, graph, feeds, want = _conv(tmp_path)
+    assert all(not k.c_lanes for k in program.kernels) and "c_lanes" not in json.dumps(program_to_json(program))
+    lowered = for_c(program)
+    assert {k.c_lanes for k in lowered.kernels} == {compiler_lanes()} and for_c(lowered) is lowered
+    assert _with(lowered, lambda k: c_decisions(k, k.c_lanes)) == lowered
+    meta = program_to_json(lowered)["kernels"][0]
+    assert meta["c_lanes"] == compiler_lanes() and meta["convs"][0]["lanes"] == compiler_lanes()
+    assert all(s["omp"] in ("serial", "guided") for s in meta["segments"])
+    assert render_c(program) == render_c(lowered)
+
+
+def test_cache_rows_records_softmax_terms_reread_by_a_later_phase():
+    """masked_softmax fused whole: the max phase's masked logits are kept for the sum phase; the
+    segment records the cache (name, producer, consumer, floats), the Program JSON shows it, and the
+    printed C declares that array."""
+    from sample_io import load_sample
+
+    graph = load_sample("masked_softmax")[0]
+    program = _with(generate(make_test_plan(graph, fuse_all(graph)), graph, "a100"), cache_rows)
+    caches = [c for k in program.kernels for s in k.segments for c in s.row_caches]
+    assert caches and all(c.producer.endswith("::max") or c.producer.endswith("::sum") for c in caches)
+    assert [c.name for c in caches] == [f"row{i}" for i in range(len(caches))]
+    shown = [r for k in program_to_json(program)["kernels"] for s in k["segments"] for r in s.get("row_caches", ())]
+    assert len(shown) == len(caches)
+    source = render_c(program)
+    assert all(f"{c.name}[{c.size}];  // {c.producer} terms, reread by {c.consumer}" in source for c in caches)
+
+
+def test_reciprocal_rows_divides_once_per_row():
+    """layernorm_residual fused whole: the normalise phase's division by the row's sqrt(var + eps)
+    becomes a multiply by its reciprocal (computed once per row in the printed C), in the phase body
+    the Program records; reduction phases keep their bodies."""
+    from sample_io import load_sample
+
+    from engine.codegen.kexpr import kwalk
+    from engine.ir import expr as E
+
+    def recips(program):
+        return [p.stage for p in _phases(program) if any(isinstance(n, E.Unary) and n.op == "recip"
+                                                         for n in kwalk(p.body))]
+
+    graph, inputs, expected = load_sample("layernorm_residual")
+    program = generate(make_test_plan(graph, fuse_all(graph)), graph, "a100")
+    lowered = _with(program, reciprocal_rows)
+    assert not recips(program) and recips(lowered)
+    assert all(p.combine is None for p in _phases(lowered) if p.stage in recips(lowered))
+    assert "(1.0f / " in render_c(lowered)
+    got, _ = run_cpu(compile_program_c(lowered), graph.specs, inputs, graph.weights)
+    assert max(np.max(np.abs(got[k] - expected[k])) / np.max(np.abs(expected[k])) for k in expected) < 1e-3
+
+
+def test_cache_lines_records_launch_and_tile_line_caches():
+    """pow_broadcast_add's exp(-sqrt(|a|^2.5 + 1)) chain along the columns (see
+    test_generate.test_c_printer_computes_a_broadcast_chain_once_per_launch_or_tile): with every row
+    tile spanning the 4096 columns, one LineCache per launch that both phases read; with the
+    normalisation's tiles 512 columns wide, that phase computes its copy once per tile instead."""
+    from sample_io import load_sample
+
+    from engine.device import get_device
+    from engine.schedule.edits import apply_edit
+    from engine.schedule.plan import Edit
+    from engine.schedule.policies import make_plan
+
+    graph = load_sample("pow_broadcast_add")[0]
+    a100 = get_device("a100")
+    pin = Edit.make("set_edge", producer="Add_9_out", consumer="ReduceSum_11_out", conn="register")
+    plan = apply_edit(make_plan(graph, "welder", a100, options={"recompute_bound": 1e6}), graph, a100, pin)
+    whole = _with(generate(plan, graph, a100), cache_lines)
+    (seg,) = [s for k in whole.kernels for s in k.segments if s.launch_lines]
+    (line,) = seg.launch_lines
+    assert (line.name, line.lo, line.hi) == ("launch_line0", 0, 4096)
+    assert sum(1 for p in seg.phases for n, name, _ in p.line_reads if name == line.name) == 2
+    assert not any(p.tile_lines for p in seg.phases)
+    assert "launch_line0: " in json.dumps(program_to_json(whole))
+    split = apply_edit(plan, graph, a100, Edit.make("set_tile", stage="out", shape=[8, 512], threads=256))
+    split = _with(generate(split, graph, a100), cache_lines)
+    (seg,) = [s for k in split.kernels for s in k.segments if s.launch_lines]
+    assert len(seg.launch_lines) == 1 and [len(p.tile_lines) for p in seg.phases if p.tile_lines] == [1]
