@@ -20,6 +20,7 @@ from engine.codegen.kexpr import Guard, InBounds, Inlined, Reduce, kchildren, st
 from engine.codegen.kir import Kernel, Phase, Region, Scope, Segment
 from engine.errors import PlanError
 from engine.ir import expr as E
+from engine.ir.dtypes import DType
 from engine.ir.graph import Combine
 from engine.memo import memo
 
@@ -34,6 +35,7 @@ class Work:
     flops: float = 0.0
     tiled_flops: float = 0.0  # of `flops`: the multiply-adds of tiled GEMM and direct-conv micro-tiles
     mma_flops: float = 0.0  # of `flops`: the multiply-adds of tiled GEMMs on tensor cores (Gemm.mma)
+    mma_f16_flops: float = 0.0  # of `mma_flops`: those with fp16 operands (m16n8k16 .f16; the rest are TF32)
     global_load: float = 0.0  # bytes
     global_store: float = 0.0
     shared_load: float = 0.0
@@ -49,6 +51,7 @@ class Work:
         self.flops += other.flops * times
         self.tiled_flops += other.tiled_flops * times
         self.mma_flops += other.mma_flops * times
+        self.mma_f16_flops += other.mma_f16_flops * times
         self.global_load += other.global_load * times
         self.global_store += other.global_store * times
         self.shared_load += other.shared_load * times
@@ -74,7 +77,8 @@ class Work:
                 "global_store_bytes": int(self.global_store), "shared_load_bytes": int(self.shared_load),
                 "shared_store_bytes": int(self.shared_store), "nest": int(self.nest),
                 "evals": {k: int(v) for k, v in sorted(self.evals.items())},
-                **({"mma_flops": int(self.mma_flops)} if self.mma_flops else {})}
+                **({"mma_flops": int(self.mma_flops)} if self.mma_flops else {}),
+                **({"mma_f16_flops": int(self.mma_f16_flops)} if self.mma_f16_flops else {})}
 
 
 def count_kernel(kernel: Kernel) -> Work:
@@ -283,16 +287,21 @@ def _gemm(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
     out.evals.pop("  hoisted", None)
     out.add(_memo(kernel, g.b, ("b",), lambda: _value_work(kernel, g.b)), float(n_n.sum()) * g.k)
     per_step = ntiles * steps
-    out.shared_store += per_step * (pm * g.bk + g.bk * pn) * 4
+    item = g.stage_dtype.itemsize
+    out.shared_store += per_step * (pm * g.bk + g.bk * pn) * item
     if g.mma:
         # Warps whose mma tiles hold a live row and column run every one of their tiles (zero-padded at
-        # the edges) per k step: the A and B fragments of each k8 slice from shared memory, then the mmas.
+        # the edges) per k step: the A and B fragments of each k slice (4 + 2 elements per lane and mma
+        # tile per 8 of k: TF32's k8, half of fp16's k16) from shared memory, then the mmas.
         fm, fn = g.mma_tiles
         warps = float((np.minimum(g.warps_m, np.ceil(m_n / (16 * fm)))
                        * np.minimum(g.warps_n, np.ceil(n_n / (8 * fn)))).sum())
-        out.shared_load += steps * warps * 32 * (g.bk // 8) * (4 * fm + 2 * fn) * 4
-        out.flops += steps * warps * 32 * g.bk * 2 * g.tm * g.tn
-        out.mma_flops += steps * warps * 32 * g.bk * 2 * g.tm * g.tn
+        out.shared_load += steps * warps * 32 * (g.bk // 8) * (4 * fm + 2 * fn) * item
+        mma = steps * warps * 32 * g.bk * 2 * g.tm * g.tn
+        out.flops += mma
+        out.mma_flops += mma
+        if g.stage_dtype == DType.F16:
+            out.mma_f16_flops += mma
     else:
         # Threads whose micro-tile holds a live row and column run the k loop; the others only stage.
         live = float((np.minimum(g.ty, np.ceil(m_n / max(1, g.tm))) * np.minimum(g.tx, np.ceil(n_n / max(1, g.tn)))).sum())

@@ -123,9 +123,10 @@ class Gemm:
     vec_b: int = 1
     buffers: int = 1
     # Tensor cores (engine/codegen/mma.py): "" runs the FMA micro-tile above; "m16n8k8.tf32" runs each k
-    # step as mma.sync m16n8k8 with TF32 operands and FP32 accumulators on a warps_m x warps_n grid of
-    # warps, each owning (ty*tm/16/warps_m) x (tx*tn/8/warps_n) mma tiles of the padded block tile. Printers
-    # without tensor cores (C, OpenCL) print the FMA micro-tile from the same IR.
+    # step as mma.sync m16n8k8 with TF32 operands, "m16n8k16.f16" as m16n8k16 with fp16 operands (staged
+    # as fp16: `stage_dtype`), both with FP32 accumulators, on a warps_m x warps_n grid of warps, each
+    # owning (ty*tm/16/warps_m) x (tx*tn/8/warps_n) mma tiles of the padded block tile. Printers without
+    # tensor cores (C, OpenCL) print the FMA micro-tile from the same IR.
     mma: str = ""
     warps_m: int = 0
     warps_n: int = 0
@@ -150,6 +151,11 @@ class Gemm:
     def mma_tiles(self) -> tuple[int, int]:
         """m16n8 tiles per warp along the rows and the columns (mma path)."""
         return self.ty * self.tm // 16 // self.warps_m, self.tx * self.tn // 8 // self.warps_n
+
+    @property
+    def stage_dtype(self) -> DType:
+        """Element type of the staging buffers: fp16 on the m16n8k16 .f16 path, else fp32."""
+        return DType.F16 if self.mma == "m16n8k16.f16" else DType.F32
 
     @property
     def k(self) -> int:
@@ -440,13 +446,26 @@ class Kernel:
         return tuple(p.conv for s in self.segments for p in s.phases if p.conv is not None)
 
     @property
-    def staging(self) -> tuple[int, int]:
-        """Floats of the GEMM/conv staging buffers st_a, st_b (shared by the kernel's tiled phases; a
-        double-buffered GEMM's two buffers one after the other), placed in shared memory after the
-        BLOCK buffers."""
+    def staging_bytes(self) -> tuple[int, int]:
+        """Bytes of the GEMM/conv staging buffers st_a, st_b (shared by the kernel's tiled phases, each
+        in its own element type: Gemm.stage_dtype, fp32 for convs; a double-buffered GEMM's two buffers
+        one after the other), placed in shared memory after the BLOCK buffers."""
         tiled = self.gemms + self.convs
-        return (max((g.a_elems * g.buffers for g in tiled), default=0),
-                max((g.b_elems * g.buffers for g in tiled), default=0))
+        item = [g.stage_dtype.itemsize if isinstance(g, Gemm) else 4 for g in tiled]
+        return (max((g.a_elems * g.buffers * n for g, n in zip(tiled, item)), default=0),
+                max((g.b_elems * g.buffers * n for g, n in zip(tiled, item)), default=0))
+
+    @property
+    def staging(self) -> tuple[int, int]:
+        """Floats of the staging buffers st_a, st_b (`staging_bytes` in whole floats)."""
+        a, b = self.staging_bytes
+        return -(-a // 4), -(-b // 4)
+
+    @property
+    def staging_dtypes(self) -> frozenset[DType]:
+        """Element types the kernel's tiled phases stage in (the printer declares a view of st_a / st_b
+        per type)."""
+        return frozenset(g.stage_dtype if isinstance(g, Gemm) else DType.F32 for g in self.gemms + self.convs)
 
     @property
     def locals_bytes(self) -> int:
@@ -461,8 +480,8 @@ class Kernel:
 
     @property
     def shared_bytes(self) -> int:
-        a, b = self.staging
-        return self.locals_bytes + -(-4 * a // 16) * 16 + -(-4 * b // 16) * 16 + self.reduce_scratch_bytes
+        a, b = self.staging_bytes
+        return self.locals_bytes + -(-a // 16) * 16 + -(-b // 16) * 16 + self.reduce_scratch_bytes
 
     @property
     def ntiles(self) -> int:

@@ -1,6 +1,7 @@
 """Tensor cores for tiled GEMMs: a Kernel and a Device in, the Kernel with each GEMM that can run on the
 device's tensor cores set to mma.sync (`use_tensor_cores`: Kernel -> Kernel, parameters in Gemm.mma /
-warps_m / warps_n), under the plan option `tf32` (TF32 rounds fp32 operands to 10 mantissa bits).
+warps_m / warps_n): fp16 x fp16 products as m16n8k16 .f16 (fp32 accumulate), fp32 ones as m16n8k8 .tf32
+under the plan option `tf32` (TF32 rounds fp32 operands to 10 mantissa bits).
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ from engine.ir import expr as E
 from engine.ir.dtypes import DType
 
 MMA_TF32 = "m16n8k8.tf32"  # mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
+MMA_F16 = "m16n8k16.f16"  # mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
 MMA_M, MMA_N, MMA_K = 16, 8, 8
+MMA_K_F16 = 16
 WARP = 32
+# m16n8k16 with .f16 operands needs sm_80; Volta's fp16 tensor cores take only mma.m8n8k4 (its quad-pair
+# fragments are another layout we do not print), so a V100 keeps fp16 products on the FMA micro-tile.
+F16_MMA_CAPABILITY = (8, 0)
 
 _TF32: ContextVar[bool] = ContextVar("tf32", default=False)
 
@@ -39,36 +45,52 @@ def tensor_core_options(options: Mapping | None) -> Iterator[None]:
 
 
 def use_tensor_cores(kernel: Kernel, device: Device, tf32: bool | None = None) -> Kernel:
-    """`kernel` with every tiled GEMM that fits whole m16n8k8 tiles on TF32 tensor cores, where `device`
-    has them and either `tf32` (default: the option in force) allows rounding fp32 operands, or both
-    factors are fp16 loads (exact in TF32's 10-bit mantissa and 8-bit exponent). Edge tiles need no
-    mask: the staging zero-fills past the tile's live rows, columns and k, and the epilogue stores only
-    live elements. A GEMM whose padded tile, k step or threads are not whole mma tiles and warps keeps
-    the FMA micro-tile."""
-    if not kernel.gemms or "tf32" not in device.tensor_precisions:
+    """`kernel` with its tiled GEMMs on the device's tensor cores, where whole mma tiles and warps cover
+    the padded block tile and k step (`warp_grid`):
+    - m16n8k16 .f16 (Gemm.mma MMA_F16, staged as fp16) where both factors are fp16 in the graph (loads
+      of fp16 tensors, or values the graph types fp16: a fused LayerNorm's output is staged rounded to
+      fp16, as the unfused graph stores it) and the device has fp16 tensor cores taking that shape
+      (`f16_mma`);
+    - else m16n8k8 .tf32 where the device has TF32 and either `tf32` (default: the option in force)
+      allows rounding fp32 operands, or both factors are plain fp16 loads (exact in TF32's 10-bit
+      mantissa and 8-bit exponent).
+    Edge tiles need no mask: the staging zero-fills past the tile's live rows, columns and k, and the
+    epilogue stores only live elements. Any other GEMM keeps the FMA micro-tile."""
+    if not kernel.gemms:
+        return kernel
+    half, has_tf32 = f16_mma(device), "tf32" in device.tensor_precisions
+    if not half and not has_tf32:
         return kernel
     allowed = tf32_allowed() if tf32 is None else tf32
     segments, changed = [], False
     for seg in kernel.segments:
         phases = []
         for p in seg.phases:
-            if p.gemm is not None and (allowed or _exact_in_tf32(kernel, p.gemm)):
-                grid = warp_grid(p.gemm, kernel.threads)
-                if grid is not None:
-                    p = dataclasses.replace(p, gemm=dataclasses.replace(
-                        p.gemm, mma=MMA_TF32, warps_m=grid[0], warps_n=grid[1]))
-                    changed = True
+            g, grid = p.gemm, None
+            if g is not None and half and _fp16_typed(g):
+                kind, grid = MMA_F16, warp_grid(g, kernel.threads, MMA_K_F16)
+            if g is not None and grid is None and has_tf32 and (allowed or _fp16_loads(kernel, g)):
+                kind, grid = MMA_TF32, warp_grid(g, kernel.threads, MMA_K)
+            if grid is not None:
+                p = dataclasses.replace(p, gemm=dataclasses.replace(g, mma=kind, warps_m=grid[0], warps_n=grid[1]))
+                changed = True
             phases.append(p)
         segments.append(dataclasses.replace(seg, phases=tuple(phases)))
     return dataclasses.replace(kernel, segments=tuple(segments)) if changed else kernel
 
 
-def warp_grid(g: Gemm, threads: int) -> tuple[int, int] | None:
+def f16_mma(device: Device) -> bool:
+    """Whether `device` runs mma.sync m16n8k16 with fp16 operands (fp16 tensor cores, sm_80 or later)."""
+    return "fp16" in device.tensor_precisions and tuple(device.compute_capability) >= F16_MMA_CAPABILITY
+
+
+def warp_grid(g: Gemm, threads: int, mma_k: int = MMA_K) -> tuple[int, int] | None:
     """(warps_m, warps_n): the tx*ty micro-tile threads as whole warps on a grid over the padded block
     tile's m16 x n8 tiles, each warp owning an equal block of them, the most nearly square warp tile
-    (fewest fragment loads per mma); None when the tile, k step or threads do not divide."""
+    (fewest fragment loads per mma); None when the tile, k step (a multiple of `mma_k`) or threads do
+    not divide."""
     pm, pn, n = g.ty * g.tm, g.tx * g.tn, g.tx * g.ty
-    if not pm or not pn or pm % MMA_M or pn % MMA_N or g.bk % MMA_K or n % WARP or n > threads:
+    if not pm or not pn or pm % MMA_M or pn % MMA_N or g.bk % mma_k or n % WARP or n > threads:
         return None
     warps, mt, nt = n // WARP, pm // MMA_M, pn // MMA_N
     best = None
@@ -82,8 +104,13 @@ def warp_grid(g: Gemm, threads: int) -> tuple[int, int] | None:
     return None if best is None else (best[1], best[2])
 
 
-def _exact_in_tf32(kernel: Kernel, g: Gemm) -> bool:
-    """Both factors are plain loads of fp16 tensors: TF32 holds every fp16 value exactly."""
+def _fp16_typed(g: Gemm) -> bool:
+    """Both factors are fp16 values in the graph (their expressions' dtype)."""
+    return all(strip(f, {}).dtype == DType.F16 for f in (g.a, g.b))
+
+
+def _fp16_loads(kernel: Kernel, g: Gemm) -> bool:
+    """Both factors are plain loads of global fp16 tensors: TF32 holds every fp16 value exactly."""
     for factor in (g.a, g.b):
         e = strip(factor, {})
         if not isinstance(e, E.Load) or e.dtype != DType.F16:

@@ -397,27 +397,28 @@ class Printer:
         the current buffer before the next step's writes to it, and this step's staging before the
         next step's reads)."""
         g = phase.gemm
+        st_a, st_b = self.staging_names(g.stage_dtype)
         lines = self.gemm_prologue(kernel, phase)
         if g.buffers == 1:
             lines.append(f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{")
-            lines += ["        " + x for x in self.gemm_stage(kernel, phase, "st_a", "st_b")]
+            lines += ["        " + x for x in self.gemm_stage(kernel, phase, st_a, st_b)]
             lines.append(f"        {self.block_barrier}")
-            lines += ["        " + x for x in self.gemm_accumulate(phase, "st_a", "st_b")]
+            lines += ["        " + x for x in self.gemm_accumulate(phase, st_a, st_b)]
             lines += [f"        {self.block_barrier}", "    }"]
             return lines + self.gemm_store(kernel, phase)
-        steps, sp = -(-g.k // g.bk), self.local_space
+        steps, sp, st = -(-g.k // g.bk), self.local_space, self.storage_type(g.stage_dtype)
         lines += ["    {  // the first k tile into buffer 0", "        const int k0 = 0;"]
-        lines += ["        " + x for x in self.gemm_stage(kernel, phase, "st_a", "st_b")]
+        lines += ["        " + x for x in self.gemm_stage(kernel, phase, st_a, st_b)]
         lines += ["    }", f"    {self.block_barrier}",
                   f"    for (int ks = 0; ks < {steps}; ++ks) {{",
                   f"        if (ks + 1 < {steps}) {{  // the next k tile into the other buffer",
                   f"            const int k0 = (ks + 1) * {g.bk};",
-                  f"            {sp}float* sa = st_a + ((ks + 1) & 1) * {g.a_elems};",
-                  f"            {sp}float* sb = st_b + ((ks + 1) & 1) * {g.b_elems};"]
+                  f"            {sp}{st}* sa = {st_a} + ((ks + 1) & 1) * {g.a_elems};",
+                  f"            {sp}{st}* sb = {st_b} + ((ks + 1) & 1) * {g.b_elems};"]
         lines += ["            " + x for x in self.gemm_stage(kernel, phase, "sa", "sb")]
         lines += ["        }",
-                  f"        {sp}float* ca = st_a + (ks & 1) * {g.a_elems};",
-                  f"        {sp}float* cb = st_b + (ks & 1) * {g.b_elems};"]
+                  f"        {sp}{st}* ca = {st_a} + (ks & 1) * {g.a_elems};",
+                  f"        {sp}{st}* cb = {st_b} + (ks & 1) * {g.b_elems};"]
         lines += ["        " + x for x in self.gemm_accumulate(phase, "ca", "cb")]
         lines += [f"        {self.block_barrier}", "    }"]
         return lines + self.gemm_store(kernel, phase)
@@ -436,8 +437,10 @@ class Printer:
 
     def gemm_stage(self, kernel: Kernel, phase: Phase, sa: str, sb: str) -> list[str]:
         """The block's threads stage the k tile starting at `k0` of factor a into `sa` (pm rows x bk)
-        and of factor b into `sb` (bk x pn), zero past the tile's live rows, columns and k."""
+        and of factor b into `sb` (bk x pn), zero past the tile's live rows, columns and k (as the kernel's
+        staging type: fp16 staging of fp16 loads converts back exactly)."""
         g = phase.gemm
+        val = self.store_value("val", g.stage_dtype)
         r = phase.region.rank
         n = f"i{r - 1}"
         pm, pn = g.ty * g.tm, g.tx * g.tn
@@ -456,7 +459,7 @@ class Printer:
                       "        float val = 0.0f;",
                       f"        if (mm < m_n && kf < {g.k}) {{"]
             lines += ["            " + x for x in self.gemm_k_vars(phase, "kf") + a_lines + [f"val = {a_val};"]]
-            lines += ["        }", f"        {sa}[mm * {g.bk} + kk] = val;", "    }", "}"]
+            lines += ["        }", f"        {sa}[mm * {g.bk} + kk] = {val};", "    }", "}"]
         else:
             lines += [self.thread_loop("e", str(pm * g.bk)) + " {",
                       f"    const int mm = e / {g.bk}, kf = k0 + e % {g.bk};",
@@ -464,7 +467,7 @@ class Printer:
                       f"    if (mm < m_n && kf < {g.k}) {{",
                       "        " + self.gemm_rows(phase, "mm")]
             lines += ["        " + x for x in self.gemm_k_vars(phase, "kf") + a_lines + [f"val = {a_val};"]]
-            lines += ["    }", f"    {sa}[e] = val;", "}"]
+            lines += ["    }", f"    {sa}[e] = {val};", "}"]
         if wb > 1:
             return lines + self.gemm_stage_vector(kernel, phase, "b", sb, wb, b_lines, b_val)
         lines += [self.thread_loop("e", str(g.bk * pn)) + " {",
@@ -473,7 +476,7 @@ class Printer:
                   f"    if (nn < n_n && kf < {g.k}) {{",
                   f"        const int {n} = n_lo + nn;"]
         lines += ["        " + x for x in self.gemm_k_vars(phase, "kf") + b_lines + [f"val = {b_val};"]]
-        return lines + ["    }", f"    {sb}[e] = val;", "}"]
+        return lines + ["    }", f"    {sb}[e] = {val};", "}"]
 
     def gemm_stage_vector(self, kernel: Kernel, phase: Phase, which: str, dst: str, w: int,
                           scalar_lines: list[str], scalar_val: str) -> list[str]:
@@ -551,15 +554,29 @@ class Printer:
         lines += ["                " + x for x in self.gemm_epilogue(kernel, phase, f"acc[x * {g.tn} + y]")]
         return lines + ["            }", "        }", "    }", "}"]
 
+    @staticmethod
+    def staging_names(dtype: DType) -> tuple[str, str]:
+        """The kernel's views of its staging tiles A and B in `dtype` (fp32: st_a / st_b; fp16, the
+        m16n8k16 .f16 path: st_ha / st_hb over the same bytes)."""
+        return ("st_ha", "st_hb") if dtype == DType.F16 else ("st_a", "st_b")
+
     # ---- tiled GEMM on tensor cores (Gemm.mma, engine/codegen/mma.py) ---------------------------
     # Fragment layouts of mma.m16n8k8 with .tf32 operands (PTX ISA, "Matrix Fragments for mma.m16n8k8"),
     # lane = 4 * grp + tig: a0 (grp, tig), a1 (grp + 8, tig), a2 (grp, tig + 4), a3 (grp + 8, tig + 4) of
     # the 16x8 A tile (row, k); b0 (tig, grp), b1 (tig + 4, grp) of the 8x8 B tile (k, col); c0..c3 at
     # (grp + 8 * (i >> 1), 2 * tig + (i & 1)) of the 16x8 accumulator tile.
+    # mma.m16n8k16 with .f16 operands (PTX ISA 9.7.14.5.8, "Matrix Fragments for mma.m16n8k16 with floating
+    # point type"): four .f16x2 registers of A, elements a0..a7 at row grp for a0, a1, a4, a5 and grp + 8
+    # for the others, k = 2 * tig + (i & 1) (+ 8 for i >= 4); two .f16x2 of B, b0..b3 at k = 2 * tig +
+    # (i & 1) (+ 8 for i >= 2), column grp; the lower-numbered element in the low 16 bits. The same
+    # accumulator layout as m16n8k8. Cross-checked against an independent public kernel (a codebook-
+    # quantised matmul's glq_matmul_tc_kernel, which packs A as (grp, 2 tig), (grp + 8, 2 tig), (grp,
+    # 2 tig + 8), (grp + 8, 2 tig + 8) with __halves2half2(lo, hi) and B as k 2 tig and 2 tig + 8 at
+    # column grp); cuda-sim's warp collective (tw_simt.h) reads the fragments by the same table.
     def mma_prologue(self, g) -> list[str]:
         """Warp coordinates on the warps_m x warps_n grid, lane group / thread-in-group, zeroed fragments
         (tm*tn floats per thread: the warp's mma tiles, four accumulators each)."""
-        self.helpers.add("mma_m16n8k8_tf32")
+        self.helpers.add("mma_m16n8k16_f16" if g.stage_dtype == DType.F16 else "mma_m16n8k8_tf32")
         t = self.thread_id
         return [f"    const int g_warp = {t} / 32, g_grp = ({t} % 32) >> 2, g_tig = {t} & 3;",
                 f"    const int g_wm = g_warp / {g.warps_n}, g_wn = g_warp % {g.warps_n};",
@@ -576,6 +593,8 @@ class Printer:
         memory, then one mma.sync per (row tile, column tile)."""
         fm, fn = g.mma_tiles
         pn, bk = g.tx * g.tn, g.bk
+        if g.stage_dtype == DType.F16:
+            return self.mma_accumulate_f16(g, sa, sb)
         return [f"for (int kk = 0; kk < (live ? {bk} : 0); kk += 8) {{",
                 f"    float fa[{fm}][4], fb[{fn}][2];",
                 f"    for (int i = 0; i < {fm}; ++i) {{",
@@ -591,6 +610,38 @@ class Printer:
                 f"        for (int j = 0; j < {fn}; ++j) {{",
                 f"            const int q = (i * {fn} + j) * 4;",
                 "            tw_mma_m16n8k8_tf32(acc[q], acc[q + 1], acc[q + 2], acc[q + 3], "
+                "fa[i][0], fa[i][1], fa[i][2], fa[i][3], fb[j][0], fb[j][1]);",
+                "        }",
+                "}"]
+
+    def mma_accumulate_f16(self, g, sa: str, sb: str) -> list[str]:
+        """m16n8k16 .f16: per k16 step, each live warp packs the half2 fragments of its row tiles (A, four
+        registers) and column tiles (B, two) from the fp16 staging tiles, then one mma.sync per pair."""
+        fm, fn = g.mma_tiles
+        pn, bk = g.tx * g.tn, g.bk
+
+        def a(row: str, k: str) -> str:
+            return f"tw_pack_half2({sa}[{row} * {bk} + {k}], {sa}[{row} * {bk} + {k} + 1])"
+
+        def b(k: str, col: str) -> str:
+            return f"tw_pack_half2({sb}[{k} * {pn} + {col}], {sb}[({k} + 1) * {pn} + {col}])"
+
+        return [f"for (int kk = 0; kk < (live ? {bk} : 0); kk += 16) {{",
+                f"    unsigned fa[{fm}][4], fb[{fn}][2];",
+                "    const int kr = kk + 2 * g_tig;",
+                f"    for (int i = 0; i < {fm}; ++i) {{",
+                f"        const int r0 = (g_wm * {fm} + i) * 16 + g_grp;",
+                f"        fa[i][0] = {a('r0', 'kr')}; fa[i][1] = {a('(r0 + 8)', 'kr')};",
+                f"        fa[i][2] = {a('r0', '(kr + 8)')}; fa[i][3] = {a('(r0 + 8)', '(kr + 8)')};",
+                "    }",
+                f"    for (int j = 0; j < {fn}; ++j) {{",
+                f"        const int c0 = (g_wn * {fn} + j) * 8 + g_grp;",
+                f"        fb[j][0] = {b('kr', 'c0')}; fb[j][1] = {b('(kr + 8)', 'c0')};",
+                "    }",
+                f"    for (int i = 0; i < {fm}; ++i)",
+                f"        for (int j = 0; j < {fn}; ++j) {{",
+                f"            const int q = (i * {fn} + j) * 4;",
+                "            tw_mma_m16n8k16_f16(acc[q], acc[q + 1], acc[q + 2], acc[q + 3], "
                 "fa[i][0], fa[i][1], fa[i][2], fa[i][3], fb[j][0], fb[j][1]);",
                 "        }",
                 "}"]

@@ -69,6 +69,22 @@ __device__ __forceinline__ void tw_mma_m16n8k8_tf32(float& d0, float& d1, float&
 }
 #endif"""
 
+# D += A * B on one warp's m16n8k16 tile with fp16 operands in packed .f16x2 registers (fragments:
+# Printer.mma_accumulate_f16; lo = the lower-numbered element), FP32 accumulators. cuda-sim defines both
+# functions itself (the mma as a warp collective).
+CUDA_MMA_F16 = """#ifndef TW_CUDA_SIM
+__device__ __forceinline__ unsigned tw_pack_half2(__half lo, __half hi) {
+    return (unsigned)__half_as_ushort(lo) | ((unsigned)__half_as_ushort(hi) << 16);
+}
+__device__ __forceinline__ void tw_mma_m16n8k16_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0,
+                                                    unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+#endif"""
+
 
 
 
@@ -977,7 +993,8 @@ class CudaPrinter(Printer):
         return f"for (int {var} = {self.thread_id}; {var} < {count}; {var} += {self.block_dim})"
 
     def render_helper(self, name: str) -> str:
-        return CUDA_MMA_TF32 if name == "mma_m16n8k8_tf32" else super().render_helper(name)
+        mma = {"mma_m16n8k8_tf32": CUDA_MMA_TF32, "mma_m16n8k16_f16": CUDA_MMA_F16}
+        return mma[name] if name in mma else super().render_helper(name)
 
     def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:
         """A reduction whose rows are shared by `threads_per_row` lanes: each lane reduces a strided
@@ -1055,10 +1072,13 @@ class CudaPrinter(Printer):
         for buf, off in zip(kernel.locals, kernel.shared_offsets):
             t = self.storage_type(buf.dtype)
             lines.append(f"{sp}{t}* {buf.name} = ({sp}{t}*)(smem + {off});  // {buf.capacity} elements")
-        if a:  # GEMM staging tiles after the block buffers
+        if a:  # GEMM staging tiles after the block buffers: a view per element type staged in
             at = kernel.locals_bytes
-            lines.append(f"{sp}float* st_a = ({sp}float*)(smem + {at});  // {a} elements")
-            lines.append(f"{sp}float* st_b = ({sp}float*)(smem + {at + -(-4 * a // 16) * 16});  // {b} elements")
+            a_bytes, b_bytes = kernel.staging_bytes
+            for dtype in sorted(kernel.staging_dtypes, key=lambda d: d.itemsize, reverse=True):
+                st, sa, sb, n = self.storage_type(dtype), *self.staging_names(dtype), dtype.itemsize
+                lines.append(f"{sp}{st}* {sa} = ({sp}{st}*)(smem + {at});  // {a_bytes // n} elements")
+                lines.append(f"{sp}{st}* {sb} = ({sp}{st}*)(smem + {at + -(-a_bytes // 16) * 16});  // {b_bytes // n} elements")
         return [x for x in lines if x]
 
     def kernel_qualifiers(self, kernel: Kernel) -> str:

@@ -158,14 +158,9 @@ def _task_functions(printer, program: Program, kernels: dict[str, Kernel]) -> tu
             part = dataclasses.replace(k, name=f"{k.name}_s{s}", segments=(seg,))
             bodies.append(printer.render_kernel(part))
             names[k.name].append(part.name)
-    helpers = [f"{printer.helper_prefix} {h}" for h in _helpers(printer)]
+    # The printer's own rendering: the tensor-core helpers are inline PTX, not HELPERS entries.
+    helpers = [printer.render_helper(h) for h in sorted(printer.helpers)]
     return "\n".join([*helpers, "", *bodies]), names
-
-
-def _helpers(printer) -> list[str]:
-    from engine.codegen.printer import HELPERS
-
-    return [HELPERS[h] for h in sorted(printer.helpers)]
 
 
 def _call(printer, fn: str, kernel: Kernel, tensors: tuple[str, ...], launch_args: tuple[str, ...],

@@ -43,12 +43,13 @@ class SegmentUse:
     read_lines: dict  # tensor read from outside the segment -> 128 B lines per block
     shared_traffic: int  # bytes per block through shared memory
     flops_fp32: float  # per block
-    flops_tc: float  # per block, on tensor cores (GEMMs printed with mma.sync TF32: Work.mma_flops)
+    flops_tc: float  # per block, on tensor cores (GEMMs printed with mma.sync: Work.mma_flops)
     global_bytes: float = 0.0  # per block: the kernel IR's global loads and stores
     work: object = None  # engine.codegen.count.Work of the whole segment (every tile)
     completion: tuple[str, ...] = ()  # stages finished by a completion phase (read outside, not covered)
     flops_tiled: float = 0.0  # per block: of flops_fp32, those in GEMM / direct-conv micro-tiles
     flops_idle_lanes: float = 0.0  # per block, CPU: flop slots short vector loops leave empty (`idle_lanes`)
+    flops_tc_f16: float = 0.0  # per block: of flops_tc, those with fp16 operands (m16n8k16 .f16; the rest TF32)
 
 
 def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
@@ -143,7 +144,7 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
                       evals, lines,
                       int(work.shared_bytes / per), (work.flops - work.mma_flops) / per, work.mma_flops / per,
                       work.global_bytes / per, work,
-                      completion, work.tiled_flops / per, idle_lanes(work, device) / per)
+                      completion, work.tiled_flops / per, idle_lanes(work, device) / per, work.mma_f16_flops / per)
 
 
 def segment_registers(graph: PrimGraph, segment: Sequence[str], tile: Tile, regions: GroupRegions) -> int:
@@ -376,7 +377,7 @@ def estimate_group(
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.
-    dram, l2, sh, fp32, tc, tiled, idle = ([0.0] * n for _ in range(7))
+    dram, l2, sh, fp32, tc, tc16, tiled, idle = ([0.0] * n for _ in range(8))
     reads = 0
     read_bytes: dict[str, int] = {}  # per tensor: bytes the tiles of this kernel read (capped at its size)
     for use in uses:
@@ -397,7 +398,8 @@ def estimate_group(
         fp32[k] += use.flops_fp32 * per_block
         tiled[k] += use.flops_tiled * per_block
         idle[k] += use.flops_idle_lanes * per_block
-        tc[k] += use.flops_tc * per_block
+        tc[k] += (use.flops_tc - use.flops_tc_f16) * per_block
+        tc16[k] += use.flops_tc_f16 * per_block
         dram[k] += 0 if in_llc else _completion_dram(graph, use, read_bytes, charged)
     warm_saved = _cold_reads(graph, members, uses, read_bytes, device, in_llc) - int(sum(dram)) if warm else 0
     flops_once = sum(graph.stage(name).flops for name in stages)
@@ -416,12 +418,15 @@ def estimate_group(
 
     # A CPU runs GEMM / direct-conv micro-tiles near its FMA peak and the rest of the arithmetic (per-element
     # loops) at the rate the host probe measured for generated per-element code, plus the flop slots its
-    # short vector loops leave idle (`idle_lanes`; 0 on a GPU).
+    # short vector loops leave idle (`idle_lanes`; 0 on a GPU). Tensor-core flops go at the peak of the
+    # instruction printed: m16n8k8 .tf32 at the TF32 peak, m16n8k16 .f16 at the fp16 (fp32-accumulate)
+    # peak; an fp16 GEMM the printer left on the FMA micro-tile (a V100, an odd tile) is fp32 FMA work.
     elementwise = device.elementwise_flops or device.peak_fp32_flops
 
     def seg_terms(k: int) -> list[float]:
         compute = (tiled[k] / device.peak_fp32_flops + (fp32[k] - tiled[k] + idle[k]) / elementwise
-                   + (tc[k] / device.peak_tf32_tensor_flops if tc[k] else 0.0))
+                   + (tc[k] / device.peak_tf32_tensor_flops if tc[k] else 0.0)
+                   + (tc16[k] / device.peak_fp16_tensor_flops if tc16[k] else 0.0))
         # Warps resident per busy SM: a grid under one wave puts ceil(blocks / SMs) blocks on each.
         t = tiles[k]
         warps = min(max(1, resident), -(-max(1, t.blocks) // device.sm_count)) * max(1, -(-t.threads // device.warp_size))

@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from engine.codegen.mma import f16_mma
 from engine.device import Device, resident_blocks_per_sm
 from engine.ir import expr as E
 from engine.ir.graph import PrimGraph, Stage, StageKind
@@ -76,7 +77,9 @@ def _segment_work(graph: PrimGraph, members: set, seg: Sequence[str], conns: Map
     # A contraction may run on tensor cores (the plan option tf32, fp16 operands: codegen/mma.py):
     # its multiply-adds at the fastest rate the device has keep this a floor either way.
     elementwise = device.elementwise_flops or device.peak_fp32_flops
-    compute = macs / max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops) + other / elementwise
+    fastest = max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops,
+                  device.peak_fp16_tensor_flops if f16_mma(device) else 0.0)
+    compute = macs / fastest + other / elementwise
     return dram + written, glob * per_block, compute * per_block, (macs + other) * per_block, regions
 
 

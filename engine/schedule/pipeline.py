@@ -57,8 +57,8 @@ def plan_model(graph: PrimGraph, policy: str, device: Device | str, *, batching:
     if batching:
         graph, decisions = batch_graph(graph)
     plan = make_plan(graph, policy, device, edits=tuple(edits), options={**(options or {}), "batching": batching})
-    if plan.options and dict(plan.options).get("tf32") and "tf32" in device.tensor_precisions and not edits:
-        plan = _at_least_the_fp32_plan(graph, policy, device, plan)
+    if not edits and _tensor_cores_apply(graph, device, dict(plan.options)):
+        plan = _at_least_the_fma_plan(graph, policy, device, plan)
     if tune is not None:
         from engine.schedule.tune import tune_plan
 
@@ -66,19 +66,39 @@ def plan_model(graph: PrimGraph, policy: str, device: Device | str, *, batching:
     return graph, dataclasses.replace(plan, decisions=decisions + plan.decisions)
 
 
-def _at_least_the_fp32_plan(graph: PrimGraph, policy: str, device, plan: Plan) -> Plan:
-    """`plan` (made with TF32 tensor cores allowed), or the plan made without them re-costed with them
-    where that models faster: the tile search and fusion are greedy, so cheaper GEMMs can lead them to a
-    plan slower than the fp32 plan's own groups and tiles on tensor cores (bert_layer: 87.5 against 68.6 µs
-    on a100). The option only makes contractions cheaper, so the fp32 plan is a candidate of the same
-    option; it is taken only if it is legal under it."""
+def _tensor_cores_apply(graph: PrimGraph, device, options: Mapping) -> bool:
+    """Whether the plan's contractions may go on tensor cores (engine/codegen/mma.py): fp32 ones under the
+    option tf32 on a TF32 device, fp16 ones (a contraction loading fp16 tensors) on a device with fp16
+    mma.sync (`f16_mma`) or TF32 (which holds fp16 exactly)."""
+    from engine.codegen.mma import f16_mma
+    from engine.ir import expr as E
+    from engine.ir.dtypes import DType
+    from engine.ir.graph import StageKind
+
+    tf32 = "tf32" in device.tensor_precisions
+    if options.get("tf32") and tf32:
+        return True
+    if not (tf32 or f16_mma(device)):
+        return False
+    return any(st.kind == StageKind.CONTRACTION and any(ld.dtype == DType.F16 for ld in E.loads(st.body))
+               for st in graph.stages)
+
+
+def _at_least_the_fma_plan(graph: PrimGraph, policy: str, device, plan: Plan) -> Plan:
+    """`plan` (made with tensor cores: the option tf32, fp16 contractions), or the plan made without them
+    re-costed with them where that models faster: the tile search and fusion are greedy, so cheaper GEMMs
+    can lead them to a plan slower than the FMA plan's own groups and tiles on tensor cores (bert_layer with
+    tf32: 87.5 against 68.6 µs on a100; fp16 gpt2 on h100: 198.9 against 113.9 µs). Tensor cores only make
+    contractions cheaper, so the FMA plan is a candidate of the same options and device; it is taken only if
+    it is legal under them. The FMA plan is made on the device with no tensor cores listed (its name kept)."""
     from engine.schedule.cost import estimate_group
     from engine.schedule.policies import make_plan
     from engine.schedule.residency import with_l2_residency
     from engine.schedule.validate import bounded, validate
 
     options = {k: v for k, v in plan.options if k != "tf32"}
-    fp32 = make_plan(graph, policy, device, options=options)
+    bare = dataclasses.replace(device, tensor_precisions=(), peak_tf32_tensor_flops=0.0)
+    fp32 = make_plan(graph, policy, bare, options=options)
     conns = {e.key: e.conn for e in fp32.edges}
     with bounded(dict(plan.options)):
         groups = tuple(dataclasses.replace(g, cost=(c := estimate_group(graph, g.stages, conns, g.segments, device,
@@ -88,8 +108,8 @@ def _at_least_the_fp32_plan(graph: PrimGraph, policy: str, device, plan: Plan) -
     recosted = with_l2_residency(dataclasses.replace(fp32, groups=groups, options=plan.options), graph, device)
     if recosted.modeled_us >= plan.modeled_us or validate(recosted, graph, device):
         return plan
-    why = (f"tf32: the fp32 plan's groups and tiles on tensor cores model {recosted.modeled_us:.1f} us, under "
-           f"the {plan.modeled_us:.1f} us of the plan searched with tensor cores: kept")
+    why = (f"tensor cores: the FMA plan's groups and tiles on tensor cores model {recosted.modeled_us:.1f} us, "
+           f"under the {plan.modeled_us:.1f} us of the plan searched with them: kept")
     return dataclasses.replace(recosted, decisions=recosted.decisions + (why,),
                                schedule_seconds=plan.schedule_seconds + fp32.schedule_seconds)
 

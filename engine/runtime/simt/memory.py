@@ -101,8 +101,8 @@ def shared_regions(kernel: Kernel, lines: list[str], lo: int = 0, hi: int | None
     it (lines lo..hi of `lines`): BLOCK buffers, the GEMM/conv staging tiles st_a/st_b, and the cross-warp
     reduction slots (8 bytes per warp of the kernel's own thread count)."""
     sizes = {b.name: b.nbytes for b in kernel.locals}
-    a, b = kernel.staging
-    sizes.update({"st_a": 4 * a, "st_b": 4 * b})
+    a, b = kernel.staging_bytes
+    sizes.update({"st_a": a, "st_b": b, "st_ha": a, "st_hb": b})  # fp32 and fp16 views of the same bytes
     out = []
     for n in range(lo, len(lines) if hi is None else hi):
         m = _DECL.match(lines[n])
@@ -124,7 +124,8 @@ def region_table(regions: list[SharedRegion]) -> tuple[ctypes.Array, list]:
 
 
 def smem_shift(kernels) -> int:
-    """Granule of shared-memory shadow cells: the smallest element any block buffer holds (floats for
-    the staging tiles and reduction slots)."""
-    sizes = [b.dtype.itemsize for k in kernels for b in k.locals] + [4]
+    """Granule of shared-memory shadow cells: the smallest element any block buffer or staging tile
+    holds (floats for the reduction slots)."""
+    sizes = [b.dtype.itemsize for k in kernels for b in k.locals] + [d.itemsize for k in kernels for d in k.staging_dtypes]
+    sizes.append(4)
     return shift_of(min(sizes))

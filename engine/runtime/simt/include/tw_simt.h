@@ -399,6 +399,42 @@ inline void tw_mma_m16n8k8_tf32(float& d0, float& d1, float& d2, float& d3, floa
     tw_warp_op(tw::SYNCWARP, 0xffffffffu, 0, 0, 32, line);
 }
 
+// tw_mma_m16n8k16_f16 (mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32) the same way: each lane deposits
+// its four A and two B .f16x2 registers (tw_pack_half2: the lower-numbered element in the low half); each
+// lane then sums its four accumulators over k = 0..15 in order from the whole tile in fp32 (the operands
+// are fp16 values already: a product of two 11-bit significands is exact in fp32). Fragment layouts of
+// PTX ISA 9.7.14.5.8 (Printer.mma_accumulate_f16): A(row, k) is half k & 1 of register (row >= 8) +
+// 2 (k >= 8) of lane 4 (row % 8) + (k % 8) / 2; B(k, col) half k & 1 of register k >= 8 of lane 4 col + (k % 8) / 2.
+inline unsigned tw_pack_half2(__half lo, __half hi) { return (unsigned)lo.bits | ((unsigned)hi.bits << 16); }
+inline float tw_half_of(unsigned reg, int hi) {
+    __half h;
+    h.bits = (uint16_t)(hi ? reg >> 16 : reg & 0xffffu);
+    return (float)h;
+}
+inline void tw_mma_m16n8k16_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
+                                unsigned a3, unsigned b0, unsigned b1, int line = __builtin_LINE()) {
+    int lane = 0;
+    float* s = tw_warp_scratch(&lane);
+    const unsigned regs[6] = {a0, a1, a2, a3, b0, b1};
+    std::memcpy(s + lane * 6, regs, sizeof regs);
+    tw_warp_op(tw::SYNCWARP, 0xffffffffu, 0, 0, 32, line);
+    unsigned tile[32 * 6];
+    std::memcpy(tile, s, sizeof tile);
+    float* d[4] = {&d0, &d1, &d2, &d3};
+    const int grp = lane >> 2, tig = lane & 3;
+    for (int c = 0; c < 4; ++c) {
+        const int row = grp + (c >> 1) * 8, col = tig * 2 + (c & 1);
+        float acc = *d[c];
+        for (int k = 0; k < 16; ++k) {
+            const float a = tw_half_of(tile[((row & 7) * 4 + (k & 7) / 2) * 6 + (row >> 3) + 2 * (k >> 3)], k & 1);
+            const float b = tw_half_of(tile[(col * 4 + (k & 7) / 2) * 6 + 4 + (k >> 3)], k & 1);
+            acc += a * b;
+        }
+        *d[c] = acc;
+    }
+    tw_warp_op(tw::SYNCWARP, 0xffffffffu, 0, 0, 32, line);
+}
+
 // ---- atomics (the second operand is not deduced, so atomicAdd(&done[i], 1u) binds T from the pointer) ---
 template <class T>
 struct tw_same { using type = T; };

@@ -34,7 +34,7 @@ struct Warp {
         unsigned mask;
         uint64_t val, out;
     } lane[32];
-    float scratch[32 * 6];  // tensor-core fragments of a warp-wide mma (tw_mma_m16n8k8_tf32)
+    float scratch[32 * 6];  // tensor-core fragments of a warp-wide mma (tw_mma_m16n8k8_tf32 / _m16n8k16_f16)
 };
 
 struct Block;

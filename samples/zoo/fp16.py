@@ -1,0 +1,61 @@
+"""fp16 versions of ONNX models, made with onnx alone: a ModelProto in, the same graph with every float32
+initializer, Constant, graph input and output, Cast target and float attribute tensor as float16 out (no
+new dependency; how the tensor-core benchmark and tests get fp16 zoo models). Integer and bool tensors
+are left alone; shapes are re-inferred.
+
+    PYTHONPATH=. python samples/zoo/fp16.py samples/zoo/bert.onnx /tmp/bert.fp16.onnx
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
+
+
+def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` whose float32 values are float16: initializers and Constant/ConstantOfShape
+    tensors converted (values past fp16's range saturate to its largest finite value, not to inf), Cast
+    to float32 and the float outputs of CastLike/RandomX retargeted, graph inputs and outputs retyped;
+    the stale intermediate value_info dropped and inferred again."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    for i, t in enumerate(g.initializer):
+        if t.data_type == FLOAT:
+            g.initializer[i].CopyFrom(_half(t))
+    for node in g.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == FLOAT:
+                a.t.CopyFrom(_half(a.t))
+            elif a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i == FLOAT:
+                a.i = FLOAT16
+        if any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):
+            raise ValueError(f"node {node.name or node.op_type}: subgraphs are not converted")
+    for v in list(g.input) + list(g.output):
+        if v.type.tensor_type.elem_type == FLOAT:
+            v.type.tensor_type.elem_type = FLOAT16
+    del g.value_info[:]
+    return onnx.shape_inference.infer_shapes(out, strict_mode=True)
+
+
+def fp16_inputs(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The float32 arrays of `inputs` as float16 (others unchanged)."""
+    return {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in inputs.items()}
+
+
+def _half(t: onnx.TensorProto) -> onnx.TensorProto:
+    a = numpy_helper.to_array(t)
+    big = float(np.finfo(np.float16).max)
+    return numpy_helper.from_array(np.clip(a, -big, big).astype(np.float16), t.name)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        print("usage: fp16.py IN.onnx OUT.onnx", file=sys.stderr)
+        sys.exit(2)
+    onnx.save(to_fp16(onnx.load(sys.argv[1])), sys.argv[2])
