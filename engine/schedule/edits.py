@@ -4,6 +4,7 @@ policy deterministically; `apply_to_identical_layers` repeats an edit on every i
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 
@@ -12,7 +13,7 @@ from engine.errors import PlanError
 from engine.ir.graph import PrimGraph
 from engine.schedule.build import assemble, trial_conns
 from engine.schedule.plan import EDIT_KINDS, Conn, Edit, Plan, Tile
-from engine.schedule.tiles import group_signature, make_tile
+from engine.schedule.tiles import group_signature, make_tile, staging_limit
 from engine.schedule.validate import validate
 from engine.tilegraph.tilegraph import segment_sinks, segments_of
 
@@ -67,6 +68,22 @@ def _tile_from(graph: PrimGraph, edit: Edit) -> Tile:
     return make_tile(stage, shape, threads, step, int(tpr) if tpr is not None else None)
 
 
+def _check_step(graph: PrimGraph, tile: Tile, device: Device, edit: Edit) -> None:
+    """A k step the user gave must be printed as given: one whose GEMM staging is over the device's budget
+    (codegen would halve it behind the plan's back) is refused, naming the largest that fits."""
+    if not _arg(edit, "reduce_step", False) or len(tile.shape) < 2:
+        return
+    step = math.prod(tile.reduce_step)
+    reduce = graph.stage(tile.stage).reduce
+    if reduce:
+        step = min(step, math.prod(reduce))
+    limit = staging_limit(tile.shape, tile.threads, device)
+    if step > max(4, limit):
+        raise PlanError(f"edit set_tile: k step {step} of '{tile.stage}' at tile {list(tile.shape)} on {tile.threads} "
+                        f"threads stages more than {device.name}'s shared-memory budget allows (codegen would halve it)",
+                        hint=f"use a reduce_step of at most {max(4, limit)}, or a smaller tile")
+
+
 def apply_edit(plan: Plan, graph: PrimGraph, device: Device, edit: Edit) -> Plan:
     """Apply one edit, re-derive groups, tiles and costs, validate; PlanError names the broken rule.
     The plan's own options (its recompute bound) hold throughout."""
@@ -102,6 +119,7 @@ def _apply_edit(plan: Plan, graph: PrimGraph, device: Device, edit: Edit) -> Pla
         if tile.stage not in anchors:
             raise PlanError(f"edit set_tile: '{tile.stage}' anchors no segment of this plan",
                             hint=f"set the tile of a segment's sink, e.g. '{sorted(anchors)[0]}'")
+        _check_step(graph, tile, device, edit)
         fixed[tile.stage] = tile
     new = assemble(graph, device, conns, policy="user", mode=mode, reasons=reasons, sources=sources,
                    decisions=plan.decisions, fixed=fixed, base_policy=base, edits=plan.edits + (edit,),

@@ -133,6 +133,13 @@ def reduce_steps(graph: PrimGraph, segment: Sequence[str], stage: Stage, shape: 
     return out
 
 
+def staging_limit(shape: Sequence[int], threads: int, device: Device) -> int:
+    """The largest k step whose GEMM staging (A and B panels of a tile `shape` on `threads`, fp32) fits the
+    device's budget: codegen halves a larger step (`generate._gemm_of`), so the plan would not say what runs."""
+    tm, tn, tx, ty = micro_tile(math.prod(shape[:-1]), shape[-1], threads)
+    return micro_budget(device).stage_bytes // (4 * (ty * tm + tx * tn))
+
+
 def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, device: Device, mode: str) -> list[Tile]:
     stage = graph.stage(anchor)
     kinds = {graph.stage(s).kind for s in segment}

@@ -188,3 +188,21 @@ def test_plan_edit_with_a_reduce_step_round_trips_through_json(tmp_path):
     assert (g.bm, g.bn, g.bk) == (13, 32, 197)
     with pytest.raises(PlanError, match="reduce_step"):
         apply_edit(plan, graph, dev, Edit.make("set_tile", stage="y", shape=[99, 64], threads=256, reduce_step=[0]))
+
+
+def test_a_k_step_over_the_staging_budget_is_refused_not_halved(tmp_path):
+    """The plan must say what runs: a user's k step whose staging codegen would halve is refused in one line,
+    naming the largest that fits; that step is accepted and printed as given."""
+    dev = get_device("a100")
+    graph, plan = plan_model(load_graph(_gemm_model(tmp_path / "g.onnx", 197, 197, 64, 1, True, 1)), "welder", dev)
+    limit = tiles.staging_limit((128, 64), 256, dev)
+    assert 4 < limit < 197
+    with pytest.raises(PlanError, match=f"at most {limit}") as err:
+        apply_edit(plan, graph, dev, Edit.make("set_tile", stage="y", shape=[128, 64], threads=256, reduce_step=[197]))
+    assert "\n" not in str(err.value) and "would halve" in str(err.value)
+    fits = max(s for s in (8, 16, 32, 64, 128) if s <= limit)
+    edited = apply_edit(plan, graph, dev, Edit.make("set_tile", stage="y", shape=[128, 64], threads=256,
+                                                    reduce_step=[fits]))
+    program = generate(edited, graph, dev)
+    (g,) = [p.gemm for kern in program.kernels for s in kern.segments for p in s.phases if p.gemm]
+    assert (g.bm, g.bn, g.bk) == (128, 64, fits)
