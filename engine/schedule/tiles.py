@@ -121,12 +121,11 @@ def reduce_steps(graph: PrimGraph, segment: Sequence[str], stage: Stage, shape: 
     if len(wide) != 1 or len(shape) < 2 or found[0].reduce[wide[0]] % 32 == 0:
         return [default]
     k = found[0].reduce[wide[0]]
-    tm, tn, tx, ty = micro_tile(math.prod(shape[:-1]), shape[-1], threads)
-    per_k, budget = 4 * (ty * tm + tx * tn), micro_budget(device)
+    limit = staging_limit(shape, threads, device)
     first = min(32, k)
     out, least = [default], -(-k // first) * first
     for s in sorted({min(s, k) for s in _STEPS} | ({k} if k <= _WHOLE_K else set())):
-        if -(-k // s) * s < least and per_k * s <= budget.stage_bytes:
+        if -(-k // s) * s < least and s <= limit:
             out.append(tuple(s if d == wide[0] else r for d, r in enumerate(stage.reduce))
                        if stage.name == found[0].name else (s,))
             least = -(-k // s) * s
