@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.codegen.kexpr import Guard, InBounds, Inlined, Reduce, kchildren, strip
+from engine.codegen.kexpr import Guard, InBounds, Inlined, Reduce, kchildren, kwalk, strip
 from engine.codegen.kir import Kernel, Phase, Region, Scope, Segment
 from engine.errors import PlanError
 from engine.ir import expr as E
+from engine.ir import index as I
 from engine.ir.dtypes import DType
 from engine.ir.graph import Combine
 from engine.memo import memo
@@ -173,7 +174,7 @@ def _phase_work(kernel: Kernel, phase: Phase, threads: int, tiles: slice | None)
     if phase.gemm is not None:
         return _gemm(kernel, phase, ext, threads)
     if phase.conv is not None:
-        return _conv(kernel, phase, ext, threads)
+        return _conv(kernel, phase, ext, threads, tiles)
     elems = float(np.prod(ext, axis=1).sum()) if ext.shape[1] else float(len(ext))
     return _elementwise(kernel, phase, elems)
 
@@ -314,7 +315,7 @@ def _gemm(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
     return out
 
 
-def _conv(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
+def _conv(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int, tiles: slice | None = None) -> Work:
     """Per channel step the block stages the input window (live rows x columns of live channels
     evaluate factor x) and its channels' weights (factor w), then every thread accumulates its tm
     channels x tn pixels over the step's channels and taps; the epilogue runs per live element."""
@@ -332,9 +333,16 @@ def _conv(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
     x = _memo(kernel, c.x, ("x",), lambda: _value_work(kernel, c.x))
     w = _memo(kernel, c.w, ("w",), lambda: _value_work(kernel, c.w))
     # Live staged entries summed over the steps: every channel of the reduction once (dense), or the
-    # block's own channels (depthwise).
+    # block's own channels (depthwise). Entries in the zero padding around the input load nothing.
     chans = np.full(ntiles, float(total)) if dense else c_n
-    out.add(x, float((chans * wh_n * ww_n).sum()))
+    inside = _window_inside(kernel, phase, tiles, wh_n, ww_n)
+    if inside is None:
+        out.add(x, float((chans * wh_n * ww_n).sum()))
+    else:
+        pad = _memo(kernel, c.x, ("x_pad", c.window_vars),
+                    lambda: _value_work(kernel, c.x, outside=frozenset(c.window_vars)))
+        out.add(x, float((chans * inside).sum()))
+        out.add(pad, float((chans * (wh_n * ww_n - inside)).sum()))
     out.add(w, float((c_n * (total if dense else 1) * kh * kw).sum()))
     per_step = ntiles * steps
     out.shared_store += per_step * (c.b_elems + c.a_elems) * 4
@@ -353,10 +361,45 @@ def _conv(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
     return out
 
 
-def _value_work(kernel: Kernel, e) -> Work:
+def _value_work(kernel: Kernel, e, outside: frozenset[str] = frozenset()) -> Work:
     cnt = _Counter(kernel)
+    cnt.outside = outside
     cnt.value(e, 1.0, {})
     return cnt.work
+
+
+def _window_inside(kernel: Kernel, phase: Phase, tiles: slice | None, wh_n: np.ndarray,
+                   ww_n: np.ndarray) -> np.ndarray | None:
+    """Per tile, the staged input-window positions (rows x columns) inside the input: where the conv's
+    padded loads and pad guards load. None where the factor has none, or where they do not all share
+    one bounds condition on the window (then outside the common interior some would still load, and
+    every position is counted as loading)."""
+    from engine.codegen.conv import window_interior
+
+    c = phase.conv
+    conditions = set()
+    for n in kwalk(c.x):
+        if isinstance(n, E.Load) and n.pad is not None:
+            index, shape = n.index, kernel.buffer(n.tensor).shape
+        elif isinstance(n, InBounds):
+            index, shape = n.index, n.shape
+        else:
+            continue
+        conditions.add(frozenset((a.name, k, ix.const, shape[d]) for d, ix in enumerate(index)
+                                 for a, k in ix.terms if isinstance(a, I.Var) and a.name in c.window_vars))
+    if len(conditions) != 1 or not next(iter(conditions)):
+        return None
+    full = {v: (0, s * (size - 1) + d * (k - 1))
+            for v, size, s, k, d in zip(c.window_vars, phase.region.shape[2:], c.strides, c.taps, c.dilations)}
+    interior = window_interior(c, full, lambda t: kernel.buffer(t).shape)
+    if interior is None:
+        return None
+    lo = region_bounds_of(phase.region, tiles)[0]
+    (lo_h, hi_h), (lo_w, hi_w) = interior
+    h0, w0 = lo[:, 2] * c.strides[0], lo[:, 3] * c.strides[1]
+    rows = np.clip(np.minimum(hi_h, h0 + wh_n - 1) - np.maximum(lo_h, h0) + 1, 0, None)
+    cols = np.clip(np.minimum(hi_w, w0 + ww_n - 1) - np.maximum(lo_w, w0) + 1, 0, None)
+    return rows * cols
 
 
 def _epilogue(kernel: Kernel, phase: Phase) -> Work:
@@ -435,6 +478,9 @@ class _Counter:
         self.visits = 0
         self.columnwise: set = set()  # sums the C target runs column-wise (_column_sums)
         self.in_loop = 0  # flops of the reduction loops being counted, nested ones taken out
+        # Window variables of a conv's staged input at a position outside every padded load's tensor:
+        # those loads take their pad value and those guards their pad (nothing loaded, nothing computed).
+        self.outside: frozenset[str] = frozenset()
 
     def _bytes(self, tensor: str, load: bool, times: float) -> None:
         buf = self.kernel.buffer(tensor)
@@ -482,13 +528,15 @@ class _Counter:
             return
         if isinstance(e, Guard):
             self.value(e.cond, mult, memo)
-            self.value(e.x, mult, dict(memo))
+            if not self._out_of_bounds(e.cond.index):
+                self.value(e.x, mult, dict(memo))
             return
         if isinstance(e, Reduce):
             self.reduction(e.body, e.vars, e.extents, mult, memo, columnwise=key in self.columnwise)
             return
         if isinstance(e, E.Load):
-            self._bytes(e.tensor, True, mult)
+            if e.pad is None or not self._out_of_bounds(e.index):
+                self._bytes(e.tensor, True, mult)
             self.index_loads(e.index, mult)
             return
         if isinstance(e, InBounds):
@@ -510,6 +558,10 @@ class _Counter:
             self.work.flops += mult
         for c in kchildren(e):
             self.value(c, mult, memo)
+
+    def _out_of_bounds(self, index) -> bool:
+        return bool(self.outside) and any(isinstance(a, I.Var) and a.name in self.outside
+                                          for ix in index for a, _ in ix.terms)
 
     def reduction(self, body, names, extents, mult: float, memo: dict, columnwise: bool = False) -> None:
         """A reduction loop: invariant values once in this scope, the rest once per term. Its flops
