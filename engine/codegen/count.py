@@ -202,11 +202,16 @@ def _scopes(kernel: Kernel) -> tuple:
 
 
 def _elementwise(kernel: Kernel, phase: Phase, elems: float) -> Work:
-    """Per element: the body (or the phase's reduction over its reduce axes) and the stores."""
+    """Per element: the body (or the phase's reduction over its reduce axes) and the stores. Values
+    under a guard (and padded loads) on the output position count at the share of the phase's positions
+    where it holds."""
+    guarded = _has_guards(phase.body)
 
     def compute() -> Work:
         c = _Counter(kernel)
         c.columnwise = _column_sums(kernel, phase)
+        if guarded and phase.region.shape:  # over the output positions and, for the phase's own reduction, its terms
+            c.positions = _positions(phase.region.shape, tuple(phase.reduce) if phase.combine is not None else ()) or None
         if phase.combine is None:
             c.value(phase.body, 1.0, {})
         else:
@@ -219,7 +224,8 @@ def _elementwise(kernel: Kernel, phase: Phase, elems: float) -> Work:
     # The stores counted per element depend on whether the phase has an owned part (its global stores
     # then counted apart, in `_phase`): part of the key, or one phase's count would answer for the other.
     one = _memo(kernel, phase.body, ("elem", phase.stage, phase.reduce, phase.combine, phase.stores,
-                                     phase.owned is None, _column_key(phase)), compute)
+                                     phase.owned is None, _column_key(phase),
+                                     phase.region.shape if guarded else ()), compute)
     out = Work()
     out.add(one, elems)
     out.nest = one.nest
@@ -361,6 +367,67 @@ def _conv(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int, tiles: sl
     return out
 
 
+POSITIONS = 1 << 14  # output positions sampled per elementwise phase with guards (all of them up to 4x that)
+
+
+def _positions(shape: tuple[int, ...], reduce: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
+    """Index variables i0.. over every position of `shape` (and r0.. over `reduce`), or a fixed sample
+    of POSITIONS of them."""
+    full = tuple(shape) + tuple(reduce)
+    size = math.prod(full)
+    if not full or not size:
+        return {}
+    if size <= 4 * POSITIONS:
+        flat = np.arange(size, dtype=np.int64)
+    else:
+        flat = np.random.default_rng(0).integers(0, size, POSITIONS, dtype=np.int64)
+    names = [f"i{d}" for d in range(len(shape))] + [f"r{d}" for d in range(len(reduce))]
+    return dict(zip(names, np.unravel_index(flat, full)))
+
+
+def _has_guards(body) -> bool:
+    """Whether `body` holds a guard or a padded load (memoised on the body object)."""
+    table = memo("count.guards", 20000)
+    hit = table.get(id(body))
+    if hit is None or hit[0] is not body:
+        found = any(isinstance(n, Guard) or (isinstance(n, E.Load) and n.pad is not None) for n in kwalk(body))
+        hit = table.put(id(body), (body, found))
+    return hit[1]
+
+
+def _evaluate(ix, env: dict[str, np.ndarray]) -> np.ndarray | None:
+    """`ix` (an index Lin) at every position of `env`, as the IR defines it (floor division and modulo);
+    None where it needs a variable `env` lacks or a gathered value."""
+    out = np.full(len(next(iter(env.values()))), ix.const, dtype=np.int64) if env else None
+    if out is None:
+        return None
+    for atom, k in ix.terms:
+        v = _atom(atom, env)
+        if v is None:
+            return None
+        out = out + k * v
+    return out
+
+
+def _atom(atom, env: dict[str, np.ndarray]) -> np.ndarray | None:
+    if isinstance(atom, I.Var):
+        return env.get(atom.name)
+    if isinstance(atom, (I.FloorDiv, I.Mod)):
+        x = _evaluate(atom.x, env)
+        if x is None:
+            return None
+        return np.floor_divide(x, atom.k) if isinstance(atom, I.FloorDiv) else np.mod(x, atom.k)
+    if isinstance(atom, (I.Min, I.Max)):
+        a, b = _evaluate(atom.a, env), _evaluate(atom.b, env)
+        if a is None or b is None:
+            return None
+        return np.minimum(a, b) if isinstance(atom, I.Min) else np.maximum(a, b)
+    if isinstance(atom, I.Abs):
+        x = _evaluate(atom.x, env)
+        return None if x is None else np.abs(x)
+    return None  # a gathered value
+
+
 def _value_work(kernel: Kernel, e, outside: frozenset[str] = frozenset()) -> Work:
     cnt = _Counter(kernel)
     cnt.outside = outside
@@ -481,6 +548,11 @@ class _Counter:
         # Window variables of a conv's staged input at a position outside every padded load's tensor:
         # those loads take their pad value and those guards their pad (nothing loaded, nothing computed).
         self.outside: frozenset[str] = frozenset()
+        # An elementwise phase's output positions (index variable -> values, all or a sample) and which of
+        # them reach the value being counted: a guard's value, or a padded load, is counted at the share of
+        # the positions that reach it where its condition holds (what the threads run), not at every one.
+        self.positions: dict[str, np.ndarray] | None = None  # never empty
+        self.reach: np.ndarray | None = None
 
     def _bytes(self, tensor: str, load: bool, times: float) -> None:
         buf = self.kernel.buffer(tensor)
@@ -528,15 +600,30 @@ class _Counter:
             return
         if isinstance(e, Guard):
             self.value(e.cond, mult, memo)
-            if not self._out_of_bounds(e.cond.index):
+            if self._out_of_bounds(e.cond.index):
+                return
+            holds = self._holds(e.cond.index, e.cond.shape)
+            if holds is None:
                 self.value(e.x, mult, dict(memo))
+                return
+            outer = self.reach
+            self.reach = holds if outer is None else outer & holds
+            try:
+                self.value(e.x, mult * self._share(self.reach, outer), dict(memo))
+            finally:
+                self.reach = outer
             return
         if isinstance(e, Reduce):
             self.reduction(e.body, e.vars, e.extents, mult, memo, columnwise=key in self.columnwise)
             return
         if isinstance(e, E.Load):
-            if e.pad is None or not self._out_of_bounds(e.index):
+            if e.pad is None:
                 self._bytes(e.tensor, True, mult)
+            elif not self._out_of_bounds(e.index):
+                holds = self._holds(e.index, self.kernel.buffer(e.tensor).shape)
+                inside = mult if holds is None else mult * self._share(
+                    holds if self.reach is None else self.reach & holds, self.reach)
+                self._bytes(e.tensor, True, inside)
             self.index_loads(e.index, mult)
             return
         if isinstance(e, InBounds):
@@ -558,6 +645,32 @@ class _Counter:
             self.work.flops += mult
         for c in kchildren(e):
             self.value(c, mult, memo)
+
+    def _holds(self, index, shape) -> np.ndarray | None:
+        """Per sampled position, whether `index` lies inside `shape` (None: no positions, or the index
+        needs a value the positions do not give, e.g. a reduction variable or a gathered one)."""
+        if self.positions is None:
+            return None
+        out = None
+        for ix, n in zip(index, shape):
+            if ix.is_const:
+                if not 0 <= ix.const < n:
+                    return np.zeros(len(next(iter(self.positions.values()))), dtype=bool)
+                continue
+            v = _evaluate(ix, self.positions)
+            if v is None:
+                return None
+            ok = (v >= 0) & (v < n)
+            out = ok if out is None else out & ok
+        return out
+
+    @staticmethod
+    def _share(mask: np.ndarray | None, outer: np.ndarray | None) -> float:
+        """Of the positions `outer` lets through (all when None), the share `mask` lets through."""
+        if mask is None:
+            return 1.0
+        base = float(outer.sum()) if outer is not None else float(len(mask))
+        return float(mask.sum()) / base if base else 0.0
 
     def _out_of_bounds(self, index) -> bool:
         return bool(self.outside) and any(isinstance(a, I.Var) and a.name in self.outside
