@@ -31,13 +31,8 @@ _CPU_ONLY = ("kind", "vector_lanes")
 _PROBE_C = r"""
 #include <omp.h>
 #include <stdlib.h>
-#if defined(__AVX512F__)
-#define TW_LANES 16
-#elif defined(__AVX__)
-#define TW_LANES 8
-#else
-#define TW_LANES 4
-#endif
+/* TW_LANES: fp32 lanes of the widest vector registers the C kernels are compiled for, passed in as
+   -DTW_LANES=... from ccompile.compiler_lanes (one rule for the probe and the kernels). */
 typedef float vf __attribute__((vector_size(TW_LANES * 4)));
 
 int tw_lanes(void) { return TW_LANES; }
@@ -262,9 +257,10 @@ _LOADED: dict[Path, Device] = {}  # this process's copy of each cache file it re
 
 def probe_host(threads: int) -> Device:
     """Probe the machine now (see the module docstring); OpenMP runs on `threads` threads."""
-    from engine.codegen.ccompile import compile_c, default_options, load_library
+    from engine.codegen.ccompile import compile_c, compiler_lanes, default_options, load_library
 
-    lib = load_library(compile_c(_PROBE_C, name="host_probe", options=default_options() + _PROBE_OPTIONS_EXTRA))
+    options = default_options() + _PROBE_OPTIONS_EXTRA + (f"-DTW_LANES={compiler_lanes()}",)
+    lib = load_library(compile_c(_PROBE_C, name="host_probe", options=options))
     lib.tw_triad.restype = lib.tw_triad_private.restype = lib.tw_fma.restype = lib.tw_barrier.restype = ctypes.c_double
     lib.tw_triad.argtypes = [ctypes.c_long, ctypes.c_int]
     lib.tw_triad_private.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int]

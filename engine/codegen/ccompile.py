@@ -59,8 +59,9 @@ def _default_options(cmd: tuple[str, ...]) -> tuple[str, ...]:
 
 def compiler_lanes() -> int:
     """fp32 lanes of the widest vector registers the C kernels are compiled for (`default_options`):
-    16 where the compiler defines __AVX512F__, 8 for __AVX__, else 4 — the host probe's rule for the
-    host Device's vector_lanes (engine/host.py), read from the compiler's predefined macros."""
+    16 where the compiler defines __AVX512F__, 8 for __AVX__, else 4, read from the compiler's predefined
+    macros. The host probe (engine/host.py) is compiled with this as -DTW_LANES, so the host Device's
+    vector_lanes and the kernels' lanes are one rule."""
     return _compiler_lanes(tuple(find_compiler()), default_options())
 
 
