@@ -24,6 +24,9 @@ from engine.rprogram.wavefront import check_rprogram
 class _TaskHooks:
     """Turns a one-segment kernel into `name(int task_t, params...)` running tile `task_t` only."""
 
+    def pooled(self, seg: Segment) -> bool:
+        return False  # one tile per call, inside the persistent kernel's own OpenMP team
+
     def tile_loop(self, seg: Segment) -> list[str]:
         return [f"if (task_t < {seg.ntiles}) {{", "    const int t = task_t;"]
 
