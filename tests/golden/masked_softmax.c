@@ -45,7 +45,10 @@ typedef float c0_u16 __attribute__((vector_size(64), aligned(4)));
 #include <sys/syscall.h>
 #endif
 #ifndef TW_POOL_SPIN
-#define TW_POOL_SPIN 4000
+#define TW_POOL_SPIN 4000  /* pauses a worker (or a waiting caller) spins before it sleeps (or yields) */
+#endif
+#ifndef TW_POOL_YIELDS
+#define TW_POOL_YIELDS 256  /* sched_yield calls of a waiting caller before it sleeps */
 #endif
 #define TW_HIDDEN __attribute__((weak, visibility("hidden")))
 typedef void (*tw_tiles_fn)(void* args, int t0, int t1);
@@ -212,8 +215,11 @@ TW_HIDDEN void tw_parallel_for(int n, int chunk, tw_tiles_fn fn, void* args) {
     if (atomic_load(&p->sleepers)) tw_futex_wake(&p->gen);
     tw_pool_run(p, g, 1);
     int d, spins = 0;
-    while ((d = atomic_load_explicit(&j->done, memory_order_acquire)) < n) {  /* chunks workers claimed */
+    /* Chunks workers claimed: spin, then yield the core (to that worker, where it shares this one), then
+       sleep until the last chunk's worker wakes us (a sleeping caller pays a wake-up on a busy machine). */
+    while ((d = atomic_load_explicit(&j->done, memory_order_acquire)) < n) {
         if (++spins < TW_POOL_SPIN) { tw_pause(); continue; }
+        if (spins < TW_POOL_SPIN + TW_POOL_YIELDS) { sched_yield(); continue; }
         atomic_store(&j->waiting, 1);
         tw_futex_wait(&j->done, d);
     }
