@@ -236,7 +236,6 @@ def _memory_bytes() -> int:
 
 def _fingerprint(threads: int) -> str:
     from engine.codegen.ccompile import _compiler_version, _host_fingerprint, find_compiler
-
     from engine.flags import c_loops
 
     parts = [PROBE_VERSION, _host_fingerprint(), threads, _compiler_version(tuple(find_compiler())), c_loops()]
@@ -298,7 +297,6 @@ _LOADED: dict[Path, Device] = {}  # this process's copy of each cache file it re
 def probe_host(threads: int) -> Device:
     """Probe the machine now (see the module docstring); OpenMP runs on `threads` threads."""
     from engine.codegen.ccompile import compile_c, compiler_lanes, default_options, load_library
-
     from engine.codegen.targets import C_HEADER
     from engine.flags import c_loops
 
