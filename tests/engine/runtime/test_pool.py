@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -59,8 +60,9 @@ int tw_check(int loops, unsigned seed, int cap) {
 """
 
 
-def test_every_tile_runs_once_per_loop_with_more_threads_than_cores():
-    lib = load_library(compile_c(_CHECK_C, name="pool_check"))
+def test_every_tile_runs_once_per_loop_with_more_threads_than_cores(tmp_path):
+    path = compile_c(_CHECK_C, name="pool_check")
+    lib = load_library(path)
     lib.tw_check.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_int]
     lib.tw_use_threads(THREADS)
     rng = np.random.default_rng(7)
@@ -76,6 +78,18 @@ def test_every_tile_runs_once_per_loop_with_more_threads_than_cores():
     for t in callers:
         t.join()
     assert bad == [0, 0, 0]
+    # The library loaded twice (a copy at another path: its own pool, hidden symbols), both at once.
+    twin = load_library(shutil.copy(path, tmp_path / "twin.so"))
+    twin.tw_check.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_int]
+    twin.tw_use_threads(3)
+    bad = []
+    callers = [threading.Thread(target=lambda lib=lib, s=s: bad.append(lib.tw_check(5000, s, 100)))
+               for lib, s in ((lib, 21), (twin, 22), (twin, 23))]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert bad == [0, 0, 0] and twin.tw_pool_workers() == 2
 
 
 @pytest.mark.parametrize("loops", ["pool", "omp"])
@@ -110,3 +124,15 @@ def test_multi_loop_program_on_random_inputs_matches_onnxruntime(loops, monkeypa
     for t in callers:
         t.join()
     assert len(errors) == 80 and max(errors) <= 1e-4, max(errors)
+
+
+def test_a_bad_loop_runtime_is_one_line(monkeypatch):
+    from engine.codegen.ctarget import schedule_segments
+    from engine.errors import BackendError
+
+    graph = load_sample("gelu_chain")[0]
+    kernel = generate(policy_plan(graph, "welder"), graph).kernels[0]
+    monkeypatch.setenv("TILEWEAVE_C_LOOPS", "threads")
+    with pytest.raises(BackendError) as info:
+        schedule_segments(kernel)
+    assert "TILEWEAVE_C_LOOPS='threads'" in str(info.value) and "\n" not in str(info.value)
