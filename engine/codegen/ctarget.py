@@ -1,8 +1,8 @@
 """The C target's passes: a Kernel and the vector lanes of the CPU it runs on in, the same Kernel with the
 C printer's choices recorded out — direct-conv register blocking (Conv.lanes/chunk/...), the GEMM
-micro-kernel and its operands read in place, GEMV mode and B panels (Gemm.c_rows/.../panel), and how
-OpenMP shares each segment's tiles (Segment.omp), row and line caches, reciprocals of row values and
-column-wise sums. `c_decisions` runs them; the C printer renders the fields. Each pass is a pure function
+micro-kernel and its operands read in place, GEMV mode and B panels (Gemm.c_rows/.../panel), how the
+threads share each segment's tiles (Segment.omp; .loops: the C header's pool or OpenMP; .chunk), row and
+line caches, reciprocals of row values and column-wise sums. `c_decisions` runs them; the C printer renders the fields. Each pass is a pure function
 of the IR (and the lanes).
 """
 

@@ -220,6 +220,9 @@ def persistent_c(program: Program, rp: RProgram) -> PersistentSource:
         "void tw_persistent(void** buf) {",
         f"    atomic_int next = 0; atomic_int done[{len(rp.operators)}];",
         f"    for (int j = 0; j < {len(rp.operators)}; ++j) atomic_init(&done[j], 0);",
+        # An OpenMP team, not the C header's pool (tw_parallel_for): the threads already claim rTasks one
+        # by one (`next`), but a task spin-waits on the dependency counters of tasks other threads claimed,
+        # which is the co-scheduling an OpenMP team gives; it waits at the region's end like any team.
         "    #pragma omp parallel",
         "    for (;;) {",
         "        const int i = atomic_fetch_add(&next, 1);",
