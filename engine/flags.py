@@ -32,6 +32,17 @@ def sim_stack_kib() -> int:
     return int(raw)
 
 
+def c_loops() -> str:
+    """TILEWEAVE_C_LOOPS: who runs the C backend's parallel tile loops — "pool" (the default: the
+    generated C's own work-claiming thread pool) or "omp" (OpenMP parallel for loops)."""
+    raw = os.environ.get("TILEWEAVE_C_LOOPS", "").strip().lower() or "pool"
+    if raw not in ("pool", "omp"):
+        from engine.errors import BackendError
+
+        raise BackendError(f"TILEWEAVE_C_LOOPS={raw!r} is not a loop runtime", hint="use pool or omp, or unset it")
+    return raw
+
+
 def time_limit_s(value: str | float | None = None, *, source: str = "--time-limit") -> float | None:
     """Seconds each compile and each run may take: `value` (a flag's), else TILEWEAVE_TIME_LIMIT, else
     None (no limit, the C compiler's own 600 s aside). A value that is not a positive number: one line."""

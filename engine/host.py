@@ -2,10 +2,12 @@
 
 Read off the machine ("detected"): cores OpenMP runs on, cache sizes, memory, the SIMD width the C compiler
 targets. Timed ("measured", by a small C probe built like the C backend's kernels): STREAM-triad bandwidth
-from DRAM, from the last-level cache and from L1, the FMA peak of all cores, the cost of an OpenMP launch
-and of an OpenMP barrier (a grid barrier of the C target: segments are OpenMP loops in turn). The figures map onto the Device fields as the C target runs a plan: an SM is a
-core running one block (one OpenMP iteration) at a time, shared memory is a block's stack arrays (sized by
-the core's private cache), "L2" is the last-level cache, a grid barrier is an OpenMP barrier.
+from DRAM, from the last-level cache and from L1, the FMA peak of all cores, the cost of a launch and
+of a grid barrier in the loops the kernels run (flags.c_loops: the C header's thread pool — a kernel with
+one pooled loop called from Python, one more pooled loop — or OpenMP's: a serial kernel's call, an OpenMP
+barrier). The figures map onto the Device fields as the C target runs a plan: an SM is a core running one
+block (one tile loop iteration) at a time, shared memory is a block's stack arrays (sized by the core's
+private cache), "L2" is the last-level cache, a grid barrier is the end of one parallel tile loop.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from engine.errors import DeviceError
 from engine.files import write_atomic
 
 HOST = "host"
-PROBE_VERSION = 3
+PROBE_VERSION = 4  # 4: launch and grid barrier of the loop runtime the kernels use (flags.c_loops)
 _CPU_ONLY = ("kind", "vector_lanes")
 
 # The probe: every timing takes the best of several repeats (the machine is shared; the best is the
@@ -119,6 +121,42 @@ double tw_fma(long iters, int reps, float *out) {
 /* One launch of a generated kernel too small to fork threads for (the C printer runs it serially). */
 void tw_empty_launch(float *out) { out[0] += 1.f; }
 
+/* The C backend's thread pool (tw_parallel_for, from the kernels' C header): its threads, and one
+   launch of a kernel with one pooled loop of a tile per thread (each adds to its own float). */
+void tw_pool_use_threads(int threads) { tw_pool_threads_wanted = threads; }
+static void tw_probe_tiles(void* args, int t0, int t1) {
+    float* out = args;
+    for (int t = t0; t < t1; ++t) out[16 * t] += 1.f;
+}
+void tw_pool_launch(float *out) { tw_parallel_for(omp_get_max_threads(), 1, tw_probe_tiles, out); }
+
+/* A grid barrier of the C target (one pooled loop's end, the next one's start): seconds a pooled loop
+   of 8 tiles per thread, each ~1 us of work, takes beyond its work split evenly over the threads (the
+   same tiles run serially, divided by the threads): waking or reaching the workers, claims, and waiting
+   for the last chunk a worker claimed. Best of up to `reps` runs of `n` loops within `budget` seconds. */
+static void tw_probe_work(void* args, int t0, int t1) {
+    float* out = args;
+    for (int t = t0; t < t1; ++t) {
+        float v = out[16 * t];
+        for (int k = 0; k < 400; ++k) v = v * 0.999f + 1e-3f;  /* a dependent chain: ~1 us */
+        out[16 * t] = v;
+    }
+}
+double tw_pool_barrier(int n, int reps, double budget, float *out) {
+    const int threads = omp_get_max_threads(), tiles = 8 * threads;
+    double pooled = 1e30, serial = 1e30, start = omp_get_wtime();
+    for (int r = 0; r < reps && (r == 0 || omp_get_wtime() - start < budget); ++r) {
+        double t0 = omp_get_wtime();
+        for (int k = 0; k < n; ++k) tw_parallel_for(tiles, 1, tw_probe_work, out);
+        double t1 = omp_get_wtime();
+        for (int k = 0; k < n; ++k) tw_probe_work(out, 0, tiles);
+        double t2 = omp_get_wtime();
+        if ((t1 - t0) / n < pooled) pooled = (t1 - t0) / n;
+        if ((t2 - t1) / n < serial) serial = (t2 - t1) / n;
+    }
+    return pooled > serial / threads ? pooled - serial / threads : 0.0;
+}
+
 /* Seconds per OpenMP barrier among all threads (best of up to `reps` runs of `n` barriers, stopping once
    `budget` seconds are spent: on a machine busy with other work one barrier can wait a whole time slice). */
 double tw_barrier(int n, int reps, double budget) {
@@ -198,8 +236,9 @@ def _memory_bytes() -> int:
 
 def _fingerprint(threads: int) -> str:
     from engine.codegen.ccompile import _compiler_version, _host_fingerprint, find_compiler
+    from engine.flags import c_loops
 
-    parts = [PROBE_VERSION, _host_fingerprint(), threads, _compiler_version(tuple(find_compiler()))]
+    parts = [PROBE_VERSION, _host_fingerprint(), threads, _compiler_version(tuple(find_compiler())), c_loops()]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -258,17 +297,22 @@ _LOADED: dict[Path, Device] = {}  # this process's copy of each cache file it re
 def probe_host(threads: int) -> Device:
     """Probe the machine now (see the module docstring); OpenMP runs on `threads` threads."""
     from engine.codegen.ccompile import compile_c, compiler_lanes, default_options, load_library
+    from engine.codegen.targets import C_HEADER
+    from engine.flags import c_loops
 
     options = default_options() + _PROBE_OPTIONS_EXTRA + (f"-DTW_LANES={compiler_lanes()}",)
-    lib = load_library(compile_c(_PROBE_C, name="host_probe", options=options))
+    lib = load_library(compile_c(C_HEADER + _PROBE_C, name="host_probe", options=options))
     lib.tw_triad.restype = lib.tw_triad_private.restype = lib.tw_fma.restype = lib.tw_barrier.restype = ctypes.c_double
     lib.tw_triad.argtypes = [ctypes.c_long, ctypes.c_int]
     lib.tw_triad_private.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int]
     lib.tw_fma.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p]
     lib.tw_barrier.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_double]
-    lib.tw_empty_launch.argtypes = [ctypes.c_void_p]
-    lib.tw_empty_launch.restype = None
+    lib.tw_empty_launch.argtypes = lib.tw_pool_launch.argtypes = [ctypes.c_void_p]
+    lib.tw_empty_launch.restype = lib.tw_pool_launch.restype = None
+    lib.tw_pool_barrier.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_void_p]
+    lib.tw_pool_barrier.restype = ctypes.c_double
     _set_threads(threads)
+    lib.tw_pool_use_threads(threads)
 
     caches = cache_sizes()
     levels = sorted(caches)
@@ -290,8 +334,16 @@ def probe_host(threads: int) -> Device:
     iters = 1 << 24
     sums = (ctypes.c_float * max(threads, 256))()
     peak = threads * 12 * 2 * lanes * iters / lib.tw_fma(iters, 5, sums)
-    barrier = lib.tw_barrier(200, 20, 0.3)
-    launch = _time_launch(lib)
+    # What a launch and a grid barrier cost in the loops the kernels run (flags.c_loops): the pool's
+    # (a launch: a kernel with one pooled loop, called from Python; a barrier: one more pooled loop), or
+    # OpenMP's (a serial kernel's call; an OpenMP barrier).
+    if c_loops() == "pool":
+        out = (ctypes.c_float * (16 * 8 * max(threads, 1)))()
+        barrier = lib.tw_pool_barrier(50, 20, 0.3, out)
+        launch = _time_launch(lib.tw_pool_launch)
+    else:
+        barrier = lib.tw_barrier(200, 20, 0.3)
+        launch = _time_launch(lib.tw_empty_launch)
 
     values = dict(
         name=HOST, kind="cpu", vector_lanes=lanes,
@@ -369,17 +421,16 @@ def _set_threads(threads: int) -> None:
         pass
 
 
-def _time_launch(lib) -> float:
-    """Seconds one launch of a generated kernel costs from Python, timed as the CPU backend times a
-    kernel (a clock read on each side of one ctypes call): the median of 2,000."""
+def _time_launch(fn) -> float:
+    """Seconds one launch of a generated kernel (`fn`, taking one float pointer) costs from Python, timed
+    as the CPU backend times a kernel (a clock read on each side of one ctypes call): the median of 2,000."""
     import statistics
     import time
 
     import numpy as np
 
-    out = np.zeros(1024, np.float32)
+    out = np.zeros(16 * 1024, np.float32)  # the pool launch's tiles write every 16th float
     ptr = out.ctypes.data
-    fn = lib.tw_empty_launch
     samples = []
     for _ in range(2000):
         t0 = time.perf_counter()

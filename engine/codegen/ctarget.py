@@ -1,8 +1,8 @@
 """The C target's passes: a Kernel and the vector lanes of the CPU it runs on in, the same Kernel with the
 C printer's choices recorded out — direct-conv register blocking (Conv.lanes/chunk/...), the GEMM
-micro-kernel and its operands read in place, GEMV mode and B panels (Gemm.c_rows/.../panel), and how
-OpenMP shares each segment's tiles (Segment.omp), row and line caches, reciprocals of row values and
-column-wise sums. `c_decisions` runs them; the C printer renders the fields. Each pass is a pure function
+micro-kernel and its operands read in place, GEMV mode and B panels (Gemm.c_rows/.../panel), how the
+threads share each segment's tiles (Segment.omp; .loops: the C header's pool or OpenMP; .chunk), row and
+line caches, reciprocals of row values and column-wise sums. `c_decisions` runs them; the C printer renders the fields. Each pass is a pure function
 of the IR (and the lanes).
 """
 
@@ -30,6 +30,11 @@ from engine.ir.graph import Combine
 # run took 264 ms instead of 20 ms. So only segments well past break-even get a team.
 SERIAL_WORK = 1 << 19
 STREAM_WORK = 1 << 17  # element-steps from which a weight-streaming GEMV segment splits statically
+# Element-steps one claim of the C thread pool (tw_parallel_for) takes at least: a claim is one atomic
+# compare-and-swap on a line every thread writes (~0.1 us contended), so per tile it would cost what the old
+# schedule(dynamic) did (512 LayerNorm row tiles ~1.5x slower than guided); 16 K element-steps is a few
+# microseconds of work, against which a claim is noise.
+CLAIM_WORK = 1 << 14
 TRANSCENDENTAL_STEPS = 8  # element-steps one exp/tanh/erf/log/pow/sqrt/... counts for
 _EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos"}
 
@@ -581,15 +586,24 @@ def axpy_sums(kernel: Kernel, body, var: str) -> list[Reduce]:
 # ---- OpenMP -------------------------------------------------------------------------------------------
 
 
-def schedule_segments(kernel: Kernel) -> Kernel:
-    """How OpenMP shares each segment's tiles. "serial": under SERIAL_WORK element-steps the calling
+def schedule_segments(kernel: Kernel, loops: str | None = None) -> Kernel:
+    """How the threads share each segment's tiles. "serial": under SERIAL_WORK element-steps the calling
     thread runs them (waking a team costs more than it saves). "static": a matrix-vector product
     streaming a weight too big for one core's L1 but not for the cores' L2s together (lstm's 1 MB
     recurrent weight, once per step), from STREAM_WORK: every step each thread reads the same part of
     the weight, from its own L2. Else "guided": on a shared machine one thread may be descheduled for a
     whole time slice; with a static split the others then wait at the loop's end for its half of the
     tiles (~8 ms per kernel on 2 busy cores), with guided chunks they take its tiles instead; unlike
-    dynamic (one tile per grab) it pays no atomic per tile (512 row tiles of LayerNorm ~1.5x slower)."""
+    dynamic (one tile per grab) it pays no atomic per tile (512 row tiles of LayerNorm ~1.5x slower).
+
+    A parallel segment's loop runs on `loops` (default flags.c_loops(): TILEWEAVE_C_LOOPS), recorded as
+    Segment.loops: "pool", the C header's tw_parallel_for, whose caller claims chunks too and waits only
+    for chunks a worker claimed (a descheduled worker's tiles are taken, not waited for, where an OpenMP
+    loop waits out its time slice), each claim at least CLAIM_WORK element-steps of tiles (Segment.chunk;
+    0 for "static": one even share per thread); or "omp", the OpenMP loops."""
+    from engine.flags import c_loops
+
+    loops = loops or c_loops()
     segments = []
     for seg, bseg in zip(kernel.segments, kernel.stripped().segments):
         work = segment_work(bseg)
@@ -597,7 +611,9 @@ def schedule_segments(kernel: Kernel) -> Kernel:
             omp = "static"
         else:
             omp = "serial" if work < SERIAL_WORK else "guided"
-        segments.append(dataclasses.replace(seg, omp=omp, work=work))
+        chunk = 0 if omp != "guided" else max(1, -(-CLAIM_WORK * seg.ntiles // max(work, 1)))
+        segments.append(dataclasses.replace(seg, omp=omp, work=work, loops="" if omp == "serial" else loops,
+                                            chunk=chunk))
     return dataclasses.replace(kernel, segments=tuple(segments))
 
 

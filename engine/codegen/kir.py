@@ -397,6 +397,12 @@ class Segment:
     # element-steps that decided it. "" before the pass ran.
     omp: str = ""
     work: int = 0
+    # C target (ctarget.schedule_segments), for a "guided" or "static" segment: who runs the parallel tile
+    # loop — "pool" (the C header's tw_parallel_for: the caller claims chunks too and waits only for chunks
+    # a worker claimed) or "omp" (an OpenMP parallel for: every team thread must reach its end) — and the
+    # pool's tiles per claim (guided: the least a claim takes; 0 with "static": one even share per thread).
+    loops: str = ""
+    chunk: int = 0
     panel_axis: int = -1  # C target: tiles walked column tile by column tile along this axis (Gemm.panel)
     row_caches: tuple[RowCache, ...] = ()  # C target: per-tile arrays of reduction terms a later phase rereads
     launch_lines: tuple[LineCache, ...] = ()  # C target: arrays computed once per launch (before the tile loop)
@@ -586,6 +592,7 @@ def program_to_json(program: Program) -> dict:
                         "extent": list(b.region.extent) if b.region else []} for b in k.locals],
             "segments": [{"anchor": s.anchor, "ntiles": s.ntiles, "phases": [p.describe() for p in s.phases],
                           **({"omp": s.omp, "work": s.work} if s.omp else {}),
+                          **({"loops": s.loops, "chunk": s.chunk} if s.loops else {}),
                           **({"panel_axis": s.panel_axis} if s.panel_axis >= 0 else {}),
                           **({"row_caches": [f"{c.name}: {c.producer} terms reread by {c.consumer}, {c.size} floats"
                                              for c in s.row_caches]} if s.row_caches else {}),

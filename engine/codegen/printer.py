@@ -180,14 +180,18 @@ class Printer:
             rows = ", ".join("{" + ", ".join(map(str, r)) + "}" for r in region.table)
             lines.append(f"{self.table_qualifier} int tab_{kernel.name}_{tag}[{len(region.table)}]"
                          f"[{2 * region.rank}] = {{{rows}}};")
-        lines.append(self.signature(kernel) + " {")
-        if self.locals_in_kernel_scope:
-            lines += ["    " + x for x in self.kernel_locals(kernel)]
+        body = ["    " + x for x in self.kernel_locals(kernel)] if self.locals_in_kernel_scope else []
         for k, seg in enumerate(kernel.segments):
-            lines.append(f"    // segment {k}: anchor {seg.anchor}, {seg.ntiles} tiles")
-            lines += ["    " + x for x in self.render_segment(kernel, seg, k == len(kernel.segments) - 1)]
-        lines.append("}")
+            body.append(f"    // segment {k}: anchor {seg.anchor}, {seg.ntiles} tiles")
+            body += ["    " + x for x in self.render_segment(kernel, seg, k == len(kernel.segments) - 1)]
+        lines += self.kernel_helpers(kernel)
+        lines += [self.signature(kernel) + " {", *body, "}"]
         return "\n".join(lines) + "\n"
+
+    def kernel_helpers(self, kernel: Kernel) -> list[str]:
+        """Definitions printed between a kernel's tables and its function, after its segments were
+        rendered (the C target's outlined tile loops); none by default."""
+        return []
 
     def render_segment(self, kernel: Kernel, seg: Segment, last: bool) -> list[str]:
         lines = self.tile_loop(seg)

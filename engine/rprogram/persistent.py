@@ -24,6 +24,9 @@ from engine.rprogram.wavefront import check_rprogram
 class _TaskHooks:
     """Turns a one-segment kernel into `name(int task_t, params...)` running tile `task_t` only."""
 
+    def pooled(self, seg: Segment) -> bool:
+        return False  # one tile per call, inside the persistent kernel's own OpenMP team
+
     def tile_loop(self, seg: Segment) -> list[str]:
         return [f"if (task_t < {seg.ntiles}) {{", "    const int t = task_t;"]
 
@@ -217,6 +220,9 @@ def persistent_c(program: Program, rp: RProgram) -> PersistentSource:
         "void tw_persistent(void** buf) {",
         f"    atomic_int next = 0; atomic_int done[{len(rp.operators)}];",
         f"    for (int j = 0; j < {len(rp.operators)}; ++j) atomic_init(&done[j], 0);",
+        # An OpenMP team, not the C header's pool (tw_parallel_for): the threads already claim rTasks one
+        # by one (`next`), but a task spin-waits on the dependency counters of tasks other threads claimed,
+        # which is the co-scheduling an OpenMP team gives; it waits at the region's end like any team.
         "    #pragma omp parallel",
         "    for (;;) {",
         "        const int i = atomic_fetch_add(&next, 1);",

@@ -20,6 +20,7 @@ from plans import fuse_all, make_test_plan  # noqa: E402
 from engine.api import load_graph  # noqa: E402
 from engine.codegen.ccompile import compiler_lanes  # noqa: E402
 from engine.codegen.ctarget import (  # noqa: E402
+    CLAIM_WORK,
     GEMV_LANES,
     SERIAL_WORK,
     block_convs,
@@ -176,7 +177,14 @@ def test_schedule_segments_records_the_work_and_the_split(tmp_path):
     segs = [s for k in scheduled.kernels for s in k.segments]
     assert [s.work for s in segs] == [segment_work(s) for s in bare] and all(s.work for s in segs)
     assert [s.omp for s in segs] == ["serial" if s.work < SERIAL_WORK else "guided" for s in segs]
-    pragma = "#pragma omp parallel for schedule(guided)" in render_c(scheduled)
+    assert [s.loops for s in segs] == ["" if s.omp == "serial" else "pool" for s in segs]
+    # a pooled claim: the fewest tiles holding CLAIM_WORK element-steps (one where a tile is that much)
+    assert all(s.chunk == max(1, -(-CLAIM_WORK * s.ntiles // s.work)) for s in segs if s.omp == "guided")
+    pooled = "pooled: claims of at least" in render_c(scheduled)
+    assert pooled == any(s.omp == "guided" for s in segs)
+    omp = _with(program, lambda k: schedule_segments(k, "omp"))
+    assert [s.loops for k in omp.kernels for s in k.segments] == [s.loops and "omp" for s in segs]
+    pragma = "#pragma omp parallel for schedule(guided)" in render_c(omp)
     assert pragma == any(s.omp == "guided" for s in segs)
 
 

@@ -80,29 +80,43 @@ def test_no_row_cache_where_the_consumer_tile_splits_the_row():
     assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-3
 
 
-def test_transcendental_work_runs_in_parallel_and_tiny_segments_serially():
-    """gelu_chain (tanh on 393 K elements) is worth an OpenMP team; a segment of a few elements is not."""
+POOL_CALL = re.compile(r"^\s+tw_parallel_for\(", re.M)  # a pooled tile loop's call in a kernel
+
+
+@pytest.mark.parametrize("loops", ["pool", "omp"])
+def test_transcendental_work_runs_in_parallel_and_tiny_segments_serially(loops, monkeypatch):
+    """gelu_chain (tanh on 393 K elements) is worth parallel threads (the pool's, or an OpenMP team
+    under TILEWEAVE_C_LOOPS=omp); a segment of a few elements is not."""
+    monkeypatch.setenv("TILEWEAVE_C_LOOPS", loops)
     graph = load_sample("gelu_chain")[0]
     program = generate(policy_plan(graph, "welder"), graph)
     segs = [s for k in _printed(program) for s in k.segments]
     assert all(segment_work(s) >= SERIAL_WORK for s in segs)
-    assert _kernels_only(render_c(program)).count("#pragma omp parallel for") == len(segs)
+    source = _kernels_only(render_c(program))
+    assert source.count("#pragma omp parallel for") == (len(segs) if loops == "omp" else 0)
+    assert len(POOL_CALL.findall(source)) == (len(segs) if loops == "pool" else 0)
     lstm = load_sample("lstm")[0]
     small = [s for k in generate(policy_plan(lstm, "welder"), lstm).kernels for s in k.segments
              if segment_work(s) < SERIAL_WORK]
     assert small  # the per-step gate kernels stay on the calling thread
 
 
-def test_weight_streaming_gemv_segments_split_statically():
+@pytest.mark.parametrize("loops", ["pool", "omp"])
+def test_weight_streaming_gemv_segments_split_statically(loops, monkeypatch):
     """lstm's per-step h @ R^T segments (dot products over a 1 MB weight) run as a static OpenMP
     split, so each thread rereads the same part of R from its own L2 every step; the gate-only
     segments stay serial."""
+    monkeypatch.setenv("TILEWEAVE_C_LOOPS", loops)
     lstm = load_sample("lstm")[0]
     program = generate(policy_plan(lstm, "welder"), lstm)
     source = _kernels_only(render_c(program))
     steps = [s for k in _printed(program) for s in k.segments if _streams_weight(s) and segment_work(s) >= STREAM_WORK]
     assert len(steps) >= 30
-    assert source.count("#pragma omp parallel for schedule(static)") == len(steps)
+    if loops == "omp":
+        assert source.count("#pragma omp parallel for schedule(static)") == len(steps)
+    else:
+        assert source.count("pooled: streaming a weight: one even share per thread") == len(steps)
+        assert len(re.findall(r"^\s+tw_parallel_for\(\d+, 0, ", source, re.M)) == len(steps)
     assert "element-steps: serial" in source
 
 
