@@ -563,10 +563,13 @@ class Printer:
         pn = g.tx * g.tn
         if g.mma and self.mma_sync:
             return self.mma_accumulate(g, sa, sb)
+        # A printer without mma.sync runs a Gemm.mma's 16-bit staging (fp16 / bf16) on this loop: widened here.
+        ra = self.load_value(f"{sa}[(g_ty * {g.tm} + x) * {g.bk} + kk]", g.stage_dtype)
+        rb = self.load_value(f"{sb}[kk * {pn} + g_tx * {g.tn} + y]", g.stage_dtype)
         return [f"for (int kk = 0; kk < (live ? {g.bk} : 0); ++kk) {{",
                 f"    float ra[{g.tm}], rb[{g.tn}];",
-                f"    for (int x = 0; x < {g.tm}; ++x) ra[x] = {sa}[(g_ty * {g.tm} + x) * {g.bk} + kk];",
-                f"    for (int y = 0; y < {g.tn}; ++y) rb[y] = {sb}[kk * {pn} + g_tx * {g.tn} + y];",
+                f"    for (int x = 0; x < {g.tm}; ++x) ra[x] = {ra};",
+                f"    for (int y = 0; y < {g.tn}; ++y) rb[y] = {rb};",
                 f"    for (int x = 0; x < {g.tm}; ++x)",
                 f"        for (int y = 0; y < {g.tn}; ++y) acc[x * {g.tn} + y] += ra[x] * rb[y];",
                 "}"]

@@ -341,3 +341,29 @@ def test_cost_model_charges_bf16_mma_at_the_16_bit_tensor_peak(tmp_path):
         conns = {e.key: e.conn for e in plan.edges}
         use = segment_use(g, list(group.stages), conns, group.segments[0], device=get_device(name))
         assert (use.flops_tc > 0 and use.flops_tc_f16 == use.flops_tc) if tc else use.flops_tc == 0, name
+
+
+def test_bf16_runs_on_opencl(tmp_path):
+    """OpenCL prints bf16 as ushort bits through the same helpers as C, and a Gemm.mma's bf16 staging on its
+    FMA micro-tile (no mma.sync in OpenCL C): a GEMM with edge tiles and the elementwise/reduction graph."""
+    import os
+
+    from engine.errors import BackendError
+    from engine.runtime.opencl import opencl_device
+
+    try:
+        opencl_device()
+    except BackendError as err:
+        if os.environ.get("TILEWEAVE_REQUIRE_OPENCL") == "1":
+            raise
+        pytest.skip(f"no OpenCL device: {err}")
+    path, inputs, (a, b, c) = gemm_graph(tmp_path, 37, 50, 29, np.random.default_rng(7))
+    g, plan = plan_model(load_graph(path), "welder", "a100")
+    result = run_model(g, inputs, backend="opencl", plan=plan, device="a100")
+    assert _bf16_gemms(result.program)
+    check_bf16_product(np.asarray(result.outputs["y"]), a, b, c)
+    path, inputs, want = _norm_graph(tmp_path, 7, 45, np.random.default_rng(45))
+    g, plan = plan_model(load_graph(path), "welder", "a100")
+    result = run_model(g, inputs, backend="opencl", plan=plan, device="a100")
+    for name, (w, tol) in want.items():
+        assert (np.abs(np.asarray(result.outputs[name]).astype(np.float32) - w) <= tol).all(), name
