@@ -36,7 +36,7 @@ class Work:
     flops: float = 0.0
     tiled_flops: float = 0.0  # of `flops`: the multiply-adds of tiled GEMM and direct-conv micro-tiles
     mma_flops: float = 0.0  # of `flops`: the multiply-adds of tiled GEMMs on tensor cores (Gemm.mma)
-    mma_f16_flops: float = 0.0  # of `mma_flops`: those with fp16 operands (m16n8k16 .f16; the rest are TF32)
+    mma_f16_flops: float = 0.0  # of `mma_flops`: those with fp16 or bf16 operands (m16n8k16; the rest are TF32)
     global_load: float = 0.0  # bytes
     global_store: float = 0.0
     shared_load: float = 0.0
@@ -307,7 +307,7 @@ def _gemm(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
         mma = steps * warps * 32 * g.bk * 2 * g.tm * g.tn
         out.flops += mma
         out.mma_flops += mma
-        if g.stage_dtype == DType.F16:
+        if g.stage_dtype in (DType.F16, DType.BF16):
             out.mma_f16_flops += mma
     else:
         # Threads whose micro-tile holds a live row and column run the k loop; the others only stage.

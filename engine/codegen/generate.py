@@ -35,6 +35,7 @@ from engine.device import Device, get_device, wave_grid
 from engine.errors import CompileError, PlanError, ShapeError
 from engine.ir import expr as E
 from engine.ir import index as I
+from engine.ir.dtypes import DType
 from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.memo import memo
 from engine.runtime.memory import plan_memory
@@ -66,10 +67,11 @@ def generate(plan: Plan, graph: PrimGraph, device: Device | str = "a100", target
     if plan.model_hash != graph.structural_hash:
         raise PlanError(f"plan is for model hash {plan.model_hash}, not {graph.structural_hash}",
                         hint="re-plan this model")
-    low = next((t for t in graph.specs.values() if t.dtype.is_low_float), None)
+    low = next((t for t in graph.specs.values() if t.dtype.is_low_float and t.dtype != DType.BF16), None)
     if low is not None:
-        raise CompileError(f"tensor '{low.name}' is {low.dtype.value}: kernels are generated for float16/32/64, "
-                           "integer and bool tensors only", hint="run this model with --backend reference")
+        raise CompileError(f"tensor '{low.name}' is {low.dtype.value}: kernels are generated for bfloat16, "
+                           "float16/32/64, integer and bool tensors only (float8 has no printer spelling)",
+                           hint="run this model with --backend reference")
     check_index_range(graph)
     conns = {e.key: e.conn for e in plan.edges}
     missing = [e for e in graph.edges if e not in conns]

@@ -124,7 +124,7 @@ class Gemm:
     buffers: int = 1
     # Tensor cores (engine/codegen/mma.py): "" runs the FMA micro-tile above; "m16n8k8.tf32" runs each k
     # step as mma.sync m16n8k8 with TF32 operands, "m16n8k16.f16" as m16n8k16 with fp16 operands (staged
-    # as fp16: `stage_dtype`), both with FP32 accumulators, on a warps_m x warps_n grid of warps, each
+    # as fp16: `stage_dtype`), "m16n8k16.bf16" the same with bf16 operands, all with FP32 accumulators, on a warps_m x warps_n grid of warps, each
     # owning (ty*tm/16/warps_m) x (tx*tn/8/warps_n) mma tiles of the padded block tile. Printers without
     # tensor cores (C, OpenCL) print the FMA micro-tile from the same IR.
     mma: str = ""
@@ -154,8 +154,8 @@ class Gemm:
 
     @property
     def stage_dtype(self) -> DType:
-        """Element type of the staging buffers: fp16 on the m16n8k16 .f16 path, else fp32."""
-        return DType.F16 if self.mma == "m16n8k16.f16" else DType.F32
+        """Element type of the staging buffers: fp16 / bf16 on the m16n8k16 .f16 / .bf16 paths, else fp32."""
+        return {"m16n8k16.f16": DType.F16, "m16n8k16.bf16": DType.BF16}.get(self.mma, DType.F32)
 
     @property
     def k(self) -> int:

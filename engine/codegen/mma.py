@@ -1,6 +1,7 @@
 """Tensor cores for tiled GEMMs: a Kernel and a Device in, the Kernel with each GEMM that can run on the
 device's tensor cores set to mma.sync (`use_tensor_cores`: Kernel -> Kernel, parameters in Gemm.mma /
-warps_m / warps_n): fp16 x fp16 products as m16n8k16 .f16 (fp32 accumulate), fp32 ones as m16n8k8 .tf32
+warps_m / warps_n): fp16 x fp16 products as m16n8k16 .f16, bf16 x bf16 ones as m16n8k16 .bf16 (both
+fp32 accumulate; the same fragment layout), fp32 ones as m16n8k8 .tf32
 under the plan option `tf32` (TF32 rounds fp32 operands to 10 mantissa bits).
 """
 
@@ -19,6 +20,7 @@ from engine.ir.dtypes import DType
 
 MMA_TF32 = "m16n8k8.tf32"  # mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
 MMA_F16 = "m16n8k16.f16"  # mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
+MMA_BF16 = "m16n8k16.bf16"  # mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (PTX ISA 9.7.14.5.8 layout)
 MMA_M, MMA_N, MMA_K = 16, 8, 8
 MMA_K_F16 = 16
 WARP = 32
@@ -51,15 +53,17 @@ def use_tensor_cores(kernel: Kernel, device: Device, tf32: bool | None = None) -
       of fp16 tensors, or values the graph types fp16: a fused LayerNorm's output is staged rounded to
       fp16, as the unfused graph stores it) and the device has fp16 tensor cores taking that shape
       (`f16_mma`);
+    - m16n8k16 .bf16 (MMA_BF16, staged as bf16) the same way where both factors are bf16 in the graph
+      and the device has bf16 tensor cores (`bf16_mma`: sm_80 on; a V100 has none);
     - else m16n8k8 .tf32 where the device has TF32 and either `tf32` (default: the option in force)
-      allows rounding fp32 operands, or both factors are plain fp16 loads (exact in TF32's 10-bit
-      mantissa and 8-bit exponent).
+      allows rounding fp32 operands, or both factors are plain fp16 or bf16 loads (exact in TF32's
+      10-bit mantissa and 8-bit exponent).
     Edge tiles need no mask: the staging zero-fills past the tile's live rows, columns and k, and the
     epilogue stores only live elements. Any other GEMM keeps the FMA micro-tile."""
     if not kernel.gemms:
         return kernel
-    half, has_tf32 = f16_mma(device), "tf32" in device.tensor_precisions
-    if not half and not has_tf32:
+    half, bf16, has_tf32 = f16_mma(device), bf16_mma(device), "tf32" in device.tensor_precisions
+    if not half and not bf16 and not has_tf32:
         return kernel
     allowed = tf32_allowed() if tf32 is None else tf32
     segments, changed = [], False
@@ -69,6 +73,8 @@ def use_tensor_cores(kernel: Kernel, device: Device, tf32: bool | None = None) -
             g, grid = p.gemm, None
             if g is not None and half and _fp16_typed(g):
                 kind, grid = MMA_F16, warp_grid(g, kernel.threads, MMA_K_F16)
+            if g is not None and bf16 and _typed(g, DType.BF16):
+                kind, grid = MMA_BF16, warp_grid(g, kernel.threads, MMA_K_F16)
             if g is not None and grid is None and has_tf32 and (allowed or _fp16_loads(kernel, g)):
                 kind, grid = MMA_TF32, warp_grid(g, kernel.threads, MMA_K)
             if grid is not None:
@@ -82,6 +88,11 @@ def use_tensor_cores(kernel: Kernel, device: Device, tf32: bool | None = None) -
 def f16_mma(device: Device) -> bool:
     """Whether `device` runs mma.sync m16n8k16 with fp16 operands (fp16 tensor cores, sm_80 or later)."""
     return "fp16" in device.tensor_precisions and tuple(device.compute_capability) >= F16_MMA_CAPABILITY
+
+
+def bf16_mma(device: Device) -> bool:
+    """Whether `device` runs mma.sync m16n8k16 with bf16 operands (bf16 tensor cores: sm_80 or later)."""
+    return "bf16" in device.tensor_precisions and tuple(device.compute_capability) >= F16_MMA_CAPABILITY
 
 
 def warp_grid(g: Gemm, threads: int, mma_k: int = MMA_K) -> tuple[int, int] | None:
@@ -106,14 +117,19 @@ def warp_grid(g: Gemm, threads: int, mma_k: int = MMA_K) -> tuple[int, int] | No
 
 def _fp16_typed(g: Gemm) -> bool:
     """Both factors are fp16 values in the graph (their expressions' dtype)."""
-    return all(strip(f, {}).dtype == DType.F16 for f in (g.a, g.b))
+    return _typed(g, DType.F16)
+
+
+def _typed(g: Gemm, dtype: DType) -> bool:
+    """Both factors are `dtype` values in the graph (their expressions' dtype)."""
+    return all(strip(f, {}).dtype == dtype for f in (g.a, g.b))
 
 
 def _fp16_loads(kernel: Kernel, g: Gemm) -> bool:
-    """Both factors are plain loads of global fp16 tensors: TF32 holds every fp16 value exactly."""
+    """Both factors are plain loads of global fp16 or bf16 tensors: TF32 holds each such value exactly."""
     for factor in (g.a, g.b):
         e = strip(factor, {})
-        if not isinstance(e, E.Load) or e.dtype != DType.F16:
+        if not isinstance(e, E.Load) or e.dtype not in (DType.F16, DType.BF16):
             return False
         try:
             if kernel.buffer(e.tensor).scope != Scope.GLOBAL:

@@ -49,6 +49,9 @@ class OpenCLPrinter(CudaPrinter):
     grid_barrier = ""  # none: segments print as kernels of their own
     header = OPENCL_HEADER
     f16_type = "half"
+    bf16_type = "ushort"  # its bits, through the base printer's C helpers (valid OpenCL C)
+    bf16_to_float = Printer.bf16_to_float
+    bf16_from_float = Printer.bf16_from_float
     thread_id = "(int)get_local_id(0)"
     vector_loads = False  # OpenCL spells them vloadN/vstoreN: its GEMM staging stays scalar
     mma_sync = False  # no tensor-core MMA in OpenCL C: a Gemm.mma prints as the FMA micro-tile

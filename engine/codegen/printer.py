@@ -26,6 +26,14 @@ HELPERS = {
     "widx": "int widx(long long v, int n) { return (int)(v < 0 ? v + n : v); }",
     "lmod": "long long lmod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }",
     "lpow": "long long lpow(long long a, long long b) { long long r = 1; for (; b > 0; --b) r *= a; return r; }",
+    # bfloat16 storage as its 16 bits (C and OpenCL have no bf16 type): widening is exact (the bits
+    # become fp32's top half); narrowing rounds to nearest even, as __float2bfloat16 and ml_dtypes do
+    # (carry into the exponent gives inf past the largest finite value; NaN stays a quiet NaN, its sign kept).
+    "bf16_f32": "float tw_bf16_f32(unsigned short b) { union { unsigned int u; float f; } v; "
+                "v.u = (unsigned int)b << 16; return v.f; }",
+    "f32_bf16": "unsigned short tw_f32_bf16(float f) { union { float f; unsigned int u; } v; v.f = f; "
+                "const unsigned int u = v.u; return (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x40u) "
+                ": (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }",
     "fpymod": "float fpymod(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }",
     # Branch-free single-precision math for the C backend (Cephes polynomials; exp/log/tanh within
     # 1.3 ulp, erf within 2e-7 absolute, pow = exp(b log|a|) with C's special cases; exp clamps its
@@ -76,6 +84,11 @@ HELPERS = {
         "return b == 0.0f ? 1.0f : r; }"),
 }
 
+# Per staging type of a tensor-core GEMM: (helper the printer adds, mma function, fragment packing function).
+MMA_HELPERS = {DType.F32: ("mma_m16n8k8_tf32", "tw_mma_m16n8k8_tf32", ""),
+               DType.F16: ("mma_m16n8k16_f16", "tw_mma_m16n8k16_f16", "tw_pack_half2"),
+               DType.BF16: ("mma_m16n8k16_bf16", "tw_mma_m16n8k16_bf16", "tw_pack_bf162")}
+
 
 class Printer:
     """Spellings a target sets; hooks it may override."""
@@ -91,6 +104,11 @@ class Printer:
     locals_in_kernel_scope = False
     header = ""
     f16_type = "_Float16"
+    # bfloat16: the stored spelling and the functions a load (to fp32) and a store (from fp32) call, with
+    # the helpers they need (HELPERS; a target's render_helper may spell them otherwise).
+    bf16_type = "unsigned short"
+    bf16_to_float = ("tw_bf16_f32", "bf16_f32")
+    bf16_from_float = ("tw_f32_bf16", "f32_bf16")
     thread_id = "0"  # this thread's index in its block (tiled GEMM micro-tiles)
     vector_loads = False  # floatN vector loads and make_floatN (the GEMM's staging: Gemm.vec_a/vec_b)
     mma_sync = False  # warp-wide tensor-core MMA (Gemm.mma): the tw_mma_* helpers (render_helper)
@@ -102,6 +120,8 @@ class Printer:
 
     # ---- types -------------------------------------------------------------------------------
     def storage_type(self, dtype: DType) -> str:
+        if dtype == DType.BF16:
+            return self.bf16_type
         return self.f16_type if dtype == DType.F16 else dtype.c_type
 
     def compute_type(self, dtype: DType) -> str:
@@ -110,10 +130,21 @@ class Printer:
         return "float" if dtype.is_float else self.storage_type(dtype)
 
     def load_value(self, text: str, dtype: DType) -> str:
+        if dtype == DType.BF16:
+            return self.bf16_call(self.bf16_to_float, text)
         return f"(float){text}" if dtype == DType.F16 else text
 
     def store_value(self, text: str, dtype: DType) -> str:
+        if dtype == DType.BF16:
+            return self.bf16_call(self.bf16_from_float, text)
         return f"({self.f16_type})({text})" if dtype == DType.F16 else text
+
+    def bf16_call(self, conversion: tuple[str, str], text: str) -> str:
+        """`text` through a bf16 conversion (function, helper it needs or "")."""
+        function, helper = conversion
+        if helper:
+            self.helpers.add(helper)
+        return f"{function}({text})"
 
     # ---- hooks -------------------------------------------------------------------------------
     def thread_loop(self, var: str, count: str) -> str:
@@ -536,10 +567,13 @@ class Printer:
         pn = g.tx * g.tn
         if g.mma and self.mma_sync:
             return self.mma_accumulate(g, sa, sb)
+        # A printer without mma.sync runs a Gemm.mma's 16-bit staging (fp16 / bf16) on this loop: widened here.
+        ra = self.load_value(f"{sa}[(g_ty * {g.tm} + x) * {g.bk} + kk]", g.stage_dtype)
+        rb = self.load_value(f"{sb}[kk * {pn} + g_tx * {g.tn} + y]", g.stage_dtype)
         return [f"for (int kk = 0; kk < (live ? {g.bk} : 0); ++kk) {{",
                 f"    float ra[{g.tm}], rb[{g.tn}];",
-                f"    for (int x = 0; x < {g.tm}; ++x) ra[x] = {sa}[(g_ty * {g.tm} + x) * {g.bk} + kk];",
-                f"    for (int y = 0; y < {g.tn}; ++y) rb[y] = {sb}[kk * {pn} + g_tx * {g.tn} + y];",
+                f"    for (int x = 0; x < {g.tm}; ++x) ra[x] = {ra};",
+                f"    for (int y = 0; y < {g.tn}; ++y) rb[y] = {rb};",
                 f"    for (int x = 0; x < {g.tm}; ++x)",
                 f"        for (int y = 0; y < {g.tn}; ++y) acc[x * {g.tn} + y] += ra[x] * rb[y];",
                 "}"]
@@ -561,8 +595,8 @@ class Printer:
     @staticmethod
     def staging_names(dtype: DType) -> tuple[str, str]:
         """The kernel's views of its staging tiles A and B in `dtype` (fp32: st_a / st_b; fp16, the
-        m16n8k16 .f16 path: st_ha / st_hb over the same bytes)."""
-        return ("st_ha", "st_hb") if dtype == DType.F16 else ("st_a", "st_b")
+        m16n8k16 .f16 path: st_ha / st_hb over the same bytes; bf16, the .bf16 path: st_ba / st_bb)."""
+        return {DType.F16: ("st_ha", "st_hb"), DType.BF16: ("st_ba", "st_bb")}.get(dtype, ("st_a", "st_b"))
 
     # ---- tiled GEMM on tensor cores (Gemm.mma, engine/codegen/mma.py) ---------------------------
     # Fragment layouts of mma.m16n8k8 with .tf32 operands (PTX ISA, "Matrix Fragments for mma.m16n8k8"),
@@ -580,7 +614,7 @@ class Printer:
     def mma_prologue(self, g) -> list[str]:
         """Warp coordinates on the warps_m x warps_n grid, lane group / thread-in-group, zeroed fragments
         (tm*tn floats per thread: the warp's mma tiles, four accumulators each)."""
-        self.helpers.add("mma_m16n8k16_f16" if g.stage_dtype == DType.F16 else "mma_m16n8k8_tf32")
+        self.helpers.add(MMA_HELPERS[g.stage_dtype][0])
         t = self.thread_id
         return [f"    const int g_warp = {t} / 32, g_grp = ({t} % 32) >> 2, g_tig = {t} & 3;",
                 f"    const int g_wm = g_warp / {g.warps_n}, g_wn = g_warp % {g.warps_n};",
@@ -597,7 +631,7 @@ class Printer:
         memory, then one mma.sync per (row tile, column tile)."""
         fm, fn = g.mma_tiles
         pn, bk = g.tx * g.tn, g.bk
-        if g.stage_dtype == DType.F16:
+        if g.stage_dtype in (DType.F16, DType.BF16):
             return self.mma_accumulate_f16(g, sa, sb)
         return [f"for (int kk = 0; kk < (live ? {bk} : 0); kk += 8) {{",
                 f"    float fa[{fm}][4], fb[{fn}][2];",
@@ -619,16 +653,19 @@ class Printer:
                 "}"]
 
     def mma_accumulate_f16(self, g, sa: str, sb: str) -> list[str]:
-        """m16n8k16 .f16: per k16 step, each live warp packs the half2 fragments of its row tiles (A, four
-        registers) and column tiles (B, two) from the fp16 staging tiles, then one mma.sync per pair."""
+        """m16n8k16 .f16 / .bf16: per k16 step, each live warp packs the two-element fragments of its row
+        tiles (A, four registers) and column tiles (B, two) from the 16-bit staging tiles, then one
+        mma.sync per pair. bf16 operands take the same fragment layout as fp16 (PTX ISA 9.7.14.5.8 covers
+        both: .f16x2 / .bf16x2 registers, the same element positions)."""
         fm, fn = g.mma_tiles
         pn, bk = g.tx * g.tn, g.bk
+        mma, pack = MMA_HELPERS[g.stage_dtype][1:]
 
         def a(row: str, k: str) -> str:
-            return f"tw_pack_half2({sa}[{row} * {bk} + {k}], {sa}[{row} * {bk} + {k} + 1])"
+            return f"{pack}({sa}[{row} * {bk} + {k}], {sa}[{row} * {bk} + {k} + 1])"
 
         def b(k: str, col: str) -> str:
-            return f"tw_pack_half2({sb}[{k} * {pn} + {col}], {sb}[({k} + 1) * {pn} + {col}])"
+            return f"{pack}({sb}[{k} * {pn} + {col}], {sb}[({k} + 1) * {pn} + {col}])"
 
         return [f"for (int kk = 0; kk < (live ? {bk} : 0); kk += 16) {{",
                 f"    unsigned fa[{fm}][4], fb[{fn}][2];",
@@ -645,7 +682,7 @@ class Printer:
                 f"    for (int i = 0; i < {fm}; ++i)",
                 f"        for (int j = 0; j < {fn}; ++j) {{",
                 f"            const int q = (i * {fn} + j) * 4;",
-                "            tw_mma_m16n8k16_f16(acc[q], acc[q + 1], acc[q + 2], acc[q + 3], "
+                f"            {mma}(acc[q], acc[q + 1], acc[q + 2], acc[q + 3], "
                 "fa[i][0], fa[i][1], fa[i][2], fa[i][3], fb[j][0], fb[j][1]);",
                 "        }",
                 "}"]

@@ -286,7 +286,19 @@ __device__ __forceinline__ void tw_mma_m16n8k16_f16(float& d0, float& d1, float&
 }
 #endif"""
 
-
+# The same with bf16 operands in packed .bf16x2 registers (the same fragment layout: PTX ISA 9.7.14.5.8).
+CUDA_MMA_BF16 = """#ifndef TW_CUDA_SIM
+__device__ __forceinline__ unsigned tw_pack_bf162(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    return (unsigned)__bfloat16_as_ushort(lo) | ((unsigned)__bfloat16_as_ushort(hi) << 16);
+}
+__device__ __forceinline__ void tw_mma_m16n8k16_bf16(float& d0, float& d1, float& d2, float& d3, unsigned a0,
+                                                     unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+#endif"""
 
 
 def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_at: str,
@@ -1211,6 +1223,9 @@ class CudaPrinter(Printer):
     locals_in_kernel_scope = True
     header = CUDA_HEADER
     f16_type = "__half"
+    bf16_type = "__nv_bfloat16"  # cuda_bf16.h (the helper "cuda_bf16" includes it where a kernel uses bf16)
+    bf16_to_float = ("__bfloat162float", "cuda_bf16")
+    bf16_from_float = ("__float2bfloat16", "cuda_bf16")
     thread_id = "threadIdx.x"
     vector_loads = True
     mma_sync = True
@@ -1224,18 +1239,19 @@ class CudaPrinter(Printer):
     def load_value(self, text: str, dtype) -> str:
         from engine.ir.dtypes import DType
 
-        return f"__half2float({text})" if dtype == DType.F16 else text
+        return f"__half2float({text})" if dtype == DType.F16 else super().load_value(text, dtype)
 
     def store_value(self, text: str, dtype) -> str:
         from engine.ir.dtypes import DType
 
-        return f"__float2half({text})" if dtype == DType.F16 else text
+        return f"__float2half({text})" if dtype == DType.F16 else super().store_value(text, dtype)
 
     def thread_loop(self, var: str, count: str) -> str:
         return f"for (int {var} = {self.thread_id}; {var} < {count}; {var} += {self.block_dim})"
 
     def render_helper(self, name: str) -> str:
-        mma = {"mma_m16n8k8_tf32": CUDA_MMA_TF32, "mma_m16n8k16_f16": CUDA_MMA_F16}
+        mma = {"mma_m16n8k8_tf32": CUDA_MMA_TF32, "mma_m16n8k16_f16": CUDA_MMA_F16,
+               "mma_m16n8k16_bf16": CUDA_MMA_BF16, "cuda_bf16": "#include <cuda_bf16.h>"}
         return mma[name] if name in mma else super().render_helper(name)
 
     def render_phase(self, kernel: Kernel, phase: Phase) -> list[str]:

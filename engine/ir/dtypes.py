@@ -23,7 +23,8 @@ class DType(StrEnum):
     U32 = "uint32"
     U64 = "uint64"
     # Low-precision floats (ONNX Cast/quantization); the reference executor handles them through
-    # ml_dtypes, the kernel printers do not (generate refuses them with a clear error).
+    # ml_dtypes. bfloat16 also runs in kernels (stored as its 16 bits, math in fp32: Printer.bf16_type);
+    # the printers have no float8 spelling (generate refuses those with a clear error).
     BF16 = "bfloat16"
     F8E4M3FN = "float8_e4m3fn"
     F8E4M3FNUZ = "float8_e4m3fnuz"
@@ -46,7 +47,7 @@ class DType(StrEnum):
 
     @property
     def is_low_float(self) -> bool:
-        """bfloat16 / float8: no C spelling; values stay in the reference executor."""
+        """bfloat16 / float8 (ml_dtypes types; no C99 spelling: c_type has none, the printers spell bf16)."""
         return self in _LOW_FLOATS
 
     @property

@@ -419,8 +419,8 @@ def estimate_group(
     # A CPU runs GEMM / direct-conv micro-tiles near its FMA peak and the rest of the arithmetic (per-element
     # loops) at the rate the host probe measured for generated per-element code, plus the flop slots its
     # short vector loops leave idle (`idle_lanes`; 0 on a GPU). Tensor-core flops go at the peak of the
-    # instruction printed: m16n8k8 .tf32 at the TF32 peak, m16n8k16 .f16 at the fp16 (fp32-accumulate)
-    # peak; an fp16 GEMM the printer left on the FMA micro-tile (a V100, an odd tile) is fp32 FMA work.
+    # instruction printed: m16n8k8 .tf32 at the TF32 peak, m16n8k16 .f16 and .bf16 at the fp16 (fp32-accumulate)
+    # peak (the A100/H100 datasheets give BF16 the same dense peak as FP16); an fp16 GEMM the printer left on the FMA micro-tile (a V100, an odd tile) is fp32 FMA work.
     elementwise = device.elementwise_flops or device.peak_fp32_flops
 
     def seg_terms(k: int) -> list[float]:

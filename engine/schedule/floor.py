@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from engine.codegen.mma import f16_mma
+from engine.codegen.mma import bf16_mma, f16_mma
 from engine.device import Device, resident_blocks_per_sm
 from engine.ir import expr as E
 from engine.ir.graph import PrimGraph, Stage, StageKind
@@ -78,7 +78,7 @@ def _segment_work(graph: PrimGraph, members: set, seg: Sequence[str], conns: Map
     # its multiply-adds at the fastest rate the device has keep this a floor either way.
     elementwise = device.elementwise_flops or device.peak_fp32_flops
     fastest = max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops,
-                  device.peak_fp16_tensor_flops if f16_mma(device) else 0.0)
+                  device.peak_fp16_tensor_flops if f16_mma(device) or bf16_mma(device) else 0.0)
     compute = macs / fastest + other / elementwise
     return dram + written, glob * per_block, compute * per_block, (macs + other) * per_block, regions
 

@@ -68,9 +68,9 @@ def plan_model(graph: PrimGraph, policy: str, device: Device | str, *, batching:
 
 def _tensor_cores_apply(graph: PrimGraph, device, options: Mapping) -> bool:
     """Whether the plan's contractions may go on tensor cores (engine/codegen/mma.py): fp32 ones under the
-    option tf32 on a TF32 device, fp16 ones (a contraction loading fp16 tensors) on a device with fp16
-    mma.sync (`f16_mma`) or TF32 (which holds fp16 exactly)."""
-    from engine.codegen.mma import f16_mma
+    option tf32 on a TF32 device, fp16 / bf16 ones (a contraction loading fp16 / bf16 tensors) on a device
+    with that mma.sync (`f16_mma`, `bf16_mma`) or TF32 (which holds fp16 and bf16 exactly)."""
+    from engine.codegen.mma import bf16_mma, f16_mma
     from engine.ir import expr as E
     from engine.ir.dtypes import DType
     from engine.ir.graph import StageKind
@@ -78,9 +78,9 @@ def _tensor_cores_apply(graph: PrimGraph, device, options: Mapping) -> bool:
     tf32 = "tf32" in device.tensor_precisions
     if options.get("tf32") and tf32:
         return True
-    if not (tf32 or f16_mma(device)):
+    if not (tf32 or f16_mma(device) or bf16_mma(device)):
         return False
-    return any(st.kind == StageKind.CONTRACTION and any(ld.dtype == DType.F16 for ld in E.loads(st.body))
+    return any(st.kind == StageKind.CONTRACTION and any(ld.dtype in (DType.F16, DType.BF16) for ld in E.loads(st.body))
                for st in graph.stages)
 
 

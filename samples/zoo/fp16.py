@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import sys
 
+import ml_dtypes
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 
@@ -22,36 +23,48 @@ def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     tensors converted (values past fp16's range saturate to its largest finite value, not to inf), Cast
     to float32 and the float outputs of CastLike/RandomX retargeted, graph inputs and outputs retyped;
     the stale intermediate value_info dropped and inferred again."""
+    return to_float_type(model, FLOAT16)
+
+
+def to_float_type(model: onnx.ModelProto, elem: int) -> onnx.ModelProto:
+    """`to_fp16` for another float element type `elem` (TensorProto.FLOAT16 or BFLOAT16; samples/zoo/bf16.py):
+    values rounded to nearest even, saturating at the type's largest finite value."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
     for i, t in enumerate(g.initializer):
         if t.data_type == FLOAT:
-            g.initializer[i].CopyFrom(_half(t))
+            g.initializer[i].CopyFrom(_narrow(t, elem))
     for node in g.node:
         for a in node.attribute:
             if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == FLOAT:
-                a.t.CopyFrom(_half(a.t))
+                a.t.CopyFrom(_narrow(a.t, elem))
             elif a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i == FLOAT:
-                a.i = FLOAT16
+                a.i = elem
         if any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):
             raise ValueError(f"node {node.name or node.op_type}: subgraphs are not converted")
     for v in list(g.input) + list(g.output):
         if v.type.tensor_type.elem_type == FLOAT:
-            v.type.tensor_type.elem_type = FLOAT16
+            v.type.tensor_type.elem_type = elem
     del g.value_info[:]
     return onnx.shape_inference.infer_shapes(out, strict_mode=True)
 
 
 def fp16_inputs(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The float32 arrays of `inputs` as float16 (others unchanged)."""
-    return {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in inputs.items()}
+    return float_inputs(inputs, np.float16)
 
 
-def _half(t: onnx.TensorProto) -> onnx.TensorProto:
+def float_inputs(inputs: dict[str, np.ndarray], dtype) -> dict[str, np.ndarray]:
+    """The float32 arrays of `inputs` as `dtype` (others unchanged)."""
+    return {k: v.astype(dtype) if v.dtype == np.float32 else v for k, v in inputs.items()}
+
+
+def _narrow(t: onnx.TensorProto, elem: int) -> onnx.TensorProto:
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
     a = numpy_helper.to_array(t)
-    big = float(np.finfo(np.float16).max)
-    return numpy_helper.from_array(np.clip(a, -big, big).astype(np.float16), t.name)
+    big = float(ml_dtypes.finfo(dtype).max)
+    return numpy_helper.from_array(np.clip(a, -big, big).astype(dtype), t.name)
 
 
 if __name__ == "__main__":

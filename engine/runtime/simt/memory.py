@@ -102,7 +102,7 @@ def shared_regions(kernel: Kernel, lines: list[str], lo: int = 0, hi: int | None
     reduction slots (8 bytes per warp of the kernel's own thread count)."""
     sizes = {b.name: b.nbytes for b in kernel.locals}
     a, b = kernel.staging_bytes
-    sizes.update({"st_a": a, "st_b": b, "st_ha": a, "st_hb": b})  # fp32 and fp16 views of the same bytes
+    sizes.update({"st_a": a, "st_b": b, "st_ha": a, "st_hb": b, "st_ba": a, "st_bb": b})  # fp32/fp16/bf16 views
     out = []
     for n in range(lo, len(lines) if hi is None else hi):
         m = _DECL.match(lines[n])

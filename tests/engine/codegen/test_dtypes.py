@@ -1,5 +1,5 @@
 """Kernels for the less common element types: float64 and small integers run on the cpu backend and
-match onnxruntime; bfloat16/float8 graphs are refused before codegen with a one-line error."""
+match onnxruntime; bfloat16 runs through codegen; float8 graphs are refused before codegen with a one-line error."""
 
 from __future__ import annotations
 
@@ -35,13 +35,29 @@ def test_small_and_wide_types_run_on_cpu(tmp_path, elem, dtype, op):
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def test_bfloat16_graph_is_refused_by_codegen(tmp_path, capsys):
-    path = tmp_path / "bf16.onnx"
-    onnx.save(_binary_model(TensorProto.BFLOAT16), path)
+def test_float8_graph_is_refused_by_codegen(tmp_path, capsys):
+    path = tmp_path / "f8.onnx"
+    x, y = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]), helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT8E4M3FN, [4, 8])
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E4M3FN)], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=10), path)
     code = main(["run", str(path), "--backend", "cpu", "--outputs", str(tmp_path / "o.npz")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "bfloat16" in err[0] and "--backend reference" in err[0]
-    assert main(["run", str(path), "--outputs", str(tmp_path / "o.npz")]) == 0  # the reference executor runs it
+    assert code == 2 and len(err) == 1 and "float8_e4m3fn" in err[0] and "--backend reference" in err[0]
+
+
+def test_bfloat16_graph_runs_on_cpu_from_the_cli(tmp_path, capsys):
+    """bf16 kernels (engine/codegen: bits + round-to-nearest-even helpers in C): the CLI runs a bf16 Mul on the
+    cpu backend and its output matches the reference executor's bit for bit (one rounding of an exact product
+    of two 8-bit significands, exact in fp32, so both round the same value to bf16)."""
+    path = tmp_path / "bf16.onnx"
+    onnx.save(_binary_model(TensorProto.BFLOAT16, "Mul"), path)
+    outs = {b: tmp_path / f"{b}.npz" for b in ("cpu", "reference")}
+    for backend, out in outs.items():
+        assert main(["run", str(path), "--backend", backend, "--outputs", str(out)]) == 0, capsys.readouterr().err
+    got, want = (np.load(outs[b], allow_pickle=False) for b in ("cpu", "reference"))
+    assert got["z"].view(np.uint16).tolist() == want["z"].view(np.uint16).tolist()
+    assert np.abs(got["z"].view(np.uint16)).any()
 
 
 def test_tensor_past_32_bit_indexing_is_refused_before_planning(tmp_path, capsys):

@@ -291,6 +291,29 @@ inline __half __hadd(__half a, __half b) { return __half((float)a + (float)b); }
 inline __half __hmul(__half a, __half b) { return __half((float)a * (float)b); }
 inline __half __hsub(__half a, __half b) { return __half((float)a - (float)b); }
 
+// ---- bfloat16 (cuda_bf16.h): the bits, widened exactly and narrowed to nearest even as the device's
+// cvt.rn.bf16.f32 does; NaN narrows to the canonical 0x7fff (cuda_bf16.hpp's host path does the same).
+struct __nv_bfloat16 {
+    uint16_t bits;
+    __nv_bfloat16() = default;
+    __nv_bfloat16(float f) {
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        bits = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fffu : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    operator float() const {
+        const uint32_t u = (uint32_t)bits << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+};
+typedef __nv_bfloat16 nv_bfloat16;
+inline float __bfloat162float(__nv_bfloat16 h) { return (float)h; }
+inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
+
 // ---- vector types (the GEMM's staging loads) ----------------------------------------------------------
 struct alignas(8) float2 {
     float x, y;
@@ -411,8 +434,10 @@ inline float tw_half_of(unsigned reg, int hi) {
     h.bits = (uint16_t)(hi ? reg >> 16 : reg & 0xffffu);
     return (float)h;
 }
-inline void tw_mma_m16n8k16_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
-                                unsigned a3, unsigned b0, unsigned b1, int line = __builtin_LINE()) {
+// The k16 collective over two-element registers whose halves `Of` widens to fp32 (fp16 or bf16 bits).
+template <float (*Of)(unsigned, int)>
+inline void tw_mma_m16n8k16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
+                            unsigned a3, unsigned b0, unsigned b1, int line) {
     int lane = 0;
     float* s = tw_warp_scratch(&lane);
     const unsigned regs[6] = {a0, a1, a2, a3, b0, b1};
@@ -426,13 +451,34 @@ inline void tw_mma_m16n8k16_f16(float& d0, float& d1, float& d2, float& d3, unsi
         const int row = grp + (c >> 1) * 8, col = tig * 2 + (c & 1);
         float acc = *d[c];
         for (int k = 0; k < 16; ++k) {
-            const float a = tw_half_of(tile[((row & 7) * 4 + (k & 7) / 2) * 6 + (row >> 3) + 2 * (k >> 3)], k & 1);
-            const float b = tw_half_of(tile[(col * 4 + (k & 7) / 2) * 6 + 4 + (k >> 3)], k & 1);
+            const float a = Of(tile[((row & 7) * 4 + (k & 7) / 2) * 6 + (row >> 3) + 2 * (k >> 3)], k & 1);
+            const float b = Of(tile[(col * 4 + (k & 7) / 2) * 6 + 4 + (k >> 3)], k & 1);
             acc += a * b;
         }
         *d[c] = acc;
     }
     tw_warp_op(tw::SYNCWARP, 0xffffffffu, 0, 0, 32, line);
+}
+inline void tw_mma_m16n8k16_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
+                                unsigned a3, unsigned b0, unsigned b1, int line = __builtin_LINE()) {
+    tw_mma_m16n8k16<tw_half_of>(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1, line);
+}
+
+// tw_mma_m16n8k16_bf16 (mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32): the same collective over
+// .bf16x2 registers (the same fragment layout, PTX ISA 9.7.14.5.8); a product of two 8-bit significands is
+// exact in fp32.
+inline unsigned tw_pack_bf162(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    return (unsigned)lo.bits | ((unsigned)hi.bits << 16);
+}
+inline float tw_bf16_of(unsigned reg, int hi) {
+    const uint32_t u = (hi ? reg >> 16 : reg & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline void tw_mma_m16n8k16_bf16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
+                                 unsigned a3, unsigned b0, unsigned b1, int line = __builtin_LINE()) {
+    tw_mma_m16n8k16<tw_bf16_of>(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1, line);
 }
 
 // ---- atomics (the second operand is not deduced, so atomicAdd(&done[i], 1u) binds T from the pointer) ---
