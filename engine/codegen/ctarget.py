@@ -113,7 +113,8 @@ def _map_phases(kernel: Kernel, fn: Callable[[Kernel, Phase], dict | None]) -> K
 def block_convs(kernel: Kernel, lanes: int) -> Kernel:
     """Each window-form convolution's register blocking for `lanes`-float vectors: output columns per
     chunk (`conv_chunk`), output channels (`conv_channels`) and rows (`conv_rows`) per block of partial
-    sums, or output channels in the lanes (`by_channel`); convs marked for dot products keep theirs."""
+    sums, or output channels in the lanes (`by_channel`), and the tails after the chunks of a window
+    read in place (`conv_tails`); convs marked for dot products keep theirs."""
     def block(bare: Kernel, p: Phase) -> dict | None:
         c = p.conv
         if c is None or c.dot_lanes:
@@ -131,7 +132,8 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         # the hardware's stride prefetchers, so each (channel, row) load would miss to L2/L3.
         chan = flat_stride(bare, c.x, c.chan_vars[-1]) if in_place and c.chan_vars else None
         one_chan = len(c.chan_vars) == 1
-        return {"lanes": lanes, "chunk": v, "tails": conv_tails(v, lanes) if in_place else (), "chunk_channels": nc, "chunk_rows": conv_rows(v, oh, nc, lanes),
+        return {"lanes": lanes, "chunk": v, "tails": conv_tails(v, lanes) if in_place else (),
+                "chunk_channels": nc, "chunk_rows": conv_rows(v, oh, nc, lanes),
                 "lone_rows": conv_rows(v, oh, 1, lanes), "by_channel": by_channel, "x_in_place": in_place,
                 "step": step, "prefetch": PREFETCH_CHANNELS * chan if chan and chan * 4 > 1024 else 0,
                 "x_channels_last": one_chan and contiguous_along(bare, c.x, c.chan_vars[0], c.window_vars[1]),
