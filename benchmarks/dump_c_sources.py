@@ -1,12 +1,14 @@
-"""Write the generated C of every sample and zoo model under every policy, planned for each device, into
-a folder (one file per model x device x policy, the error line where one fails): run it on two commits
-and `diff -r` the folders to show a codegen refactor left the C byte-identical.
+"""Write the generated C (and CUDA and OpenCL) of every sample and zoo model under every policy, planned for
+each device, into a folder (one file per model x device x policy x printer, the error line where one
+fails): run it on two commits and `diff -r` the folders to show a codegen refactor left the sources
+byte-identical.
 
     PYTHONPATH=$PWD python benchmarks/dump_c_sources.py OUT [--devices host,a100] [--policies ...] [MODEL ...]
 
 Per case: `plan_model` then `generate(..., target="c")` and `render_c`, as `tileweave compile --target c`
 does; for a GPU device also the CUDA-target program printed as C (NAME.DEVICE.POLICY.cuda-program.c), as
-the golden test and the DUMP_DIR trail print it."""
+the golden test and the DUMP_DIR trail print it, the CUDA source (NAME.DEVICE.POLICY.cu) and the OpenCL
+source (NAME.DEVICE.POLICY.cl; its error line where the OpenCL printer refuses the program)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> int:
     from engine.codegen.generate import generate
-    from engine.codegen.targets import render_c
+    from engine.codegen.opencl import render_opencl
+    from engine.codegen.targets import render_c, render_cuda
     from engine.device import get_device
     from engine.frontend.importer import load_graph
     from engine.schedule.pipeline import plan_model
@@ -44,7 +47,13 @@ def main(argv: list[str] | None = None) -> int:
                     graph, plan = plan_model(load_graph(model), policy, device)
                     outs["c"] = render_c(generate(plan, graph, device, target="c"))
                     if device.kind != "cpu":
-                        outs["cuda-program.c"] = render_c(generate(plan, graph, device, target="cuda"))
+                        program = generate(plan, graph, device, target="cuda")
+                        outs["cuda-program.c"] = render_c(program)
+                        outs["cu"] = render_cuda(program)
+                        try:
+                            outs["cl"] = render_opencl(program)
+                        except Exception as err:  # noqa: BLE001 - e.g. float16 refused: compared too
+                            outs["cl"] = f"error: {type(err).__name__}: {err}\n"
                 except Exception as err:  # noqa: BLE001 - the error is part of what is compared
                     outs["c"] = f"error: {type(err).__name__}: {err}\n"
                 for ext, text in outs.items():

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.errors import CompileError, TimeLimitError
@@ -189,14 +190,17 @@ def load_library(path: str | Path) -> ctypes.CDLL:
 # ---- per-kernel objects: an edit recompiles only the kernels whose source changed -------------------
 
 _KERNEL_DEF = re.compile(r"^// (\w+): stages ", re.M)  # the comment each printed kernel starts with
-_UNIT_SYMBOL = "tw_kernel_unit"  # each kernel is compiled under this name, renamed when linked
+UNIT_SYMBOL = "tw_kernel_unit"  # each kernel is printed and compiled under this name, renamed when linked
+
+Units = Callable[[], tuple[str, list[tuple[str, str]]]]
 
 
 def split_kernels(source: str) -> tuple[str, list[tuple[str, str]]] | None:
     """(prelude, [(kernel name, its code)]) of a program's C source as the printer writes it: the prelude
     (includes, macros, static inline helpers) up to the first kernel's `// name: stages` comment; each
     kernel (comment, its static index tables, its function) up to the next. None when there are fewer
-    than two kernels (nothing to gain)."""
+    than two kernels. For showing one kernel at a time (the app's Kernels page); the compile cache gets
+    its units from the printer (targets.render_c_units), never by cutting and renaming text."""
     starts = list(_KERNEL_DEF.finditer(source))
     if len(starts) < 2:
         return None
@@ -204,12 +208,15 @@ def split_kernels(source: str) -> tuple[str, list[tuple[str, str]]] | None:
     return source[:starts[0].start()], [(m.group(1), source[m.start():end]) for m, end in zip(starts, ends)]
 
 
-def compile_c_kernels(source: str, *, name: str, timeout: float | None = None, poll=None) -> Path:
-    """compile_c for a program's C source, built as one object per kernel and linked: each object is
-    cached on its prelude + definition with the kernel's name canonicalised, so after an edit only the
-    kernels whose code changed are compiled again (renumbered kernel names included: the cached object's
-    symbol is renamed with objcopy). Same library path and cache hit as compile_c; where the source does
-    not split, objcopy is missing or a unit fails, compile_c builds it whole (and reports any error)."""
+def compile_c_kernels(source: str, *, name: str, units: Units | None = None, timeout: float | None = None,
+                      poll=None) -> Path:
+    """compile_c for a program's C source, built as one object per kernel and linked: `units` gives
+    (prelude, [(kernel name, its code printed under UNIT_SYMBOL)]) — targets.render_c_units, called only
+    when the library is not cached — and each object is cached on prelude + unit, so after an edit only
+    the kernels whose code changed are compiled again (renumbered kernel names included: the printer
+    named the function UNIT_SYMBOL, and the linker step gives the object's symbol the kernel's name
+    with objcopy). Same library path and cache hit as compile_c; without units, with fewer than two
+    kernels, without objcopy or where a unit fails, compile_c builds it whole (and reports any error)."""
     cmd = find_compiler()
     options = _default_options(tuple(cmd))
     key_parts = [_CACHE_FORMAT, source, list(options), list(LINK_LIBS), _compiler_version(tuple(cmd))]
@@ -218,12 +225,13 @@ def compile_c_kernels(source: str, *, name: str, timeout: float | None = None, p
     key = hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()
     folder = cache_dir() / "cc"
     lib = folder / f"{_safe(name)}-{key[:20]}.so"
-    split = split_kernels(source)
-    if lib.exists() or split is None or shutil.which("objcopy") is None:
+    if lib.exists() or units is None or shutil.which("objcopy") is None:
+        return compile_c(source, name=name, timeout=timeout, poll=poll)
+    prelude, kernels = units()
+    if len(kernels) < 2:  # nothing to gain
         return compile_c(source, name=name, timeout=timeout, poll=poll)
     timeout = timeout or time_limit_s() or _COMPILE_TIMEOUT_S
     deadline = time.monotonic() + timeout
-    prelude, kernels = split
     objects = folder / "obj"
     objects.mkdir(parents=True, exist_ok=True)
     unit_options = [o for o in options if o != "-shared"]
@@ -231,7 +239,7 @@ def compile_c_kernels(source: str, *, name: str, timeout: float | None = None, p
     try:
         linked = []
         for kernel, text in kernels:
-            unit = prelude + text.replace(kernel, _UNIT_SYMBOL)  # the function and its tables (tab_<name>_…)
+            unit = prelude + text  # the function and its tables (tab_<UNIT_SYMBOL>_…)
             unit_key = hashlib.sha256(json.dumps(key_parts[:1] + [unit] + key_parts[2:]).encode()).hexdigest()
             obj = objects / f"{unit_key[:24]}.o"
             if not obj.exists():
@@ -246,7 +254,7 @@ def compile_c_kernels(source: str, *, name: str, timeout: float | None = None, p
                 os.replace(tmp, obj)
                 debug(2, f"cc {name}: compiled kernel {kernel}")
             named = work / f"{_safe(kernel)}.linked.o"
-            code, out, err = run_worker(["objcopy", f"--redefine-sym={_UNIT_SYMBOL}={kernel}", str(obj), str(named)],
+            code, out, err = run_worker(["objcopy", f"--redefine-sym={UNIT_SYMBOL}={kernel}", str(obj), str(named)],
                                         timeout=max(deadline - time.monotonic(), 0.1), poll=poll, env=dict(os.environ))
             if code != 0:
                 return compile_c(source, name=name, timeout=max(deadline - time.monotonic(), 0.1), poll=poll)

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from engine.codegen.conv import flat_stride
+from engine.codegen.conv import flat_stride, window_interior
 from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kmap, kwalk, substitute_body
 from engine.codegen.kir import Kernel, LineCache, Phase, Program, RowCache, Segment
 from engine.device import Device
@@ -73,10 +73,12 @@ def c_lanes(device: Device) -> int:
 
 def c_decisions(kernel: Kernel, lanes: int) -> Kernel:
     """The C printer's choices for `kernel` on a CPU with `lanes`-float vectors, recorded in its IR:
-    `block_convs`, `block_gemms`, `schedule_segments`, `cache_rows`, then `reciprocal_rows` (the row
-    caches hold the terms as the bodies read before it), `cache_lines` and `sum_columns` (on the bodies
-    after it). Run after conv.conv_dot_products, whose convs keep their dot-product form."""
-    kernel = cache_rows(schedule_segments(block_gemms(block_convs(kernel, lanes))))
+    `block_convs`, `split_chains`, `window_interiors`, `block_gemms`, `schedule_segments`, `cache_rows`,
+    then `reciprocal_rows` (the row caches hold the terms as the bodies read before it), `cache_lines`
+    and `sum_columns` (on the bodies after it). Run after conv.conv_dot_products, whose convs keep their
+    dot-product form."""
+    kernel = window_interiors(split_chains(block_convs(kernel, lanes)))
+    kernel = cache_rows(schedule_segments(block_gemms(kernel)))
     return dataclasses.replace(sum_columns(cache_lines(reciprocal_rows(kernel))), c_lanes=lanes)
 
 
@@ -116,7 +118,8 @@ def _map_phases(kernel: Kernel, fn: Callable[[Kernel, Phase], dict | None]) -> K
 def block_convs(kernel: Kernel, lanes: int) -> Kernel:
     """Each window-form convolution's register blocking for `lanes`-float vectors: output columns per
     chunk (`conv_chunk`), output channels (`conv_channels`) and rows (`conv_rows`) per block of partial
-    sums, or output channels in the lanes (`by_channel`); convs marked for dot products keep theirs."""
+    sums, or output channels in the lanes (`by_channel`), and the tails after the chunks of a window
+    read in place (`conv_tails`); convs marked for dot products keep theirs."""
     def block(bare: Kernel, p: Phase) -> dict | None:
         c = p.conv
         if c is None or c.dot_lanes:
@@ -134,13 +137,56 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         # the hardware's stride prefetchers, so each (channel, row) load would miss to L2/L3.
         chan = flat_stride(bare, c.x, c.chan_vars[-1]) if in_place and c.chan_vars else None
         one_chan = len(c.chan_vars) == 1
-        return {"lanes": lanes, "chunk": v, "chunk_channels": nc, "chunk_rows": conv_rows(v, oh, nc, lanes),
+        return {"lanes": lanes, "chunk": v, "tails": conv_tails(v, lanes) if in_place else (),
+                "chunk_channels": nc, "chunk_rows": conv_rows(v, oh, nc, lanes),
                 "lone_rows": conv_rows(v, oh, 1, lanes), "by_channel": by_channel, "x_in_place": in_place,
                 "step": step, "prefetch": PREFETCH_CHANNELS * chan if chan and chan * 4 > 1024 else 0,
                 "x_channels_last": one_chan and contiguous_along(bare, c.x, c.chan_vars[0], c.window_vars[1]),
                 "w_channel_inner": one_chan and contiguous_along(bare, c.w, "i1", c.chan_vars[0])}
 
     return _map_phases(kernel, block) if kernel.convs else kernel
+
+
+def conv_tails(chunk: int, lanes: int) -> tuple[int, ...]:
+    """Widths of the whole-chunk tails after the loop over `chunk`-column chunks of an input read in
+    place (no padded staged row to read past the tile's columns): one vector's worth with AVX-512, then
+    chunks of 8 (the narrowest, at which the last few live columns run too)."""
+    return ((16,) if chunk > 16 and lanes == 16 else ()) + ((8,) if chunk > 8 else ())
+
+
+# Partial sums per register block below which a depthwise conv's FMA chain is latency-bound (4 cycles
+# of FMA latency, 2 FMAs per cycle; measured: 28 % of a convnext segment waiting on one chain).
+TWO_CHAINS_BELOW = 4
+
+
+def split_chains(kernel: Kernel) -> Kernel:
+    """Each window-form depthwise conv with more than one tap row: register blocks of fewer than
+    TWO_CHAINS_BELOW partial sums (a tile one output row high) add even tap rows to one chain of sums
+    and odd ones to a second, summed at the end (Conv.two_chains_below; a different summation order,
+    within rounding). Dense convs have enough sums across their channels; others keep one chain."""
+    def split(bare: Kernel, p: Phase) -> dict | None:
+        c = p.conv
+        if c is None or c.dot_lanes or not c.depthwise or c.taps[0] < 2:
+            return None
+        return {"two_chains_below": TWO_CHAINS_BELOW}
+
+    return _map_phases(kernel, split) if kernel.convs else kernel
+
+
+def window_interiors(kernel: Kernel) -> Kernel:
+    """Each window-form conv that stages its input window: the window positions where every padded
+    load and pad guard of the input factor is inside its tensor (conv.window_interior), recorded in
+    Conv.interior; the C printer stages those rows' middle columns without checks, vectorised."""
+    def interior(bare: Kernel, p: Phase) -> dict | None:
+        c = p.conv
+        if c is None or c.dot_lanes or c.x_in_place:
+            return None
+        full = {v: (0, s * (n - 1) + d * (k - 1))
+                for v, n, s, k, d in zip(c.window_vars, p.region.shape[2:], c.strides, c.taps, c.dilations)}
+        inner = window_interior(c, full, lambda t: bare.buffer(t).shape)
+        return None if inner is None else {"interior": inner}
+
+    return _map_phases(kernel, interior) if kernel.convs else kernel
 
 
 def _window_rows_in_place(c) -> bool:

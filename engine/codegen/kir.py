@@ -258,6 +258,14 @@ class Conv:
     prefetch: int = 0
     x_channels_last: bool = False
     w_channel_inner: bool = False
+    # and how the window form prints (ctarget.conv_tails, split_chains, window_interiors): the widths of
+    # whole-chunk tails after the chunk loop over an input read in place (narrowest last; the last few live
+    # columns run at the narrowest width, or at `chunk` without tails); register blocks of fewer partial
+    # sums than `two_chains_below` alternate tap rows between two chains of sums; the staged window's
+    # positions (rows, columns: inclusive) where its loads need no bounds checks (None: all checked)
+    tails: tuple[int, ...] = ()
+    two_chains_below: int = 0
+    interior: tuple[tuple[int, int], tuple[int, int]] | None = None
 
     buffers = 1  # the direct convolution stages one buffer per step (no double buffering yet)
 
@@ -310,7 +318,9 @@ class Conv:
             out |= {"lanes": self.lanes, "chunk": self.chunk, "chunk_channels": self.chunk_channels,
                     "chunk_rows": self.chunk_rows, "lone_rows": self.lone_rows, "by_channel": self.by_channel,
                     "x_in_place": self.x_in_place, "step": self.step, "prefetch": self.prefetch,
-                    "x_channels_last": self.x_channels_last, "w_channel_inner": self.w_channel_inner}
+                    "x_channels_last": self.x_channels_last, "w_channel_inner": self.w_channel_inner,
+                    "tails": list(self.tails), "two_chains_below": self.two_chains_below,
+                    "interior": [list(r) for r in self.interior] if self.interior else None}
         return out
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine.codegen.kir import Kernel, Phase, Program
-from engine.codegen.printer import HELPERS, Printer
+from engine.codegen.printer import Printer
 from engine.codegen.targets import CudaPrinter
 from engine.ir.dtypes import DType
 
@@ -34,8 +34,6 @@ OPENCL_HEADER = "\n".join([
 
 _TYPES = {DType.I64: "long", DType.U64: "ulong", DType.BOOL: "uchar", DType.I8: "char", DType.U8: "uchar",
           DType.U16: "ushort", DType.U32: "uint"}
-# The integer helpers in OpenCL's 64-bit spelling (`long long` is reserved in OpenCL C).
-_HELPERS = {name: HELPERS[name].replace("long long", "long") for name in ("widx", "lmod", "lpow")}
 
 
 class OpenCLPrinter(CudaPrinter):
@@ -60,6 +58,8 @@ class OpenCLPrinter(CudaPrinter):
     grid_dim = "(int)get_num_groups(0)"
     inf = "INFINITY"
     nan = "NAN"
+    i64_type = "long"  # `long long` is reserved in OpenCL C
+    i64_suffix = "L"
     shared_decl = ""  # the block's shared memory is the trailing `smem` argument
 
     def storage_type(self, dtype) -> str:
@@ -70,19 +70,13 @@ class OpenCLPrinter(CudaPrinter):
             return f"vload_half(0, &{text})"
         return Printer.load_value(self, text, dtype)
 
-    def literal(self, value, dtype) -> str:
-        text = super().literal(value, dtype)
-        return text[:-2] + "L" if dtype == DType.I64 and text.endswith("LL") else text
-
     def render_program(self, program: Program) -> str:
         if any(b.dtype == DType.F16 for k in program.kernels for b in k.params + k.locals):
             from engine.errors import CompileError
 
             raise CompileError(f"{program.name}: float16 tensors are not printed for OpenCL yet",
                                hint="use --target c or cuda for float16 models")
-        bodies = [self.render_kernel(k) for k in program.kernels]
-        helpers = [f"{self.helper_prefix} {_HELPERS.get(h, HELPERS[h])}" for h in sorted(self.helpers)]
-        return "\n".join([self.header, *helpers, "", *bodies])
+        return super().render_program(program)
 
     def render_kernel(self, kernel: Kernel) -> str:
         if len(kernel.segments) == 1:

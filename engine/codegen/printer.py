@@ -7,6 +7,7 @@ elimination for producers inlined at REGISTER; values under a pad guard are eval
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from engine.codegen.kexpr import Guard, InBounds, Reduce
@@ -17,15 +18,22 @@ from engine.ir import index as I
 from engine.ir.dtypes import DType
 from engine.ir.graph import Combine
 
+
+def int64_helpers(i64: str) -> dict[str, str]:
+    """The helpers on 64-bit integers, spelled with the printer's 64-bit type (Printer.i64_type)."""
+    return {
+        "widx": f"int widx({i64} v, int n) {{ return (int)(v < 0 ? v + n : v); }}",
+        "lmod": f"{i64} lmod({i64} a, {i64} b) {{ {i64} r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}",
+        "lpow": f"{i64} lpow({i64} a, {i64} b) {{ {i64} r = 1; for (; b > 0; --b) r *= a; return r; }}",
+    }
+
+
 HELPERS = {
     "fdiv": "int fdiv(int a, int b) { int q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }",
     "fmodi": "int fmodi(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }",
     "imin": "int imin(int a, int b) { return a < b ? a : b; }",
     "imax": "int imax(int a, int b) { return a > b ? a : b; }",
     "iabs": "int iabs(int a) { return a < 0 ? -a : a; }",
-    "widx": "int widx(long long v, int n) { return (int)(v < 0 ? v + n : v); }",
-    "lmod": "long long lmod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }",
-    "lpow": "long long lpow(long long a, long long b) { long long r = 1; for (; b > 0; --b) r *= a; return r; }",
     # bfloat16 storage as its 16 bits (C and OpenCL have no bf16 type): widening is exact (the bits
     # become fp32's top half); narrowing rounds to nearest even, as __float2bfloat16 and ml_dtypes do
     # (carry into the exponent gives inf past the largest finite value; NaN stays a quiet NaN, its sign kept).
@@ -83,6 +91,8 @@ HELPERS = {
         "r = a < 0.0f ? (isint ? (odd ? -r : r) : __builtin_nanf(\"\")) : r; r = m == 0.0f ? (b < 0.0f ? __builtin_inff() : 0.0f) : r; r = a == 1.0f ? 1.0f : r; "
         "return b == 0.0f ? 1.0f : r; }"),
 }
+HELPERS.update(int64_helpers("long long"))  # C and CUDA spell int64 `long long`
+_INT64_HELPERS = frozenset(int64_helpers("long"))
 
 # Per staging type of a tensor-core GEMM: (helper the printer adds, mma function, fragment packing function).
 MMA_HELPERS = {DType.F32: ("mma_m16n8k8_tf32", "tw_mma_m16n8k8_tf32", ""),
@@ -114,6 +124,8 @@ class Printer:
     mma_sync = False  # warp-wide tensor-core MMA (Gemm.mma): the tw_mma_* helpers (render_helper)
     inf = "INFINITY"
     nan = "NAN"
+    i64_type = "long long"  # 64-bit integers (OpenCL C: `long`; `long long` is reserved there)
+    i64_suffix = "LL"  # ... and their literals' suffix
 
     def __init__(self) -> None:
         self.helpers: set[str] = set()
@@ -122,6 +134,8 @@ class Printer:
     def storage_type(self, dtype: DType) -> str:
         if dtype == DType.BF16:
             return self.bf16_type
+        if dtype == DType.I64:
+            return self.i64_type
         return self.f16_type if dtype == DType.F16 else dtype.c_type
 
     def compute_type(self, dtype: DType) -> str:
@@ -197,8 +211,20 @@ class Printer:
         helpers = [self.render_helper(h) for h in sorted(self.helpers)]
         return "\n".join([self.header, *helpers, "", *bodies])
 
+    def render_units(self, program: Program, symbol: str) -> tuple[str, list[tuple[str, str]]]:
+        """(prelude, [(kernel name, its unit)]): the program as render_program prints it, cut at its
+        kernels, each kernel printed under the name `symbol` (its function and index tables), so a unit
+        compiled alone is keyed and cached on its code, not on where it sits in the program (the C
+        compile cache). prelude + the units' text under their own names is render_program's text."""
+        bodies = [self.render_kernel(dataclasses.replace(k, name=symbol)) for k in program.kernels]
+        helpers = [self.render_helper(h) for h in sorted(self.helpers)]
+        ends = ["\n"] * (len(bodies) - 1) + [""]
+        return "\n".join([self.header, *helpers, "", ""]), [(k.name, b + e) for k, b, e in
+                                                            zip(program.kernels, bodies, ends)]
+
     def render_helper(self, name: str) -> str:
-        return f"{self.helper_prefix} {HELPERS[name]}"
+        text = int64_helpers(self.i64_type)[name] if name in _INT64_HELPERS else HELPERS[name]
+        return f"{self.helper_prefix} {text}"
 
     def render_kernel(self, kernel: Kernel) -> str:
         kernel = kernel.stripped()
@@ -888,7 +914,7 @@ class Printer:
         if dtype == DType.BOOL:
             return "true" if value else "false"
         if dtype.is_int:
-            return f"{int(value)}LL" if dtype == DType.I64 else str(int(value))
+            return f"{int(value)}{self.i64_suffix}" if dtype == DType.I64 else str(int(value))
         v = float(value)
         if math.isnan(v):
             return self.nan
@@ -912,12 +938,12 @@ def unflatten(names, extents, flat: str) -> list[str]:
     return out[::-1]
 
 
-def _limits(ct: str, inf: str) -> tuple[str, str]:
-    """Identity elements of max and min for a compute type."""
+def _limits(ct: str, p: Printer) -> tuple[str, str]:
+    """Identity elements of max and min for a compute type of printer `p`."""
     if ct == "float":
-        return f"(-{inf})", inf
-    if ct == "long long":
-        return "(-9223372036854775807LL - 1)", "9223372036854775807LL"
+        return f"(-{p.inf})", p.inf
+    if ct == p.i64_type:
+        return f"(-9223372036854775807{p.i64_suffix} - 1)", f"9223372036854775807{p.i64_suffix}"
     if ct == "bool":
         return "false", "true"
     return "(-2147483647 - 1)", "2147483647"
@@ -1093,12 +1119,12 @@ class BodyWriter:
         ct = self.p.compute_type(dtype if combine not in (Combine.ARGMAX, Combine.ARGMIN) else body.dtype)
         acc = self.fresh()
         arg = combine in (Combine.ARGMAX, Combine.ARGMIN)
-        lowest, highest = _limits(ct, self.p.inf)
+        lowest, highest = _limits(ct, self.p)
         init = {Combine.SUM: "0", Combine.PROD: "1", Combine.MAX: lowest, Combine.MIN: highest,
                 Combine.ARGMAX: lowest, Combine.ARGMIN: highest}[combine]
         self.lines.append(f"{ct} {acc} = {init};")
         if arg:
-            self.lines.append(f"long long {acc}_arg = 0;")
+            self.lines.append(f"{self.p.i64_type} {acc}_arg = 0;")
         for node in invariant_values(body, set(names)):
             self.value(node)  # loop-invariant (a row mean inside a GEMM's k loop, a row's max): once
         if lanes > 1:

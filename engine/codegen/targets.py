@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.codegen.conv import dot_terms, window_interior
+from engine.codegen.conv import dot_terms
 from engine.codegen.ctarget import for_c, one_wide
 from engine.codegen.kexpr import Reduce
 from engine.codegen.kir import Kernel, Phase, Program, RowCache, Segment
@@ -784,10 +784,9 @@ class CPrinter(Printer):
             return ["{"] + ["    " + x for x in body] + ["}"]
 
         def two_chains(nsums: int) -> bool:
-            """Fewer sums than the FMA latency hides (a depthwise tile one output row high): even and odd
-            tap rows go to two chains of sums, added at the end (a different summation order, within
-            rounding; measured: 28 % of a convnext segment waiting on one FMA chain)."""
-            return nsums < 4 and c.depthwise and kh > 1
+            """Fewer sums than the FMA latency hides (ctarget.split_chains): even and odd tap rows go to
+            two chains of sums, added at the end."""
+            return nsums < c.two_chains_below
 
         def tap_loops(step_lines, two: bool) -> list[str]:
             """The (kh, kw) loops over `step_lines(tap, weights, rows, sums)`: one chain of sums r, or
@@ -838,14 +837,15 @@ class CPrinter(Printer):
         def chunks(nc: int, nr: int) -> list[str]:
             if direct is None:  # the staged window is padded: whole chunks are safe to read
                 return [f"for (int q0 = 0; q0 < ow_n; q0 += {v})"] + micro(nc, nr, v)
-            # The tensor is not: whole chunks, then one vector's worth (AVX-512), then chunks of 8,
-            # then the last few live columns.
+            # The tensor is not: whole chunks, then the tails (ctarget.conv_tails: once each, the
+            # narrowest as a loop), then the last few live columns at the narrowest width.
             out = ["int q0 = 0;", f"for (; q0 + {v} <= ow_n; q0 += {v})"] + micro(nc, nr, v)
-            if v > 16 and c.lanes == 16:
-                out += ["if (q0 + 16 <= ow_n) {"] + ["    " + x for x in micro(nc, nr, 16)] + ["    q0 += 16;", "}"]
-            if v > 8:
-                out += ["for (; q0 + 8 <= ow_n; q0 += 8)"] + micro(nc, nr, 8)
-            return out + ["if (q0 < ow_n) {", "    const int qn = ow_n - q0;"] + ["    " + x for x in micro(nc, nr, 8, True)] + ["}"]
+            for t in c.tails[:-1]:
+                out += [f"if (q0 + {t} <= ow_n) {{"] + ["    " + x for x in micro(nc, nr, t)] + [f"    q0 += {t};", "}"]
+            for t in c.tails[-1:]:
+                out += [f"for (; q0 + {t} <= ow_n; q0 += {t})"] + micro(nc, nr, t)
+            narrow = (c.tails or (v,))[-1]
+            return out + ["if (q0 < ow_n) {", "    const int qn = ow_n - q0;"] + ["    " + x for x in micro(nc, nr, narrow, True)] + ["}"]
 
         mul = "q" if sw == 1 or direct is None else f"q * {sw}"  # a staged window is split by column phase
 
@@ -1005,8 +1005,7 @@ class CPrinter(Printer):
         c = phase.conv
         (h, w), (sh, sw) = c.window_vars, c.strides
         wh = c.window[0]
-        full = self.conv_ranges(phase)
-        inner = window_interior(c, full, lambda t: kernel.buffer(t).shape)
+        inner = c.interior
         x_lines, x_val = self.conv_operand(kernel, phase, "x")
         col = "ww" if sw == 1 else f"ww % {sw} * {wwp // sw} + ww / {sw}"  # split by column phase
         store = f"st_x[(cl * {wh} + hh) * {wwp} + {col}] = "
@@ -1125,8 +1124,10 @@ class CPrinter(Printer):
                 lines += [depth + x for x in self.column_sums(kernel, phase, tag, ssa, d)]
             # A one-wide axis is a constant, not a loop: GCC gives up vectorising a reduction loop
             # nested in single-iteration loops with run-time bounds ("control flow in loop").
-            lines.append(f"{depth}{{ const int i{d} = {tag}_lo{d};" if single[d] else
-                         f"{depth}for (int i{d} = {tag}_lo{d}; i{d} < {tag}_hi{d}; ++i{d}) {{")
+            head = (f"{depth}{{ const int i{d} = {tag}_lo{d};" if single[d] else
+                    f"{depth}for (int i{d} = {tag}_lo{d}; i{d} < {tag}_hi{d}; ++i{d}) {{")
+            if d < r - 1:
+                lines.append(head)  # the innermost loop's head follows its body's values (its pragma)
             depth += "    "
         value = ssa.memo[whole] if whole is not None and whole in ssa.memo else self.render_value(phase, ssa, keep=keep)
         body = list(ssa.lines)
@@ -1139,7 +1140,9 @@ class CPrinter(Printer):
         if r and not single[-1] and not ssa.picks and not ssa.loops:
             # Elements of a phase are independent (a stage never reads itself): the innermost,
             # contiguous loop vectorises.
-            lines.insert(len(lines) - 1, lines[-1][:len(lines[-1]) - len(lines[-1].lstrip())] + "#pragma omp simd")
+            lines.append("    " * r + "#pragma omp simd")
+        if r:
+            lines.append(head)
         lines += [depth + x for x in body]
         for d in reversed(range(r)):
             lines.append("    " * (d + 1) + "}")
@@ -1346,6 +1349,11 @@ class CudaPrinter(Printer):
 def render_c(program: Program) -> str:
     """The C of `program`, its kernels' C choices taken first where they were not (ctarget.for_c)."""
     return CPrinter().render_program(for_c(program))
+
+
+def render_c_units(program: Program, symbol: str) -> tuple[str, list[tuple[str, str]]]:
+    """render_c's program as (prelude, [(kernel name, the kernel printed as `symbol`)]): Printer.render_units."""
+    return CPrinter().render_units(for_c(program), symbol)
 
 
 def render_cuda(program: Program) -> str:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.codegen.ccompile import compile_c_kernels, load_library
+from engine.codegen.ccompile import UNIT_SYMBOL, compile_c_kernels, load_library
 from engine.codegen.kir import Program
-from engine.codegen.targets import render_c
+from engine.codegen.targets import render_c, render_c_units
 from engine.errors import ShapeError
 from engine.limits import call_bounded
 from engine.profile.profile import KernelTime, Profile
@@ -41,7 +41,8 @@ def compile_program_c(program: Program, *, time_limit: float | None = None, poll
     """Render and compile `program`; the C compiler may take `time_limit` seconds, `poll` may cancel it
     (see compile_c)."""
     source = render_c(program)
-    path = compile_c_kernels(source, name=program.name, timeout=time_limit, poll=poll)
+    path = compile_c_kernels(source, name=program.name, units=lambda: render_c_units(program, UNIT_SYMBOL),
+                             timeout=time_limit, poll=poll)
     return CpuModule(program, source, load_library(path), str(path))
 
 

@@ -1,5 +1,8 @@
 """Printed CUDA source in, the same source with its pointers checked out, for g++ and the cuda-sim prelude.
 
+This is a front end, not a printer: cuda-sim runs CUDA source as NVRTC would take it (the CUDA printer's,
+a persistent kernel's, a saved failure's `.cu`), so it lowers CUDA to C++ over a lexer's tokens, the way
+a compiler reads its input; the printers never patch what they emitted (docs/architecture.md).
 Two token-level rewrites, both keeping every line where it was (findings name the printed line):
 - a pointer type, i.e. scalar type words (with const/volatile) followed by `*`, becomes `tw::ptr<...>`
   (`const float* __restrict__ g_x` -> `tw::ptr<const float> __restrict__ g_x`, `(float*)(smem + 64)` ->
@@ -31,32 +34,23 @@ _TOKEN = re.compile(r"""
   | (?P<punct>.)
 """, re.X | re.S | re.M)
 
-_SHARED_DECL = re.compile(
-    r"^(?P<indent>[ \t]*)extern[ \t]+__shared__[ \t]+(?:__align__\(\d+\)[ \t]+)?(?P<type>[A-Za-z_][\w \t]*?)"
-    r"[ \t]+(?P<name>[A-Za-z_]\w*)[ \t]*\[[ \t]*\][ \t]*;[ \t]*(?://[^\n]*)?$", re.M)
-
-
 def instrument(source: str) -> str:
     """The printed source with checked pointers and dynamic shared memory (see the module docstring)."""
-    out = _SHARED_DECL.sub(lambda m: f"{m['indent']}#define {m['name']} (tw::dynamic_shared<{m['type'].strip()}>())",
-                           source)
-    if "__shared__" in _strip_comments(out):
-        line = next(i for i, text in enumerate(out.splitlines(), 1) if "__shared__" in text)
-        raise CompileError(f"cuda-sim: line {line} declares shared memory other than `extern __shared__ T name[];`",
-                           hint="the emulator supports the dynamic shared memory the CUDA printer emits")
-    return _rewrite_pointers(out)
-
-
-def _strip_comments(source: str) -> str:
-    return "".join(m.group() for m in _TOKEN.finditer(source) if m.lastgroup != "comment")
-
-
-def _rewrite_pointers(source: str) -> str:
     tokens = [(m.lastgroup, m.group()) for m in _TOKEN.finditer(source)]
     out: list[str] = []
     i = 0
     while i < len(tokens):
         kind, text = tokens[i]
+        if text == "__shared__":
+            line = 1 + sum(t.count("\n") for _, t in tokens[:i])
+            raise CompileError(f"cuda-sim: line {line} declares shared memory other than `extern __shared__ T name[];`",
+                               hint="the emulator supports the dynamic shared memory the CUDA printer emits")
+        if text == "extern" and _line_start(tokens, i):
+            shared = _dynamic_shared(tokens, i)
+            if shared is not None:
+                text, i = shared
+                out.append(text)
+                continue
         if kind == "word" and (text in TYPE_WORDS or text in CV):
             rewritten = _pointer_type(tokens, i)
             if rewritten is not None:
@@ -66,6 +60,35 @@ def _rewrite_pointers(source: str) -> str:
         out.append(text)
         i += 1
     return "".join(out)
+
+
+def _line_start(tokens: list[tuple[str, str]], i: int) -> bool:
+    """Whether only blanks precede token i on its line (a directive may replace it)."""
+    j = i - 1
+    while j >= 0 and tokens[j][0] == "space" and tokens[j][1] != "\n":
+        j -= 1
+    return j < 0 or tokens[j][1] == "\n"
+
+
+def _dynamic_shared(tokens: list[tuple[str, str]], start: int) -> tuple[str, int] | None:
+    """(`#define name (tw::dynamic_shared<T>())`, index of the line's newline) for the declaration
+    `extern __shared__ [__align__(N)] T name[];` (then only a comment) starting at `start`; None
+    otherwise. Only this line's tokens are read: a directive ends at its newline."""
+    sig, j = [], start
+    while j < len(tokens) and tokens[j][1] != "\n":
+        if tokens[j][0] not in ("space", "comment"):
+            sig.append(tokens[j])
+        j += 1
+    text = [t for _, t in sig]
+    if text[:2] != ["extern", "__shared__"]:
+        return None
+    rest, kinds = text[2:], [k for k, _ in sig[2:]]
+    if rest[:2] == ["__align__", "("] and len(rest) > 3 and rest[3] == ")" and kinds[2] == "number":
+        rest, kinds = rest[4:], kinds[4:]
+    if len(rest) < 5 or rest[-3:] != ["[", "]", ";"] or any(k != "word" for k in kinds[:-3]):
+        return None
+    *words, name = rest[:-3]
+    return f"#define {name} (tw::dynamic_shared<{' '.join(words)}>())", j
 
 
 def _pointer_type(tokens: list[tuple[str, str]], start: int) -> tuple[str, int] | None:

@@ -146,13 +146,14 @@ def test_an_edit_recompiles_only_the_kernels_whose_code_changed(tmp_path):
     """compile_c_kernels builds one cached object per kernel: after an edit that fuses one edge of an
     unfused plan, the other kernels (renumbered after the merge) come from the object cache, and the
     library still computes what the reference does."""
+    import functools
     import shutil
 
     from support import sample_path
 
     from engine.api import apply_edit, generate, load_graph, make_inputs, run_reference
-    from engine.codegen.ccompile import compile_c_kernels, split_kernels
-    from engine.codegen.targets import render_c
+    from engine.codegen.ccompile import UNIT_SYMBOL, compile_c_kernels
+    from engine.codegen.targets import render_c, render_c_units
     from engine.device import get_device
     from engine.runtime.cpu import CpuModule, run_cpu
     from engine.schedule.plan import Edit
@@ -179,8 +180,10 @@ def test_an_edit_recompiles_only_the_kernels_whose_code_changed(tmp_path):
     for plan in (before, after):
         program = generate(plan, graph, "a100")
         source = render_c(program)
-        assert len(split_kernels(source)[1]) == plan.kernels
-        path = compile_c_kernels(source, name=program.name)
+        prelude, units = render_c_units(program, UNIT_SYMBOL)
+        assert len(units) == plan.kernels
+        assert all(UNIT_SYMBOL in text and kernel not in text for kernel, text in units)
+        path = compile_c_kernels(source, name=program.name, units=functools.partial(render_c_units, program, UNIT_SYMBOL))
         built.append(len(list(objects.glob("*.o"))))
         module = CpuModule(program, source, load_library(path), str(path))
         got, _ = run_cpu(module, graph.specs, inputs, graph.weights)

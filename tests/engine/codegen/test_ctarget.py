@@ -1,6 +1,6 @@
 """The C target's passes (engine/codegen/ctarget.py), each alone on one small kernel: the parameters it
 records for a CPU with 8 and with 16 vector lanes, and the C printed from them compiled and compared
-with NumPy on random inputs."""
+with NumPy on random inputs (random shapes for split_chains, window_interiors and conv_tails)."""
 
 from __future__ import annotations
 
@@ -23,15 +23,19 @@ from engine.codegen.ctarget import (  # noqa: E402
     CLAIM_WORK,
     GEMV_LANES,
     SERIAL_WORK,
+    TWO_CHAINS_BELOW,
     block_convs,
     block_gemms,
     c_decisions,
     cache_lines,
     cache_rows,
+    conv_tails,
     for_c,
     reciprocal_rows,
     schedule_segments,
     segment_work,
+    split_chains,
+    window_interiors,
 )
 from engine.codegen.generate import generate  # noqa: E402
 from engine.codegen.kir import program_to_json  # noqa: E402
@@ -269,3 +273,99 @@ def test_cache_lines_records_launch_and_tile_line_caches():
     split = _with(generate(split, graph, a100), cache_lines)
     (seg,) = [s for k in split.kernels for s in k.segments if s.launch_lines]
     assert len(seg.launch_lines) == 1 and [len(p.tile_lines) for p in seg.phases if p.tile_lines] == [1]
+
+
+def _windows(x: np.ndarray, taps: int, pad: int) -> np.ndarray:
+    """x [C, H, W] padded by `pad`, as [C, H', W', taps, taps] windows (stride 1)."""
+    xp = np.pad(x, ((0, 0), (pad, pad), (pad, pad)))
+    return np.lib.stride_tricks.sliding_window_view(xp, (taps, taps), axis=(1, 2))
+
+
+def _depthwise(tmp_path, seed: int):
+    """A depthwise 3x3 conv of random size (channels, rows, columns), padded, and its C-less program."""
+    rng = np.random.default_rng(seed)
+    c, h, w = int(rng.integers(3, 9)), int(rng.integers(5, 12)), int(rng.integers(9, 41))
+    wt = rng.standard_normal((c, 1, 3, 3)).astype(np.float32)
+    path = _save(tmp_path / f"dw{seed}.onnx", [helper.make_node("Conv", ["x", "W"], ["y"], group=c, pads=[1, 1, 1, 1])],
+                 [("x", (1, c, h, w))], {"W": wt})
+    program, graph = _program(path, (1, c, int(rng.integers(1, h + 1)), w))
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    want = np.einsum("ckl,chwkl->chw", wt[:, 0], _windows(x[0], 3, 1))[None]
+    return program, graph, {"x": x}, want
+
+
+@pytest.mark.parametrize("seed", [31, 32])
+def test_split_chains_alone_two_chains_for_depthwise_taps(tmp_path, seed):
+    """split_chains on a random-size depthwise 3x3 conv: Conv.two_chains_below set (dense convs and
+    one-tap-row convs keep one chain: test_block_convs' conv untouched), the C prints the second chain
+    `e`, and the output matches NumPy with the split and without it (the field alone decides)."""
+    program, graph, feeds, want = _depthwise(tmp_path, seed)
+    lanes = compiler_lanes()
+    blocked = _with(program, lambda k: block_convs(k, lanes))
+    split = _with(blocked, split_chains)
+    (conv,) = [p.conv for p in _phases(split) if p.conv is not None]
+    assert conv.depthwise and conv.two_chains_below == TWO_CHAINS_BELOW
+    assert dataclasses.replace(conv, two_chains_below=0) == [p.conv for p in _phases(blocked) if p.conv][0]
+    dense = _conv(tmp_path)[0]
+    assert all(p.conv.two_chains_below == 0 for p in _phases(_with(dense, split_chains)) if p.conv)
+    full = _with(program, lambda k: c_decisions(k, lanes))
+    assert " e0_0" in render_c(full)
+    one = _with(full, lambda k: _map_convs(k, two_chains_below=0))
+    assert " e0_0" not in render_c(one)
+    for prog in (full, one):
+        got = _run_c(prog, graph, feeds)
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+
+
+def _map_convs(kernel, **fields):
+    """`kernel` with `fields` set on every conv (a pass's decision overridden, to test the field alone)."""
+    segs = tuple(dataclasses.replace(s, phases=tuple(dataclasses.replace(p, conv=dataclasses.replace(p.conv, **fields))
+                                                     if p.conv else p for p in s.phases)) for s in kernel.segments)
+    return dataclasses.replace(kernel, segments=segs)
+
+
+@pytest.mark.parametrize("seed", [41, 42])
+def test_window_interiors_alone_records_the_unchecked_window(tmp_path, seed):
+    """window_interiors on a random-size padded conv: the interior is the window positions inside the
+    input (pad 1: rows 1..H, columns 1..W of the padded window's coordinates), the C stages it without
+    checks (`w_a`/`w_b`), and both it and the all-checked form (interior None) match NumPy."""
+    program, graph, feeds, want = _depthwise(tmp_path, seed)
+    h, w = feeds["x"].shape[2:]
+    blocked = _with(program, lambda k: block_convs(k, compiler_lanes()))
+    (conv,) = [p.conv for p in _phases(_with(blocked, window_interiors)) if p.conv is not None]
+    assert not conv.x_in_place and conv.interior == ((1, h), (1, w))
+    full = _with(program, lambda k: c_decisions(k, compiler_lanes()))
+    checked = _with(full, lambda k: _map_convs(k, interior=None))
+    assert "w_a" in render_c(full) and "w_a" not in render_c(checked)
+    for prog in (full, checked):
+        got = _run_c(prog, graph, feeds)
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_conv_tails_alone_on_a_conv_read_in_place(tmp_path, lanes):
+    """conv_tails: the whole-chunk tails after the chunk loop (one AVX-512 vector, then chunks of 8);
+    on an unpadded 1x1 conv of random width, read in place, Conv.tails is what conv_tails gives, the C
+    prints those tails, and the output matches NumPy with them and with none (the live columns then
+    run at the chunk's width)."""
+    assert conv_tails(32, 16) == (16, 8) and conv_tails(32, 8) == (8,) and conv_tails(16, 16) == (8,)
+    assert conv_tails(8, 16) == () and conv_tails(24, 8) == (8,)
+    rng = np.random.default_rng(50 + lanes)
+    ci, co, h = int(rng.integers(2, 6)), int(rng.integers(2, 6)), int(rng.integers(2, 5))
+    # widths whose chunk leaves columns over: 24-column chunks at 8 lanes, 32-column ones at 16
+    w = int(rng.choice([47, 71])) if lanes == 8 else int(rng.integers(81, 96))
+    wt = rng.standard_normal((co, ci, 1, 1)).astype(np.float32)
+    path = _save(tmp_path / "pw.onnx", [helper.make_node("Conv", ["x", "W"], ["y"])], [("x", (1, ci, h, w))], {"W": wt})
+    program, graph = _program(path, (1, co, h, w))
+    x = rng.standard_normal((1, ci, h, w)).astype(np.float32)
+    want = np.einsum("ci,ihw->chw", wt[:, :, 0, 0], x[0])[None]
+    full = _with(program, lambda k: c_decisions(k, lanes))
+    (conv,) = [p.conv for p in _phases(full) if p.conv is not None]
+    assert conv.x_in_place and not conv.by_channel and conv.chunk == {8: 24, 16: 32}[lanes]
+    assert conv.tails == conv_tails(conv.chunk, lanes) == {8: (8,), 16: (16, 8)}[lanes]
+    source = render_c(full)
+    assert all(f"q0 += {t}" in source for t in conv.tails)
+    bare = _with(full, lambda k: _map_convs(k, tails=()))
+    for prog in (full, bare):
+        got = _run_c(prog, graph, {"x": x})
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL

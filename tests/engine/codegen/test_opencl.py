@@ -168,3 +168,30 @@ def test_double_buffered_gemms_run_on_opencl_and_match_onnxruntime(name):
     outs, _ = run_opencl(program, graph.specs, inputs, graph.weights, repeat=1)
     for out, want in expected.items():
         assert rel_error(outs[out], want) <= 1e-5, out
+
+
+def test_64_bit_integers_are_spelled_by_the_printers_table():
+    """int64 in helpers, literals, reduction limits and argmax indices comes from the printer's table
+    (OpenCL C reserves `long long`): OpenCL `long`/`L`, C and CUDA `long long`/`LL`; no text replaced."""
+    from engine.codegen.kexpr import Reduce
+    from engine.codegen.opencl import OpenCLPrinter
+    from engine.codegen.printer import BodyWriter
+    from engine.codegen.targets import CPrinter
+    from engine.ir import expr as E
+    from engine.ir import index as I
+    from engine.ir.dtypes import DType
+    from engine.ir.graph import Combine
+
+    for printer, i64, suffix in ((OpenCLPrinter(), "long", "L"), (CPrinter(), "long long", "LL"),
+                                 (CudaPrinter(), "long long", "LL")):
+        assert printer.render_helper("lmod").endswith(f"{i64} lmod({i64} a, {i64} b) {{ {i64} r = a % b; "
+                                                      "return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }")
+        assert f"int widx({i64} v, int n)" in printer.render_helper("widx")
+        assert printer.literal(-7, DType.I64) == f"-7{suffix}" and printer.storage_type(DType.I64) == i64
+        body = E.IndexVal(I.var("r0"), DType.I64)
+        for combine in (Combine.MAX, Combine.ARGMAX):
+            ssa = BodyWriter(printer, None, {})
+            ssa.value(Reduce(body, ("r0",), (5,), combine, DType.I64))
+            text = "\n".join(ssa.lines)
+            assert f"(-9223372036854775807{suffix} - 1)" in text and f"{i64} v" in text, text
+            assert ("long long" in text) == (i64 == "long long")

@@ -40,9 +40,22 @@ def test_dynamic_shared_memory_becomes_the_blocks_shared_memory() -> None:
     assert out[2] == "    tw::ptr<float> s = (tw::ptr<float>)(smem + 0);"
 
 
+@pytest.mark.parametrize("decl, want", [
+    ("extern __shared__ float4 buf[];  // the block's tiles", "#define buf (tw::dynamic_shared<float4>())"),
+    ("extern __shared__ __align__(8) const unsigned int u[];", "#define u (tw::dynamic_shared<const unsigned int>())"),
+])
+def test_dynamic_shared_declarations_are_read_as_tokens(decl: str, want: str) -> None:
+    """Read from the lexer's tokens: a trailing comment, no alignment or several type words; the line
+    stays where it was, and the name it defines is what later lines use."""
+    out = instrument(f"void k() {{\n\t{decl}\n    float x = 1.0f;\n}}\n").splitlines()
+    assert out[1] == "\t" + want and out[2] == "    float x = 1.0f;" and len(out) == 4
+
+
 def test_other_shared_memory_is_refused() -> None:
     with pytest.raises(CompileError, match="line 2 declares shared memory"):
         instrument("void k() {\n    __shared__ float s[64];\n}\n")
+    with pytest.raises(CompileError, match="line 3 declares shared memory"):  # a shared array with a size
+        instrument("// __shared__ in a comment is no declaration\nvoid k() {\n    extern __shared__ float s[4];\n}\n")
 
 
 @pytest.mark.parametrize("name", ["layernorm_residual", "masked_softmax"])
