@@ -148,15 +148,29 @@ def others_refused(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tile
     a candidate of segment `j` before `check_group` builds the candidate's kernel IR: where another
     segment's tile is refused at that block, every candidate giving the kernel that block is refused
     (a multi-segment search starts every segment at its pool's first tile, which may be illegal), and
-    the check of the other segments is the one `check_group` makes, from the same memo."""
+    the check of the other segments is the one `check_group` makes, from the same memo. Then rule 4 (a
+    grid barrier's blocks all resident at once) at the residency the other segments' registers and shared
+    memory and segment `j`'s registers allow (its shared memory taken as none, so never fewer blocks than
+    `_check_wave` finds): the registers `refused_early` found for segment `j` in this search (`local`)."""
     name = f"group of {stages[0]}"
-    for k, (seg, tile) in enumerate(zip(segs, at_kernel_block(tiles))):
+    at_block = at_kernel_block(tiles)
+    for k, (seg, tile) in enumerate(zip(segs, at_block)):
         if k == j:
             continue
         sinks = segment_sinks(graph, seg, conns)
         if len(sinks) != 1 or tile.stage != sinks[0] or _checked_tile(graph, seg, conns, tile, device, name, local):
             return True
-    return False
+    if device.kind == "cpu" or local is None or not _has_sync(graph, stages, conns, local):
+        return False
+    kt = max(t.threads for t in tiles)
+    own = local.get(("early", j, tiles[j], kt, recompute_bound()))
+    if own is None or own < 0:
+        return False
+    uses = [segment_use(graph, seg, conns, t, local, device=device) for k, (seg, t) in enumerate(zip(segs, at_block))
+            if k != j]
+    regs = min(device.max_regs_per_thread, max([own] + [u.regs_per_thread for u in uses]))
+    most, _ = resident_blocks_per_sm(device, kt, regs, max(u.shared_bytes for u in uses))
+    return max(t.blocks for t in tiles) > most * device.sm_count
 
 
 def _has_sync(graph: PrimGraph, stages: Sequence[str], conns: Mapping, local: dict) -> bool:
