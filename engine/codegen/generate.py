@@ -41,7 +41,7 @@ from engine.memo import memo
 from engine.runtime.memory import plan_memory
 from engine.schedule.plan import Conn, Group, Plan, Tile, plan_to_json
 from engine.tilegraph.propagate import Box, propagate_many
-from engine.tilegraph.tilegraph import tensor_shapes
+from engine.tilegraph.tilegraph import inner_edges, tensor_shapes
 
 _INLINE_KINDS = (StageKind.ELEMENTWISE, StageKind.LAYOUT)
 INDEX_LIMIT = 2**31 - 1  # kernels compute element offsets in C `int`
@@ -437,9 +437,8 @@ def _sampled_segment(tile, names, graph, conns, members, params, locals_, gname,
     depend on the tile's anchor and shape, not on its threads (mapped onto them afterwards), and the
     tile search costs each shape under several thread counts. Fills `params` and `locals_` as the
     build would."""
-    touching = tuple((p, c, str(conns.get((p, c)))) for p in names for c in graph.consumers.get(p, ()))
     boxes = tuple(sorted(sample.items())) if isinstance(sample, Mapping) else sample
-    key = (graph.structural_hash, tuple(names), touching, tile.stage, tile.shape, boxes)
+    key = (graph.structural_hash, tuple(names), inner_edges(graph, names, conns), tile.stage, tile.shape, boxes)
     seg, buffers, blocks = memo("generate.sampled_segments", 20000).lookup(key, lambda: _built_alone(
         tile, names, graph, conns, members, gname, sample))
     params.update(buffers)

@@ -20,6 +20,7 @@ from engine.tilegraph.tilegraph import (
     IN_SEGMENT,
     GroupRegions,
     anchor_box,
+    inner_edges,
     propagate_group,
     segments_of,
     typical_index,
@@ -125,9 +126,8 @@ def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
             hit = local[lkey] = segment_use(graph, segment, conns, tile, exact=exact, device=device)
         return hit
     members = set(segment)
-    touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
-                            for p in segment for c in graph.consumers.get(p, ())))
-    key = (graph.structural_hash, tuple(segment), touching, tile, exact, device, tf32_allowed())
+    key = (graph.structural_hash, tuple(segment), inner_edges(graph, segment, conns), tile, exact, device,
+           tf32_allowed())
     return memo("cost.segment_use", 50000).lookup(
         key, lambda: _segment_use(graph, segment, conns, tile, members, exact, device))
 

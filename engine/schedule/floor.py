@@ -17,7 +17,7 @@ from engine.memo import memo
 from engine.schedule import cost as C
 from engine.schedule.plan import Conn, Tile
 from engine.tilegraph.propagate import Box, box_size
-from engine.tilegraph.tilegraph import GroupRegions, stage_order
+from engine.tilegraph.tilegraph import GroupRegions, inner_edges, stage_order
 
 # A load whose every index is a constant or one variable plus a constant, no variable twice, no padding:
 # over a box of its variables it reads exactly the box of their ranges, every element of it.
@@ -179,8 +179,7 @@ class _Recipe:
 
 def _recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str) -> _Recipe:
     members = set(segment)
-    touching = tuple((p, c, str(conns.get((p, c)))) for p in segment for c in graph.consumers.get(p, ()))
-    key = (graph.structural_hash, tuple(segment), touching, anchor)
+    key = (graph.structural_hash, tuple(segment), inner_edges(graph, segment, conns), anchor)
     return memo("floor.recipes", 20000).lookup(key, lambda: _make_recipe(graph, segment, conns, anchor, members))
 
 

@@ -25,7 +25,7 @@ from engine.memo import memo
 from engine.schedule.cost import estimate_group
 from engine.schedule.floor import floor_us
 from engine.schedule.plan import Candidate, GroupCost, Tile
-from engine.schedule.validate import Violation, check_group, recompute_bound, refused_early
+from engine.schedule.validate import Violation, check_group, others_refused, recompute_bound, refused_early
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
 
 TOP_K = 6
@@ -256,7 +256,8 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
             if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
                 break
             t, trial = pool[i], trials[i]
-            if len(pool) > 1 and refused_early(graph, stages, conns, trial, device, segs, j, local):
+            if len(pool) > 1 and (refused_early(graph, stages, conns, trial, device, segs, j, local) or (
+                    len(segs) > 1 and others_refused(graph, stages, conns, trial, device, segs, j, local))):
                 continue  # check_group would refuse it: skipped without building its kernel
             bad = check_group(graph, stages, conns, trial, device, segs=segs, local=local)
             if bad and len(pool) > 1:

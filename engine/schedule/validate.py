@@ -24,7 +24,7 @@ from engine.memo import memo
 from engine.schedule.cost import at_kernel_block, segment_use
 from engine.schedule.plan import SCHEMA_VERSION, Conn, Plan, Tile, components
 from engine.tilegraph.propagate import box_size
-from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
+from engine.tilegraph.tilegraph import inner_edges, segment_sinks, segments_of, tile_counts
 
 RULES = {
     "footprint": 1, "register_one_to_many": 2, "shared_locality": 3, "global_sync_wave": 4,
@@ -140,6 +140,39 @@ def refused_early(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles
     return False
 
 
+def others_refused(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
+                   segs: Sequence[Sequence[str]], j: int, local: dict | None = None) -> bool:
+    """True when `check_group(graph, stages, conns, tiles, device, segs=segs, local=local)` reports a
+    violation of a segment other than `j` — its own checks (`_checked_tile`, rule 7), which depend on
+    segment `j`'s tile only through the kernel's block (`at_kernel_block`). The tile search asks this of
+    a candidate of segment `j` before `check_group` builds the candidate's kernel IR: where another
+    segment's tile is refused at that block, every candidate giving the kernel that block is refused
+    (a multi-segment search starts every segment at its pool's first tile, which may be illegal), and
+    the check of the other segments is the one `check_group` makes, from the same memo. Then rule 4 (a
+    grid barrier's blocks all resident at once) at the residency the other segments' registers and shared
+    memory and segment `j`'s registers allow (its shared memory taken as none, so never fewer blocks than
+    `_check_wave` finds): the registers `refused_early` found for segment `j` in this search (`local`)."""
+    name = f"group of {stages[0]}"
+    at_block = at_kernel_block(tiles)
+    for k, (seg, tile) in enumerate(zip(segs, at_block)):
+        if k == j:
+            continue
+        sinks = segment_sinks(graph, seg, conns)
+        if len(sinks) != 1 or tile.stage != sinks[0] or _checked_tile(graph, seg, conns, tile, device, name, local):
+            return True
+    if device.kind == "cpu" or local is None or not _has_sync(graph, stages, conns, local):
+        return False
+    kt = max(t.threads for t in tiles)
+    own = local.get(("early", j, tiles[j], kt, recompute_bound()))
+    if own is None or own < 0:
+        return False
+    uses = [segment_use(graph, seg, conns, t, local, device=device) for k, (seg, t) in enumerate(zip(segs, at_block))
+            if k != j]
+    regs = min(device.max_regs_per_thread, max([own] + [u.regs_per_thread for u in uses]))
+    most, _ = resident_blocks_per_sm(device, kt, regs, max(u.shared_bytes for u in uses))
+    return max(t.blocks for t in tiles) > most * device.sm_count
+
+
 def _has_sync(graph: PrimGraph, stages: Sequence[str], conns: Mapping, local: dict) -> bool:
     """Whether a grid barrier joins two stages of the group (`_check_wave` runs then)."""
     hit = local.get(("has-sync",))
@@ -200,9 +233,11 @@ def _checked_tile(graph, seg, conns, tile: Tile, device: Device, name: str, loca
         if lkey not in local:
             local[lkey] = _checked_tile(graph, seg, conns, tile, device, name)
         return list(local[lkey])
-    touching = tuple(sorted((p, c, str(conns.get((p, c), Conn.KERNEL)))
-                            for p in seg for c in graph.consumers.get(p, ())))
-    key = (graph.structural_hash, tuple(seg), touching, tile, device, name, recompute_bound(), tf32_allowed())
+    # The segment's own edges, and the anchor's edges out of it (the row-split rule reads whether they are
+    # all grid barriers).
+    out = tuple(str(conns.get((tile.stage, c), Conn.KERNEL)) for c in graph.consumers.get(tile.stage, ()))
+    key = (graph.structural_hash, tuple(seg), inner_edges(graph, seg, conns), out, tile, device, name,
+           recompute_bound(), tf32_allowed())
     return list(memo("validate.tile_checks", 50000).lookup(
         key, lambda: tuple(_check_tile(graph, seg, conns, tile, device, name))))
 

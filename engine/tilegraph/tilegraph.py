@@ -16,6 +16,16 @@ from engine.tilegraph.propagate import Box, Region, _union, box_size, full_box, 
 IN_SEGMENT = ("register", "shared")
 
 
+def inner_edges(graph: PrimGraph, segment: Sequence[str], conns: Mapping) -> tuple:
+    """(producer, consumer, connection) of every edge with both ends in `segment`: all of the
+    connections a segment's kernel IR, regions, floor recipe and count read (an edge leaving it is
+    read only as "a consumer outside", fixed by the graph) — the part of `conns` that memo keys on one
+    segment hold. A merge elsewhere that changes an edge leaving the segment (KERNEL to GLOBAL_SYNC)
+    then finds the segment's builds again."""
+    members = set(segment)
+    return tuple((p, c, str(conns.get((p, c)))) for p in segment for c in graph.consumers.get(p, ()) if c in members)
+
+
 def stage_order(graph: PrimGraph) -> dict[str, int]:
     """Stage name -> topological position (memoised per graph object)."""
     return _per_graph("tilegraph.order", graph, lambda: {s.name: k for k, s in enumerate(graph.stages)})
