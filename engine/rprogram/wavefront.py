@@ -240,6 +240,7 @@ def plan_for_rprogram(plan: Plan, rp: RProgram, graph: PrimGraph, device: Device
     `generate` produces the kernels the rProgram schedules; kernels left at variant 0 are untouched.
     Grid barriers are cut first, as `build_rprogram` does (`split_grid_barriers`)."""
     from engine.schedule.cost import estimate_group
+    from engine.schedule.tiles import record_mappings
 
     plan = split_grid_barriers(plan, graph, device)
     conns = {e.key: e.conn for e in plan.edges}
@@ -251,6 +252,7 @@ def plan_for_rprogram(plan: Plan, rp: RProgram, graph: PrimGraph, device: Device
             continue
         tile = Tile(g.segments[0].stage, v.tile, v.threads, v.blocks, v.reduce_step, v.rows_per_block,
                     v.threads_per_row, v.row_split, v.thread_shape)
+        tile = record_mappings(graph, [list(g.stages)], conns, [tile], device)[0]  # the mapping it runs
         cost = estimate_group(graph, g.stages, conns, [tile], device, warm=g.cost.l2_warm if g.cost else ())
         groups.append(dataclasses.replace(g, segments=(tile,), cost=cost,
                                           reason=f"{g.reason}; rProgram variant {v.origin} tile {list(v.tile)}"))

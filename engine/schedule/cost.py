@@ -54,10 +54,11 @@ class SegmentUse:
 
 
 def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
-    """Every segment of a kernel runs with the kernel's block: the largest of its tiles' thread counts."""
+    """Every segment of a kernel runs with the kernel's block: the largest of its tiles' thread counts (a
+    segment on a block larger than its tile's runs that block's default thread mapping, as codegen does)."""
     kt = max(t.threads for t in tiles)
     table = memo("cost.kernel_block", 20000)  # the search asks per candidate, three times
-    return [t if t.threads == kt else table.lookup((t, kt), lambda t=t: dataclasses.replace(t, threads=kt))
+    return [t if t.threads == kt else table.lookup((t, kt), lambda t=t: dataclasses.replace(t, threads=kt, thread_shape=()))
             for t in tiles]
 
 
