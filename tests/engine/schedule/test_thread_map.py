@@ -80,10 +80,24 @@ def test_thread_splits_keep_only_mappings_the_model_can_prefer():
 odd = st.integers(3, 40).map(lambda v: 2 * v + 1)  # 7 .. 81, odd
 
 
+GEMMS = dict(m=odd, k=st.integers(5, 70), n=odd, epilogue=st.booleans(), device=st.sampled_from(["host", "a100"]),
+             data=st.data())
+
+
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(m=odd, k=st.integers(5, 70), n=odd, epilogue=st.booleans(), device=st.sampled_from(["host", "a100"]),
-       data=st.data())
+@given(**GEMMS)
 def test_offered_mappings_cover_validate_print_and_run(m, k, n, epilogue, device, data):
+    _check_mappings(m, k, n, epilogue, device, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**GEMMS)
+def test_many_mapped_gemms(m, k, n, epilogue, device, data):
+    _check_mappings(m, k, n, epilogue, device, data)
+
+
+def _check_mappings(m, k, n, epilogue, device, data):
     dev = get_device(device)
     with tempfile.TemporaryDirectory() as tmp, Caches("thread-map").active():
         path = _gemm_model(Path(tmp) / "g.onnx", m, k, n, epilogue, seed=m * n + k)
