@@ -147,7 +147,11 @@ def other_mappings(graph: PrimGraph, segment: Sequence[str], stage: Stage, shape
     `generate.thread_splits` (accumulators within the device's budget, none beaten on every term the
     model charges), where the segment's one contraction reduces one axis (a GEMM, as `reduce_steps`
     asks) and the recorded k step still fits the staging budget under the mapping. The default is the
-    candidate without a mapping (`search_group` records it on the tile it chooses)."""
+    candidate without a mapping (`search_group` records it on the tile it chooses). None on a CPU device:
+    the C target runs its own register-blocked micro-kernel whatever the mapping, so only the count's
+    padded micro-tiles would differ, not the code (vit on the host preset chose 16x16 for that alone)."""
+    if device.kind == "cpu":
+        return []
     found = [graph.stage(s) for s in segment if graph.stage(s).kind == StageKind.CONTRACTION]
     if len(found) != 1 or len(shape) < 2 or sum(r > 1 for r in found[0].reduce) != 1 or any(
             t != 1 for t in shape[:-2]):

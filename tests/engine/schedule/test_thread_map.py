@@ -80,7 +80,7 @@ def test_thread_splits_keep_only_mappings_the_model_can_prefer():
 odd = st.integers(3, 40).map(lambda v: 2 * v + 1)  # 7 .. 81, odd
 
 
-GEMMS = dict(m=odd, k=st.integers(5, 70), n=odd, epilogue=st.booleans(), device=st.sampled_from(["host", "a100"]),
+GEMMS = dict(m=odd, k=st.integers(5, 70), n=odd, epilogue=st.booleans(), device=st.sampled_from(["a100", "h100"]),
              data=st.data())
 
 
@@ -185,6 +185,10 @@ def test_set_tile_takes_a_mapping_and_refuses_one_that_does_not_fit(tmp_path):
     assert (g.ty, g.tx, g.tm, g.tn) == (16, 16, 7, 4)
     # the default mapping of this tile is another one: the edit is what changed the printed kernel
     assert micro_tile(99, 64, 256)[2:] != (16, 16)
+    # searched beside the default on a GPU; not on the host CPU, whose C micro-kernel ignores the mapping
+    seg = ["mm", "sum", "y"]
+    assert (16, 16) in tiles.other_mappings(graph, seg, graph.stage("y"), (99, 64), 256, (), dev)
+    assert tiles.other_mappings(graph, seg, graph.stage("y"), (99, 64), 256, (), get_device("host")) == []
     x = np.random.default_rng(5).standard_normal((99, 64)).astype(np.float32)
     got = run_model(graph, {"a": x}, backend="cpu", plan=edited, device="a100").outputs["y"]
     assert np.abs(got - _expected(tmp_path / "g.onnx", x)).max() <= TOL * 10
