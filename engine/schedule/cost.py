@@ -143,7 +143,9 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     lines = _read_lines(graph, regions)
     completion = tuple(p.stage for seg in kernel.segments for p in seg.phases if p.region.flat)
     gemms = [p.gemm for seg in kernel.segments for p in seg.phases if p.gemm is not None]
-    accumulators = max((g.tm * g.tn for g in gemms), default=0)
+    # a GPU thread holds its micro-tile's accumulators; the C target's micro-kernel is its own (4 x 16)
+    gpu = device is not None and device.kind != "cpu"
+    accumulators = max((g.tm * g.tn for g in gemms), default=0) if gpu else 0
     return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes,
                       segment_registers(graph, segment, tile, regions, accumulators),
                       evals, lines,
