@@ -89,12 +89,20 @@ def show_kernel(state: AppState, loaded: services.LoadedModel, graph: PrimGraph,
         threads = st.number_input("Threads", min_value=1, max_value=1024, value=int(seg.threads), key="tg_threads")
         kstep = st.text_input("k step", "x".join(map(str, seg.reduce_step)), key="tg_kstep",
                               help="a contraction's reduce step per reduce axis, like 32 (empty: the default)")
+        was = "x".join(map(str, seg.thread_shape))
+        tmap = st.text_input("Threads over the GEMM tile (ty x tx)", was, key="tg_tmap",
+                             help="thread rows x thread columns of a GEMM segment, like 16x16 (empty: the default; "
+                                  "a new tile or thread count takes its own default unless you change this too)")
         if st.form_submit_button("Apply tile"):
             try:
                 shape = [int(x) for x in tile.lower().replace("×", "x").split("x")]
                 step = [int(x) for x in kstep.lower().replace("×", "x").split("x") if x.strip()]
+                same = (shape, int(threads)) == (list(seg.shape), seg.threads)
+                mapping = [int(x) for x in tmap.lower().replace("×", "x").split("x") if x.strip()] \
+                    if tmap != was or same else []
             except ValueError:
-                st.error(f"Refused: tile '{tile}' / k step '{kstep}' is not like 32x64 / 32")
+                st.error(f"Refused: tile '{tile}' / k step '{kstep}' / threads '{tmap}' is not like 32x64 / 32 / 16x16")
             else:
                 submit_edits(state, loaded, [Edit.make("set_tile", stage=seg.stage, shape=shape, threads=int(threads),
-                                                       **({"reduce_step": step} if step else {}))])
+                                                       **({"reduce_step": step} if step else {}),
+                                                       **({"thread_shape": mapping} if mapping else {}))])

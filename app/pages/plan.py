@@ -73,23 +73,30 @@ with guarded("Editing the plan"):
     with tile_tab:
         rows = pd.DataFrame([{"group": g.id, "kernel": g.name, "anchor stage": g.segments[0].stage,
                               "tile": "x".join(map(str, g.segments[0].shape)), "threads": g.segments[0].threads,
-                              "k step": "x".join(map(str, g.segments[0].reduce_step))}
+                              "k step": "x".join(map(str, g.segments[0].reduce_step)),
+                              "threads ty x tx": "x".join(map(str, g.segments[0].thread_shape))}
                              for g in plan.groups])
         edited = st.data_editor(rows, key="plan_tiles", hide_index=True, width="stretch",
                                 disabled=["group", "kernel", "anchor stage"])
         if st.button("Apply tile changes", key="plan_apply_tiles"):
             edits = []
             for before, after in zip(rows.to_dict("records"), edited.to_dict("records")):
-                if (before["tile"], before["threads"], before["k step"]) != (after["tile"], after["threads"], after["k step"]):
+                keys = ("tile", "threads", "k step", "threads ty x tx")
+                if any(before[k] != after[k] for k in keys):
                     try:
                         shape = [int(x) for x in str(after["tile"]).lower().replace("×", "x").split("x")]
                         step = [int(x) for x in str(after["k step"] or "").lower().replace("×", "x").split("x") if x.strip()]
+                        # a mapping left as it was goes with its tile only: a new tile takes its own default
+                        mapping = [int(x) for x in str(after["threads ty x tx"] or "").lower().replace("×", "x").split("x")
+                                   if x.strip()] if after["threads ty x tx"] != before["threads ty x tx"] or all(
+                                       before[k] == after[k] for k in keys[:3]) else []
                     except ValueError:
-                        st.error(f"Refused: tile '{after['tile']}' / k step '{after['k step']}' of {after['kernel']} "
-                                 "is not like 32x64 / 32")
+                        st.error(f"Refused: tile '{after['tile']}' / k step '{after['k step']}' / threads "
+                                 f"'{after['threads ty x tx']}' of {after['kernel']} is not like 32x64 / 32 / 16x16")
                         break
                     edits.append(Edit.make("set_tile", stage=before["anchor stage"], shape=shape,
-                                           threads=int(after["threads"]), **({"reduce_step": step} if step else {})))
+                                           threads=int(after["threads"]), **({"reduce_step": step} if step else {}),
+                                           **({"thread_shape": mapping} if mapping else {})))
             else:
                 if edits:
                     submit(edits)

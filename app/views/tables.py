@@ -72,7 +72,8 @@ def edge_rows(graph: PrimGraph, plan: Plan) -> list[dict]:
 def tile_rows(group: Group) -> list[dict]:
     return [{"segment": k, "anchor stage": t.stage, "tile": fmt_shape(t.shape), "threads": t.threads,
              "blocks": t.blocks, "reduce step": fmt_shape(t.reduce_step) if t.reduce_step else "—",
-             "rows/block": t.rows_per_block, "threads/row": t.threads_per_row, "row split": t.row_split}
+             "rows/block": t.rows_per_block, "threads/row": t.threads_per_row, "row split": t.row_split,
+             "threads ty x tx": fmt_shape(t.thread_shape) if t.thread_shape else "—"}
             for k, t in enumerate(group.segments)]
 
 
@@ -118,6 +119,7 @@ def describe_edit(edit: Edit) -> str:
     if edit.kind == "set_tile":
         shape = fmt_shape(tuple(a.get("shape", ()))) if a.get("shape") else "—"
         step = f", k step {fmt_shape(tuple(a['reduce_step']))}" if a.get("reduce_step") else ""
+        step += f", threads {fmt_shape(tuple(a['thread_shape']))} (ty x tx)" if a.get("thread_shape") else ""
         return f"set_tile {a.get('stage', a.get('group_stage'))}: tile {shape}, {a.get('threads')} threads{step}"
     return f"{edit.kind} " + ", ".join(f"{k}={v}" for k, v in edit.args)
 

@@ -163,7 +163,8 @@ def _wider(graph: PrimGraph, tile: Tile, axis: int, factor: int, threads: int) -
         shape[axis] = min(anchor.shape[axis], tile.shape[axis] * factor)
         blocks = tile_counts(anchor.shape, tuple(shape)) * tile.row_split
         if blocks >= min(least, tile.blocks):
-            out.append(dataclasses.replace(tile, shape=tuple(shape), blocks=blocks))
+            # a wider tile takes the default thread mapping of its own shape (the plan records it again)
+            out.append(dataclasses.replace(tile, shape=tuple(shape), blocks=blocks, thread_shape=()))
         factor //= 2
     return out
 

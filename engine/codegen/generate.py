@@ -267,9 +267,12 @@ def _map_gemm(seg: Segment, tile: Tile, threads: int, graph: PrimGraph, budget: 
     step = 1
     for r in tile.reduce_step:
         step *= r
+    # The plan's mapping where it is one of this block's (a segment of a kernel whose block is another
+    # segment's larger one runs the default for that block, as its thread count is that block's too).
+    shape = tile.thread_shape if len(tile.thread_shape) == 2 and math.prod(tile.thread_shape) == threads else ()
     phases = []
     for p in seg.phases:
-        gemm = _gemm_of(p, graph, threads, step if tile.reduce_step else 32, budget)
+        gemm = _gemm_of(p, graph, threads, step if tile.reduce_step else 32, budget, shape)
         phases.append(dataclasses.replace(p, gemm=gemm) if gemm else p)
     return dataclasses.replace(seg, phases=tuple(phases))
 
@@ -316,7 +319,8 @@ def _contraction_of(p: Phase, graph: PrimGraph, repeated: bool = False) -> tuple
     return found[0], found[0].body, found[0].vars, found[0].extents
 
 
-def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroBudget) -> Gemm | None:
+def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroBudget,
+             thread_shape: tuple[int, ...] = ()) -> Gemm | None:
     region = p.region
     if region.flat or region.rank < 2 or not p.dtype.is_float:
         return None
@@ -333,7 +337,7 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroB
     bm, bn = math.prod(region.extent[region.rank - 1 - rows:region.rank - 1]), region.extent[-1]
     k = math.prod(extents)
     bk = max(1, min(step, k))
-    tm, tn, tx, ty = micro_tile(bm, bn, threads)
+    tm, tn, tx, ty = gemm_split(bm, bn, threads, thread_shape)
     if tm * tn > budget.accumulators or threads % tx:
         return None
     while bk > 4 and 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
@@ -356,6 +360,43 @@ def micro_tile(bm: int, bn: int, threads: int) -> tuple[int, int, int, int]:
             best = (key, tm, tn, tx, ty)
         tx *= 2
     return best[1:]
+
+
+def gemm_split(bm: int, bn: int, threads: int, thread_shape: tuple[int, ...] = ()) -> tuple[int, int, int, int]:
+    """(tm, tn, tx, ty) of a bm x bn GEMM tile on `threads`: the recorded (ty, tx) of a Tile's
+    `thread_shape`, or `micro_tile`'s default when none is recorded."""
+    if not thread_shape:
+        return micro_tile(bm, bn, threads)
+    ty, tx = thread_shape[-2:]
+    return -(-bm // ty), -(-bn // tx), tx, ty
+
+
+def thread_splits(bm: int, bn: int, threads: int, accumulators: int) -> list[tuple[int, int]]:
+    """The (ty, tx) mappings of `threads` over a bm x bn GEMM tile worth searching: tx a power of two
+    dividing `threads`, tm x tn accumulators within the register budget, and no mapping another beats
+    or ties on every term the model charges for it (accumulators: registers and occupancy; tm + tn
+    shared-memory operand loads per k; ty * tm + tx * tn staged rows and columns: shared bytes). The
+    default (`micro_tile`) first. Power-of-two tiles on power-of-two blocks have one such mapping (the
+    square-most); a padded extent (197 tokens) trades registers against loads."""
+    tm0, tn0, tx0, ty0 = micro_tile(bm, bn, threads)
+    out: list[tuple[tuple[int, int, int], tuple[int, int]]] = []
+    tx = 1
+    while tx <= threads:
+        if threads % tx == 0:
+            ty = threads // tx
+            tm, tn = -(-bm // ty), -(-bn // tx)
+            if tm * tn <= accumulators or (ty, tx) == (ty0, tx0):
+                out.append(((tm * tn, tm + tn, ty * tm + tx * tn), (ty, tx)))
+        tx *= 2
+    out.sort(key=lambda x: x[1] != (ty0, tx0))  # the default first: it stands for its ties
+    front: list[tuple[int, int]] = []
+    kept: list[tuple[int, int, int]] = []
+    for key, m in out:
+        beaten = any(o != key and all(a <= b for a, b in zip(o, key)) for o, _ in out)
+        if m == (ty0, tx0) or (not beaten and key not in kept):
+            front.append(m)
+            kept.append(key)
+    return front
 
 
 def _gemm_operands(p: Phase, graph: PrimGraph, rank: int, rows: int) -> tuple | None:

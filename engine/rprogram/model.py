@@ -37,6 +37,7 @@ class Variant:
     threads_per_row: int = 1
     row_split: int = 1
     origin: str = "plan"  # "plan" (the chosen tile), "candidate" (scheduler's top-k), "split" (finer tile)
+    thread_shape: tuple[int, ...] = ()  # the tile's thread mapping (Tile.thread_shape)
 
     @property
     def busy_us(self) -> float:
@@ -237,7 +238,8 @@ def rprogram_from_json(d: dict) -> RProgram:
     try:
         ops = tuple(
             ROperator(o["name"], o["group"], tuple(o["stages"]),
-                      tuple(Variant(**{**v, "tile": tuple(v["tile"]), "reduce_step": tuple(v["reduce_step"])})
+                      tuple(Variant(**{**v, "tile": tuple(v["tile"]), "reduce_step": tuple(v["reduce_step"]),
+                                            "thread_shape": tuple(v.get("thread_shape", ()))})
                             for v in o["variants"]),
                       tuple(o["deps"]), o["kernel_us"])
             for o in d["operators"]

@@ -210,7 +210,7 @@ def _finer_tiles(g: Group, graph: PrimGraph, vdev: VDevice) -> list[Tile]:
 def _variant(tile: Tile, blocks: int, threads: int, shared: int, regs: int, task_us: float, source: str,
              origin: str) -> Variant:
     return Variant(blocks, threads, shared, regs, task_us, source, tile.shape, tile.reduce_step,
-                   tile.rows_per_block, tile.threads_per_row, tile.row_split, origin)
+                   tile.rows_per_block, tile.threads_per_row, tile.row_split, origin, tile.thread_shape)
 
 
 def split_grid_barriers(plan: Plan, graph: PrimGraph, device: Device) -> Plan:
@@ -240,6 +240,7 @@ def plan_for_rprogram(plan: Plan, rp: RProgram, graph: PrimGraph, device: Device
     `generate` produces the kernels the rProgram schedules; kernels left at variant 0 are untouched.
     Grid barriers are cut first, as `build_rprogram` does (`split_grid_barriers`)."""
     from engine.schedule.cost import estimate_group
+    from engine.schedule.tiles import record_mappings
 
     plan = split_grid_barriers(plan, graph, device)
     conns = {e.key: e.conn for e in plan.edges}
@@ -250,7 +251,8 @@ def plan_for_rprogram(plan: Plan, rp: RProgram, graph: PrimGraph, device: Device
             groups.append(g)
             continue
         tile = Tile(g.segments[0].stage, v.tile, v.threads, v.blocks, v.reduce_step, v.rows_per_block,
-                    v.threads_per_row, v.row_split)
+                    v.threads_per_row, v.row_split, v.thread_shape)
+        tile = record_mappings(graph, [list(g.stages)], conns, [tile], device)[0]  # the mapping it runs
         cost = estimate_group(graph, g.stages, conns, [tile], device, warm=g.cost.l2_warm if g.cost else ())
         groups.append(dataclasses.replace(g, segments=(tile,), cost=cost,
                                           reason=f"{g.reason}; rProgram variant {v.origin} tile {list(v.tile)}"))

@@ -14,7 +14,7 @@ from engine.ir.graph import PrimGraph, StageKind
 from engine.schedule.cost import estimate_group
 from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, components, kernel_name
 from engine.schedule.residency import with_l2_residency
-from engine.schedule.tiles import GroupSchedule, search_group
+from engine.schedule.tiles import GroupSchedule, record_mappings, search_group
 from engine.schedule.validate import Decision
 from engine.tilegraph.tilegraph import segments_of, stage_order
 
@@ -71,8 +71,10 @@ def coarsen_plan(plan: Plan, graph: PrimGraph, device: Device, keep: set[str] = 
     groups = []
     for old, new in zip(plan.groups, coarse.groups):
         if new.segments != old.segments:
-            cost = estimate_group(graph, new.stages, full, new.segments, device, exact=True)
-            new = dataclasses.replace(new, score=cost.modeled_us, cost=cost)
+            segs = segments_of(graph, new.stages, full)
+            tiles = tuple(record_mappings(graph, segs, full, new.segments, device))
+            cost = estimate_group(graph, new.stages, full, tiles, device, exact=True)
+            new = dataclasses.replace(new, segments=tiles, score=cost.modeled_us, cost=cost)
         groups.append(new)
     return dataclasses.replace(plan, groups=tuple(groups))
 

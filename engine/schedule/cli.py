@@ -117,7 +117,7 @@ def plan_summary(plan: Plan, graph) -> dict:
             "tile": list(t.shape), "threads": g.threads, "blocks": g.blocks,
             "segments": [{"anchor": s.stage, "tile": list(s.shape), "threads": s.threads, "blocks": s.blocks,
                           "rows_per_block": s.rows_per_block, "threads_per_row": s.threads_per_row,
-                          "row_split": s.row_split} for s in g.segments],
+                          "row_split": s.row_split, "thread_shape": list(s.thread_shape)} for s in g.segments],
             "waves": c.waves if c else None,
             "traffic_bytes": c.traffic_bytes if c else None, "modeled_us": c.modeled_us if c else None,
             "terms_us": c.terms_us if c else None, "measured_us": g.measured_us, "reason": g.reason,

@@ -51,13 +51,15 @@ class SegmentUse:
     flops_tiled: float = 0.0  # per block: of flops_fp32, those in GEMM / direct-conv micro-tiles
     flops_idle_lanes: float = 0.0  # per block, CPU: flop slots short vector loops leave empty (`idle_lanes`)
     flops_tc_f16: float = 0.0  # per block: of flops_tc, those with fp16 operands (m16n8k16 .f16; the rest TF32)
+    gemm_maps: tuple[tuple[int, int], ...] = ()  # (ty, tx) of each tiled GEMM phase, as codegen built it
 
 
 def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
-    """Every segment of a kernel runs with the kernel's block: the largest of its tiles' thread counts."""
+    """Every segment of a kernel runs with the kernel's block: the largest of its tiles' thread counts (a
+    segment on a block larger than its tile's runs that block's default thread mapping, as codegen does)."""
     kt = max(t.threads for t in tiles)
     table = memo("cost.kernel_block", 20000)  # the search asks per candidate, three times
-    return [t if t.threads == kt else table.lookup((t, kt), lambda t=t: dataclasses.replace(t, threads=kt))
+    return [t if t.threads == kt else table.lookup((t, kt), lambda t=t: dataclasses.replace(t, threads=kt, thread_shape=()))
             for t in tiles]
 
 
@@ -140,20 +142,29 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
     evals = {s: work.evals.get(s, 0.0) / per for s in segment}
     lines = _read_lines(graph, regions)
     completion = tuple(p.stage for seg in kernel.segments for p in seg.phases if p.region.flat)
-    return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes, segment_registers(graph, segment, tile, regions),
+    gemms = [p.gemm for seg in kernel.segments for p in seg.phases if p.gemm is not None]
+    # a GPU thread holds its micro-tile's accumulators; the C target's micro-kernel is its own (4 x 16)
+    gpu = device is not None and device.kind != "cpu"
+    accumulators = max((g.tm * g.tn for g in gemms), default=0) if gpu else 0
+    return SegmentUse(tuple(segment), tile, regions, kernel.shared_bytes,
+                      segment_registers(graph, segment, tile, regions, accumulators),
                       evals, lines,
                       int(work.shared_bytes / per), (work.flops - work.mma_flops) / per, work.mma_flops / per,
                       work.global_bytes / per, work,
-                      completion, work.tiled_flops / per, idle_lanes(work, device) / per, work.mma_f16_flops / per)
+                      completion, work.tiled_flops / per, idle_lanes(work, device) / per, work.mma_f16_flops / per,
+                      tuple((g.ty, g.tx) for g in gemms))
 
 
-def segment_registers(graph: PrimGraph, segment: Sequence[str], tile: Tile, regions: GroupRegions) -> int:
-    """Registers per thread one segment's code needs under `tile` (formula, no kernel built): a
-    contraction's accumulators (its anchor region over the threads, two registers each) or two per stage."""
+def segment_registers(graph: PrimGraph, segment: Sequence[str], tile: Tile, regions: GroupRegions,
+                      accumulators: int = 0) -> int:
+    """Registers per thread one segment's code needs under `tile` (formula): a contraction's accumulators
+    (its anchor region over the threads, two registers each) or two per stage; where codegen tiled a
+    GEMM, its micro-tile's tm x tn accumulators (`accumulators`: the thread mapping's register side)."""
     if graph.stage(tile.stage).kind == StageKind.CONTRACTION:
-        acc = -(-box_size(regions.stages.get(tile.stage, ())) // max(1, tile.threads))
+        acc = max(accumulators, -(-box_size(regions.stages.get(tile.stage, ())) // max(1, tile.threads)))
         return min(BASE_REGS + 2 * acc + 8, 999)
-    return min(BASE_REGS + 2 * len(segment), 999)
+    own = BASE_REGS + 2 * len(segment)
+    return min(max(own, BASE_REGS + 2 * accumulators + 8) if accumulators else own, 999)
 
 
 def idle_lanes(work, device: Device | None) -> float:

@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 
+from engine.codegen.micro import micro_budget
 from engine.device import Device, get_device
 from engine.errors import PlanError
 from engine.ir.graph import PrimGraph
@@ -65,7 +66,33 @@ def _tile_from(graph: PrimGraph, edit: Edit) -> Tile:
     if any(s < 1 for s in step):
         raise PlanError(f"edit set_tile: reduce_step {list(step)} must be positive")
     tpr = _arg(edit, "threads_per_row", False)
-    return make_tile(stage, shape, threads, step, int(tpr) if tpr is not None else None)
+    mapping = _arg(edit, "thread_shape", False) or ()
+    try:
+        mapping = tuple(int(x) for x in mapping)
+    except (TypeError, ValueError):
+        raise PlanError(f"edit set_tile: thread_shape {mapping!r} must be a list of integers (ty, tx)") from None
+    return make_tile(stage, shape, threads, step, int(tpr) if tpr is not None else None, thread_shape=mapping)
+
+
+def _check_mapping(tile: Tile, device: Device) -> None:
+    """A thread mapping the user gave must be one codegen prints as given: (ty, tx) with tx a power of two,
+    ty * tx the block's threads, the tm x tn micro-tile within the device's accumulator budget and the k
+    step's staging within its shared-memory budget; refused in one line naming the mappings that fit."""
+    if not tile.thread_shape:
+        return
+    bm, bn = math.prod(tile.shape[:-1]), tile.shape[-1] if tile.shape else 1
+    acc = micro_budget(device).accumulators
+    step = math.prod(tile.reduce_step) if tile.reduce_step else 32
+    fits = [(tile.threads // tx, tx) for tx in (1 << e for e in range(tile.threads.bit_length()))
+            if tile.threads % tx == 0 and -(-bm // (tile.threads // tx)) * -(-bn // tx) <= acc
+            and min(step, 4) <= staging_limit(tile.shape, tile.threads, device, (tile.threads // tx, tx))]
+    if len(tile.shape) >= 2 and tile.thread_shape in fits:
+        return
+    named = ", ".join("x".join(map(str, m)) for m in fits) or "none (use more threads or a smaller tile)"
+    raise PlanError(f"edit set_tile: thread_shape {'x'.join(map(str, tile.thread_shape))} does not fit tile "
+                    f"{list(tile.shape)} of '{tile.stage}' on {tile.threads} threads on {device.name} "
+                    f"(ty x tx, tx a power of two, ty * tx = threads, at most {acc} accumulators per thread); "
+                    f"mappings that fit: {named}")
 
 
 def _check_step(graph: PrimGraph, tile: Tile, device: Device, edit: Edit) -> None:
@@ -77,7 +104,7 @@ def _check_step(graph: PrimGraph, tile: Tile, device: Device, edit: Edit) -> Non
     reduce = graph.stage(tile.stage).reduce
     if reduce:
         step = min(step, math.prod(reduce))
-    limit = staging_limit(tile.shape, tile.threads, device)
+    limit = staging_limit(tile.shape, tile.threads, device, tile.thread_shape)
     if step > max(4, limit):
         raise PlanError(f"edit set_tile: k step {step} of '{tile.stage}' at tile {list(tile.shape)} on {tile.threads} "
                         f"threads stages more than {device.name}'s shared-memory budget allows (codegen would halve it)",
@@ -119,6 +146,7 @@ def _apply_edit(plan: Plan, graph: PrimGraph, device: Device, edit: Edit) -> Pla
         if tile.stage not in anchors:
             raise PlanError(f"edit set_tile: '{tile.stage}' anchors no segment of this plan",
                             hint=f"set the tile of a segment's sink, e.g. '{sorted(anchors)[0]}'")
+        _check_mapping(tile, device)
         _check_step(graph, tile, device, edit)
         fixed[tile.stage] = tile
     new = assemble(graph, device, conns, policy="user", mode=mode, reasons=reasons, sources=sources,

@@ -55,7 +55,15 @@ class Tile:
 
     A row is the innermost output axis (for reductions: the reduced row); `rows_per_block` rows are
     packed into one block with `threads_per_row` threads each; a long row may be split across
-    `row_split` blocks. `reduce_step` is the k-tile of a contraction."""
+    `row_split` blocks. `reduce_step` is the k-tile of a contraction.
+
+    `thread_shape`: how the block's threads cover the tile per output axis, where that is a choice. For a
+    segment run as a tiled GEMM it is (ty, tx): ty thread rows over the GEMM's rows, tx (a power of two)
+    over its columns, ty * tx == threads; each thread's micro-tile is ceil(bm / ty) x ceil(bn / tx)
+    (`engine.codegen.generate.gemm_split`). Empty: the default for the tile and thread count (`micro_tile`;
+    plan files from before the field, and segments without a GEMM — an elementwise or reduction tile's
+    threads run a flat row-major loop over it, or `rows_per_block` x `threads_per_row`: one mapping, see
+    docs/architecture.md "Thread mappings")."""
 
     stage: str
     shape: tuple[int, ...]
@@ -65,6 +73,7 @@ class Tile:
     rows_per_block: int = 1
     threads_per_row: int = 1
     row_split: int = 1
+    thread_shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ EDIT_KINDS = ("set_edge", "split", "merge", "set_tile")
 @dataclass(frozen=True)
 class Edit:
     """One user edit. kinds: set_edge(producer, consumer, conn), split(producer, consumer),
-    merge(producer, consumer, conn?), set_tile(stage, shape, threads, reduce_step?)."""
+    merge(producer, consumer, conn?), set_tile(stage, shape, threads, reduce_step?, thread_shape?)."""
 
     kind: str
     args: tuple[tuple[str, object], ...]
@@ -255,7 +264,7 @@ def _tile(d: dict) -> Tile:
         raise ValueError(f"tile stage must be a name, got {tile.stage!r}")
     for key in _TILE_INTS:
         _check_count(f"tile of '{tile.stage}': {key}", getattr(tile, key))
-    for key in ("shape", "reduce_step"):
+    for key in ("shape", "reduce_step", "thread_shape"):
         value = getattr(tile, key)
         if not isinstance(value, tuple):
             raise ValueError(f"tile of '{tile.stage}': {key} must be a list of integers, got {value!r}")

@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from engine.codegen.count import CountBudgetError
-from engine.codegen.generate import micro_tile
+from engine.codegen.generate import gemm_split, thread_splits
 from engine.codegen.micro import micro_budget
 from engine.codegen.mma import tf32_allowed
 from engine.device import Device
+from engine.errors import PlanError
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
@@ -50,7 +51,7 @@ def _r32(n: int) -> int:
 
 
 def make_tile(stage: Stage, shape: Sequence[int], threads: int, reduce_step: Sequence[int] = (),
-              threads_per_row: int | None = None, row_split: int = 1) -> Tile:
+              threads_per_row: int | None = None, row_split: int = 1, thread_shape: Sequence[int] = ()) -> Tile:
     """A Tile for `stage` with blocks and the row mapping derived from the shape and thread count."""
     shape = tuple(int(t) for t in shape)
     if stage.kind == StageKind.REDUCE:
@@ -66,7 +67,7 @@ def make_tile(stage: Stage, shape: Sequence[int], threads: int, reduce_step: Seq
         reduce_step = tuple(min(32, r) for r in stage.reduce)
     blocks = tile_counts(stage.shape, shape) * row_split
     return Tile(stage.name, shape, int(threads), blocks, tuple(reduce_step), max(1, rows), int(threads_per_row),
-                int(row_split))
+                int(row_split), tuple(int(t) for t in thread_shape))
 
 
 def _spread(shape: Sequence[int], count: int) -> tuple[int, ...]:
@@ -132,11 +133,54 @@ def reduce_steps(graph: PrimGraph, segment: Sequence[str], stage: Stage, shape: 
     return out
 
 
-def staging_limit(shape: Sequence[int], threads: int, device: Device) -> int:
-    """The largest k step whose GEMM staging (A and B panels of a tile `shape` on `threads`, fp32) fits the
-    device's budget: codegen halves a larger step (`generate._gemm_of`), so the plan would not say what runs."""
-    tm, tn, tx, ty = micro_tile(math.prod(shape[:-1]), shape[-1], threads)
+def staging_limit(shape: Sequence[int], threads: int, device: Device, thread_shape: Sequence[int] = ()) -> int:
+    """The largest k step whose GEMM staging (A and B panels of a tile `shape` on `threads` mapped as
+    `thread_shape`, fp32) fits the device's budget: codegen halves a larger step (`generate._gemm_of`), so
+    the plan would not say what runs."""
+    tm, tn, tx, ty = gemm_split(math.prod(shape[:-1]), shape[-1], threads, tuple(thread_shape))
     return micro_budget(device).stage_bytes // (4 * (ty * tm + tx * tn))
+
+
+def other_mappings(graph: PrimGraph, segment: Sequence[str], stage: Stage, shape: Sequence[int], threads: int,
+                   step: Sequence[int], device: Device) -> list[tuple[int, int]]:
+    """Thread mappings (ty, tx) beside the default for a GEMM tile `shape` on `threads`: those of
+    `generate.thread_splits` (accumulators within the device's budget, none beaten on every term the
+    model charges), where the segment's one contraction reduces one axis (a GEMM, as `reduce_steps`
+    asks) and the recorded k step still fits the staging budget under the mapping. The default is the
+    candidate without a mapping (`search_group` records it on the tile it chooses). None on a CPU device:
+    the C target runs its own register-blocked micro-kernel whatever the mapping, so only the count's
+    padded micro-tiles would differ, not the code (vit on the host preset chose 16x16 for that alone)."""
+    if device.kind == "cpu":
+        return []
+    found = [graph.stage(s) for s in segment if graph.stage(s).kind == StageKind.CONTRACTION]
+    if len(found) != 1 or len(shape) < 2 or sum(r > 1 for r in found[0].reduce) != 1 or any(
+            t != 1 for t in shape[:-2]):
+        return []
+    budget = micro_budget(device)
+    k = min(math.prod(step) if step else 32, math.prod(found[0].reduce))
+    return [m for m in thread_splits(math.prod(shape[:-1]), shape[-1], threads, budget.accumulators)[1:]
+            if k <= max(4, staging_limit(shape, threads, device, m))]
+
+
+def record_mappings(graph: PrimGraph, segs: Sequence[Sequence[str]], conns: Mapping, tiles: Sequence[Tile],
+                    device: Device) -> list[Tile]:
+    """`tiles` with each GEMM segment's thread mapping written as its kernel runs it (the default where the
+    tile had none), so the Plan says it; a segment without a GEMM, or run on another segment's larger
+    block, records none (its block's threads are not its tile's)."""
+    from engine.schedule.cost import segment_use
+
+    block = max(t.threads for t in tiles)
+    out = []
+    for seg, tile in zip(segs, tiles):
+        maps: set = set()
+        if tile.threads == block and len(tile.shape) >= 2:
+            try:
+                maps = set(segment_use(graph, seg, conns, tile, device=device).gemm_maps)
+            except (CountBudgetError, PlanError):
+                maps = set()
+        shape = next(iter(maps)) if len(maps) == 1 else ()
+        out.append(tile if shape == tile.thread_shape else replace(tile, thread_shape=shape))
+    return out
 
 
 def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, device: Device, mode: str) -> list[Tile]:
@@ -182,6 +226,8 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
                 for threads in options:
                     for step in reduce_steps(graph, segment, stage, shape, threads, device):
                         out.append(make_tile(stage, shape, threads, step))
+                        out.extend(make_tile(stage, shape, threads, step, thread_shape=m)
+                                   for m in other_mappings(graph, segment, stage, shape, threads, step, device))
                 if StageKind.REDUCE in kinds and bm <= 256 and bc == 1:
                     out.append(make_tile(stage, shape, _r32(bm), threads_per_row=1))  # thread per row
     return out
@@ -231,6 +277,8 @@ def search_group(
         # the one-wave rule couples them, so start again from each segment's smallest grid.
         chosen[:] = [min(pool, key=lambda t: (t.blocks, -t.threads)) for pool in pools]
         best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local)
+    if not violations:
+        chosen[:] = record_mappings(graph, segs, conns, chosen, device)
     try:
         cost = estimate_group(graph, stages, conns, chosen, device, segs=segs, local=local, exact=True)
     except CountBudgetError:

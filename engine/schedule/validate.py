@@ -281,6 +281,8 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
                     out.append(Violation("shared_locality", f"edge {p} -> {c}",
                                          f"the block needs {size} B of '{p}', more than fits in shared memory "
                                          f"({device.max_smem_per_block_bytes} B)"))
+    if tile.thread_shape and tuple(set(use.gemm_maps)) != (tile.thread_shape,):
+        out.append(Violation("footprint", subject, mapping_refusal(tile, use.gemm_maps)))
     found = _recompute(graph, seg, conns, tile, use)
     ragged = any(n % t for n, t in zip(anchor.shape, tile.shape))
     if ragged and any(v.rule == "recompute" for v in found):
@@ -295,6 +297,16 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
                                  f"row_split {tile.row_split} splits rows of '{tile.stage}' across blocks; only a "
                                  "reduction whose every consumer is behind a grid barrier may do that"))
     return out
+
+
+def mapping_refusal(tile: Tile, built: Sequence[tuple[int, int]]) -> str:
+    """Why a tile's recorded thread mapping is not what codegen prints (one line naming what fits)."""
+    ty_tx = "x".join(map(str, tile.thread_shape))
+    if not built:
+        return (f"thread_shape {ty_tx} of '{tile.stage}': its segment runs no tiled GEMM (with this tile and "
+                f"{tile.threads} threads), so there is no mapping to choose (leave thread_shape empty)")
+    return (f"thread_shape {ty_tx} of '{tile.stage}' is not printable on the kernel's {tile.threads} threads "
+            f"(codegen runs {' / '.join('x'.join(map(str, m)) for m in sorted(set(built)))})")
 
 
 def inlined_stages(graph: PrimGraph, seg: Sequence[str], conns: Mapping, anchor: str) -> list[str]:

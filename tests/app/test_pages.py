@@ -102,6 +102,29 @@ def test_a_clicked_kernel_shows_its_stages_details_and_edits():
         assert at.text_input(key=key) if key == "tg_tile" else at.number_input(key=key)
     # the k step is shown and edited with the tile: applying a tile keeps the searched step
     assert at.text_input(key="tg_kstep").value == "x".join(map(str, group.segments[0].reduce_step))
+    assert at.text_input(key="tg_tmap").value == "x".join(map(str, group.segments[0].thread_shape))
+
+
+def test_a_kernels_thread_mapping_is_shown_and_edited():
+    """vit_block's 197 tokens: a 50 x 32 GEMM tile on 224 threads whose plan records its mapping; the
+    Tile-graph editor shows it and applies another (the edit names it, the new plan runs it)."""
+    at = open_page("tilegraph", "vit_block")
+    graph = services.load_model(str(services.sample_path("vit_block")), "vit_block").graph
+    plan = services.build_plan(graph, graph.structural_hash, "welder", "a100", "[]", True).plan
+    group = next(g for g in plan.groups if len(g.segments) == 1 and g.segments[0].thread_shape)
+    select(at, "kernel", group.stages[-1])
+    no_traceback(at)
+    tile = group.segments[0]
+    was = "x".join(map(str, tile.thread_shape))
+    assert at.text_input(key="tg_tmap").value == was
+    other = next(m for m in (f"{tile.threads // tx}x{tx}" for tx in (16, 8, 4)) if m != was)
+    at.text_input(key="tg_tmap").set_value(other)
+    at.button[[b.label for b in at.button].index("Apply tile")].click().run()
+    no_traceback(at)
+    (edit,) = at.session_state[KEY].edits
+    assert edit.arg["thread_shape"] == tuple(int(x) for x in other.split("x"))
+    select(at, "kernel", group.stages[-1])
+    assert at.text_input(key="tg_tmap").value == other
 
 
 def test_an_edge_clicked_in_the_overview_offers_legal_connections_and_undo_restores():

@@ -230,3 +230,5 @@ def test_set_tile_edits_name_their_k_step():
     with_step = Edit.make("set_tile", stage="mm", shape=[99, 64], threads=256, reduce_step=[197])
     assert describe_edit(with_step).endswith("256 threads, k step 197")
     assert "k step" not in describe_edit(Edit.make("set_tile", stage="mm", shape=[99, 64], threads=256))
+    mapped = Edit.make("set_tile", stage="mm", shape=[99, 64], threads=256, thread_shape=[16, 16])
+    assert describe_edit(mapped).endswith("256 threads, threads 16×16 (ty x tx)")

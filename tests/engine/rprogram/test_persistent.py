@@ -223,3 +223,30 @@ def test_persistent_grid_is_what_the_compiled_registers_leave_resident() -> None
                                         src.shared_bytes + used.static_shared_bytes)
     per_sm = device.regs_per_sm // (regs * src.block)
     assert per_sm >= 1 and grid == per_sm * device.sm_count < rp.vdevice.veus and f"{regs} registers" in why
+
+
+def test_rprogram_variants_and_persistent_kernels_carry_thread_mappings() -> None:
+    """vit_block's GEMM kernels: every variant carries its tile's thread mapping (through the rProgram's
+    JSON too), the plan rewritten for the rProgram keeps the chosen variant's, and the program the
+    persistent kernel is made of prints each recorded mapping; the persistent C run matches onnxruntime."""
+    graph, plan, program, rp = _built("vit_block")
+    assert any(v.thread_shape for op in rp.operators for v in op.variants)
+    assert rprogram_from_json(json.loads(json.dumps(rprogram_to_json(rp)))) == rp
+    for op in rp.operators:
+        (g,) = [g for g in plan.groups if g.name == op.name]
+        v = rp.chosen(op.name)
+        # a candidate chosen without a recorded mapping runs (and the rewritten plan records) the default
+        assert v.origin == "plan" or v.thread_shape in ((), g.segments[0].thread_shape)
+    kernels = {k.name: k for k in program.kernels}
+    printed = 0
+    for g in plan.groups:
+        for seg, tile in zip(kernels[g.name].segments, g.segments):
+            for p in seg.phases:
+                if p.gemm is not None and tile.thread_shape:
+                    assert (p.gemm.ty, p.gemm.tx) == tile.thread_shape, (g.name, tile)
+                    printed += 1
+    assert printed
+    src = persistent_cuda(program, rp).source
+    assert "tw_persistent" in src
+    feeds, want = _oracle("vit_block", graph)
+    _assert_matches(run_persistent_c(program, rp, graph, feeds), want)

@@ -106,3 +106,21 @@ def test_tf32_is_a_plan_option_and_refused_with_a_saved_plan(attn_path, tmp_path
                  "--outputs", str(tmp_path / "o.npz")])
     _, err = capsys.readouterr()
     assert code == 2 and "--tf32" in err and "Traceback" not in err
+
+
+def test_thread_mapping_edit_in_plan_file(attn_graph, attn_path, a100, tmp_path, capsys):
+    """A set_tile edit's thread_shape replays from a plan file and shows in the JSON; one that does not fit
+    the tile's threads exits 2 with one line naming the mappings that do."""
+    data = plan_to_json(make_plan(attn_graph, "unfused", a100))
+    saved = tmp_path / "plan.json"
+    edit = {"stage": "mm", "shape": [16, 24], "threads": 64}
+    data["edits"] = [{"kind": "set_tile", "args": edit | {"thread_shape": [3, 20]}}]
+    saved.write_text(json.dumps(data))
+    code, _, err = _run(capsys, attn_path, "--plan-in", saved)
+    assert code == 2 and "mappings that fit: " in err and "16x4" in err and len(err.strip().splitlines()) <= 2
+    data["edits"] = [{"kind": "set_tile", "args": edit | {"thread_shape": [16, 4]}}]
+    saved.write_text(json.dumps(data))
+    code, out, _ = _run(capsys, attn_path, "--plan-in", saved, "--json")
+    assert code == 0
+    (seg,) = [s for g in json.loads(out)["groups"] for s in g["segments"] if s["anchor"] == "mm"]
+    assert seg["thread_shape"] == [16, 4]

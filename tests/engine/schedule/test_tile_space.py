@@ -117,7 +117,7 @@ def _check_odd_gemm(m, k, n, batch, epilogue, device, data):
             assert not check_group(graph, group.stages, conns, [t], dev, segs=[seg]), t
             if t.reduce_step:  # recorded steps fit the staging budget: codegen prints them unhalved
                 assert all(s >= 1 for s in t.reduce_step)
-        assert len(pool) == len({(t.shape, t.threads, t.reduce_step, t.threads_per_row) for t in pool})
+        assert len(pool) == len({(t.shape, t.threads, t.reduce_step, t.threads_per_row, t.thread_shape) for t in pool})
         event(f"new candidates: {'some' if new else 'none'}")
         if not new:
             return
