@@ -33,9 +33,12 @@ def sim_stack_kib() -> int:
 
 
 def c_loops() -> str:
-    """TILEWEAVE_C_LOOPS: who runs the C backend's parallel tile loops — "pool" (the default: the
-    generated C's own work-claiming thread pool) or "omp" (OpenMP parallel for loops)."""
-    raw = os.environ.get("TILEWEAVE_C_LOOPS", "").strip().lower() or "pool"
+    """TILEWEAVE_C_LOOPS: who runs the C backend's parallel tile loops — "omp" (the default: OpenMP
+    parallel for loops) or "pool" (the generated C's own work-claiming thread pool). The pool degrades
+    gracefully where other processes compete for the cores (at load 12-22 on 2 cores: 3-1000x OpenMP's
+    median); on a quiet machine OpenMP's spinning team is as fast or faster (pool/OpenMP by median 1.0-1.9x,
+    bert 1.86x, resnet 1.93x): benchmarks/RESULTS.md, "pool" and "lead-2026-11-26g"."""
+    raw = os.environ.get("TILEWEAVE_C_LOOPS", "").strip().lower() or "omp"
     if raw not in ("pool", "omp"):
         from engine.errors import BackendError
 
