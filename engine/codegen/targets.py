@@ -198,7 +198,11 @@ class CPrinter(Printer):
 
     # No per-ISA clones: the library is built for the host's CPU (ccompile.default_options).
     kernel_prefix = ""
-    helper_prefix = "static inline"
+    # Always inlined, as the CUDA printer's __forceinline__: in a kernel past GCC's function-growth limits
+    # (lstm's welder k01, the 32-step recurrence in one function) plain `inline` left c0_expf a call, so
+    # the gate loops around it ran one lane at a time (the kernel 287 us against 193 inlined; NOTES.md,
+    # hostwelder).
+    helper_prefix = "static inline __attribute__((always_inline))"
     table_qualifier = "static const"
     restrict = "restrict"
     block_barrier = "/* block barrier: the next phase starts after this one's loop */"
