@@ -310,6 +310,17 @@ def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_a
     `mm + {q}`, step kk. With `tail` the chunks stop at n_n (B read in place has no padding
     columns): whole chunks, then one chunk of the n_n % cols columns left."""
     rs = range(rows)
+    step = [f"    const float* restrict brow = {brow};",
+            *[f"    const float a{q} = {a_at.format(q=q)};" for q in rs],
+            "    #pragma omp simd",
+            "    for (int c = 0; c < nc; ++c) {",
+            *[f"        r{q}[c] = c0_fmaf(a{q}, brow[c], r{q}[c]);" for q in rs],
+            "    }"]
+    # The k steps as an even count, then the odd one left: a k loop of odd trip count made GCC keep the
+    # partial sums on the stack (each FMA a store-to-load chain; nerf's K = 191, 155 and 63 GEMMs ran at
+    # ~43 GFLOP/s against ~105 for even K, benchmarks/NOTES.md, hostwelder). Same FMAs, same k order.
+    k_loops = ["    " + x for x in ["for (int kk = 0; kk < (k_n & ~1); ++kk) {", *step, "}",
+                                    "for (int kk = k_n & ~1; kk < k_n; ++kk) {", *step, "}"]]
     lines = [f"for (int {head}) {{"]
     chunks = [("n0 = 0; n0 < n_n", str(cols))]
     if tail:
@@ -322,14 +333,7 @@ def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_a
                   "    for (int c = 0; c < nc; ++c) {",
                   *[f"        r{q}[c] = acc[(mm + {q}) * {ldb} + n0 + c];" for q in rs],
                   "    }",
-                  "    for (int kk = 0; kk < k_n; ++kk) {",
-                  f"        const float* restrict brow = {brow};",
-                  *[f"        const float a{q} = {a_at.format(q=q)};" for q in rs],
-                  "        #pragma omp simd",
-                  "        for (int c = 0; c < nc; ++c) {",
-                  *[f"            r{q}[c] = c0_fmaf(a{q}, brow[c], r{q}[c]);" for q in rs],
-                  "        }",
-                  "    }",
+                  *k_loops,
                   "    #pragma omp simd",
                   "    for (int c = 0; c < nc; ++c) {",
                   *[f"        acc[(mm + {q}) * {ldb} + n0 + c] = r{q}[c];" for q in rs],
@@ -409,7 +413,11 @@ class CPrinter(Printer):
 
     # No per-ISA clones: the library is built for the host's CPU (ccompile.default_options).
     kernel_prefix = ""
-    helper_prefix = "static inline"
+    # Always inlined, as the CUDA printer's __forceinline__: in a kernel past GCC's function-growth limits
+    # (lstm's welder k01, the 32-step recurrence in one function) plain `inline` left c0_expf a call, so
+    # the gate loops around it ran one lane at a time (the kernel 287 us against 193 inlined; NOTES.md,
+    # hostwelder).
+    helper_prefix = "static inline __attribute__((always_inline))"
     table_qualifier = "static const"
     restrict = "restrict"
     block_barrier = "/* block barrier: the next phase starts after this one's loop */"

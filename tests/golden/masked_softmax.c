@@ -226,8 +226,8 @@ TW_HIDDEN void tw_parallel_for(int n, int chunk, tw_tiles_fn fn, void* args) {
     atomic_store_explicit(&p->busy, 0, memory_order_release);
 }
 
-static inline float c0_bits2f(int i) { float f; __builtin_memcpy(&f, &i, 4); return f; }
-static inline float c0_expf(float x) { const float c = x < -87.33654f ? -87.33654f : (x > 89.0f ? 89.0f : x); const float fx = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; const int n = (int)fx; float r = c - fx * 0.693359375f; r = r - fx * -2.12194440e-4f; const float z = r * r; float y = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f) * z + r + 1.0f; const int n1 = n >> 1; return y * c0_bits2f((n1 + 127) << 23) * c0_bits2f((n - n1 + 127) << 23); }
+static inline __attribute__((always_inline)) float c0_bits2f(int i) { float f; __builtin_memcpy(&f, &i, 4); return f; }
+static inline __attribute__((always_inline)) float c0_expf(float x) { const float c = x < -87.33654f ? -87.33654f : (x > 89.0f ? 89.0f : x); const float fx = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; const int n = (int)fx; float r = c - fx * 0.693359375f; r = r - fx * -2.12194440e-4f; const float z = r * r; float y = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f) * z + r + 1.0f; const int n1 = n >> 1; return y * c0_bits2f((n1 + 127) << 23) * c0_bits2f((n - n1 + 127) << 23); }
 
 // k00_where_mul_add_softmax_etc: stages Where_3_out, Mul_5_out, Add_6_out, probs::max, probs::exp, probs::sum, probs
 // onnx nodes: Where_3, Mul_5, Add_6, Softmax_7

@@ -334,3 +334,23 @@ def test_scalar_calls_are_the_ops_the_c_printer_prints_as_libm_calls():
     libm = {"sin": "sinf", "cos": "cosf", "exp": "expf", "log": "logf", "tanh": "tanhf", "erf": "erff"}
     called = {op for op in UNARY_OPS if op in libm and CPrinter().unary(op, "x", DType.F32).startswith(libm[op] + "(")}
     assert called == set(CPrinter.scalar_calls)
+
+
+def test_c_math_helpers_are_always_inlined():
+    """Every helper the C printer defines (c0_expf, c1_tanhf, ...) is always_inline, as CUDA's are
+    __forceinline__: in a kernel past GCC's function-growth limits (lstm's 32-step recurrence fused into
+    one function) a plain `static inline` c0_expf stayed a call and its gate loops ran one lane at a time.
+    The program still compiles and matches onnxruntime."""
+    graph, inputs, _ = load_sample("masked_softmax")
+    program = generate(policy_plan(graph, "welder"), graph)
+    text = render_c(program)
+    defs = re.findall(r"^static inline.*? (c\d+_\w+)\(", text, re.M)
+    assert "c0_expf" in defs
+    assert all(line.startswith("static inline __attribute__((always_inline)) ")
+               for line in text.splitlines() if line.startswith("static inline")), defs
+    rng = np.random.default_rng(9)
+    inputs = dict(inputs, scores=rng.standard_normal(inputs["scores"].shape).astype(np.float32) * 4)
+    sess = ort.InferenceSession(str(SAMPLES / "masked_softmax.onnx"), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], want[k]) for k in want) <= 1e-5
