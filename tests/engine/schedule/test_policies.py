@@ -89,13 +89,16 @@ def _walk(graph, device=DEVICE):
 
 def test_welder_is_never_slower_than_stitch_by_its_model():
     """The walk is greedy; on bert_layer for a100 its plan models 559.6 us against the stitch plan's
-    346.0: welder takes the faster of the two and says so first in its decision log."""
+    346.0: welder takes the stitch plan where it models more than WALK_MARGIN faster, and says which it
+    took first in its decision log."""
+    from engine.schedule.policies.welder import WALK_MARGIN
+
     for name in ("bert_layer", "vit_block", "conv_bn_relu"):
         graph = _graph(name)
         walk, stitch, welder = _walk(graph), make_plan(graph, "stitch", DEVICE), make_plan(graph, "welder", DEVICE)
-        assert welder.modeled_us == min(walk.modeled_us, stitch.modeled_us)
+        taken = stitch if stitch.modeled_us < walk.modeled_us * (1 - WALK_MARGIN) else walk
+        assert welder.modeled_us == taken.modeled_us <= walk.modeled_us
         assert welder.policy == "welder" and welder.decisions[0].startswith("welder: ")
-        taken = stitch if stitch.modeled_us < walk.modeled_us else walk
         assert [g.stages for g in welder.groups] == [g.stages for g in taken.groups]
         assert ("stitch plan taken" in welder.decisions[0]) == (taken is stitch)
     assert "stitch plan taken" in make_plan(_graph("bert_layer"), "welder", DEVICE).decisions[0]
