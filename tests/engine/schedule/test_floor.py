@@ -72,5 +72,5 @@ def test_floor_is_tight_on_a_gemm_segment():
         segs = segments_of(graph, group.stages, conns)
         modeled = estimate_group(graph, group.stages, conns, group.segments, device, segs=segs).modeled_us
         ratios.append(floor_us(graph, group.stages, conns, group.segments, device, segs) / modeled)
-    assert max(ratios) <= 1.0 + 1e-6
+    assert max(ratios) <= 1.0 + 1e-5  # modeled_us is rounded to 1e-4 us
     assert sum(r > 0.5 for r in ratios) >= len(ratios) // 2, ratios
