@@ -177,7 +177,8 @@ def test_c_printer_computes_a_broadcast_chain_once_per_launch_or_tile():
     source = render_c(generate(plan, graph))
     assert source.count("float launch_line0[4096];") == 1 and "float line0[" not in source
     assert source.count("= c1_powf(") == 1
-    assert source.index("= c1_powf(") < re.search(r"^\s+tw_parallel_for\(", source, re.M).start()
+    # before the parallel tile loop (an OpenMP loop, or the pool's call under TILEWEAVE_C_LOOPS=pool)
+    assert source.index("= c1_powf(") < re.search(r"^\s+(tw_parallel_for\(|#pragma omp parallel)", source, re.M).start()
     split = apply_edit(plan, graph, a100, Edit.make("set_tile", stage="out", shape=[8, 512], threads=256))
     program = generate(split, graph)
     source = render_c(program)
