@@ -270,35 +270,27 @@ __device__ __forceinline__ void tw_mma_m16n8k8_tf32(float& d0, float& d1, float&
 }
 #endif"""
 
-# D += A * B on one warp's m16n8k16 tile with fp16 operands in packed .f16x2 registers (fragments:
-# Printer.mma_accumulate_f16; lo = the lower-numbered element), FP32 accumulators. cuda-sim defines both
-# functions itself (the mma as a warp collective).
-CUDA_MMA_F16 = """#ifndef TW_CUDA_SIM
-__device__ __forceinline__ unsigned tw_pack_half2(__half lo, __half hi) {
-    return (unsigned)__half_as_ushort(lo) | ((unsigned)__half_as_ushort(hi) << 16);
-}
-__device__ __forceinline__ void tw_mma_m16n8k16_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0,
-                                                    unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};"
+def _mma_m16n8k16(ptx: str, ctype: str, pack: str, bits: str) -> str:
+    """D += A * B on one warp's m16n8k16 tile with 16-bit operands (`ptx`: f16 or bf16) in packed .x2
+    registers (fragments: Printer.mma_accumulate_f16; lo = the lower-numbered element; bf16 has the same
+    layout, PTX ISA 9.7.14.5.8), FP32 accumulators: the pack helper and the mma. cuda-sim defines both
+    functions itself (the mma as a warp collective)."""
+    return f"""#ifndef TW_CUDA_SIM
+__device__ __forceinline__ unsigned {pack}({ctype} lo, {ctype} hi) {{
+    return (unsigned){bits}(lo) | ((unsigned){bits}(hi) << 16);
+}}
+__device__ __forceinline__ void tw_mma_m16n8k16_{ptx}(float& d0, float& d1, float& d2, float& d3, unsigned a0,
+{" " * (len(ptx) - 3)}                                                    unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ptx}.{ptx}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, "
+                 "{{%0, %1, %2, %3}};"
                  : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+}}
 #endif"""
 
-# The same with bf16 operands in packed .bf16x2 registers (the same fragment layout: PTX ISA 9.7.14.5.8).
-CUDA_MMA_BF16 = """#ifndef TW_CUDA_SIM
-__device__ __forceinline__ unsigned tw_pack_bf162(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-    return (unsigned)__bfloat16_as_ushort(lo) | ((unsigned)__bfloat16_as_ushort(hi) << 16);
-}
-__device__ __forceinline__ void tw_mma_m16n8k16_bf16(float& d0, float& d1, float& d2, float& d3, unsigned a0,
-                                                     unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};"
-                 : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-#endif"""
+
+CUDA_MMA_F16 = _mma_m16n8k16("f16", "__half", "tw_pack_half2", "__half_as_ushort")
+CUDA_MMA_BF16 = _mma_m16n8k16("bf16", "__nv_bfloat16", "tw_pack_bf162", "__bfloat16_as_ushort")
 
 
 def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_at: str,
