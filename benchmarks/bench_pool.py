@@ -29,26 +29,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = ROOT / "samples" / "zoo"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_side_by_side's worker start
 RUNTIMES = ("omp", "pool")
 CONDITIONS = ("quiet", "busy")
 
 
 def work(job: dict) -> dict:
     """In the worker: plan once, build both runtimes' programs, check them, time each condition."""
+    from bench_side_by_side import reference
+
     from engine.codegen.generate import generate
-    from engine.device import get_device
-    from engine.frontend.importer import load_graph
-    from engine.profile.bench_worker import bench_inputs, max_rel_error, ort_session
+    from engine.profile.bench_worker import max_rel_error
     from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls
     from engine.schedule.pipeline import plan_model
 
-    model, threads = Path(job["model"]), int(job["threads"])
-    graph = load_graph(model)
-    inputs = bench_inputs(graph, model)
-    sess = ort_session(model, threads)
-    names = [o.name for o in sess.get_outputs()]
-    want = dict(zip(names, sess.run(names, inputs)))
-    device = get_device(job["device"])
+    graph, inputs, sess, names, want, device = reference(job)
     planned, plan = plan_model(graph, job["policy"], device)
     runs, keep, out = {}, [], {"modeled_us": plan.modeled_us, "max_rel_err": {}, "loops": {}}
     for runtime in RUNTIMES:

@@ -101,22 +101,29 @@ def built_calls(built: dict, inputs: dict) -> tuple[list, dict, dict]:
     return calls, env, outs
 
 
-def work(job: dict) -> dict:
-    """In the worker: every policy planned, compiled, checked; then round-robin timing."""
-    from engine.codegen.generate import generate
+def reference(job: dict) -> tuple:
+    """In a worker: (graph, inputs, onnxruntime session, its output names, its outputs, device) of the job's
+    model, the session on the job's threads (also bench_pool.py's start)."""
     from engine.device import get_device
     from engine.frontend.importer import load_graph
-    from engine.profile.bench_worker import bench_inputs, max_rel_error, ort_session
-    from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls
-    from engine.schedule.pipeline import plan_model
+    from engine.profile.bench_worker import bench_inputs, ort_session
 
     model, threads = Path(job["model"]), int(job["threads"])
     graph = load_graph(model)
     inputs = bench_inputs(graph, model)
     sess = ort_session(model, threads)
     names = [o.name for o in sess.get_outputs()]
-    want = dict(zip(names, sess.run(names, inputs)))
-    device = get_device(job["device"])
+    return graph, inputs, sess, names, dict(zip(names, sess.run(names, inputs))), get_device(job["device"])
+
+
+def work(job: dict) -> dict:
+    """In the worker: every policy planned, compiled, checked; then round-robin timing."""
+    from engine.codegen.generate import generate
+    from engine.profile.bench_worker import max_rel_error
+    from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls
+    from engine.schedule.pipeline import plan_model
+
+    graph, inputs, sess, names, want, device = reference(job)
     cells, runs, keep = {}, {}, []
     for policy in job["policies"]:
         # P+tune: P's plan tuned by measurement on the device (engine/schedule/tune.py); tuning's own
