@@ -33,12 +33,13 @@ def sim_stack_kib() -> int:
 
 
 def c_loops() -> str:
-    """TILEWEAVE_C_LOOPS: who runs the C backend's parallel tile loops — "omp" (the default: OpenMP
-    parallel for loops) or "pool" (the generated C's own work-claiming thread pool). The pool degrades
-    gracefully where other processes compete for the cores (at load 12-22 on 2 cores: 3-1000x OpenMP's
-    median); on a quiet machine OpenMP's spinning team is as fast or faster (pool/OpenMP by median 1.0-1.9x,
-    bert 1.86x, resnet 1.93x): benchmarks/RESULTS.md, "pool" and "lead-2026-11-26g"."""
-    raw = os.environ.get("TILEWEAVE_C_LOOPS", "").strip().lower() or "omp"
+    """TILEWEAVE_C_LOOPS: who runs the C backend's parallel tile loops — "pool" (the default: the generated
+    C's own work-claiming thread pool) or "omp" (OpenMP parallel for loops). With any other process on the
+    cores an OpenMP loop waits out its time slice at the closing barrier (decoder_kv beside a test run:
+    15.5 ms on OpenMP, 0.087 on the pool; at load 12-22: pool 3-1000x faster by median); on a quiet
+    machine OpenMP's spinning team is as fast or faster (pool/OpenMP by best round 0.97-1.32x, by median
+    1.0-1.9x): "omp" for a dedicated quiet machine. benchmarks/RESULTS.md, "pool", "lead-2026-11-26g"."""
+    raw = os.environ.get("TILEWEAVE_C_LOOPS", "").strip().lower() or "pool"
     if raw not in ("pool", "omp"):
         from engine.errors import BackendError
 

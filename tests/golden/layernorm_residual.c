@@ -229,10 +229,16 @@ TW_HIDDEN void tw_parallel_for(int n, int chunk, tw_tiles_fn fn, void* args) {
 
 // k00_add_mean_sub_pow_etc: stages Add_1_out, ReduceMean_2_out::sum, ReduceMean_2_out, Sub_3_out, Pow_5_out, ReduceMean_6_out::sum, ReduceMean_6_out, Add_8_out, Sqrt_9_out, Div_10_out, Mul_11_out, y
 // onnx nodes: Add_1, ReduceMean_2, Sub_3, Pow_5, ReduceMean_6, Add_8, Sqrt_9, Div_10, Mul_11, Add_12
-void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g_residual, float* restrict g_y, const float* restrict g_gamma, const float* restrict g_beta) {
-    // segment 0: anchor y, 1536 tiles
-    #pragma omp parallel for schedule(guided)
-    for (int t = 0; t < 1536; ++t) {
+struct k00_add_mean_sub_pow_etc_loop0 { const float* restrict g_x; const float* restrict g_residual; float* restrict g_y; const float* restrict g_gamma; const float* restrict g_beta; };
+static void k00_add_mean_sub_pow_etc_loop0(void* tw_v, const int tw_t0, const int tw_t1) {
+    const struct k00_add_mean_sub_pow_etc_loop0* tw_a = tw_v;
+    const float* restrict g_x = tw_a->g_x;
+    const float* restrict g_residual = tw_a->g_residual;
+    float* restrict g_y = tw_a->g_y;
+    const float* restrict g_gamma = tw_a->g_gamma;
+    const float* restrict g_beta = tw_a->g_beta;
+    // 15335424 element-steps, pooled: claims of at least 2 tiles
+    for (int t = tw_t0; t < tw_t1; ++t) {
         const int tc1 = t % 3;
         const int tc0 = (t / 3);
         float s_ReduceMean_2_out__sum[1];
@@ -303,4 +309,9 @@ void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g
             }
         }
     }
+}
+void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g_residual, float* restrict g_y, const float* restrict g_gamma, const float* restrict g_beta) {
+    // segment 0: anchor y, 1536 tiles
+    { struct k00_add_mean_sub_pow_etc_loop0 tw_a = {g_x, g_residual, g_y, g_gamma, g_beta};
+      tw_parallel_for(1536, 2, k00_add_mean_sub_pow_etc_loop0, &tw_a); }
 }

@@ -231,10 +231,14 @@ static inline __attribute__((always_inline)) float c0_expf(float x) { const floa
 
 // k00_where_mul_add_softmax_etc: stages Where_3_out, Mul_5_out, Add_6_out, probs::max, probs::exp, probs::sum, probs
 // onnx nodes: Where_3, Mul_5, Add_6, Softmax_7
-void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigned char* restrict g_mask, float* restrict g_probs) {
-    // segment 0: anchor probs, 768 tiles
-    #pragma omp parallel for schedule(guided)
-    for (int t = 0; t < 768; ++t) {
+struct k00_where_mul_add_softmax_etc_loop0 { const float* restrict g_scores; const unsigned char* restrict g_mask; float* restrict g_probs; };
+static void k00_where_mul_add_softmax_etc_loop0(void* tw_v, const int tw_t0, const int tw_t1) {
+    const struct k00_where_mul_add_softmax_etc_loop0* tw_a = tw_v;
+    const float* restrict g_scores = tw_a->g_scores;
+    const unsigned char* restrict g_mask = tw_a->g_mask;
+    float* restrict g_probs = tw_a->g_probs;
+    // 3735552 element-steps, pooled: claims of at least 4 tiles
+    for (int t = tw_t0; t < tw_t1; ++t) {
         const int tc3 = t % 1;
         const int tc2 = (t / 1) % 64;
         const int tc1 = ((t / 1) / 64) % 12;
@@ -315,4 +319,9 @@ void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigne
             }
         }
     }
+}
+void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigned char* restrict g_mask, float* restrict g_probs) {
+    // segment 0: anchor probs, 768 tiles
+    { struct k00_where_mul_add_softmax_etc_loop0 tw_a = {g_scores, g_mask, g_probs};
+      tw_parallel_for(768, 4, k00_where_mul_add_softmax_etc_loop0, &tw_a); }
 }
