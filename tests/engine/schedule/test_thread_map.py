@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import test_tile_space as tile_space  # noqa: E402  (its GEMM model and oracle; conftest puts this folder on sys.path)
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
@@ -38,24 +39,11 @@ TOL = 1e-4
 
 
 def _gemm_model(path: Path, m: int, k: int, n: int, epilogue: bool, seed: int) -> Path:
-    """y = A @ B (+ bias, relu with `epilogue`): A an input [m, k], B and bias random constants."""
-    rng = np.random.default_rng(seed)
-    nodes = [helper.make_node("MatMul", ["a", "B"], ["mm" if epilogue else "y"], name="mm")]
-    inits = [onnx.numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "B")]
-    if epilogue:
-        inits.append(onnx.numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "bias"))
-        nodes += [helper.make_node("Add", ["mm", "bias"], ["sum"], name="add"),
-                  helper.make_node("Relu", ["sum"], ["y"], name="relu")]
-    graph = helper.make_graph(nodes, "gemm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
-    return path
+    """y = A @ B (+ bias, relu with `epilogue`): A an input [m, k] (test_tile_space's model, unbatched)."""
+    return tile_space._gemm_model(path, m, k, n, 1, epilogue, seed)
 
 
-def _expected(path: Path, x: np.ndarray) -> np.ndarray:
-    inits = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
-    y = x @ inits["B"]
-    return np.maximum(y + inits["bias"], 0) if "bias" in inits else y
+_expected = tile_space._expected
 
 
 def _gemms(program):
