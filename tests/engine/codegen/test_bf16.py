@@ -25,6 +25,9 @@ sys.path.insert(0, str(ROOT / "samples" / "zoo"))
 from bf16 import bf16_inputs, to_bf16  # noqa: E402
 from simt_samples import ms  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_mma_f16 import mma16_kernel  # noqa: E402
+
 from engine.codegen.generate import generate  # noqa: E402
 from engine.codegen.mma import MMA_BF16, MMA_F16, bf16_mma  # noqa: E402
 from engine.codegen.nvrtc import compile_cuda  # noqa: E402
@@ -305,21 +308,7 @@ def test_emulated_m16n8k16_bf16_follows_the_ptx_fragment_layout():
     rng = np.random.default_rng(5)
     a, b = _rand(rng, 16, 16), _rand(rng, 16, 8)
     c = rng.standard_normal((16, 8)).astype(np.float32)
-    kernel = r"""
-extern "C" __global__ void mma16(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d) {
-    const int lane = threadIdx.x, grp = lane >> 2, tig = lane & 3;
-    unsigned ra[4], rb[2];
-    for (int r = 0; r < 4; ++r) {  // a_{2r}, a_{2r+1}: row grp (+8 for r odd), k 2 tig (+8 for r >= 2)
-        const int row = grp + 8 * (r & 1), k = 2 * tig + 8 * (r >> 1);
-        ra[r] = tw_pack_bf162(a[row * 16 + k], a[row * 16 + k + 1]);
-    }
-    for (int r = 0; r < 2; ++r) rb[r] = tw_pack_bf162(b[(2 * tig + 8 * r) * 8 + grp], b[(2 * tig + 8 * r + 1) * 8 + grp]);
-    float acc[4];
-    for (int i = 0; i < 4; ++i) acc[i] = c[(grp + 8 * (i >> 1)) * 8 + 2 * tig + (i & 1)];
-    tw_mma_m16n8k16_bf16(acc[0], acc[1], acc[2], acc[3], ra[0], ra[1], ra[2], ra[3], rb[0], rb[1]);
-    for (int i = 0; i < 4; ++i) d[(grp + 8 * (i >> 1)) * 8 + 2 * tig + (i & 1)] = acc[i];
-}
-"""
+    kernel = mma16_kernel("__nv_bfloat16", "tw_pack_bf162", "tw_mma_m16n8k16_bf16")
     (_, _, _, d), report = run_cuda_source(kernel, "mma16", [(a, "in"), (b, "in"), (c, "in"),
                                                             (np.empty((16, 8), np.float32), "out")], grid=1, block=32)
     assert report.ok, report.summary_lines()

@@ -166,6 +166,27 @@ def test_fp32_contractions_stay_off_the_fp16_path(tmp_path):
     assert {x.mma for k in generate(plan, g, "a100").kernels for x in k.gemms} == {MMA_TF32}
 
 
+def mma16_kernel(ctype: str, pack: str, mma: str) -> str:
+    """One warp, one mma: A (16x16) and B (16x8) of `ctype` packed into registers by the PTX ISA's table for
+    m16n8k16 (9.7.14.5.8; .f16 and .bf16 share it, written out here independently of the printer), C added,
+    D read back by the accumulator layout."""
+    return f"""
+extern "C" __global__ void mma16(const {ctype}* a, const {ctype}* b, const float* c, float* d) {{
+    const int lane = threadIdx.x, grp = lane >> 2, tig = lane & 3;
+    unsigned ra[4], rb[2];
+    for (int r = 0; r < 4; ++r) {{  // a_{{2r}}, a_{{2r+1}}: row grp (+8 for r odd), k 2 tig (+8 for r >= 2)
+        const int row = grp + 8 * (r & 1), k = 2 * tig + 8 * (r >> 1);
+        ra[r] = {pack}(a[row * 16 + k], a[row * 16 + k + 1]);
+    }}
+    for (int r = 0; r < 2; ++r) rb[r] = {pack}(b[(2 * tig + 8 * r) * 8 + grp], b[(2 * tig + 8 * r + 1) * 8 + grp]);
+    float acc[4];
+    for (int i = 0; i < 4; ++i) acc[i] = c[(grp + 8 * (i >> 1)) * 8 + 2 * tig + (i & 1)];
+    {mma}(acc[0], acc[1], acc[2], acc[3], ra[0], ra[1], ra[2], ra[3], rb[0], rb[1]);
+    for (int i = 0; i < 4; ++i) d[(grp + 8 * (i >> 1)) * 8 + 2 * tig + (i & 1)] = acc[i];
+}}
+"""
+
+
 def test_emulated_m16n8k16_follows_the_ptx_fragment_layout():
     """One warp, one hand-written mma: A (16x16) and B (16x8) packed into registers by the PTX ISA's table
     for m16n8k16 .f16 (written out again here), D = C + A @ B read back by the accumulator layout. cuda-sim's
@@ -173,21 +194,7 @@ def test_emulated_m16n8k16_follows_the_ptx_fragment_layout():
     rng = np.random.default_rng(5)
     a, b = _rand(rng, 16, 16), _rand(rng, 16, 8)
     c = rng.standard_normal((16, 8)).astype(np.float32)
-    kernel = r"""
-extern "C" __global__ void mma16(const __half* a, const __half* b, const float* c, float* d) {
-    const int lane = threadIdx.x, grp = lane >> 2, tig = lane & 3;
-    unsigned ra[4], rb[2];
-    for (int r = 0; r < 4; ++r) {  // a_{2r}, a_{2r+1}: row grp (+8 for r odd), k 2 tig (+8 for r >= 2)
-        const int row = grp + 8 * (r & 1), k = 2 * tig + 8 * (r >> 1);
-        ra[r] = tw_pack_half2(a[row * 16 + k], a[row * 16 + k + 1]);
-    }
-    for (int r = 0; r < 2; ++r) rb[r] = tw_pack_half2(b[(2 * tig + 8 * r) * 8 + grp], b[(2 * tig + 8 * r + 1) * 8 + grp]);
-    float acc[4];
-    for (int i = 0; i < 4; ++i) acc[i] = c[(grp + 8 * (i >> 1)) * 8 + 2 * tig + (i & 1)];
-    tw_mma_m16n8k16_f16(acc[0], acc[1], acc[2], acc[3], ra[0], ra[1], ra[2], ra[3], rb[0], rb[1]);
-    for (int i = 0; i < 4; ++i) d[(grp + 8 * (i >> 1)) * 8 + 2 * tig + (i & 1)] = acc[i];
-}
-"""
+    kernel = mma16_kernel("__half", "tw_pack_half2", "tw_mma_m16n8k16_f16")
     (_, _, _, d), report = run_cuda_source(kernel, "mma16", [(a, "in"), (b, "in"), (c, "in"),
                                                             (np.empty((16, 8), np.float32), "out")], grid=1, block=32)
     assert report.ok, report.summary_lines()
