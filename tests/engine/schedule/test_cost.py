@@ -252,6 +252,7 @@ def test_a_segment_the_c_target_runs_serially_is_charged_on_one_core(tmp_path, a
 def test_two_serial_segments_in_a_row_have_no_grid_barrier_between_them(tmp_path, a100):
     """A grid barrier on the C target is one parallel loop's end and the next one's start: between two
     segments that both run on the calling thread there is none to charge (on a GPU there is)."""
+    from engine.schedule.floor import floor_us
     from engine.schedule.plan import Tile
 
     conns = {("a", "t"): Conn.REGISTER, ("t", "y"): Conn.GLOBAL_SYNC}
@@ -261,5 +262,8 @@ def test_two_serial_segments_in_a_row_have_no_grid_barrier_between_them(tmp_path
         tiles = [Tile("t", (1, n1 // 2), 32, 2), Tile("y", (1, 256), 32, 2)]
         cpu = estimate_group(graph, ["a", "t", "y"], conns, tiles, host)
         assert cpu.terms_us["grid_barrier"] == (0.0 if serial else round(host.grid_barrier_s * 1e6, 4))
+        # the tile search's floor stays under it (a floor above the model would prune the winner)
+        segs = [["a", "t"], ["y"]]
+        assert floor_us(graph, ["a", "t", "y"], conns, tiles, host, segs) <= cpu.modeled_us
         gpu = estimate_group(graph, ["a", "t", "y"], conns, tiles, a100)
         assert gpu.terms_us["grid_barrier"] == round(a100.grid_barrier_s * 1e6, 4) > 0
