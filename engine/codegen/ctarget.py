@@ -691,10 +691,24 @@ def segment_work(seg: Segment) -> int:
     total = 0
     for p in seg.phases:
         elems = p.region.flat or math.prod(p.region.extent)
-        steps = math.prod(p.reduce) if p.reduce else 1
-        steps += sum(math.prod(r.extents) for r in kwalk(p.body) if isinstance(r, Reduce))
-        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * sum(map(transcendental, kwalk(p.body))))
+        inlined, expensive = _body_steps(p.body)
+        steps = (math.prod(p.reduce) if p.reduce else 1) + inlined
+        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * expensive)
     return total * seg.ntiles
+
+
+def _body_steps(body) -> tuple[int, int]:
+    """(steps of the reductions inlined in `body`, its transcendentals), memoised on the body (the cost
+    model asks for every segment it costs on a CPU: `cost.serial_on`)."""
+    from engine.memo import memo
+
+    table = memo("ctarget.body_steps", 50000)
+    hit = table.get(id(body))
+    if hit is None or hit[0] is not body:  # the body is kept so its id stays unique
+        nodes = list(kwalk(body))
+        hit = table.put(id(body), (body, (sum(math.prod(r.extents) for r in nodes if isinstance(r, Reduce)),
+                                          sum(map(transcendental, nodes)))))
+    return hit[1]
 
 
 def transcendental(n) -> bool:

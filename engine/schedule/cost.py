@@ -167,8 +167,8 @@ def serial_on(kernel, device: Device | None) -> bool:
         return False
     from engine.codegen.ctarget import segment_loop, segment_work
 
-    seg = kernel.segments[0]
-    return segment_loop(seg, segment_work(kernel.stripped().segments[0])) == "serial"
+    seg = kernel.segments[0]  # its Inlined markers walked through: the same count as the stripped segment's
+    return segment_loop(seg, segment_work(seg)) == "serial"
 
 
 def segment_registers(graph: PrimGraph, segment: Sequence[str], tile: Tile, regions: GroupRegions,
