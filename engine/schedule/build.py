@@ -16,7 +16,7 @@ from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, compon
 from engine.schedule.residency import with_l2_residency
 from engine.schedule.tiles import GroupSchedule, record_mappings, search_group
 from engine.schedule.validate import Decision
-from engine.tilegraph.tilegraph import segments_of, stage_order
+from engine.tilegraph.tilegraph import segment_sinks, segments_of, stage_order
 
 Edge = tuple[str, str]
 
@@ -156,12 +156,16 @@ def trial_conns(graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level:
 def can_connect(
     graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level: Conn, device: Device, mode: str,
     groups: Callable[[str], set[str]] | None = None, keep_tiles: bool = False,
+    kept: Mapping[str, Tile] | None = None,
 ) -> tuple[Decision, dict[Edge, Conn]]:
     """Is `edge` at `level` legal, and does it not make the modeled time worse? The Decision's
     score is the merged group's modeled µs; the trial connections come back for the caller to keep.
     `groups(stage)` gives the current group of a stage (default: searched in `conns`). With
     `keep_tiles` the merged group keeps the tiles each side has now (a GLOBAL_SYNC merge joins
-    whole segments, so only the one-wave rule and the cost are new) instead of searching again."""
+    whole segments, so only the one-wave rule and the cost are new) instead of searching again.
+    `kept`: segment anchor -> tile for groups whose last merge kept some segments' tiles
+    (`connect_greedy`'s): such a side has those tiles now — the plan is assembled with them — so it is
+    costed at them and keeps them, not searched afresh."""
     groups = groups or (lambda s: component_of(graph, conns, s))
     if not level.fused:
         return Decision(True, "separate kernels"), trial_conns(graph, conns, edge, level)
@@ -175,38 +179,42 @@ def can_connect(
     stages = sorted(merged, key=order.__getitem__)
     fixed = None
     sides = [sorted(g, key=order.__getitem__) for g in ([gp] if gp == gc else [gp, gc])]
+    now = [_as_it_stands(graph, g, conns, device, mode, kept) for g in sides]
     if keep_tiles:
-        fixed = {t.stage: t for g in sides for t in search_group(graph, g, conns, device, mode, k=1).tiles}
+        fixed = {t.stage: t for sched in now for t in sched.tiles}
     else:
         # Segments the merge leaves as they were (behind grid barriers) keep their tiles: only the
         # segment the edge joins is searched again.
         trial_segs = segments_of(graph, stages, trial)
         if len(trial_segs) > 1:
-            before_tiles = {frozenset(seg): t for g in sides
-                            for seg, t in zip(segments_of(graph, g, conns),
-                                              search_group(graph, g, conns, device, mode, k=1).tiles)}
+            before_tiles = {frozenset(seg): t for g, sched in zip(sides, now)
+                            for seg, t in zip(segments_of(graph, g, conns), sched.tiles)}
             fixed = {before_tiles[frozenset(seg)].stage: before_tiles[frozenset(seg)]
                      for seg in trial_segs if frozenset(seg) in before_tiles} or None
     sched = search_group(graph, stages, trial, device, mode, fixed, k=1)
     if sched.violations:
         v = sched.violations[0]
         return Decision(False, f"{level.value}: rule {v.rule}: {v.message}"), trial
-    before = sum(_modeled(graph, sorted(g, key=order.__getitem__), conns, device, mode)
-                 for g in ([gp] if gp == gc else [gp, gc]))
+    before = sum(s.cost.modeled_us if s.cost else float("inf") for s in now)
     after = sched.cost.modeled_us
     verdict = f"{level.value}: modeled {after:.2f} us fused vs {before:.2f} us apart"
     return Decision(after <= before * (1 + 1e-6) + 1e-6, verdict, after, sched.tiles if fixed else ()), trial
 
 
-def _modeled(graph, stages, conns, device, mode) -> float:
-    sched = search_group(graph, stages, conns, device, mode, k=1)
-    return sched.cost.modeled_us if sched.cost else float("inf")
+def _as_it_stands(graph, stages, conns, device, mode, kept: Mapping[str, Tile] | None) -> GroupSchedule:
+    """A group's schedule as the walk has it: at the tiles its last merge kept where `kept` holds one
+    for every segment (the plan is assembled with them), else its own search."""
+    if kept:
+        anchors = [segment_sinks(graph, seg, conns)[-1] for seg in segments_of(graph, stages, conns)]
+        if all(a in kept for a in anchors):
+            return search_group(graph, stages, conns, device, mode, {a: kept[a] for a in anchors}, k=1)
+    return search_group(graph, stages, conns, device, mode, k=1)
 
 
 LevelChoice = Callable[[PrimGraph, Edge], Sequence[tuple[Conn, str]]]
 
 
-def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str, group_of_stage):
+def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str, group_of_stage, kept=None):
     if level == Conn.GLOBAL_SYNC:
         merged = group_of_stage[edge[0]] | group_of_stage[edge[1]]
         segs = len(segments_of(graph, sorted(merged), trial_conns(graph, conns, edge, level, set(merged))))
@@ -214,7 +222,7 @@ def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str,
             return Decision(False, f"global_sync: the kernel would have {segs} grid-barrier segments "
                             f"(the greedy walk stops at {MAX_SEGMENTS})"), conns
     return can_connect(graph, conns, edge, level, device, mode, group_of_stage.__getitem__,
-                       keep_tiles=level == Conn.GLOBAL_SYNC)
+                       keep_tiles=level == Conn.GLOBAL_SYNC, kept=kept)
 
 
 MAX_SEGMENTS = 6  # grid-barrier segments per kernel a greedy walk may build (bounds the work of every
@@ -244,7 +252,7 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
             if best is not None or choose is None:
                 break
             for level, why in choose(graph, edge):
-                decision, trial = _try_level(graph, conns, edge, level, device, mode, group_of_stage)
+                decision, trial = _try_level(graph, conns, edge, level, device, mode, group_of_stage, kept)
                 if not decision.ok:
                     noes.append(decision.reason)
                 elif best is None or decision.score < best[0].score - 1e-9:

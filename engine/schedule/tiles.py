@@ -30,6 +30,9 @@ from engine.schedule.validate import Violation, check_group, others_refused, rec
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
 
 TOP_K = 6
+BUILD_CAP = 2  # a segment's search builds its candidates in floor order until the floor passes the k-th
+#                best modeled time found, or until it has built this many and holds k valid ones (Welder's
+#                top-k by the cheap estimate; benchmarks/NOTES.md sched4 has what it costs in plan quality)
 _POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -300,13 +303,17 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
         # k-th best modeled time found, no candidate left can enter the top k, valid or not.
         floors = [floor_us(graph, stages, conns, trial, device, segs, local) for trial in trials] if len(pool) > 1 else [0.0]
         scored = []
+        built = 0
         for i in sorted(range(len(pool)), key=floors.__getitem__):
             if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
+                break
+            if built >= BUILD_CAP and len(scored) >= k:
                 break
             t, trial = pool[i], trials[i]
             if len(pool) > 1 and (refused_early(graph, stages, conns, trial, device, segs, j, local) or (
                     len(segs) > 1 and others_refused(graph, stages, conns, trial, device, segs, j, local))):
                 continue  # check_group would refuse it: skipped without building its kernel
+            built += 1
             bad = check_group(graph, stages, conns, trial, device, segs=segs, local=local)
             if bad and len(pool) > 1:
                 continue
