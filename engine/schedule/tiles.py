@@ -2,8 +2,7 @@
 with the top-k candidates, the GroupCost and the violations of the chosen tiles.
 
 Candidates are aligned to warps (32 threads) and transactions (32 floats), pruned by footprint and the
-group rules, and built (kernel IR, modeled time) in the order of their floor (`floor.floor_us`, no kernel
-built); the best modeled time among the first BUILD_CAP valid ones wins, and the top k follow it.
+group rules, ranked best-first by (traffic + 1) × waves; the best modeled time among the top k wins.
 A subgraph cache keyed on the group's canonical structure makes repeated layers schedule once."""
 
 from __future__ import annotations
@@ -31,8 +30,6 @@ from engine.schedule.validate import Violation, check_group, others_refused, rec
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
 
 TOP_K = 6
-BUILD_CAP = 2  # valid candidates, in floor order, that compete for a segment's tile (`_search_pass`;
-#                benchmarks/NOTES.md sched4 has what it costs in plan quality)
 _POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -300,18 +297,11 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
     for j, pool in enumerate(pools):
         trials = [chosen[:j] + [t] + chosen[j + 1:] for t in pool]
         # Candidates in order of their floor (regions only, no kernel built): once the floor passes the
-        # k-th best modeled time found, no candidate left can enter the top k, valid or not. The tile is
-        # the best modeled of the first BUILD_CAP valid candidates in that order (Welder's top-k by a
-        # cheap estimate), or of fewer where the floor passes the best found first; a search keeping k
-        # candidates goes on to fill them, without changing the tile.
+        # k-th best modeled time found, no candidate left can enter the top k, valid or not.
         floors = [floor_us(graph, stages, conns, trial, device, segs, local) for trial in trials] if len(pool) > 1 else [0.0]
-        scored: list = []
-        contenders = None  # how many of `scored` compete for the tile: fixed once no later one can
+        scored = []
         for i in sorted(range(len(pool)), key=floors.__getitem__):
-            if contenders is None and scored and (len(scored) >= BUILD_CAP or floors[i] > min(
-                    x[1] for x in scored) + _FLOOR_SLACK):
-                contenders = len(scored)
-            if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK or (contenders is not None and len(scored) >= k):
+            if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
                 break
             t, trial = pool[i], trials[i]
             if len(pool) > 1 and (refused_early(graph, stages, conns, trial, device, segs, j, local) or (
@@ -328,11 +318,11 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
             scored.append(((traffic + 1) * cost.waves, cost.modeled_us, t, cost, traffic, i))
         if not scored:
             continue  # no valid tile: keep the default and report its violations below
-        best = min(scored[:contenders], key=_rank)
+        scored.sort(key=_rank)
+        top = _distinct(scored)[:k]
+        best = min(top, key=lambda x: x[1])
         chosen[j] = best[2]
         if len(segs) == 1 or j == len(pools) - 1:
-            # The chosen tile first, then the best modeled of the others.
-            top = _distinct([best] + sorted((x for x in scored if x is not best), key=_rank))[:k]
             best_cands = tuple(Candidate(t, round(s, 1), int(tr), c.waves) for s, _, t, c, tr, _ in top)
     return best_cands, tuple(check_group(graph, stages, conns, chosen, device, segs=segs, local=local))
 
