@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from engine.device import Device
 from engine.flags import debug
 from engine.ir.graph import PrimGraph, StageKind
+from engine.memo import memo
 from engine.schedule.cost import estimate_group
 from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, components, kernel_name
 from engine.schedule.residency import with_l2_residency
@@ -64,19 +65,39 @@ def coarsen_plan(plan: Plan, graph: PrimGraph, device: Device, keep: set[str] = 
     OpenMP iteration (`codegen.coarsen.coarsen_for_c`), made here so the Plan shows them and the cost
     model costs them (generate then takes the plan's tiles as they are). Segments anchored in `keep`
     (tiles a user set) stay as they are."""
-    from engine.codegen.coarsen import coarsen_for_c
-
     full = {e.key: e.conn for e in plan.edges}
-    coarse = coarsen_for_c(plan, graph, device, keep=keep)
-    groups = []
-    for old, new in zip(plan.groups, coarse.groups):
-        if new.segments != old.segments:
+    return dataclasses.replace(plan, groups=tuple(_coarsened(plan, g, graph, device, full, keep) for g in plan.groups))
+
+
+def _coarsened(plan: Plan, old: Group, graph: PrimGraph, device: Device, full: Mapping, keep) -> Group:
+    """One group of `coarsen_plan`, memoised under the group's structural signature with its stages
+    named canonically (as the tile search's subgraph cache is): a deep model's repeated layers are the
+    same kernels at the same tiles, and each would otherwise build its kernels and exact cost anew."""
+    from engine.codegen.coarsen import _with_tiles, coarsen_for_c
+    from engine.codegen.mma import tf32_allowed
+    from engine.schedule.tiles import canonical_names, group_signature
+    from engine.schedule.validate import recompute_bound
+
+    names = canonical_names(graph, old.stages)
+    key = (group_signature(graph, old.stages, full), tuple(dataclasses.replace(t, stage=names[t.stage])
+                                                          for t in old.segments),
+           frozenset(names[a] for a in keep if a in names), device, recompute_bound(), tf32_allowed())
+    table = memo("build.coarsened", 20000)
+    hit = table.get(key)
+    if hit is None:
+        new = coarsen_for_c(dataclasses.replace(plan, groups=(old,)), graph, device, keep=keep).groups[0]
+        if new.segments == old.segments:
+            hit = table.put(key, ())
+        else:
             segs = segments_of(graph, new.stages, full)
             tiles = tuple(record_mappings(graph, segs, full, new.segments, device))
             cost = estimate_group(graph, new.stages, full, tiles, device, exact=True)
-            new = dataclasses.replace(new, segments=tiles, score=cost.modeled_us, cost=cost)
-        groups.append(new)
-    return dataclasses.replace(plan, groups=tuple(groups))
+            hit = table.put(key, (tuple(dataclasses.replace(t, stage=names[t.stage]) for t in tiles), cost))
+    if not hit:
+        return old
+    back = {v: k for k, v in names.items()}
+    tiles = tuple(dataclasses.replace(t, stage=back[t.stage]) for t in hit[0])
+    return dataclasses.replace(_with_tiles(old, list(tiles)), score=hit[1].modeled_us, cost=hit[1])
 
 
 def _group_reason(comp: Sequence[str], conns: Mapping[Edge, Conn], sched: GroupSchedule) -> str:
