@@ -102,7 +102,10 @@ def test_welder_is_never_slower_than_stitch_by_its_model():
         assert welder.policy == "welder" and welder.decisions[0].startswith("welder: ")
         assert [g.stages for g in welder.groups] == [g.stages for g in taken.groups]
         assert ("stitch plan taken" in welder.decisions[0]) == (taken is stitch)
-    assert "stitch plan taken" in make_plan(_graph("zoo/mobilevit"), "welder", get_device("host")).decisions[0]
+    # A case where the stitch plan is taken, on fixed figures (a one-thread probe of the 2-core EPYC these
+    # numbers were tuned on, committed), not on whatever this machine's probe reads today.
+    host = get_device(Path(__file__).resolve().parents[2] / "data" / "devices" / "host_epyc_1t.json")
+    assert "stitch plan taken" in make_plan(_graph("zoo/mobilevit"), "welder", host).decisions[0]
 
 
 def test_bert_layer_targets():
