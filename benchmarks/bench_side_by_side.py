@@ -187,8 +187,9 @@ def main() -> None:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--build", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.worker:
-        print("result " + json.dumps(work(json.loads(args.worker))))
+    if args.worker:  # the job on stdin: with --against it holds the built programs (mobilevit's: > 128 KB, over
+        # Linux's limit for one command-line argument)
+        print("result " + json.dumps(work(json.loads(sys.stdin.read() if args.worker == "-" else args.worker))))
         return
     if args.build:
         job = json.loads(args.build)
@@ -235,8 +236,8 @@ def main() -> None:
                           flush=True)
                     continue
                 job["built"] = json.loads(lines[-1][len("result "):])
-            proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], capture_output=True,
-                                  text=True, env=env, timeout=args.timeout)
+            proc = subprocess.run([sys.executable, __file__, "--worker", "-"], input=json.dumps(job),
+                                  capture_output=True, text=True, env=env, timeout=args.timeout)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("result ")]
             if not lines:
                 print(f"| {name} | error: {(proc.stderr.strip().splitlines() or ['?'])[-1][:100]} |", flush=True)

@@ -1,7 +1,7 @@
 """Planning cost per policy, for comparing two trees: models and devices in; per model, device and policy
 the CPU seconds of `plan_model` (`time.process_time`, one process per model and device, policies in turn
 on the same memo tables) and the kernel-IR builds the cost model made (calls of `cost._segment_use`)
-printed, and with --out each plan's JSON without schedule_seconds written there (diff two trees' folders
+printed with the plan's modeled µs and DRAM bytes, and with --out each plan's JSON without schedule_seconds written there (diff two trees' folders
 to see whether plans changed).
 
     PYTHONPATH=TREE .venv/bin/python benchmarks/plan_cpu.py samples/zoo/bert.onnx a100 --out /tmp/plans
@@ -9,7 +9,8 @@ to see whether plans changed).
 MODEL is a path, a comma list of paths, or `zoo` / `samples` (every model of samples/zoo/ or samples/);
 DEVICE a comma list. With --against OTHER_TREE each (model, device) is planned by the other tree and then
 by this one, one after the other in fresh processes (same load), and a table of both trees' CPU seconds,
-builds and old/new ratios per policy is printed, then the sums; --out DIR then holds DIR/old/MODEL and
+builds and old/new ratios per policy is printed, then the sums, then each plan's modeled µs and modeled DRAM
+bytes (`Plan.modeled_us`, `Plan.dram_bytes`) old → new and the worst new/old ratio of either; --out DIR then holds DIR/old/MODEL and
 DIR/new/MODEL and every plan is compared (`plans identical` or the differing files)."""
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def plan_one(model: Path, device_name: str, policies: list[str], out: Path | Non
         _, plan = plan_model(graph, policy, device)
         seconds = time.process_time() - t0
         lines.append(f"{model.stem} {device_name} {policy} cpu {seconds:.2f} builds {builds[0] - before} "
-                     f"modeled_us {sum(g.score or 0 for g in plan.groups):.4g}")
+                     f"modeled_us {plan.modeled_us:.6g} dram_bytes {plan.dram_bytes}")
         print(lines[-1], flush=True)
         if out:
             data = plan_to_json(plan)
@@ -69,8 +70,9 @@ def plan_one(model: Path, device_name: str, policies: list[str], out: Path | Non
 
 
 def run_tree(tree: Path, model: Path, device: str, policies: list[str], out: Path | None) -> dict:
-    """This script of `tree` on one model and device in a fresh process: {policy: (cpu s, builds)}."""
-    cmd = [sys.executable, str(tree / "benchmarks" / "plan_cpu.py"), str(model.resolve()), device,
+    """This script, importing the engine of `tree`, on one model and device in a fresh process:
+    {policy: (cpu s, builds, modeled µs, modeled DRAM bytes)}."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), str(model.resolve()), device,
            "--policies", ",".join(policies)] + (["--out", str(out)] if out else [])
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
@@ -79,8 +81,8 @@ def run_tree(tree: Path, model: Path, device: str, policies: list[str], out: Pat
     got = {}
     for line in done.stdout.splitlines():
         f = line.split()
-        if len(f) >= 7 and f[3] == "cpu":
-            got[f[2]] = (float(f[4]), int(f[6]))
+        if len(f) >= 11 and f[3] == "cpu":
+            got[f[2]] = (float(f[4]), int(f[6]), float(f[8]), int(f[10]))
     return got
 
 
@@ -88,6 +90,8 @@ def compare(args, models: list[Path], devices: list[str], policies: list[str]) -
     other = Path(args.against).resolve()
     outs = (args.out / "old", args.out / "new") if args.out else (None, None)
     sums: dict[tuple[str, str], list[float]] = {}
+    quality: list[str] = []  # per model, device and policy: modeled µs and DRAM old → new
+    worst = [0.0, ""]
     print("| model | device | " + " | ".join(f"{p} CPU s old → new (old/new), builds" for p in policies) + " |")
     print("|---|---|" + "---|" * len(policies))
     for model in models:
@@ -98,16 +102,26 @@ def compare(args, models: list[Path], devices: list[str], policies: list[str]) -
             old = run_tree(other, model, device, policies, outs[0] / sub if args.out else None)
             new = run_tree(ROOT, model, device, policies, outs[1] / sub if args.out else None)
             cells = []
+            shown = model.resolve().relative_to(SETS["samples"]).with_suffix("").as_posix() \
+                if model.resolve().is_relative_to(SETS["samples"]) else model.stem  # zoo/lstm vs lstm
             for p in policies:
-                (a, ba), (b, bb) = old[p], new[p]
+                (a, ba, ua, da), (b, bb, ub, db) = old[p], new[p]
                 s = sums.setdefault((device, p), [0.0, 0.0])
                 s[0], s[1] = s[0] + a, s[1] + b
                 cells.append(f"{a:.2f} → {b:.2f} ({a / max(b, 1e-9):.2f}×), {ba:,} → {bb:,}")
-            shown = model.resolve().relative_to(SETS["samples"]).with_suffix("").as_posix() \
-                if model.resolve().is_relative_to(SETS["samples"]) else model.stem  # zoo/lstm vs lstm
+                ratios = [ub / max(ua, 1e-12)] + ([db / max(da, 1)] if da or db else [])
+                if max(ratios) > worst[0]:
+                    worst[:] = [max(ratios), f"{shown} {device} {p}"]
+                quality.append(f"| {shown} | {device} | {p} | {ua:.1f} → {ub:.1f} ({ratios[0]:.4f}) | "
+                               + (f"{da / 1e6:.3f} → {db / 1e6:.3f} ({ratios[1]:.4f})" if len(ratios) > 1 else "—")
+                               + " |")
             print(f"| {shown} | {device} | " + " | ".join(cells) + " |", flush=True)
     for (device, p), (a, b) in sorted(sums.items()):
         print(f"sum {device} {p}: {a:.2f} → {b:.2f} s ({a / max(b, 1e-9):.2f}×)")
+    print("\n| model | device | policy | modeled µs old → new (new/old) | modeled DRAM MB old → new (new/old) |")
+    print("|---|---|---|---|---|")
+    print("\n".join(quality))
+    print(f"worst new/old of modeled µs and DRAM: {worst[0]:.4f} ({worst[1]})")
     if args.out:
         names = sorted({f.relative_to(o).as_posix() for o in outs for f in o.glob("*/*.json")})
         differ = [n for n in names if not (outs[0] / n).exists() or not (outs[1] / n).exists()

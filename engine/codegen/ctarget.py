@@ -653,19 +653,35 @@ def schedule_segments(kernel: Kernel, loops: str | None = None) -> Kernel:
     segments = []
     for seg, bseg in zip(kernel.segments, kernel.stripped().segments):
         work = segment_work(bseg)
-        if _streams_weight(seg) and work >= STREAM_WORK:
-            omp = "static"
-        else:
-            omp = "serial" if work < SERIAL_WORK else "guided"
+        omp = segment_loop(seg, work)
         chunk = 0 if omp != "guided" else max(1, -(-CLAIM_WORK * seg.ntiles // max(work, 1)))
         segments.append(dataclasses.replace(seg, omp=omp, work=work, loops="" if omp == "serial" else loops,
                                             chunk=chunk))
     return dataclasses.replace(kernel, segments=tuple(segments))
 
 
+def segment_loop(seg: Segment, work: int) -> str:
+    """"static", "serial" or "guided" for a segment of `work` element-steps (`segment_work` of its stripped
+    form): the choice `schedule_segments` records, asked also by the cost model (engine/schedule/cost.py:
+    a serial segment's tiles run one after another on one core)."""
+    if _streams_weight(seg) and work >= STREAM_WORK:
+        return "static"
+    return "serial" if work < SERIAL_WORK else "guided"
+
+
 def _streams_weight(seg: Segment) -> bool:
-    """A segment holding a tiled GEMM of at most GEMV_ROWS rows per block (run as dot products)."""
-    return any(p.gemm is not None and p.gemm.bm <= GEMV_ROWS for p in seg.phases) and seg.ntiles > 1
+    """A segment holding a tiled GEMM of at most GEMV_ROWS rows per block (run as dot products), each such
+    GEMM split over the tiles: with one every tile computes whole (lstm's welder kernel of two recurrence
+    steps at 2 threads: each of its 2 tiles ran the first step's whole 512 x 128 GEMV, then half the
+    second's), the threads do not each read their part of the weight — they all read all of it, and the
+    tiles do 1.5x the segment's work — so the segment is sized like any other (SERIAL_WORK)."""
+    gemvs = [p for p in seg.phases if p.gemm is not None and p.gemm.bm <= GEMV_ROWS]
+    return bool(gemvs) and seg.ntiles > 1 and not any(_whole_per_tile(p.region) for p in gemvs)
+
+
+def _whole_per_tile(region) -> bool:
+    """Each tile covers the whole tensor of this region (its box per tile is the full shape)."""
+    return not region.flat and tuple(region.extent) == tuple(region.shape)
 
 
 def segment_work(seg: Segment) -> int:
@@ -675,10 +691,24 @@ def segment_work(seg: Segment) -> int:
     total = 0
     for p in seg.phases:
         elems = p.region.flat or math.prod(p.region.extent)
-        steps = math.prod(p.reduce) if p.reduce else 1
-        steps += sum(math.prod(r.extents) for r in kwalk(p.body) if isinstance(r, Reduce))
-        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * sum(map(transcendental, kwalk(p.body))))
+        inlined, expensive = _body_steps(p.body)
+        steps = (math.prod(p.reduce) if p.reduce else 1) + inlined
+        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * expensive)
     return total * seg.ntiles
+
+
+def _body_steps(body) -> tuple[int, int]:
+    """(steps of the reductions inlined in `body`, its transcendentals), memoised on the body (the cost
+    model asks for every segment it costs on a CPU: `cost.serial_on`)."""
+    from engine.memo import memo
+
+    table = memo("ctarget.body_steps", 50000)
+    hit = table.get(id(body))
+    if hit is None or hit[0] is not body:  # the body is kept so its id stays unique
+        nodes = list(kwalk(body))
+        hit = table.put(id(body), (body, (sum(math.prod(r.extents) for r in nodes if isinstance(r, Reduce)),
+                                          sum(map(transcendental, nodes)))))
+    return hit[1]
 
 
 def transcendental(n) -> bool:

@@ -259,7 +259,9 @@ def split_plan(graph: PrimGraph, plan: Plan, device: Device, stages: list[str],
             sources[edge] = "partition"
         else:
             conns[edge], reasons[edge], sources[edge] = old[edge].conn, old[edge].reason, old[edge].source
-    cuts = tuple(Edit.make("split", producer=p, consumer=c) for p, c in graph.edges if p in pinned or c in pinned)
+    broken = _break_cycles(graph, conns, reasons, sources)
+    cuts = tuple(Edit.make("split", producer=p, consumer=c) for p, c in graph.edges
+                 if p in pinned or c in pinned or (p, c) in broken)
     split = set(stages)
     new = assemble(graph, device, conns, policy="user", mode=base if base != "user" else "welder",
                    reasons=reasons, sources=sources, decisions=plan.decisions, base_policy=base,
@@ -269,6 +271,31 @@ def split_plan(graph: PrimGraph, plan: Plan, device: Device, stages: list[str],
     if problems:
         raise PlanError(f"cutting the slices of {', '.join(stages)} out of their kernels is illegal: {problems[0]}")
     return graph, new, pinned
+
+
+def _break_cycles(graph: PrimGraph, conns: dict, reasons: dict, sources: dict) -> set:
+    """With the slices cut out, a kernel that fused stages on both sides of a slice (a welder kernel
+    holding a layer's attention around its projections) would wait on the slice that waits on it: every
+    kernel on a cycle of the kernel DAG is broken up into one kernel per stage (its edges set to KERNEL in
+    `conns`, the reason and source saying so) until none is. The edges broken come back."""
+    from engine.schedule.plan import Conn, components
+    from engine.schedule.validate import find_group_cycle
+
+    broken: set = set()
+    while True:
+        groups = components(graph, conns)
+        cyclic = [set(groups[k]) for k in find_group_cycle(graph, groups) if len(groups[k]) > 1]
+        if not cyclic:
+            return broken
+        for members in cyclic:
+            for p in members:
+                for c in graph.consumers.get(p, ()):
+                    if c in members and conns.get((p, c), Conn.KERNEL).fused:
+                        conns[(p, c)] = Conn.KERNEL
+                        reasons[(p, c)] = ("partition: the kernel held stages on both sides of a tensor-parallel "
+                                           "slice (a cycle once the slice is cut out): broken up")
+                        sources[(p, c)] = "partition"
+                        broken.add((p, c))
 
 
 def tp_candidates(graph: PrimGraph, plan: Plan, device: Device, devices: int) -> tuple[list[str], list[str], list[str]]:

@@ -11,12 +11,13 @@ from collections.abc import Callable, Mapping, Sequence
 from engine.device import Device
 from engine.flags import debug
 from engine.ir.graph import PrimGraph, StageKind
+from engine.memo import memo
 from engine.schedule.cost import estimate_group
 from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, components, kernel_name
 from engine.schedule.residency import with_l2_residency
 from engine.schedule.tiles import GroupSchedule, record_mappings, search_group
 from engine.schedule.validate import Decision
-from engine.tilegraph.tilegraph import segments_of, stage_order
+from engine.tilegraph.tilegraph import segment_sinks, segments_of, stage_order
 
 Edge = tuple[str, str]
 
@@ -64,19 +65,39 @@ def coarsen_plan(plan: Plan, graph: PrimGraph, device: Device, keep: set[str] = 
     OpenMP iteration (`codegen.coarsen.coarsen_for_c`), made here so the Plan shows them and the cost
     model costs them (generate then takes the plan's tiles as they are). Segments anchored in `keep`
     (tiles a user set) stay as they are."""
-    from engine.codegen.coarsen import coarsen_for_c
-
     full = {e.key: e.conn for e in plan.edges}
-    coarse = coarsen_for_c(plan, graph, device, keep=keep)
-    groups = []
-    for old, new in zip(plan.groups, coarse.groups):
-        if new.segments != old.segments:
+    return dataclasses.replace(plan, groups=tuple(_coarsened(plan, g, graph, device, full, keep) for g in plan.groups))
+
+
+def _coarsened(plan: Plan, old: Group, graph: PrimGraph, device: Device, full: Mapping, keep) -> Group:
+    """One group of `coarsen_plan`, memoised under the group's structural signature with its stages
+    named canonically (as the tile search's subgraph cache is): a deep model's repeated layers are the
+    same kernels at the same tiles, and each would otherwise build its kernels and exact cost anew."""
+    from engine.codegen.coarsen import _with_tiles, coarsen_for_c
+    from engine.codegen.mma import tf32_allowed
+    from engine.schedule.tiles import canonical_names, group_signature
+    from engine.schedule.validate import recompute_bound
+
+    names = canonical_names(graph, old.stages)
+    key = (group_signature(graph, old.stages, full), tuple(dataclasses.replace(t, stage=names[t.stage])
+                                                          for t in old.segments),
+           frozenset(names[a] for a in keep if a in names), device, recompute_bound(), tf32_allowed())
+    table = memo("build.coarsened", 20000)
+    hit = table.get(key)
+    if hit is None:
+        new = coarsen_for_c(dataclasses.replace(plan, groups=(old,)), graph, device, keep=keep).groups[0]
+        if new.segments == old.segments:
+            hit = table.put(key, ())
+        else:
             segs = segments_of(graph, new.stages, full)
             tiles = tuple(record_mappings(graph, segs, full, new.segments, device))
             cost = estimate_group(graph, new.stages, full, tiles, device, exact=True)
-            new = dataclasses.replace(new, segments=tiles, score=cost.modeled_us, cost=cost)
-        groups.append(new)
-    return dataclasses.replace(plan, groups=tuple(groups))
+            hit = table.put(key, (tuple(dataclasses.replace(t, stage=names[t.stage]) for t in tiles), cost))
+    if not hit:
+        return old
+    back = {v: k for k, v in names.items()}
+    tiles = tuple(dataclasses.replace(t, stage=back[t.stage]) for t in hit[0])
+    return dataclasses.replace(_with_tiles(old, list(tiles)), score=hit[1].modeled_us, cost=hit[1])
 
 
 def _group_reason(comp: Sequence[str], conns: Mapping[Edge, Conn], sched: GroupSchedule) -> str:
@@ -156,12 +177,16 @@ def trial_conns(graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level:
 def can_connect(
     graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level: Conn, device: Device, mode: str,
     groups: Callable[[str], set[str]] | None = None, keep_tiles: bool = False,
+    kept: Mapping[str, Tile] | None = None,
 ) -> tuple[Decision, dict[Edge, Conn]]:
     """Is `edge` at `level` legal, and does it not make the modeled time worse? The Decision's
     score is the merged group's modeled µs; the trial connections come back for the caller to keep.
     `groups(stage)` gives the current group of a stage (default: searched in `conns`). With
     `keep_tiles` the merged group keeps the tiles each side has now (a GLOBAL_SYNC merge joins
-    whole segments, so only the one-wave rule and the cost are new) instead of searching again."""
+    whole segments, so only the one-wave rule and the cost are new) instead of searching again.
+    `kept`: segment anchor -> tile for groups whose last merge kept some segments' tiles
+    (`connect_greedy`'s): such a side has those tiles now — the plan is assembled with them — so it is
+    costed at them and keeps them, not searched afresh."""
     groups = groups or (lambda s: component_of(graph, conns, s))
     if not level.fused:
         return Decision(True, "separate kernels"), trial_conns(graph, conns, edge, level)
@@ -175,38 +200,42 @@ def can_connect(
     stages = sorted(merged, key=order.__getitem__)
     fixed = None
     sides = [sorted(g, key=order.__getitem__) for g in ([gp] if gp == gc else [gp, gc])]
+    now = [_as_it_stands(graph, g, conns, device, mode, kept) for g in sides]
     if keep_tiles:
-        fixed = {t.stage: t for g in sides for t in search_group(graph, g, conns, device, mode, k=1).tiles}
+        fixed = {t.stage: t for sched in now for t in sched.tiles}
     else:
         # Segments the merge leaves as they were (behind grid barriers) keep their tiles: only the
         # segment the edge joins is searched again.
         trial_segs = segments_of(graph, stages, trial)
         if len(trial_segs) > 1:
-            before_tiles = {frozenset(seg): t for g in sides
-                            for seg, t in zip(segments_of(graph, g, conns),
-                                              search_group(graph, g, conns, device, mode, k=1).tiles)}
+            before_tiles = {frozenset(seg): t for g, sched in zip(sides, now)
+                            for seg, t in zip(segments_of(graph, g, conns), sched.tiles)}
             fixed = {before_tiles[frozenset(seg)].stage: before_tiles[frozenset(seg)]
                      for seg in trial_segs if frozenset(seg) in before_tiles} or None
     sched = search_group(graph, stages, trial, device, mode, fixed, k=1)
     if sched.violations:
         v = sched.violations[0]
         return Decision(False, f"{level.value}: rule {v.rule}: {v.message}"), trial
-    before = sum(_modeled(graph, sorted(g, key=order.__getitem__), conns, device, mode)
-                 for g in ([gp] if gp == gc else [gp, gc]))
+    before = sum(s.cost.modeled_us if s.cost else float("inf") for s in now)
     after = sched.cost.modeled_us
     verdict = f"{level.value}: modeled {after:.2f} us fused vs {before:.2f} us apart"
     return Decision(after <= before * (1 + 1e-6) + 1e-6, verdict, after, sched.tiles if fixed else ()), trial
 
 
-def _modeled(graph, stages, conns, device, mode) -> float:
-    sched = search_group(graph, stages, conns, device, mode, k=1)
-    return sched.cost.modeled_us if sched.cost else float("inf")
+def _as_it_stands(graph, stages, conns, device, mode, kept: Mapping[str, Tile] | None) -> GroupSchedule:
+    """A group's schedule as the walk has it: at the tiles its last merge kept where `kept` holds one
+    for every segment (the plan is assembled with them), else its own search."""
+    if kept:
+        anchors = [segment_sinks(graph, seg, conns)[-1] for seg in segments_of(graph, stages, conns)]
+        if all(a in kept for a in anchors):
+            return search_group(graph, stages, conns, device, mode, {a: kept[a] for a in anchors}, k=1)
+    return search_group(graph, stages, conns, device, mode, k=1)
 
 
 LevelChoice = Callable[[PrimGraph, Edge], Sequence[tuple[Conn, str]]]
 
 
-def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str, group_of_stage):
+def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str, group_of_stage, kept=None):
     if level == Conn.GLOBAL_SYNC:
         merged = group_of_stage[edge[0]] | group_of_stage[edge[1]]
         segs = len(segments_of(graph, sorted(merged), trial_conns(graph, conns, edge, level, set(merged))))
@@ -214,7 +243,7 @@ def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str,
             return Decision(False, f"global_sync: the kernel would have {segs} grid-barrier segments "
                             f"(the greedy walk stops at {MAX_SEGMENTS})"), conns
     return can_connect(graph, conns, edge, level, device, mode, group_of_stage.__getitem__,
-                       keep_tiles=level == Conn.GLOBAL_SYNC)
+                       keep_tiles=level == Conn.GLOBAL_SYNC, kept=kept)
 
 
 MAX_SEGMENTS = 6  # grid-barrier segments per kernel a greedy walk may build (bounds the work of every
@@ -244,7 +273,7 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
             if best is not None or choose is None:
                 break
             for level, why in choose(graph, edge):
-                decision, trial = _try_level(graph, conns, edge, level, device, mode, group_of_stage)
+                decision, trial = _try_level(graph, conns, edge, level, device, mode, group_of_stage, kept)
                 if not decision.ok:
                     noes.append(decision.reason)
                 elif best is None or decision.score < best[0].score - 1e-9:

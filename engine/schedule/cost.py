@@ -52,6 +52,7 @@ class SegmentUse:
     flops_idle_lanes: float = 0.0  # per block, CPU: flop slots short vector loops leave empty (`idle_lanes`)
     flops_tc_f16: float = 0.0  # per block: of flops_tc, those with fp16 operands (m16n8k16 .f16; the rest TF32)
     gemm_maps: tuple[tuple[int, int], ...] = ()  # (ty, tx) of each tiled GEMM phase, as codegen built it
+    serial: bool = False  # CPU, several threads: the C target runs this segment's tiles on one thread (`serial_on`)
 
 
 def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
@@ -152,7 +153,22 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
                       int(work.shared_bytes / per), (work.flops - work.mma_flops) / per, work.mma_flops / per,
                       work.global_bytes / per, work,
                       completion, work.tiled_flops / per, idle_lanes(work, device) / per, work.mma_f16_flops / per,
-                      tuple((g.ty, g.tx) for g in gemms))
+                      tuple((g.ty, g.tx) for g in gemms), serial_on(kernel, device))
+
+
+def serial_on(kernel, device: Device | None) -> bool:
+    """Whether the C target runs the (one-segment) `kernel`'s tiles serially on a CPU of several threads: a
+    segment under ctarget.SERIAL_WORK element-steps is not worth waking the other threads for
+    (`ctarget.segment_loop`, the choice `schedule_segments` records in Segment.omp). Its blocks then run
+    one after another on one core, not spread over `sm_count`: lstm's per-step kernels at 2 threads (a
+    2-tile step kernel recomputing the gates per tile modeled 2.9 us and measured 5.8: the model had
+    halved it over two cores)."""
+    if device is None or device.kind != "cpu" or device.sm_count <= 1 or len(kernel.segments) != 1:
+        return False
+    from engine.codegen.ctarget import segment_loop, segment_work
+
+    seg = kernel.segments[0]  # its Inlined markers walked through: the same count as the stripped segment's
+    return segment_loop(seg, segment_work(seg)) == "serial"
 
 
 def segment_registers(graph: PrimGraph, segment: Sequence[str], tile: Tile, regions: GroupRegions,
@@ -460,7 +476,8 @@ def estimate_group(
     for k, t in enumerate(tiles):
         # A grid smaller than one wave cannot stack more blocks per SM than it has: quantise against
         # the slots it can fill, so a bigger footprint (fewer resident blocks) never looks cheaper.
-        quant = wave_quantisation(device, t.blocks, resident)
+        # A segment the C target runs serially has its blocks on one core, not spread over sm_count.
+        quant = device.sm_count if uses[k].serial else wave_quantisation(device, t.blocks, resident)
         top = _bound(seg_terms(k), device)
         busy += top
         quantised += top * quant
@@ -471,7 +488,10 @@ def estimate_group(
     terms["segment_serialization"] = busy - busiest
     terms["wave_quantization"] = quantised - busy
     terms["launch"] = device.launch_overhead_s * 1e6
-    terms["grid_barrier"] = (n - 1) * device.grid_barrier_s * 1e6
+    # A grid barrier is the end of one segment's parallel loop and the start of the next; two serial
+    # segments in a row run on the calling thread, one after the other, with none between them.
+    barriers = sum(1 for k in range(n - 1) if not (uses[k].serial and uses[k + 1].serial))
+    terms["grid_barrier"] = barriers * device.grid_barrier_s * 1e6
     modeled = quantised + terms["launch"] + terms["grid_barrier"]
     quant = quantised / busy if busy else 1.0
     flops = sum(fp32) + sum(tc)

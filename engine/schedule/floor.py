@@ -31,9 +31,11 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
     phase left out) and the global loads and stores its kernel IR must count at least (`work_floor`),
     each over its bandwidth and slowed by the latency efficiency of the warps an SM would hold, bounded
     as `estimate_group` bounds its terms, times that residency's wave quantisation — the least over
-    every residency the block size allows — plus the launch and the grid barriers. `local`: the tile
-    search's memo (its connections and segments are fixed), for the per-segment bytes."""
-    total = device.launch_overhead_s * 1e6 + (len(segs) - 1) * device.grid_barrier_s * 1e6
+    every residency the block size allows — plus the launch and the grid barriers (none on a CPU of several
+    threads, where two serial segments in a row have none: `cost.serial_on`). `local`: the tile search's
+    memo (its connections and segments are fixed), for the per-segment bytes."""
+    barriers = 0 if device.kind == "cpu" and device.sm_count > 1 else len(segs) - 1
+    total = device.launch_overhead_s * 1e6 + barriers * device.grid_barrier_s * 1e6
     local = {} if local is None else local
     shared = local.get(("floor-group",))
     if shared is None:  # what does not depend on the tiles, once per search

@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 
 from engine.device import Device
 from engine.ir.graph import PrimGraph
+from engine.memo import memo
 from engine.schedule import cost as C
 from engine.schedule.cost import LINE, estimate_group, nbytes
-from engine.schedule.plan import Conn, Group, Plan
+from engine.schedule.plan import Conn, Group, GroupCost, Plan
 from engine.tilegraph.tilegraph import segments_of
 
 
@@ -75,7 +76,28 @@ def with_l2_residency(plan: Plan, graph: PrimGraph, device: Device) -> Plan:
     for g, warm in zip(plan.groups, warm_inputs(graph, plan.groups, conns, device)):
         if g.cost is not None and tuple(sorted(warm)) != g.cost.l2_warm:
             regs = None if g.cost.registers_from == "formula" else (g.cost.footprint["register"], g.cost.registers_from)
-            cost = estimate_group(graph, g.stages, conns, g.segments, device, exact=True, registers=regs, warm=warm)
+            cost = _warm_cost(graph, g, conns, device, regs, warm)
             g = dataclasses.replace(g, cost=cost, score=cost.modeled_us)
         groups.append(g)
     return dataclasses.replace(plan, groups=tuple(groups))
+
+
+def _warm_cost(graph: PrimGraph, g: Group, conns: Mapping, device: Device, regs, warm) -> GroupCost:
+    """`estimate_group` of `g` at its tiles with `warm` inputs (exact), memoised under the group's
+    structural signature with its stages and tensors named canonically, as the tile search's subgraph
+    cache is: the layers of a deep model are the same kernels with the same warm inputs, and each
+    would otherwise build its exact kernel IR anew (the search found their tiles in that cache)."""
+    from engine.codegen.mma import tf32_allowed
+    from engine.schedule.tiles import canonical_names, group_signature
+    from engine.schedule.validate import recompute_bound
+
+    names = canonical_names(graph, g.stages)
+    key = (group_signature(graph, g.stages, conns), tuple(dataclasses.replace(t, stage=names[t.stage]) for t in g.segments),
+           frozenset(names.get(t, t) for t in warm), device, regs, recompute_bound(), tf32_allowed())
+    table = memo("residency.warm_costs", 20000)
+    hit = table.get(key)
+    if hit is None:
+        cost = estimate_group(graph, g.stages, conns, g.segments, device, exact=True, registers=regs, warm=warm)
+        hit = table.put(key, dataclasses.replace(cost, l2_warm=tuple(names.get(t, t) for t in cost.l2_warm)))
+    back = {v: k for k, v in names.items()}
+    return dataclasses.replace(hit, l2_warm=tuple(sorted(back.get(t, t) for t in hit.l2_warm)))

@@ -371,6 +371,17 @@ def group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) -> 
     return memo("tiles.signature", 50000).lookup(key, lambda: _group_signature(graph, stages, conns))
 
 
+def canonical_names(graph: PrimGraph, stages: Sequence[str]) -> dict[str, str]:
+    """The names `_group_signature` gives a group's stages (s0, s1, ... in order) and the tensors they
+    read from outside it (x<n>, in order of first read): two groups with one signature map alike."""
+    names: dict[str, str] = {s: f"s{j}" for j, s in enumerate(stages)}
+    for s in stages:
+        for t in graph.stage(s).inputs:
+            if t not in names:
+                names[t] = f"x{len(names)}"
+    return names
+
+
 def _group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) -> str:
     """Structural hash of a group: stage kinds, shapes and bodies with tensor names canonicalised,
     its internal connections, and which stages are also read outside (their writes cost traffic)."""

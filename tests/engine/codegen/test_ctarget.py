@@ -23,6 +23,7 @@ from engine.codegen.ctarget import (  # noqa: E402
     CLAIM_WORK,
     GEMV_LANES,
     SERIAL_WORK,
+    STREAM_WORK,
     TWO_CHAINS_BELOW,
     block_convs,
     block_gemms,
@@ -190,6 +191,31 @@ def test_schedule_segments_records_the_work_and_the_split(tmp_path):
     assert [s.loops for k in omp.kernels for s in k.segments] == [s.loops and "omp" for s in segs]
     pragma = "#pragma omp parallel for schedule(guided)" in render_c(omp)
     assert pragma == any(s.omp == "guided" for s in segs)
+
+
+def test_a_gemv_every_tile_computes_whole_is_not_split_as_a_streamed_weight(tmp_path):
+    """A segment with a matrix-vector product of STREAM_WORK element-steps or more is split statically, each
+    thread reading its part of the weight (ctarget._streams_weight) — unless a GEMV in it is computed whole
+    by every tile (relu(x @ w1) staged per tile ahead of its half of @ w2; lstm's welder kernels of two
+    recurrence steps): then every thread reads all of that weight and the tiles do that work twice, and the
+    segment is sized like any other (here under SERIAL_WORK: serial). The C runs right either way."""
+    rng = np.random.default_rng(7)
+    w1, w2 = rng.standard_normal((128, 256)).astype(np.float32), rng.standard_normal((256, 512)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["t"]),
+             helper.make_node("MatMul", ["t", "w2"], ["y"])]
+    graph = load_graph(_save(tmp_path / "gemvs.onnx", nodes, [("x", (1, 128))], {"w1": w1, "w2": w2}))
+    x = rng.standard_normal((1, 128)).astype(np.float32)
+    want = np.maximum(x @ w1, 0) @ w2
+    tiles = {"y": Tile("", (1, 256), 32, 2)}
+    fused = make_test_plan(graph, {("a", "t"): Conn.REGISTER, ("t", "y"): Conn.SHARED}, tiles)
+    for plan, whole in ((fused, True), (make_test_plan(graph, {}, tiles), False)):
+        program = generate(plan, graph, "a100")
+        kernel = next(k for k in program.kernels if "y" in k.stages)
+        (seg,) = schedule_segments(kernel).segments
+        assert STREAM_WORK <= seg.work < SERIAL_WORK and seg.ntiles == 2
+        assert seg.omp == ("serial" if whole else "static")
+        got = _run_c(_with(program, lambda k: c_decisions(k, compiler_lanes())), graph, {"x": x})
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
 
 
 def test_cuda_program_printed_as_c_takes_the_compilers_lanes(tmp_path):

@@ -24,6 +24,19 @@ def attention_model(m: int = 16, k: int = 32, n: int = 24, seed: int = 0) -> onn
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def gemv_chain_model(k: int = 128, n1: int = 256, n2: int = 512, seed: int = 2) -> onnx.ModelProto:
+    """x[1,k] @ w1[k,n1] -> Relu -> @ w2[n1,n2]: two matrix-vector products ("a", "y") with a ReLU ("t")
+    between them, the shape of one recurrence step's GEMV and gates (lstm's is 128 x 512)."""
+    rng = np.random.default_rng(seed)
+    w1 = numpy_helper.from_array(rng.standard_normal((k, n1)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((n1, n2)).astype(np.float32), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="a"), helper.make_node("Relu", ["a"], ["t"], name="t"),
+             helper.make_node("MatMul", ["t", "w2"], ["y"], name="y")]
+    graph = helper.make_graph(nodes, "gemvs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n2])], [w1, w2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def qkv_model(m: int = 16, k: int = 32, n: int = 24, seed: int = 1) -> onnx.ModelProto:
     """Q/K/V-style projections of one input (operator batching joins them): q = x@wq, k = x@wk,
     v = x@wv, out = Relu(q * k + v)."""

@@ -208,3 +208,77 @@ def test_the_host_model_charges_a_short_row_sum_more_per_flop_than_a_long_one(tm
             per[name, dev.kind] = sum(g.cost.terms_us["compute"] for g in plan.groups)
     assert per["short", "cpu"] > 3 * per["long", "cpu"]
     assert per["short", "gpu"] < 2 * per["long", "gpu"]
+
+
+def _two_core_host():
+    """A CPU device of two cores (the a100 preset's other figures): the C target's loops on two threads."""
+    from engine.device import Device, get_device
+
+    return Device.from_dict(get_device("a100").to_dict() | {"name": "cpu2", "kind": "cpu", "vector_lanes": 16,
+                                                            "sm_count": 2, "max_blocks_per_sm": 1})
+
+
+def _gemvs(tmp_path, **shape):
+    import onnx
+    from sched_graphs import gemv_chain_model
+
+    from engine.frontend.importer import load_graph
+
+    path = tmp_path / "gemvs.onnx"
+    onnx.save(gemv_chain_model(**shape), path)
+    return load_graph(path)
+
+
+def test_a_segment_the_c_target_runs_serially_is_charged_on_one_core(tmp_path, a100):
+    """A 2-tile GEMV of 65,536 element-steps is under ctarget.SERIAL_WORK: the C target runs both tiles on
+    the calling thread, so on two cores it takes its whole work on one of them (the model had spread the
+    2 blocks over the 2 cores: lstm's per-step kernels at 2 threads modeled half what they measured). A
+    GEMV big enough for the threads (k = 256: 131,072 element-steps, a weight-streaming split) is not."""
+    from engine.codegen.generate import generate
+    from engine.device import Device
+    from engine.schedule.cost import _bound, segment_use
+    from engine.schedule.plan import Group, Plan, PlanBuilder, Tile, kernel_name
+
+    host = _two_core_host()
+    one = Device.from_dict(host.to_dict() | {"name": "cpu1", "sm_count": 1})
+    tile = Tile("y", (1, 256), 32, 2)
+    for k, serial in ((128, True), (256, False)):
+        graph = _gemvs(tmp_path, n1=k)
+        conns = {e: Conn.KERNEL for e in graph.edges}
+        assert segment_use(graph, ["y"], conns, tile, device=host).serial is serial
+        cost = estimate_group(graph, ["y"], conns, [tile], host)
+        busy = _bound([cost.terms_us[t] for t in ("dram", "l2", "shared", "compute")], host)
+        assert busy > 0
+        # serial: both blocks on one core, twice the time of the work spread over both
+        assert abs(cost.terms_us["wave_quantization"] - (busy if serial else 0.0)) < 1e-3
+        assert abs(cost.modeled_us - (2 if serial else 1) * busy - cost.terms_us["launch"]) < 1e-3
+        # the decision is the C target's, for the kernel as generated
+        groups = tuple(Group(j, kernel_name(j, graph, (s,)), (s,), (t,), "test")
+                       for j, (s, t) in enumerate((("a", Tile("a", (1, 256), 32, 1)), ("t", Tile("t", (1, 256), 32, 1)),
+                                                   ("y", tile))))
+        plan = Plan(graph.structural_hash, graph.name, "test", host.name, PlanBuilder(graph).edges(), groups)
+        (seg,) = next(kk for kk in generate(plan, graph, host, target="c").kernels if kk.stages == ("y",)).segments
+        assert (seg.omp == "serial") is serial
+        # one core, or a GPU: nothing to charge
+        assert not segment_use(graph, ["y"], conns, tile, device=one).serial
+        assert not segment_use(graph, ["y"], conns, tile, device=a100).serial
+
+
+def test_two_serial_segments_in_a_row_have_no_grid_barrier_between_them(tmp_path, a100):
+    """A grid barrier on the C target is one parallel loop's end and the next one's start: between two
+    segments that both run on the calling thread there is none to charge (on a GPU there is)."""
+    from engine.schedule.floor import floor_us
+    from engine.schedule.plan import Tile
+
+    conns = {("a", "t"): Conn.REGISTER, ("t", "y"): Conn.GLOBAL_SYNC}
+    host = _two_core_host()
+    for n1, serial in ((128, True), (256, False)):  # y: 65,536 element-steps (serial) or a weight-streaming split
+        graph = _gemvs(tmp_path, n1=n1)
+        tiles = [Tile("t", (1, n1 // 2), 32, 2), Tile("y", (1, 256), 32, 2)]
+        cpu = estimate_group(graph, ["a", "t", "y"], conns, tiles, host)
+        assert cpu.terms_us["grid_barrier"] == (0.0 if serial else round(host.grid_barrier_s * 1e6, 4))
+        # the tile search's floor stays under it (a floor above the model would prune the winner)
+        segs = [["a", "t"], ["y"]]
+        assert floor_us(graph, ["a", "t", "y"], conns, tiles, host, segs) <= cpu.modeled_us
+        gpu = estimate_group(graph, ["a", "t", "y"], conns, tiles, a100)
+        assert gpu.terms_us["grid_barrier"] == round(a100.grid_barrier_s * 1e6, 4) > 0

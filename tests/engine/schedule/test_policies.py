@@ -88,9 +88,10 @@ def _walk(graph, device=DEVICE):
 
 
 def test_welder_is_never_slower_than_stitch_by_its_model():
-    """The walk is greedy; on bert_layer for a100 its plan models 559.6 us against the stitch plan's
-    346.0: welder takes the stitch plan where it models more than WALK_MARGIN faster, and says which it
-    took first in its decision log."""
+    """The walk is greedy; on zoo mobilevit for the host its plan models slower than the stitch plan
+    (bert_layer for a100 did too, 559.6 us against 346.0, until the walk costed a side at the tiles it kept:
+    now 364.5 against 408.1 without operator batching): welder takes the stitch plan where it models more
+    than WALK_MARGIN faster, and says which it took first in its decision log."""
     from engine.schedule.policies.welder import WALK_MARGIN
 
     for name in ("bert_layer", "vit_block", "conv_bn_relu"):
@@ -101,7 +102,10 @@ def test_welder_is_never_slower_than_stitch_by_its_model():
         assert welder.policy == "welder" and welder.decisions[0].startswith("welder: ")
         assert [g.stages for g in welder.groups] == [g.stages for g in taken.groups]
         assert ("stitch plan taken" in welder.decisions[0]) == (taken is stitch)
-    assert "stitch plan taken" in make_plan(_graph("bert_layer"), "welder", DEVICE).decisions[0]
+    # A case where the stitch plan is taken, on fixed figures (a one-thread probe of the 2-core EPYC these
+    # numbers were tuned on, committed), not on whatever this machine's probe reads today.
+    host = get_device(Path(__file__).resolve().parents[2] / "data" / "devices" / "host_epyc_1t.json")
+    assert "stitch plan taken" in make_plan(_graph("zoo/mobilevit"), "welder", host).decisions[0]
 
 
 def test_bert_layer_targets():
