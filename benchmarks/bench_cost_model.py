@@ -3,7 +3,10 @@ plan made for `--device` (host, or a GPU preset / `gpu` for the attached GPU's),
 C backend or by CUDA events around each launch (median of --runs launches each), and per model:
 Spearman's rho between modeled and measured kernel times, the median |log(measured / modeled)| (as a
 factor), modeled and measured program time per policy, and whether the model ranks the policies as
-the measurement does. One worker process per model (planning included), so a model that hangs is
+the measurement does — strictly, and up to ties: two policies whose plans print the same C source are
+one program ("="), and two whose measured program times overlap ("~": the fastest round of each within
+the other's rounds from fastest to median; a round is the sum of every kernel's r-th launch) are within
+the run's own noise; a tied pair counts neither for nor against the model (`rank_agreement`). One worker process per model (planning included), so a model that hangs is
 reported and the rest still run.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_cost_model.py [--set zoo|samples] [--models a,b]
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import json
 import math
 import os
@@ -140,8 +144,10 @@ def time_on_gpu(job: dict) -> dict:
     return out
 
 
-def time_on_host(planned, plan, device, runs: int) -> dict[str, tuple[float, float]]:
-    """Kernel name -> (wall µs, CPU µs), each the median of `runs` launches: the wall clock around the call
+def time_on_host(planned, plan, device, runs: int) -> tuple[dict[str, tuple[float, float, list, list]], str]:
+    """(kernel name -> (wall µs, CPU µs, wall samples, CPU samples), the program's C source hash). Each time is
+    the median of `runs` launches (the samples, in launch order, are kept: the program's time per round is
+    the sum of its kernels' k-th samples, `round_programs`): the wall clock around the call
     as the C backend's profile takes it, and, in launches of their own, the calling thread's CPU time
     (CLOCK_THREAD_CPUTIME_ID), which leaves out the time the thread waited while another process ran.
     With one OpenMP thread the kernel runs on the calling thread, so its CPU time is all the kernel's; on
@@ -174,8 +180,8 @@ def time_on_host(planned, plan, device, runs: int) -> dict[str, tuple[float, flo
             c0 = time.thread_time_ns()
             call()
             cpu.append(max(0.0, time.thread_time_ns() - c0 - clock_ns) / 1e3)
-        out[launch.kernel] = (statistics.median(wall), statistics.median(cpu))
-    return out
+        out[launch.kernel] = (statistics.median(wall), statistics.median(cpu), wall, cpu)
+    return out, hashlib.sha256(compiled.source.encode()).hexdigest()[:16]
 
 
 def work(job: dict) -> dict:
@@ -190,13 +196,81 @@ def work(job: dict) -> dict:
     device = get_device("host")
     out = {}
     for policy, planned, plan, seconds in planned_policies(job, device):
-        measured = time_on_host(planned, plan, device, job["runs"])
+        measured, source = time_on_host(planned, plan, device, job["runs"])
         pick = 1 if job.get("clock") == "cpu" else 0
-        out[policy] = {"schedule_s": round(seconds, 2), "kernels": [
+        out[policy] = {"schedule_s": round(seconds, 2), "source_sha": source, "kernels": [
             {"name": g.name, "stages": len(g.stages), "modeled_us": g.cost.modeled_us if g.cost else None,
              "measured_us": measured[g.name][pick], "wall_us": measured[g.name][0], "cpu_us": measured[g.name][1],
+             "samples_us": [round(x, 3) for x in measured[g.name][2 + pick]],
              "terms_us": g.cost.terms_us if g.cost else {}}
             for g in plan.groups]}
+    return out
+
+
+def program_rounds(cell: dict) -> list[float]:
+    """A policy's program time per round: round r is the sum of its kernels' r-th timed launches (each
+    kernel is launched `runs` times in a row, so a round is not one run of the program, but the spread of
+    these sums is the spread the program's time has in the run). [] when the samples were not kept."""
+    samples = [k.get("samples_us") or [] for k in cell["kernels"]]
+    if not samples or not all(samples):
+        return []
+    return [sum(x) for x in zip(*samples)]
+
+
+def measured_tie(a: list[float], b: list[float]) -> bool:
+    """Two programs' measurements are tied when they are within the run's own noise: the fastest round of
+    each lies within the other's spread, taken as its rounds from the fastest to the median (the slower
+    half is where other processes' time slices land on a loaded machine: one such round would tie
+    anything) — the two spans [min, median] overlap. Without rounds nothing is tied."""
+    if not a or not b:
+        return False
+    return min(a) <= statistics.median(b) and min(b) <= statistics.median(a)
+
+
+def tie_classes(cells: dict) -> dict[tuple[str, str], str]:
+    """Each tied pair of policies (both orders) -> why: "program" where their plans print to the same C
+    source (the same kernels: welder's plan is the stitch plan, `welder.at_least_stitch`), "noise" where
+    their measured program times overlap (`measured_tie`)."""
+    rounds = {p: program_rounds(c) for p, c in cells.items()}
+    out = {}
+    for a in cells:
+        for b in cells:
+            if a == b:
+                continue
+            sa, sb = cells[a].get("source_sha"), cells[b].get("source_sha")
+            if sa and sa == sb:
+                out[a, b] = "program"
+            elif measured_tie(rounds[a], rounds[b]):
+                out[a, b] = "noise"
+    return out
+
+
+def rank_agreement(programs: dict[str, tuple[float, float]], ties: dict) -> dict:
+    """Whether the model orders the policies as the measurement does, strictly and up to ties.
+    `programs`: policy -> (modeled, measured) program µs; `ties`: `tie_classes`. Strict: the two sorted
+    orders are equal, and the model's cheapest is the measured fastest. Up to ties: every pair of policies
+    that is not tied is ordered the same way by both (a pair the model gives the same time is not ordered
+    by it: that agrees only if the pair is tied), and the model's cheapest is the measured fastest or
+    tied with it. Pairs with the same program are tied in the model too (one program, one time)."""
+    by_model = sorted(programs, key=lambda p: programs[p][0])
+    by_measure = sorted(programs, key=lambda p: programs[p][1])
+    pairs = [(a, b) for i, a in enumerate(by_model) for b in by_model[i + 1:]]
+    wrong = [(a, b) for a, b in pairs if (a, b) not in ties
+             and (programs[a][0] > programs[b][0]) - (programs[a][0] < programs[b][0])
+             != (programs[a][1] > programs[b][1]) - (programs[a][1] < programs[b][1])]
+    best = by_model[0]
+    return {"rank_model": by_model, "rank_measured": by_measure, "same_ranking": by_model == by_measure,
+            "same_best": best == by_measure[0], "wrong_pairs": wrong, "same_ranking_ties": not wrong,
+            "same_best_ties": best == by_measure[0] or (best, by_measure[0]) in ties,
+            "ties": {f"{a}={b}": why for (a, b), why in ties.items() if a < b}}
+
+
+def ranking_text(order: list[str], ties: dict) -> str:
+    """`order` joined by "=" (same program), "~" (measured within noise) or "<" between neighbours."""
+    out = order[0]
+    for a, b in zip(order, order[1:]):
+        why = ties.get((a, b))
+        out += {"program": " = ", "noise": " ~ "}.get(why, " < ") + b
     return out
 
 
@@ -206,12 +280,11 @@ def summarize(name: str, cells: dict) -> dict:
     logs = [abs(math.log(b / a)) for a, b in zip(mod, mea) if a > 0 and b > 0]
     programs = {p: (sum(k["modeled_us"] or 0 for k in c["kernels"]), sum(k["measured_us"] for k in c["kernels"]))
                 for p, c in cells.items()}
-    by_model = sorted(programs, key=lambda p: programs[p][0])
-    by_measure = sorted(programs, key=lambda p: programs[p][1])
+    ties = tie_classes(cells)
     return {"model": name, "kernels": len(rows), "rho": spearman(mod, mea),
             "median_factor": math.exp(statistics.median(logs)) if logs else float("nan"),
-            "programs": programs, "rank_model": by_model, "rank_measured": by_measure,
-            "same_ranking": by_model == by_measure, "same_best": by_model[0] == by_measure[0]}
+            "programs": programs, "tie_pairs": [[a, b, why] for (a, b), why in ties.items()]} \
+        | rank_agreement(programs, ties)
 
 
 def run_worker(job: dict, timeout: float, threads: str) -> dict | str:
@@ -303,24 +376,32 @@ def main() -> int:
         if on_gpu and results else f"Host, {threads} thread(s), {args.clock} clock"
     print(f"{where}; kernels timed as the median of {args.runs} launches.\n")
     print("| model | kernels | Spearman ρ | median factor | " + " | ".join(f"{p} modeled / measured µs" for p in policies)
-          + " | ranking by model | by measurement |" + (" max rel err | registers driver = parsed |" if on_gpu else ""))
-    print("|---|---:|---:|---:|" + "---:|" * len(policies) + "---|---|" + ("---:|---:|" if on_gpu else ""))
+          + " | ranking by model | by measurement | agrees: strict / up to ties |"
+          + (" max rel err | registers driver = parsed |" if on_gpu else ""))
+    print("|---|---:|---:|---:|" + "---:|" * len(policies) + "---|---|---|" + ("---:|---:|" if on_gpu else ""))
     for r in results:
         cols = " | ".join(f"{r['programs'][p][0]:.0f} / {r['programs'][p][1]:.0f}" for p in policies)
-        extra = ""
+        extra, ties = "", {(a, b): why for a, b, why in r["tie_pairs"]}
         if on_gpu:
             ks = [k for c in r["cells"].values() for k in c["kernels"]]
             same = sum(k["registers_driver"] == k["registers_parsed"] for k in ks)
             extra = f" {max(c['max_rel_err'] for c in r['cells'].values()):.1e} | {same}/{len(ks)} |"
         print(f"| {r['model']} | {r['kernels']} | {r['rho']:.2f} | {r['median_factor']:.2f}x | {cols} | "
-              f"{' < '.join(r['rank_model'])} | {' < '.join(r['rank_measured'])} |{extra}")
+              f"{ranking_text(r['rank_model'], {k: v for k, v in ties.items() if v == 'program'})} | "
+              f"{ranking_text(r['rank_measured'], ties)} | "
+              f"{'yes' if r['same_ranking'] else 'no'} / {'yes' if r['same_ranking_ties'] else 'no'} |{extra}")
     if all_rows:
         mod, mea = [k["modeled_us"] for k in all_rows], [k["measured_us"] for k in all_rows]
         logs = [abs(math.log(b / a)) for a, b in zip(mod, mea) if a > 0 and b > 0]
-        same = sum(r["same_best"] for r in results)
+        n = len(results)
         print(f"\nAll {len(all_rows)} kernels: Spearman ρ {spearman(mod, mea):.2f}, median factor "
-              f"{math.exp(statistics.median(logs)):.2f}x; the model picks the measured-fastest policy on {same} of "
-              f"{len(results)} models, the whole ranking on {sum(r['same_ranking'] for r in results)}.")
+              f"{math.exp(statistics.median(logs)):.2f}x.\nStrictly, the model picks the measured-fastest policy "
+              f"on {sum(r['same_best'] for r in results)} of {n} models and the whole ranking on "
+              f"{sum(r['same_ranking'] for r in results)}. Up to ties, on {sum(r['same_best_ties'] for r in results)} "
+              f"and {sum(r['same_ranking_ties'] for r in results)} of {n}: two policies are tied when their plans "
+              f"print the same C source (\"=\") or when their measured program times overlap (\"~\": the fastest "
+              f"round of each within the other's rounds from fastest to median, a round being the sum of each "
+              f"kernel's r-th of {args.runs} launches); a tied pair is not counted either way.")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

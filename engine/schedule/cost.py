@@ -195,6 +195,16 @@ def idle_lanes(work, device: Device | None) -> float:
       a rate the probe takes from math functions, so the term holds with it, not with a plain-arithmetic
       rate: the count leaves out such a loop's guards and index arithmetic, benchmarks/NOTES.md).
       Sums the C target runs column-wise are not in `work.loop_flops` (engine/codegen/count.py).
+    - Short element rows: per-element code (a phase's body outside its reduction loops, a GEMM's or conv's
+      epilogue) vectorises along the phase's innermost axis, so on a tile whose innermost extent n is not a
+      multiple of L its flops cost ceil(n / L) * L / n times as much as well (`work.row_flops`, by n; 1
+      where that axis is one index wide). The late stages of efficientnet and mobilenetv2 run their conv
+      epilogues and squeeze-excite phases on 4x4, 2x2 and 1x1 maps: rows of 1-4 of 16 lanes; their welder
+      plans model ~305 and ~278 µs with it against ~325 and ~315 measured (188 and 191 without). Kept to
+      epilogues only, the walk moved that code into per-element phases the model no longer charged and
+      efficientnet's welder plan measured 7-15 % slower (benchmarks/NOTES.md, restage). It overcharges a
+      per-element kernel of plain arithmetic on its own (mobilenetv2's bias + clip over a 2x2 map: 15.8
+      µs modeled, 2.9 measured), which the per-element rate — a math-function rate — already prices.
     - Library calls: an op the C printer prints as a scalar libm call (CPrinter.scalar_calls: sin, cos)
       runs on one lane, L times the cost of its vectorised flops (nerf's sin kernels measured ~10x)."""
     if device is None or device.kind != "cpu" or device.vector_lanes <= 1:
@@ -203,8 +213,9 @@ def idle_lanes(work, device: Device | None) -> float:
 
     lanes = device.vector_lanes
     short = sum(f * (-(-n // lanes) * lanes / n - 1.0) for n, f in work.loop_flops.items() if n > 0 and n % lanes)
+    rows = sum(f * (-(-n // lanes) * lanes / n - 1.0) for n, f in work.row_flops.items() if n > 0 and n % lanes)
     calls = sum(f * (lanes - 1) for op, f in work.op_flops.items() if op in CPrinter.scalar_calls)
-    return short + calls
+    return short + rows + calls
 
 
 def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,

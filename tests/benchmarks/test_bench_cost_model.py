@@ -1,0 +1,84 @@
+"""The policy-ranking comparison of benchmarks/bench_cost_model.py: which pairs of policies count as tied
+(the same program, or measured within the run's own noise) and how agreement is scored, strict and up to
+ties."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_cost_model as bcm  # noqa: E402
+
+
+def _cell(source: str, kernels: list[list[float]], modeled: list[float]) -> dict:
+    return {"source_sha": source, "kernels": [
+        {"name": f"k{i}", "modeled_us": m, "measured_us": float(np.median(s)), "samples_us": list(s)}
+        for i, (s, m) in enumerate(zip(kernels, modeled))]}
+
+
+def _rounds(rng, center: float, spread: float, n: int = 9) -> list[float]:
+    """n random rounds over [center, center + spread)."""
+    return list(center + spread * rng.random(n))
+
+
+def test_program_rounds_sum_each_kernels_launch_of_that_round():
+    rng = np.random.default_rng(1)
+    a, b = _rounds(rng, 10.0, 1.0), _rounds(rng, 30.0, 2.0)
+    rounds = bcm.program_rounds(_cell("x", [a, b], [1.0, 1.0]))
+    assert np.allclose(rounds, np.add(a, b))
+    assert bcm.program_rounds({"kernels": [{"samples_us": a}, {"measured_us": 3.0}]}) == []
+
+
+def test_spans_from_fastest_to_median_decide_a_measured_tie():
+    rng = np.random.default_rng(2)
+    fast = _rounds(rng, 100.0, 4.0)
+    assert bcm.measured_tie(fast, _rounds(rng, 100.0, 4.0))
+    assert not bcm.measured_tie(fast, _rounds(rng, 120.0, 4.0))
+    # one slow round (another process's time slice) does not tie a clearly faster program with it
+    slow = _rounds(rng, 120.0, 4.0)
+    assert not bcm.measured_tie(fast[:-1] + [150.0], slow)
+    assert not bcm.measured_tie([], slow) and not bcm.measured_tie(fast, [])
+
+
+def test_same_program_is_tied_and_not_ranked():
+    """welder's plan is the stitch plan (same C source): the model may put either first, measurement
+    too; their order counts neither way. A pair the model separates and measurement does not overlap
+    still has to agree."""
+    rng = np.random.default_rng(3)
+    k = [_rounds(rng, 50.0, 1.0), _rounds(rng, 20.0, 1.0)]
+    slower = [_rounds(rng, 90.0, 1.0), _rounds(rng, 40.0, 1.0)]
+    cells = {"stitch": _cell("same", k, [40.0, 20.0]), "welder": _cell("same", [list(np.add(x, 1.5)) for x in k],
+                                                                     [40.0, 20.0]),
+             "unfused": _cell("other", slower, [80.0, 45.0])}
+    ties = bcm.tie_classes(cells)
+    assert ties[("stitch", "welder")] == ties[("welder", "stitch")] == "program"
+    assert ("stitch", "unfused") not in ties
+    programs = {p: (sum(x["modeled_us"] for x in c["kernels"]), sum(x["measured_us"] for x in c["kernels"]))
+                for p, c in cells.items()}
+    got = bcm.rank_agreement(programs, ties)
+    assert got["rank_model"][0] == "stitch" and got["rank_measured"][0] == "stitch"
+    assert got["same_ranking_ties"] and got["same_best_ties"]
+    # the model calls unfused the fastest: measured slower and not tied, so wrong strictly and up to ties
+    cells["unfused"] = _cell("other", slower, [10.0, 5.0])
+    programs["unfused"] = (15.0, programs["unfused"][1])
+    got = bcm.rank_agreement(programs, bcm.tie_classes(cells))
+    assert not got["same_best"] and not got["same_best_ties"] and not got["same_ranking_ties"]
+    assert len(got["wrong_pairs"]) == 2
+
+
+def test_a_pair_within_noise_agrees_up_to_ties_but_not_strictly():
+    rng = np.random.default_rng(4)
+    a = _cell("a", [_rounds(rng, 100.0, 6.0)], [90.0])
+    b = _cell("b", [_rounds(rng, 101.0, 6.0)], [95.0])
+    cells = {"welder": b, "stitch": a}
+    ties = bcm.tie_classes(cells)
+    assert ties[("stitch", "welder")] == "noise"
+    stitch = float(np.median(a["kernels"][0]["samples_us"]))
+    programs = {"welder": (90.0, stitch + 0.5), "stitch": (95.0, stitch)}  # welder modeled faster, measured a hair slower
+    got = bcm.rank_agreement(programs, ties)
+    assert not got["same_ranking"] and not got["same_best"]
+    assert got["same_ranking_ties"] and got["same_best_ties"]
+    assert bcm.ranking_text(got["rank_measured"], ties) == "stitch ~ welder"
