@@ -47,9 +47,9 @@ class Work:
     # loop the C target vectorises: `omp simd reduction`), sums the C target runs column-wise left out.
     loop_flops: dict = field(default_factory=dict)
     op_flops: dict = field(default_factory=dict)  # of `flops`: per transcendental op (E.OP_FLOPS), its flops
-    # Of `flops`: those of a GEMM's or conv's epilogue (after its k loop, per output element), keyed by the
-    # trip count per tile of the loop the C target vectorises them along: the phase's innermost axis
-    # (a conv's output columns). Per-element phases are not filed here (benchmarks/NOTES.md, restage).
+    # Of `flops`: those of per-element code outside reduction loops (a per-element phase's body, a GEMM's or
+    # conv's epilogue), keyed by the trip count of the loop the C target vectorises them along on each tile:
+    # the phase's innermost axis (1 where that axis is one index wide: no vector loop).
     row_flops: dict = field(default_factory=dict)
 
     def add(self, other: Work, times: float = 1.0) -> None:
@@ -182,12 +182,15 @@ def _phase_work(kernel: Kernel, phase: Phase, threads: int, tiles: slice | None)
     if phase.conv is not None:
         return _conv(kernel, phase, ext, threads, tiles)
     elems = float(np.prod(ext, axis=1).sum()) if ext.shape[1] else float(len(ext))
-    return _elementwise(kernel, phase, elems)
+    work = _elementwise(kernel, phase, elems)
+    if ext.shape[1]:
+        _row_flops(work, work.flops - sum(work.loop_flops.values()), ext, ext[:, -1])
+    return work
 
 
 def _row_flops(work: Work, flops: float, ext: np.ndarray, rows: np.ndarray) -> None:
-    """`flops` of an epilogue spread over the tiles by their elements (`ext`, live extents per tile),
-    filed in `work.row_flops` under each tile's vector-loop trip count (`rows`, per tile)."""
+    """`flops` of per-element code spread over the tiles by their elements (`ext`, live extents per
+    tile), filed in `work.row_flops` under each tile's vector-loop trip count (`rows`, per tile)."""
     elems = np.prod(ext, axis=1).astype(float)
     total = float(elems.sum())
     if flops <= 0 or total <= 0:

@@ -195,15 +195,12 @@ def idle_lanes(work, device: Device | None) -> float:
       a rate the probe takes from math functions, so the term holds with it, not with a plain-arithmetic
       rate: the count leaves out such a loop's guards and index arithmetic, benchmarks/NOTES.md).
       Sums the C target runs column-wise are not in `work.loop_flops` (engine/codegen/count.py).
-    - Short epilogue rows: a GEMM's or conv's epilogue (bias, SiLU, clip per output element, after its k
-      loop) vectorises along the phase's innermost axis — a conv's output columns — so on a tile whose
-      innermost extent n is not a multiple of L its flops cost ceil(n / L) * L / n times as much as well
-      (`work.row_flops`, by n). The late stages of efficientnet and mobilenetv2 run their convs on 4x4, 2x2
-      and 1x1 maps: epilogue rows of 1-4 of 16 lanes; with this term their welder kernels model 310 and 278
-      µs against 316 and 294 measured (188 and 191 without). Per-element phases on short rows are not
-      charged: at the per-element rate (a math-function rate, benchmarks/NOTES.md) their plain arithmetic
-      already costs what 2 of 16 lanes run (mobilenetv2's bias + clip over a 2x2 map: 1.9 µs modeled
-      without the term, 2.9 measured, 15.8 with it).
+    - Short element rows: per-element code (a phase's body, a GEMM's or conv's epilogue) vectorises along
+      the phase's innermost axis, so on a tile whose innermost extent n is not a multiple of L its flops
+      cost ceil(n / L) * L / n times as much as well (`work.row_flops`, by n; 1 where that axis is one
+      index wide and there is no vector loop). The late stages of efficientnet and mobilenetv2 run their
+      squeeze-excite and conv epilogues (SiLU, sigmoid: math functions) on 1x1, 2x2 and 4x4 maps: rows of
+      1-4 of 16 lanes.
     - Library calls: an op the C printer prints as a scalar libm call (CPrinter.scalar_calls: sin, cos)
       runs on one lane, L times the cost of its vectorised flops (nerf's sin kernels measured ~10x)."""
     if device is None or device.kind != "cpu" or device.vector_lanes <= 1:
