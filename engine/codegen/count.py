@@ -47,10 +47,6 @@ class Work:
     # loop the C target vectorises: `omp simd reduction`), sums the C target runs column-wise left out.
     loop_flops: dict = field(default_factory=dict)
     op_flops: dict = field(default_factory=dict)  # of `flops`: per transcendental op (E.OP_FLOPS), its flops
-    # Of `flops`: those of per-element code outside reduction loops (a per-element phase's body, a GEMM's or
-    # conv's epilogue), keyed by the trip count of the loop the C target vectorises them along on each tile:
-    # the phase's innermost axis (1 where that axis is one index wide: no vector loop).
-    row_flops: dict = field(default_factory=dict)
 
     def add(self, other: Work, times: float = 1.0) -> None:
         self.flops += other.flops * times
@@ -67,8 +63,6 @@ class Work:
             self.loop_flops[k] = self.loop_flops.get(k, 0.0) + v * times
         for k, v in other.op_flops.items():
             self.op_flops[k] = self.op_flops.get(k, 0.0) + v * times
-        for k, v in other.row_flops.items():
-            self.row_flops[k] = self.row_flops.get(k, 0.0) + v * times
         self.nest = max(self.nest, other.nest)
 
     @property
@@ -182,23 +176,7 @@ def _phase_work(kernel: Kernel, phase: Phase, threads: int, tiles: slice | None)
     if phase.conv is not None:
         return _conv(kernel, phase, ext, threads, tiles)
     elems = float(np.prod(ext, axis=1).sum()) if ext.shape[1] else float(len(ext))
-    work = _elementwise(kernel, phase, elems)
-    if ext.shape[1]:
-        _row_flops(work, work.flops - sum(work.loop_flops.values()), ext, ext[:, -1])
-    return work
-
-
-def _row_flops(work: Work, flops: float, ext: np.ndarray, rows: np.ndarray) -> None:
-    """`flops` of per-element code spread over the tiles by their elements (`ext`, live extents per
-    tile), filed in `work.row_flops` under each tile's vector-loop trip count (`rows`, per tile)."""
-    elems = np.prod(ext, axis=1).astype(float)
-    total = float(elems.sum())
-    if flops <= 0 or total <= 0:
-        return
-    for n in np.unique(rows):
-        share = float(elems[rows == n].sum()) / total
-        if share:
-            work.row_flops[int(n)] = work.row_flops.get(int(n), 0.0) + flops * share
+    return _elementwise(kernel, phase, elems)
 
 
 def _memo(kernel: Kernel, root, key: tuple, compute) -> Work:
@@ -339,7 +317,6 @@ def _gemm(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
         out.tiled_flops += steps * live * g.bk * 2 * g.tm * g.tn
     epi = _epilogue(kernel, phase)
     out.add(epi, float((m_n * n_n).sum()))
-    _row_flops(out, epi.flops * float((m_n * n_n).sum()), ext, ext[:, -1])
     out.nest = max(out.nest, g.k, epi.nest)
     return out
 
@@ -386,7 +363,6 @@ def _conv(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int, tiles: sl
     out.tiled_flops += steps * thr * inner * 2 * c.tm * c.tn
     epi = _epilogue(kernel, phase)
     out.add(epi, float((c_n * oh_n * ow_n).sum()))
-    _row_flops(out, epi.flops * float((c_n * oh_n * ow_n).sum()), ext, ext[:, 3])
     out.nest = max(out.nest, total * kh * kw, epi.nest)
     return out
 

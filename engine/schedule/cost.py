@@ -195,12 +195,6 @@ def idle_lanes(work, device: Device | None) -> float:
       a rate the probe takes from math functions, so the term holds with it, not with a plain-arithmetic
       rate: the count leaves out such a loop's guards and index arithmetic, benchmarks/NOTES.md).
       Sums the C target runs column-wise are not in `work.loop_flops` (engine/codegen/count.py).
-    - Short element rows: per-element code (a phase's body, a GEMM's or conv's epilogue) vectorises along
-      the phase's innermost axis, so on a tile whose innermost extent n is not a multiple of L its flops
-      cost ceil(n / L) * L / n times as much as well (`work.row_flops`, by n; 1 where that axis is one
-      index wide and there is no vector loop). The late stages of efficientnet and mobilenetv2 run their
-      squeeze-excite and conv epilogues (SiLU, sigmoid: math functions) on 1x1, 2x2 and 4x4 maps: rows of
-      1-4 of 16 lanes.
     - Library calls: an op the C printer prints as a scalar libm call (CPrinter.scalar_calls: sin, cos)
       runs on one lane, L times the cost of its vectorised flops (nerf's sin kernels measured ~10x)."""
     if device is None or device.kind != "cpu" or device.vector_lanes <= 1:
@@ -209,9 +203,8 @@ def idle_lanes(work, device: Device | None) -> float:
 
     lanes = device.vector_lanes
     short = sum(f * (-(-n // lanes) * lanes / n - 1.0) for n, f in work.loop_flops.items() if n > 0 and n % lanes)
-    rows = sum(f * (-(-n // lanes) * lanes / n - 1.0) for n, f in work.row_flops.items() if n > 0 and n % lanes)
     calls = sum(f * (lanes - 1) for op, f in work.op_flops.items() if op in CPrinter.scalar_calls)
-    return short + rows + calls
+    return short + calls
 
 
 def segment_work(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile,

@@ -54,31 +54,3 @@ def test_transcendental_flops_are_kept_per_op(tmp_path):
     w = _work(_row_sums(tmp_path / "sin.onnx", 64, 5, op="Sin"), HOST16)
     assert w.op_flops == {"sin": 6 * 64 * 5}
     assert w.loop_flops in ({5: 64 * 5}, {5: 7 * 64 * 5})  # the sin inside the row loop when inlined
-
-
-def _conv_silu(path, hw: int, c: int = 32):
-    """z = y * sigmoid(y), y = a 1x1 conv of x (random weights) over an hw x hw map."""
-    rng = np.random.default_rng(hw)
-    w = helper.make_tensor("w", TensorProto.FLOAT, [c, c, 1, 1], rng.standard_normal(c * c).astype(np.float32))
-    nodes = [helper.make_node("Conv", ["x", "w"], ["y"]), helper.make_node("Sigmoid", ["y"], ["s"]),
-             helper.make_node("Mul", ["y", "s"], ["z"])]
-    graph = helper.make_graph(nodes, "conv_silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
-                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, c, hw, hw])], [w])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return load_graph(path)
-
-
-def test_per_element_flops_are_kept_under_their_rows_trip_count(tmp_path):
-    """The SiLU after a conv runs along the map's rows (the C target's vector loop): its flops are filed
-    under the row's length, 2 on a 2x2 map, 16 on a 16x16 one — the conv's own multiply-adds are not."""
-    for hw in (2, 16):
-        graph = _conv_silu(tmp_path / f"c{hw}.onnx", hw)
-        for policy in ("elementwise", "welder"):
-            planned, plan = plan_model(graph, policy, HOST16)
-            total = None
-            for k in generate(plan, planned, HOST16, target="c").kernels:
-                w = count_kernel(k)
-                total = w if total is None else (total.add(w) or total)
-            assert set(total.row_flops) == {hw}, (policy, total.row_flops)
-            silu = 32 * hw * hw  # elements of z; sigmoid and multiply: several flops each
-            assert 2 * silu <= total.row_flops[hw] < total.flops - total.tiled_flops + 1, policy

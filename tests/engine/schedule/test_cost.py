@@ -169,21 +169,6 @@ def test_cpu_charges_the_lanes_short_loops_and_library_calls_leave_idle():
     assert idle_lanes(Work(flops=10.0, loop_flops={64: 10.0}), host) == 0.0
 
 
-def test_cpu_charges_the_lanes_short_element_rows_leave_idle():
-    """Per-element flops along rows of n elements (the C target's vector loop) cost ceil(n / L) full vector
-    iterations: a 2x2 map's epilogue uses 2 of 16 lanes, a one-wide row 1; a GPU is not charged."""
-    from engine.codegen.count import Work
-    from engine.device import Device, get_device
-    from engine.schedule.cost import idle_lanes
-
-    a100 = get_device("a100")
-    host = Device.from_dict(a100.to_dict() | {"name": "cpu16", "kind": "cpu", "vector_lanes": 16})
-    work = Work(flops=500.0, row_flops={2: 100.0, 1: 10.0, 32: 50.0, 20: 40.0})
-    want = 100.0 * (16 / 2 - 1) + 10.0 * 15 + 40.0 * (32 / 20 - 1)
-    assert abs(idle_lanes(work, host) - want) < 1e-9
-    assert idle_lanes(work, a100) == 0.0
-
-
 def test_the_host_model_charges_a_short_row_sum_more_per_flop_than_a_long_one(tmp_path):
     """Same flops, rows of 3 against rows of 48 (a multiple of the lanes): on a CPU the short rows model
     slower; on a GPU preset the model is what it was (no idle-lane term)."""
