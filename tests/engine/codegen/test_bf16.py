@@ -26,7 +26,7 @@ from bf16 import bf16_inputs, to_bf16  # noqa: E402
 from simt_samples import ms  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_mma_f16 import mma16_kernel  # noqa: E402
+from test_mma_f16 import check_sample_mma_compiles, mma16_kernel  # noqa: E402
 
 from engine.codegen.generate import generate  # noqa: E402
 from engine.codegen.mma import MMA_BF16, MMA_F16, bf16_mma  # noqa: E402
@@ -268,17 +268,7 @@ def test_bf16_tensor_cores_only_where_the_device_has_them(tmp_path):
 
 @pytest.mark.parametrize("name", ["nerf_mlp", pytest.param("bert_layer", marks=pytest.mark.slow)])
 def test_bf16_samples_print_tensor_core_kernels_that_compile_for_sm80_and_sm90(tmp_path, name):
-    model, _ = ms.build(next(s for s in ms.SAMPLES if s.name == name))
-    path = tmp_path / f"{name}.bf16.onnx"
-    onnx.save(to_bf16(model), path)
-    g, plan = plan_model(load_graph(path), "welder", "a100")
-    program = generate(plan, g, "a100")
-    gemms = _bf16_gemms(program)
-    assert gemms
-    source = render_cuda(program)
-    for arch in ("sm_80", "sm_90"):
-        binary = compile_cuda(source, name=program.name, arch=arch)
-        assert binary.ptx.count(PTX_BF16) >= len(gemms) and binary.cubin[:4] == b"\x7fELF"
+    check_sample_mma_compiles(tmp_path, name, to_bf16, MMA_BF16, PTX_BF16)
 
 
 @pytest.mark.slow

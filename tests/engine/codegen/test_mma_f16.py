@@ -208,17 +208,23 @@ def test_emulated_m16n8k16_follows_the_ptx_fragment_layout():
 @pytest.mark.parametrize("name", ["nerf_mlp", pytest.param("bert_layer", marks=pytest.mark.slow),
                                   pytest.param("vit_block", marks=pytest.mark.slow)])
 def test_fp16_samples_print_tensor_core_kernels_that_compile_for_sm80_and_sm90(tmp_path, name):
+    check_sample_mma_compiles(tmp_path, name, to_fp16, MMA_F16, PTX_F16)
+
+
+def check_sample_mma_compiles(tmp_path: Path, name: str, convert, mma: str, ptx: str) -> None:
+    """Sample `name` converted by `convert` (to fp16 or bf16), planned for a100: its GEMMs take `mma`, and its
+    CUDA compiles for sm_80 and sm_90 with at least one `ptx` instruction per such GEMM."""
     model, _ = ms.build(next(s for s in ms.SAMPLES if s.name == name))
-    path = tmp_path / f"{name}.fp16.onnx"
-    onnx.save(to_fp16(model), path)
+    path = tmp_path / f"{name}.{convert.__name__}.onnx"
+    onnx.save(convert(model), path)
     g, plan = plan_model(load_graph(path), "welder", "a100")
     program = generate(plan, g, "a100")
-    gemms = _f16_gemms(program)
+    gemms = [x for k in program.kernels for x in k.gemms if x.mma == mma]
     assert gemms
     source = render_cuda(program)
     for arch in ("sm_80", "sm_90"):
         binary = compile_cuda(source, name=program.name, arch=arch)
-        assert binary.ptx.count(PTX_F16) >= len(gemms) and binary.cubin[:4] == b"\x7fELF"
+        assert binary.ptx.count(ptx) >= len(gemms) and binary.cubin[:4] == b"\x7fELF"
 
 
 def test_fp16_plan_models_no_slower_than_the_fma_plan(tmp_path, monkeypatch):
