@@ -385,15 +385,16 @@ def canonical_names(graph: PrimGraph, stages: Sequence[str]) -> dict[str, str]:
 def _group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) -> str:
     """Structural hash of a group: stage kinds, shapes and bodies with tensor names canonicalised,
     its internal connections, and which stages are also read outside (their writes cost traffic)."""
-    names: dict[str, str] = {s: f"s{j}" for j, s in enumerate(stages)}
+    names = canonical_names(graph, stages)
     members = set(stages)
     parts: list[str] = []
+    read: set[str] = set()
     for s in stages:
         st = graph.stage(s)
         for t in st.inputs:
-            if t not in names:
+            if t not in members and t not in read:
+                read.add(t)
                 spec = graph.specs[t]
-                names[t] = f"x{len(names)}"
                 parts.append(f"{names[t]}:{spec.shape}:{spec.dtype.value}")
         outside = s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ()))
         parts.append(f"{names[s]}|{st.kind.value}|{st.shape}|{st.dtype.value}|{st.reduce}|{st.combine}|"
