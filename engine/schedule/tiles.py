@@ -26,7 +26,8 @@ from engine.memo import memo
 from engine.schedule.cost import estimate_group
 from engine.schedule.floor import floor_us
 from engine.schedule.plan import Candidate, GroupCost, Tile
-from engine.schedule.validate import Violation, check_group, others_refused, recompute_bound, refused_early
+from engine.schedule.validate import (Violation, check_group, others_refused, recompute_bound, refused_early,
+                                      refused_whatever_tiles)
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
 
 TOP_K = 6
@@ -271,12 +272,15 @@ def search_group(
         pools.append(pool)
         chosen.append(pool[0])
     local: dict = {}  # this search's memo: its connections are fixed
-    best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local)
+    # Where the connections alone break a rule, every candidate would be built and refused: the passes
+    # skip the segments with a choice (a lone candidate is still costed, as a pass costs it).
+    hopeless = refused_whatever_tiles(graph, stages, conns, segs)
+    best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local, hopeless)
     if violations and len(segs) > 1:
         # Segments are searched one at a time against the others' current tiles; behind grid barriers
         # the one-wave rule couples them, so start again from each segment's smallest grid.
         chosen[:] = [min(pool, key=lambda t: (t.blocks, -t.threads)) for pool in pools]
-        best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local)
+        best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local, hopeless)
     if not violations:
         chosen[:] = record_mappings(graph, segs, conns, chosen, device)
     try:
@@ -290,11 +294,16 @@ def search_group(
     return out
 
 
-def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chosen: list[Tile], local: dict):
+def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chosen: list[Tile], local: dict,
+                 hopeless: bool = False):
     """One pass over the segments, each taking its best valid tile given the others' (in `chosen`,
-    updated in place); the last segment's top-k candidates and the group's violations come back."""
+    updated in place); the last segment's top-k candidates and the group's violations come back.
+    `hopeless`: `check_group` refuses every choice of tiles (`refused_whatever_tiles`), so a segment
+    with several candidates keeps its tile without any being tried (each would be skipped as invalid)."""
     best_cands: tuple[Candidate, ...] = ()
     for j, pool in enumerate(pools):
+        if hopeless and len(pool) > 1:
+            continue
         trials = [chosen[:j] + [t] + chosen[j + 1:] for t in pool]
         # Candidates in order of their floor (regions only, no kernel built): once the floor passes the
         # k-th best modeled time found, no candidate left can enter the top k, valid or not.
