@@ -26,8 +26,14 @@ from engine.memo import memo
 from engine.schedule.cost import estimate_group
 from engine.schedule.floor import floor_us
 from engine.schedule.plan import Candidate, GroupCost, Tile
-from engine.schedule.validate import (Violation, check_group, others_refused, recompute_bound, refused_early,
-                                      refused_whatever_tiles)
+from engine.schedule.validate import (
+    Violation,
+    check_group,
+    others_refused,
+    recompute_bound,
+    refused_early,
+    refused_whatever_tiles,
+)
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
 
 TOP_K = 6
@@ -41,6 +47,7 @@ class GroupSchedule:
     cost: GroupCost | None
     violations: tuple[Violation, ...]
     k: int = TOP_K  # the candidates a search kept: a search asking for more cannot use this one
+    above: float = 0.0  # a bounded search that found no tile modeling at or under this (µs): no tiles
 
     @property
     def ok(self) -> bool:
@@ -236,11 +243,18 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
 
 def search_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, device: Device, mode: str,
-    fixed: Mapping[str, Tile] | None = None, k: int = TOP_K,
+    fixed: Mapping[str, Tile] | None = None, k: int = TOP_K, bound: float = math.inf,
 ) -> GroupSchedule:
     """Best valid tile per segment (fixed anchors keep their tile); violations when none is valid.
     `k`: how many of the last segment's best candidates to keep (1 when only the winner is wanted:
-    a connection trial; the winner is the same for any k, and fewer candidates need costing)."""
+    a connection trial; the winner is the same for any k, and fewer candidates need costing).
+    `bound` (µs; with k 1, a group with one segment with a choice of tiles): the caller has no use for a
+    schedule modeling above it (a merge trial: the group apart, or another level's figure). Candidates
+    whose floor passes the bound are not tried, and where no valid one models at or under it the
+    schedule comes back with no tiles and `above` set. Where one does, it is the unbounded search's
+    schedule (candidates go in floor order, and a floor never exceeds the modeled time: every candidate
+    that could beat the winner is tried either way). The pass ranks by the typical tile's modeled time,
+    the schedule reports the exact one: they may differ by a little either way."""
     fixed = fixed or {}
     names = list(stages)
     canon = {s: f"s{j}" for j, s in enumerate(names)}
@@ -252,13 +266,19 @@ def search_group(
     # Compare page's unfused plan finds the one-stage searches the welder plan made before it.
     pools_of = "stitch" if mode == "stitch" else "tiles"
     named, cache = memo("tiles.named", 20000), memo("tiles.subgraph", 50000)
-    hit = named.get((key, pools_of, device, tuple(names)))
-    if hit is not None and hit.k >= k:
-        return hit
-    hit = cache.get((key, pools_of, device))
-    if hit is not None and hit.k >= k:
-        return named.put((key, pools_of, device, tuple(names)),
-                         _rename(hit, [f"s{j}" for j in range(len(names))], names))
+    bounded = k == 1 and bound < math.inf
+    if bounded:  # its own table: its answer depends on the bound, never on what was searched before
+        hit = memo("tiles.bounded", 50000).get((key, pools_of, device, bound))
+        if hit is not None:
+            return _rename(hit, [f"s{j}" for j in range(len(names))], names)
+    else:
+        hit = named.get((key, pools_of, device, tuple(names)))
+        if hit is not None and hit.k >= k:
+            return hit
+        hit = cache.get((key, pools_of, device))
+        if hit is not None and hit.k >= k:
+            return named.put((key, pools_of, device, tuple(names)),
+                             _rename(hit, [f"s{j}" for j in range(len(names))], names))
     segs = segments_of(graph, stages, conns)
     chosen: list[Tile] = []
     pools: list[list[Tile]] = []
@@ -275,12 +295,22 @@ def search_group(
     # Where the connections alone break a rule, every candidate would be built and refused: the passes
     # skip the segments with a choice (a lone candidate is still costed, as a pass costs it).
     hopeless = refused_whatever_tiles(graph, stages, conns, segs)
-    best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local, hopeless)
+    if bounded and (hopeless or sum(len(pool) > 1 for pool in pools) != 1):
+        out = search_group(graph, stages, conns, device, mode, fixed, k)  # the bound has nothing to cut
+        memo("tiles.bounded", 50000).put((key, pools_of, device, bound), _rename(out, names, list(canon.values())))
+        return out
+    best_cands, violations, best_us = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local,
+                                                   hopeless, bound if bounded else math.inf)
+    if bounded and best_us > bound:
+        out = GroupSchedule((), (), None, (), k, above=bound)
+        memo("tiles.bounded", 50000).put((key, pools_of, device, bound), out)
+        return out
     if violations and len(segs) > 1:
         # Segments are searched one at a time against the others' current tiles; behind grid barriers
         # the one-wave rule couples them, so start again from each segment's smallest grid.
         chosen[:] = [min(pool, key=lambda t: (t.blocks, -t.threads)) for pool in pools]
-        best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local, hopeless)
+        best_cands, violations, _ = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local,
+                                                 hopeless)
     if not violations:
         chosen[:] = record_mappings(graph, segs, conns, chosen, device)
     try:
@@ -290,18 +320,27 @@ def search_group(
             raise
         cost = None  # refused already (the violations say why): nothing to cost
     out = GroupSchedule(tuple(chosen), best_cands, cost, violations, k)
-    cache.put((key, pools_of, device), _rename(out, list(stages), [f"s{j}" for j in range(len(stages))]))
+    canonical = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
+    cache.put((key, pools_of, device), canonical)
+    if bounded:
+        memo("tiles.bounded", 50000).put((key, pools_of, device, bound), canonical)
     return out
 
 
 def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chosen: list[Tile], local: dict,
-                 hopeless: bool = False):
+                 hopeless: bool = False, bound: float = math.inf):
     """One pass over the segments, each taking its best valid tile given the others' (in `chosen`,
-    updated in place); the last segment's top-k candidates and the group's violations come back.
+    updated in place); the last segment's top-k candidates, the group's violations and the best modeled
+    time of the last segment with a choice of tiles (inf where it had no valid candidate) come back. `bound`: no candidate
+    whose floor passes it is tried (`search_group`), and where the last segment has no valid candidate
+    at or under it nothing more is checked (no violations come back).
     `hopeless`: `check_group` refuses every choice of tiles (`refused_whatever_tiles`), so a segment
     with several candidates keeps its tile without any being tried (each would be skipped as invalid)."""
     best_cands: tuple[Candidate, ...] = ()
+    best_us = math.inf
     for j, pool in enumerate(pools):
+        if len(pool) > 1:
+            best_us = math.inf
         if hopeless and len(pool) > 1:
             continue
         trials = [chosen[:j] + [t] + chosen[j + 1:] for t in pool]
@@ -310,7 +349,7 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
         floors = [floor_us(graph, stages, conns, trial, device, segs, local) for trial in trials] if len(pool) > 1 else [0.0]
         scored = []
         for i in sorted(range(len(pool)), key=floors.__getitem__):
-            if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
+            if floors[i] > min(_kth_best(scored, k), bound) + _FLOOR_SLACK:
                 break
             t, trial = pool[i], trials[i]
             if len(pool) > 1 and (refused_early(graph, stages, conns, trial, device, segs, j, local) or (
@@ -331,9 +370,13 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
         top = _distinct(scored)[:k]
         best = min(top, key=lambda x: x[1])
         chosen[j] = best[2]
+        if len(pool) > 1:
+            best_us = best[1]
         if len(segs) == 1 or j == len(pools) - 1:
             best_cands = tuple(Candidate(t, round(s, 1), int(tr), c.waves) for s, _, t, c, tr, _ in top)
-    return best_cands, tuple(check_group(graph, stages, conns, chosen, device, segs=segs, local=local))
+    if best_us > bound:
+        return best_cands, (), best_us
+    return best_cands, tuple(check_group(graph, stages, conns, chosen, device, segs=segs, local=local)), best_us
 
 
 _FLOOR_SLACK = 1e-3  # µs: modeled times are rounded to 1e-4, a floor sums its terms in another order
@@ -468,7 +511,7 @@ def _rename(s: GroupSchedule, old: list[str], new: list[str]) -> GroupSchedule:
     tiles = tuple(replace(t, stage=m.get(t.stage, t.stage)) for t in s.tiles)
     cands = tuple(replace(c, tile=replace(c.tile, stage=m.get(c.tile.stage, c.tile.stage))) for c in s.candidates)
     return GroupSchedule(tiles, cands, s.cost, s.violations if not s.violations else tuple(
-        replace(v, subject=_sub(v.subject, m), message=_sub(v.message, m)) for v in s.violations), s.k)
+        replace(v, subject=_sub(v.subject, m), message=_sub(v.message, m)) for v in s.violations), s.k, s.above)
 
 
 def _sub(text: str, m: Mapping[str, str]) -> str:
