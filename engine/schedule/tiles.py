@@ -254,7 +254,9 @@ def search_group(
     schedule comes back with no tiles and `above` set. Where one does, it is the unbounded search's
     schedule (candidates go in floor order, and a floor never exceeds the modeled time: every candidate
     that could beat the winner is tried either way). The pass ranks by the typical tile's modeled time,
-    the schedule reports the exact one: they may differ by a little either way."""
+    the schedule reports the exact one: where the best tried is over the bound the first way and not
+    the second, the unbounded search decides (an above-bound answer holds where no floor exceeds a
+    candidate's exact cost)."""
     fixed = fixed or {}
     names = list(stages)
     canon = {s: f"s{j}" for j, s in enumerate(names)}
@@ -302,6 +304,12 @@ def search_group(
     best_cands, violations, best_us = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local,
                                                    hopeless, bound if bounded else math.inf)
     if bounded and best_us > bound:
+        # The pass ranks by the typical tile; the schedule reports the exact cost, which may be the lower.
+        # Where the best tried is under the bound that way, the unbounded search decides.
+        if best_us < math.inf and _exact_under(graph, stages, conns, chosen, device, segs, local, bound):
+            out = search_group(graph, stages, conns, device, mode, fixed, k)
+            memo("tiles.bounded", 50000).put((key, pools_of, device, bound), _rename(out, names, list(canon.values())))
+            return out
         out = GroupSchedule((), (), None, (), k, above=bound)
         memo("tiles.bounded", 50000).put((key, pools_of, device, bound), out)
         return out
@@ -325,6 +333,18 @@ def search_group(
     if bounded:
         memo("tiles.bounded", 50000).put((key, pools_of, device, bound), canonical)
     return out
+
+
+def _exact_under(graph, stages, conns, chosen: list[Tile], device: Device, segs, local: dict, bound: float) -> bool:
+    """Whether `chosen` (the best a bounded pass tried) is valid and its exact cost, as `search_group`
+    reports it, models at or under `bound`."""
+    if check_group(graph, stages, conns, chosen, device, segs=segs, local=local):
+        return False
+    tiles = record_mappings(graph, segs, conns, chosen, device)
+    try:
+        return estimate_group(graph, stages, conns, tiles, device, segs=segs, local=local, exact=True).modeled_us <= bound
+    except CountBudgetError:
+        return False
 
 
 def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chosen: list[Tile], local: dict,
