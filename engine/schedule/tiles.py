@@ -250,13 +250,13 @@ def search_group(
     a connection trial; the winner is the same for any k, and fewer candidates need costing).
     `bound` (µs; with k 1, a group with one segment with a choice of tiles): the caller has no use for a
     schedule modeling above it (a merge trial: the group apart, or another level's figure). Candidates
-    whose floor passes the bound are not tried, and where no valid one models at or under it the
-    schedule comes back with no tiles and `above` set. Where one does, it is the unbounded search's
-    schedule (candidates go in floor order, and a floor never exceeds the modeled time: every candidate
-    that could beat the winner is tried either way). The pass ranks by the typical tile's modeled time,
-    the schedule reports the exact one: where the best tried is over the bound the first way and not
-    the second, the unbounded search decides (an above-bound answer holds where no floor exceeds a
-    candidate's exact cost)."""
+    whose floor passes the bound are not tried. The answer is the unbounded search's schedule where that
+    is valid and models at or under the bound, else no tiles and `above` set (the walk refuses either
+    way): candidates go in floor order, and a floor never exceeds the modeled time, so every candidate
+    that could beat the winner is still tried. The pass ranks by the typical tile's modeled time, the
+    schedule reports the exact one: where the best tried is over the bound the first way and not the
+    second, the unbounded search decides (an above-bound answer holds where no floor exceeds a
+    candidate's exact cost). An unbounded search of the group made before answers from its cache."""
     fixed = fixed or {}
     names = list(stages)
     canon = {s: f"s{j}" for j, s in enumerate(names)}
@@ -269,18 +269,17 @@ def search_group(
     pools_of = "stitch" if mode == "stitch" else "tiles"
     named, cache = memo("tiles.named", 20000), memo("tiles.subgraph", 50000)
     bounded = k == 1 and bound < math.inf
-    if bounded:  # its own table: its answer depends on the bound, never on what was searched before
-        hit = memo("tiles.bounded", 50000).get((key, pools_of, device, bound))
+    hit = named.get((key, pools_of, device, tuple(names)))
+    if hit is not None and hit.k >= k:
+        return _under(hit, bound) if bounded else hit
+    hit = cache.get((key, pools_of, device))
+    if hit is not None and hit.k >= k:
+        hit = named.put((key, pools_of, device, tuple(names)), _rename(hit, [f"s{j}" for j in range(len(names))], names))
+        return _under(hit, bound) if bounded else hit
+    if bounded:  # bounded searches that found nothing under their bound
+        hit = memo("tiles.above", 50000).get((key, pools_of, device, bound))
         if hit is not None:
-            return _rename(hit, [f"s{j}" for j in range(len(names))], names)
-    else:
-        hit = named.get((key, pools_of, device, tuple(names)))
-        if hit is not None and hit.k >= k:
             return hit
-        hit = cache.get((key, pools_of, device))
-        if hit is not None and hit.k >= k:
-            return named.put((key, pools_of, device, tuple(names)),
-                             _rename(hit, [f"s{j}" for j in range(len(names))], names))
     segs = segments_of(graph, stages, conns)
     chosen: list[Tile] = []
     pools: list[list[Tile]] = []
@@ -298,21 +297,15 @@ def search_group(
     # skip the segments with a choice (a lone candidate is still costed, as a pass costs it).
     hopeless = refused_whatever_tiles(graph, stages, conns, segs)
     if bounded and (hopeless or sum(len(pool) > 1 for pool in pools) != 1):
-        out = search_group(graph, stages, conns, device, mode, fixed, k)  # the bound has nothing to cut
-        memo("tiles.bounded", 50000).put((key, pools_of, device, bound), _rename(out, names, list(canon.values())))
-        return out
+        return _under(search_group(graph, stages, conns, device, mode, fixed, k), bound)  # nothing to cut
     best_cands, violations, best_us = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local,
                                                    hopeless, bound if bounded else math.inf)
     if bounded and best_us > bound:
         # The pass ranks by the typical tile; the schedule reports the exact cost, which may be the lower.
         # Where the best tried is under the bound that way, the unbounded search decides.
         if best_us < math.inf and _exact_under(graph, stages, conns, chosen, device, segs, local, bound):
-            out = search_group(graph, stages, conns, device, mode, fixed, k)
-            memo("tiles.bounded", 50000).put((key, pools_of, device, bound), _rename(out, names, list(canon.values())))
-            return out
-        out = GroupSchedule((), (), None, (), k, above=bound)
-        memo("tiles.bounded", 50000).put((key, pools_of, device, bound), out)
-        return out
+            return _under(search_group(graph, stages, conns, device, mode, fixed, k), bound)
+        return memo("tiles.above", 50000).put((key, pools_of, device, bound), _above(bound))
     if violations and len(segs) > 1:
         # Segments are searched one at a time against the others' current tiles; behind grid barriers
         # the one-wave rule couples them, so start again from each segment's smallest grid.
@@ -330,9 +323,20 @@ def search_group(
     out = GroupSchedule(tuple(chosen), best_cands, cost, violations, k)
     canonical = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
     cache.put((key, pools_of, device), canonical)
-    if bounded:
-        memo("tiles.bounded", 50000).put((key, pools_of, device, bound), canonical)
-    return out
+    return _under(out, bound) if bounded else out
+
+
+def _above(bound: float) -> GroupSchedule:
+    return GroupSchedule((), (), None, (), 1, above=bound)
+
+
+def _under(sched: GroupSchedule, bound: float) -> GroupSchedule:
+    """A bounded search's answer from the unbounded search's schedule: it, where it is valid and models at
+    or under `bound`; else no tiles, `above` set (a search bounded from the start finds the same: the
+    answer never depends on which of the two ran first)."""
+    if sched.violations or sched.cost is None or sched.cost.modeled_us > bound:
+        return _above(bound)
+    return sched
 
 
 def _exact_under(graph, stages, conns, chosen: list[Tile], device: Device, segs, local: dict, bound: float) -> bool:
