@@ -250,13 +250,14 @@ def search_group(
     a connection trial; the winner is the same for any k, and fewer candidates need costing).
     `bound` (µs; with k 1, a group with one segment with a choice of tiles): the caller has no use for a
     schedule modeling above it (a merge trial: the group apart, or another level's figure). Candidates
-    whose floor passes the bound are not tried. The answer is the unbounded search's schedule where that
-    is valid and models at or under the bound, else no tiles and `above` set (the walk refuses either
-    way): candidates go in floor order, and a floor never exceeds the modeled time, so every candidate
-    that could beat the winner is still tried. The pass ranks by the typical tile's modeled time, the
-    schedule reports the exact one: where the best tried is over the bound the first way and not the
-    second, the unbounded search decides (an above-bound answer holds where no floor exceeds a
-    candidate's exact cost). An unbounded search of the group made before answers from its cache."""
+    whose floor, scaled by the share of their tile grid inside the anchor (`_fill`), passes the bound
+    are not tried. The answer is the unbounded search's schedule where that is valid and models at or
+    under the bound, else no tiles and `above` set (the walk refuses either way). The pass ranks by the
+    typical tile's modeled time (over which the floor is a floor), the schedule reports the exact cost,
+    which counts edge tiles as they are: every candidate whose exact cost could be under the bound is
+    still tried where the floor times `_fill` stays under the exact cost, and where the best tried is
+    over the bound by the typical tile but not by its exact cost, the unbounded search decides. An
+    unbounded search of the group made before answers from its cache."""
     fixed = fixed or {}
     names = list(stages)
     canon = {s: f"s{j}" for j, s in enumerate(names)}
@@ -355,9 +356,9 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
                  hopeless: bool = False, bound: float = math.inf):
     """One pass over the segments, each taking its best valid tile given the others' (in `chosen`,
     updated in place); the last segment's top-k candidates, the group's violations and the best modeled
-    time of the last segment with a choice of tiles (inf where it had no valid candidate) come back. `bound`: no candidate
-    whose floor passes it is tried (`search_group`), and where the last segment has no valid candidate
-    at or under it nothing more is checked (no violations come back).
+    time of the last segment with a choice of tiles (inf where it had no valid candidate) come back.
+    `bound`: no candidate whose floor times `_fill` passes it is tried (`search_group`), and where the
+    last segment has no valid candidate at or under it nothing more is checked (no violations come back).
     `hopeless`: `check_group` refuses every choice of tiles (`refused_whatever_tiles`), so a segment
     with several candidates keeps its tile without any being tried (each would be skipped as invalid)."""
     best_cands: tuple[Candidate, ...] = ()
@@ -373,8 +374,10 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
         floors = [floor_us(graph, stages, conns, trial, device, segs, local) for trial in trials] if len(pool) > 1 else [0.0]
         scored = []
         for i in sorted(range(len(pool)), key=floors.__getitem__):
-            if floors[i] > min(_kth_best(scored, k), bound) + _FLOOR_SLACK:
+            if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
                 break
+            if floors[i] * _fill(graph, pool[i]) > bound + _FLOOR_SLACK:
+                continue  # over the bound by its exact cost too (`search_group`)
             t, trial = pool[i], trials[i]
             if len(pool) > 1 and (refused_early(graph, stages, conns, trial, device, segs, j, local) or (
                     len(segs) > 1 and others_refused(graph, stages, conns, trial, device, segs, j, local))):
@@ -401,6 +404,16 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
     if best_us > bound:
         return best_cands, (), best_us
     return best_cands, tuple(check_group(graph, stages, conns, chosen, device, segs=segs, local=local)), best_us
+
+
+def _fill(graph: PrimGraph, tile: Tile) -> float:
+    """The share of a tile grid's elements inside its anchor (1 where the tiles divide it): the floor is
+    one under the typical tile's modeled time, which stands for every tile, and the exact cost counts
+    the edge tiles as they are — down to this share of it (zoo vit on host: 65 rows in tiles of 64, the
+    exact cost half the typical tile's figure)."""
+    shape = graph.stage(tile.stage).shape
+    padded = math.prod(-(-n // t) * t for n, t in zip(shape, tile.shape))
+    return math.prod(shape) / padded if padded else 1.0
 
 
 _FLOOR_SLACK = 1e-3  # µs: modeled times are rounded to 1e-4, a floor sums its terms in another order
