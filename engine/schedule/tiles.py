@@ -251,8 +251,11 @@ def search_group(
     `bound` (µs; with k 1, a group with one segment with a choice of tiles): the caller has no use for a
     schedule modeling above it (a merge trial: the group apart, or another level's figure). Candidates
     whose floor, scaled by the share of their tile grid inside the anchor (`_fill`), passes the bound
-    are not tried. The answer is the unbounded search's schedule where that is valid and models at or
-    under the bound, else no tiles and `above` set (the walk refuses either way). The pass ranks by the
+    are not tried. The answer is the unbounded search's schedule where that models at or under the
+    bound, or where no tile is valid and the bound cut no candidate (its violations name the rule), else
+    no tiles and `above` set (the walk refuses either way; a group refused by every tile found in the
+    unbounded cache keeps its rule even where the bound would have cut candidates: the wording, never
+    the verdict, may depend on which search ran first). The pass ranks by the
     typical tile's modeled time (over which the floor is a floor), the schedule reports the exact cost,
     which counts edge tiles as they are: every candidate whose exact cost could be under the bound is
     still tried where the floor times `_fill` stays under the exact cost, and where the best tried is
@@ -301,7 +304,7 @@ def search_group(
         return _under(search_group(graph, stages, conns, device, mode, fixed, k), bound)  # nothing to cut
     best_cands, violations, best_us = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local,
                                                    hopeless, bound if bounded else math.inf)
-    if bounded and best_us > bound:
+    if bounded and best_us > bound and local.get(("bound-cut",)):
         # The pass ranks by the typical tile; the schedule reports the exact cost, which may be the lower.
         # Where the best tried is under the bound that way, the unbounded search decides.
         if best_us < math.inf and _exact_under(graph, stages, conns, chosen, device, segs, local, bound):
@@ -332,10 +335,11 @@ def _above(bound: float) -> GroupSchedule:
 
 
 def _under(sched: GroupSchedule, bound: float) -> GroupSchedule:
-    """A bounded search's answer from the unbounded search's schedule: it, where it is valid and models at
-    or under `bound`; else no tiles, `above` set (a search bounded from the start finds the same: the
-    answer never depends on which of the two ran first)."""
-    if sched.violations or sched.cost is None or sched.cost.modeled_us > bound:
+    """A bounded search's answer from the unbounded search's schedule: it, where it is refused (its
+    violations say why) or models at or under `bound`; else no tiles, `above` set."""
+    if sched.violations:
+        return sched
+    if sched.cost is None or sched.cost.modeled_us > bound:
         return _above(bound)
     return sched
 
@@ -357,8 +361,9 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
     """One pass over the segments, each taking its best valid tile given the others' (in `chosen`,
     updated in place); the last segment's top-k candidates, the group's violations and the best modeled
     time of the last segment with a choice of tiles (inf where it had no valid candidate) come back.
-    `bound`: no candidate whose floor times `_fill` passes it is tried (`search_group`), and where the
-    last segment has no valid candidate at or under it nothing more is checked (no violations come back).
+    `bound`: no candidate whose floor times `_fill` passes it is tried (`search_group`; the search's
+    `local` then records the cut), and where one was cut and the last segment has no valid candidate at or
+    under the bound nothing more is checked (no violations come back).
     `hopeless`: `check_group` refuses every choice of tiles (`refused_whatever_tiles`), so a segment
     with several candidates keeps its tile without any being tried (each would be skipped as invalid)."""
     best_cands: tuple[Candidate, ...] = ()
@@ -377,6 +382,7 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
             if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
                 break
             if floors[i] * _fill(graph, pool[i]) > bound + _FLOOR_SLACK:
+                local[("bound-cut",)] = True
                 continue  # over the bound by its exact cost too (`search_group`)
             t, trial = pool[i], trials[i]
             if len(pool) > 1 and (refused_early(graph, stages, conns, trial, device, segs, j, local) or (
@@ -401,7 +407,7 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
             best_us = best[1]
         if len(segs) == 1 or j == len(pools) - 1:
             best_cands = tuple(Candidate(t, round(s, 1), int(tr), c.waves) for s, _, t, c, tr, _ in top)
-    if best_us > bound:
+    if best_us > bound and local.get(("bound-cut",)):
         return best_cands, (), best_us
     return best_cands, tuple(check_group(graph, stages, conns, chosen, device, segs=segs, local=local)), best_us
 
