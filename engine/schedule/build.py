@@ -5,6 +5,7 @@ with a Decision; `connect_greedy` is Welder's "first connect, then schedule" wal
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -177,7 +178,7 @@ def trial_conns(graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level:
 def can_connect(
     graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level: Conn, device: Device, mode: str,
     groups: Callable[[str], set[str]] | None = None, keep_tiles: bool = False,
-    kept: Mapping[str, Tile] | None = None,
+    kept: Mapping[str, Tile] | None = None, beat: float = math.inf,
 ) -> tuple[Decision, dict[Edge, Conn]]:
     """Is `edge` at `level` legal, and does it not make the modeled time worse? The Decision's
     score is the merged group's modeled µs; the trial connections come back for the caller to keep.
@@ -186,7 +187,10 @@ def can_connect(
     whole segments, so only the one-wave rule and the cost are new) instead of searching again.
     `kept`: segment anchor -> tile for groups whose last merge kept some segments' tiles
     (`connect_greedy`'s): such a side has those tiles now — the plan is assembled with them — so it is
-    costed at them and keeps them, not searched afresh."""
+    costed at them and keeps them, not searched afresh. `beat`: the score another level of this edge
+    reached already (the walk keeps a level only when it models faster): the merged group's tile search
+    is bounded by it and by the sides' figure (`search_group`'s `bound`), and a merge no tile brings under
+    the bound is refused as such, without the figure of its best tile."""
     groups = groups or (lambda s: component_of(graph, conns, s))
     if not level.fused:
         return Decision(True, "separate kernels"), trial_conns(graph, conns, edge, level)
@@ -212,14 +216,20 @@ def can_connect(
                             for seg, t in zip(segments_of(graph, g, conns), sched.tiles)}
             fixed = {before_tiles[frozenset(seg)].stage: before_tiles[frozenset(seg)]
                      for seg in trial_segs if frozenset(seg) in before_tiles} or None
-    sched = search_group(graph, stages, trial, device, mode, fixed, k=1)
+    before = sum(s.cost.modeled_us if s.cost else math.inf for s in now)
+    limit = before * (1 + 1e-6) + 1e-6  # the merge is kept at or under it
+    bound = min(limit, beat - 1e-9)
+    sched = search_group(graph, stages, trial, device, mode, fixed, k=1, bound=bound)
+    if sched.above:
+        other = f"; another level models {beat:.2f} us" if beat - 1e-9 < limit else ""
+        return Decision(False, f"{level.value}: no tile models under {bound:.2f} us fused vs {before:.2f} us apart"
+                        f"{other} (the tile search stopped there)"), trial
     if sched.violations:
         v = sched.violations[0]
         return Decision(False, f"{level.value}: rule {v.rule}: {v.message}"), trial
-    before = sum(s.cost.modeled_us if s.cost else float("inf") for s in now)
     after = sched.cost.modeled_us
     verdict = f"{level.value}: modeled {after:.2f} us fused vs {before:.2f} us apart"
-    return Decision(after <= before * (1 + 1e-6) + 1e-6, verdict, after, sched.tiles if fixed else ()), trial
+    return Decision(after <= limit, verdict, after, sched.tiles if fixed else ()), trial
 
 
 def _as_it_stands(graph, stages, conns, device, mode, kept: Mapping[str, Tile] | None) -> GroupSchedule:
@@ -235,7 +245,8 @@ def _as_it_stands(graph, stages, conns, device, mode, kept: Mapping[str, Tile] |
 LevelChoice = Callable[[PrimGraph, Edge], Sequence[tuple[Conn, str]]]
 
 
-def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str, group_of_stage, kept=None):
+def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str, group_of_stage, kept=None,
+               beat: float = math.inf):
     if level == Conn.GLOBAL_SYNC:
         merged = group_of_stage[edge[0]] | group_of_stage[edge[1]]
         segs = len(segments_of(graph, sorted(merged), trial_conns(graph, conns, edge, level, set(merged))))
@@ -243,7 +254,7 @@ def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str,
             return Decision(False, f"global_sync: the kernel would have {segs} grid-barrier segments "
                             f"(the greedy walk stops at {MAX_SEGMENTS})"), conns
     return can_connect(graph, conns, edge, level, device, mode, group_of_stage.__getitem__,
-                       keep_tiles=level == Conn.GLOBAL_SYNC, kept=kept)
+                       keep_tiles=level == Conn.GLOBAL_SYNC, kept=kept, beat=beat)
 
 
 MAX_SEGMENTS = 6  # grid-barrier segments per kernel a greedy walk may build (bounds the work of every
@@ -273,7 +284,8 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
             if best is not None or choose is None:
                 break
             for level, why in choose(graph, edge):
-                decision, trial = _try_level(graph, conns, edge, level, device, mode, group_of_stage, kept)
+                beat = best[0].score if best is not None else math.inf
+                decision, trial = _try_level(graph, conns, edge, level, device, mode, group_of_stage, kept, beat)
                 if not decision.ok:
                     noes.append(decision.reason)
                 elif best is None or decision.score < best[0].score - 1e-9:

@@ -26,7 +26,14 @@ from engine.memo import memo
 from engine.schedule.cost import estimate_group
 from engine.schedule.floor import floor_us
 from engine.schedule.plan import Candidate, GroupCost, Tile
-from engine.schedule.validate import Violation, check_group, others_refused, recompute_bound, refused_early
+from engine.schedule.validate import (
+    Violation,
+    check_group,
+    others_refused,
+    recompute_bound,
+    refused_early,
+    refused_whatever_tiles,
+)
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
 
 TOP_K = 6
@@ -40,6 +47,7 @@ class GroupSchedule:
     cost: GroupCost | None
     violations: tuple[Violation, ...]
     k: int = TOP_K  # the candidates a search kept: a search asking for more cannot use this one
+    above: float = 0.0  # a bounded search that found no tile modeling at or under this (µs): no tiles
 
     @property
     def ok(self) -> bool:
@@ -235,11 +243,24 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
 
 def search_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, device: Device, mode: str,
-    fixed: Mapping[str, Tile] | None = None, k: int = TOP_K,
+    fixed: Mapping[str, Tile] | None = None, k: int = TOP_K, bound: float = math.inf,
 ) -> GroupSchedule:
     """Best valid tile per segment (fixed anchors keep their tile); violations when none is valid.
     `k`: how many of the last segment's best candidates to keep (1 when only the winner is wanted:
-    a connection trial; the winner is the same for any k, and fewer candidates need costing)."""
+    a connection trial; the winner is the same for any k, and fewer candidates need costing).
+    `bound` (µs; with k 1, a group with one segment with a choice of tiles): the caller has no use for a
+    schedule modeling above it (a merge trial: the group apart, or another level's figure). Candidates
+    whose floor, scaled by the share of their tile grid inside the anchor (`_fill`), passes the bound
+    are not tried. The answer is the unbounded search's schedule where that models at or under the
+    bound, or where no tile is valid and the bound cut no candidate (its violations name the rule), else
+    no tiles and `above` set (the walk refuses either way; a group refused by every tile found in the
+    unbounded cache keeps its rule even where the bound would have cut candidates: the wording, never
+    the verdict, may depend on which search ran first). The pass ranks by the
+    typical tile's modeled time (over which the floor is a floor), the schedule reports the exact cost,
+    which counts edge tiles as they are: every candidate whose exact cost could be under the bound is
+    still tried where the floor times `_fill` stays under the exact cost, and where the best tried is
+    over the bound by the typical tile but not by its exact cost, the unbounded search decides. An
+    unbounded search of the group made before answers from its cache."""
     fixed = fixed or {}
     names = list(stages)
     canon = {s: f"s{j}" for j, s in enumerate(names)}
@@ -251,13 +272,18 @@ def search_group(
     # Compare page's unfused plan finds the one-stage searches the welder plan made before it.
     pools_of = "stitch" if mode == "stitch" else "tiles"
     named, cache = memo("tiles.named", 20000), memo("tiles.subgraph", 50000)
+    bounded = k == 1 and bound < math.inf
     hit = named.get((key, pools_of, device, tuple(names)))
     if hit is not None and hit.k >= k:
-        return hit
+        return _under(hit, bound) if bounded else hit
     hit = cache.get((key, pools_of, device))
     if hit is not None and hit.k >= k:
-        return named.put((key, pools_of, device, tuple(names)),
-                         _rename(hit, [f"s{j}" for j in range(len(names))], names))
+        hit = named.put((key, pools_of, device, tuple(names)), _rename(hit, [f"s{j}" for j in range(len(names))], names))
+        return _under(hit, bound) if bounded else hit
+    if bounded:  # bounded searches that found nothing under their bound
+        hit = memo("tiles.above", 50000).get((key, pools_of, device, bound))
+        if hit is not None:
+            return hit
     segs = segments_of(graph, stages, conns)
     chosen: list[Tile] = []
     pools: list[list[Tile]] = []
@@ -271,12 +297,25 @@ def search_group(
         pools.append(pool)
         chosen.append(pool[0])
     local: dict = {}  # this search's memo: its connections are fixed
-    best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local)
+    # Where the connections alone break a rule, every candidate would be built and refused: the passes
+    # skip the segments with a choice (a lone candidate is still costed, as a pass costs it).
+    hopeless = refused_whatever_tiles(graph, stages, conns, segs)
+    if bounded and (hopeless or sum(len(pool) > 1 for pool in pools) != 1):
+        return _under(search_group(graph, stages, conns, device, mode, fixed, k), bound)  # nothing to cut
+    best_cands, violations, best_us = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local,
+                                                   hopeless, bound if bounded else math.inf)
+    if bounded and best_us > bound and local.get(("bound-cut",)):
+        # The pass ranks by the typical tile; the schedule reports the exact cost, which may be the lower.
+        # Where the best tried is under the bound that way, the unbounded search decides.
+        if best_us < math.inf and _exact_under(graph, stages, conns, chosen, device, segs, local, bound):
+            return _under(search_group(graph, stages, conns, device, mode, fixed, k), bound)
+        return memo("tiles.above", 50000).put((key, pools_of, device, bound), _above(bound))
     if violations and len(segs) > 1:
         # Segments are searched one at a time against the others' current tiles; behind grid barriers
         # the one-wave rule couples them, so start again from each segment's smallest grid.
         chosen[:] = [min(pool, key=lambda t: (t.blocks, -t.threads)) for pool in pools]
-        best_cands, violations = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local)
+        best_cands, violations, _ = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local,
+                                                 hopeless)
     if not violations:
         chosen[:] = record_mappings(graph, segs, conns, chosen, device)
     try:
@@ -286,15 +325,54 @@ def search_group(
             raise
         cost = None  # refused already (the violations say why): nothing to cost
     out = GroupSchedule(tuple(chosen), best_cands, cost, violations, k)
-    cache.put((key, pools_of, device), _rename(out, list(stages), [f"s{j}" for j in range(len(stages))]))
-    return out
+    canonical = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
+    cache.put((key, pools_of, device), canonical)
+    return _under(out, bound) if bounded else out
 
 
-def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chosen: list[Tile], local: dict):
+def _above(bound: float) -> GroupSchedule:
+    return GroupSchedule((), (), None, (), 1, above=bound)
+
+
+def _under(sched: GroupSchedule, bound: float) -> GroupSchedule:
+    """A bounded search's answer from the unbounded search's schedule: it, where it is refused (its
+    violations say why) or models at or under `bound`; else no tiles, `above` set."""
+    if sched.violations:
+        return sched
+    if sched.cost is None or sched.cost.modeled_us > bound:
+        return _above(bound)
+    return sched
+
+
+def _exact_under(graph, stages, conns, chosen: list[Tile], device: Device, segs, local: dict, bound: float) -> bool:
+    """Whether `chosen` (the best a bounded pass tried) is valid and its exact cost, as `search_group`
+    reports it, models at or under `bound`."""
+    if check_group(graph, stages, conns, chosen, device, segs=segs, local=local):
+        return False
+    tiles = record_mappings(graph, segs, conns, chosen, device)
+    try:
+        return estimate_group(graph, stages, conns, tiles, device, segs=segs, local=local, exact=True).modeled_us <= bound
+    except CountBudgetError:
+        return False
+
+
+def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chosen: list[Tile], local: dict,
+                 hopeless: bool = False, bound: float = math.inf):
     """One pass over the segments, each taking its best valid tile given the others' (in `chosen`,
-    updated in place); the last segment's top-k candidates and the group's violations come back."""
+    updated in place); the last segment's top-k candidates, the group's violations and the best modeled
+    time of the last segment with a choice of tiles (inf where it had no valid candidate) come back.
+    `bound`: no candidate whose floor times `_fill` passes it is tried (`search_group`; the search's
+    `local` then records the cut), and where one was cut and the last segment has no valid candidate at or
+    under the bound nothing more is checked (no violations come back).
+    `hopeless`: `check_group` refuses every choice of tiles (`refused_whatever_tiles`), so a segment
+    with several candidates keeps its tile without any being tried (each would be skipped as invalid)."""
     best_cands: tuple[Candidate, ...] = ()
+    best_us = math.inf
     for j, pool in enumerate(pools):
+        if len(pool) > 1:
+            best_us = math.inf
+        if hopeless and len(pool) > 1:
+            continue
         trials = [chosen[:j] + [t] + chosen[j + 1:] for t in pool]
         # Candidates in order of their floor (regions only, no kernel built): once the floor passes the
         # k-th best modeled time found, no candidate left can enter the top k, valid or not.
@@ -303,6 +381,9 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
         for i in sorted(range(len(pool)), key=floors.__getitem__):
             if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
                 break
+            if floors[i] * _fill(graph, pool[i]) > bound + _FLOOR_SLACK:
+                local[("bound-cut",)] = True
+                continue  # over the bound by its exact cost too (`search_group`)
             t, trial = pool[i], trials[i]
             if len(pool) > 1 and (refused_early(graph, stages, conns, trial, device, segs, j, local) or (
                     len(segs) > 1 and others_refused(graph, stages, conns, trial, device, segs, j, local))):
@@ -322,9 +403,23 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
         top = _distinct(scored)[:k]
         best = min(top, key=lambda x: x[1])
         chosen[j] = best[2]
+        if len(pool) > 1:
+            best_us = best[1]
         if len(segs) == 1 or j == len(pools) - 1:
             best_cands = tuple(Candidate(t, round(s, 1), int(tr), c.waves) for s, _, t, c, tr, _ in top)
-    return best_cands, tuple(check_group(graph, stages, conns, chosen, device, segs=segs, local=local))
+    if best_us > bound and local.get(("bound-cut",)):
+        return best_cands, (), best_us
+    return best_cands, tuple(check_group(graph, stages, conns, chosen, device, segs=segs, local=local)), best_us
+
+
+def _fill(graph: PrimGraph, tile: Tile) -> float:
+    """The share of a tile grid's elements inside its anchor (1 where the tiles divide it): the floor is
+    one under the typical tile's modeled time, which stands for every tile, and the exact cost counts
+    the edge tiles as they are — down to this share of it (zoo vit on host: 65 rows in tiles of 64, the
+    exact cost half the typical tile's figure)."""
+    shape = graph.stage(tile.stage).shape
+    padded = math.prod(-(-n // t) * t for n, t in zip(shape, tile.shape))
+    return math.prod(shape) / padded if padded else 1.0
 
 
 _FLOOR_SLACK = 1e-3  # µs: modeled times are rounded to 1e-4, a floor sums its terms in another order
@@ -459,7 +554,7 @@ def _rename(s: GroupSchedule, old: list[str], new: list[str]) -> GroupSchedule:
     tiles = tuple(replace(t, stage=m.get(t.stage, t.stage)) for t in s.tiles)
     cands = tuple(replace(c, tile=replace(c.tile, stage=m.get(c.tile.stage, c.tile.stage))) for c in s.candidates)
     return GroupSchedule(tiles, cands, s.cost, s.violations if not s.violations else tuple(
-        replace(v, subject=_sub(v.subject, m), message=_sub(v.message, m)) for v in s.violations), s.k)
+        replace(v, subject=_sub(v.subject, m), message=_sub(v.message, m)) for v in s.violations), s.k, s.above)
 
 
 def _sub(text: str, m: Mapping[str, str]) -> str:

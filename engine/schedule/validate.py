@@ -98,6 +98,15 @@ def check_group(
             continue
         out.extend(_checked_tile(graph, seg, conns, tile, device, name, local))
     inner = [(p, c) for p in stages for c in graph.consumers.get(p, ()) if c in seg_of]
+    out.extend(_edge_violations(conns, inner, seg_of))
+    if any(conns.get(e) == Conn.GLOBAL_SYNC for e in inner) and not any(v.rule == "recompute" for v in out):
+        out.extend(_check_wave(graph, segs, conns, tiles, device, name, local))
+    return out
+
+
+def _edge_violations(conns: Mapping, inner: Sequence[tuple[str, str]], seg_of: Mapping[str, int]) -> list[Violation]:
+    """`check_group`'s rules on the group's inner edges alone (no tile read)."""
+    out = []
     for p, c in inner:
         if conns.get((p, c), Conn.KERNEL) == Conn.KERNEL:
             out.append(Violation("group_cycle", f"edge {p} -> {c}",
@@ -107,9 +116,21 @@ def check_group(
             out.append(Violation("shared_locality", f"edge {p} -> {c}",
                                  "global_sync inside one segment: the consumer's block needs the whole producer, "
                                  "which other blocks compute (make every path between them global_sync)"))
-    if any(conns.get(e) == Conn.GLOBAL_SYNC for e in inner) and not any(v.rule == "recompute" for v in out):
-        out.extend(_check_wave(graph, segs, conns, tiles, device, name, local))
     return out
+
+
+def refused_whatever_tiles(graph: PrimGraph, stages: Sequence[str], conns: Mapping,
+                           segs: Sequence[Sequence[str]]) -> bool:
+    """True when `check_group(graph, stages, conns, tiles, device, segs=segs)` reports a violation for
+    every choice of tiles: a segment without exactly one sink (rule 7), or an inner edge `check_group`
+    refuses from the connections and segments alone (a kernel edge inside the group, a grid barrier
+    inside one segment or back to an earlier one). The tile search then builds no candidate: each would
+    be refused (tests/engine/schedule/test_search_structure.py)."""
+    if any(len(segment_sinks(graph, seg, conns)) != 1 for seg in segs):
+        return True
+    seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
+    inner = [(p, c) for p in stages for c in graph.consumers.get(p, ()) if c in seg_of]
+    return bool(_edge_violations(conns, inner, seg_of))
 
 
 def refused_early(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,

@@ -28,8 +28,8 @@ def test_apart_figure_is_the_sides_at_their_kept_tiles(name, device, monkeypatch
     seen = []
     connect = build.can_connect
 
-    def spy(graph, conns, edge, level, device, mode, groups=None, keep_tiles=False, kept=None):
-        decision, trial = connect(graph, conns, edge, level, device, mode, groups, keep_tiles, kept)
+    def spy(graph, conns, edge, level, device, mode, groups=None, keep_tiles=False, kept=None, **bounds):
+        decision, trial = connect(graph, conns, edge, level, device, mode, groups, keep_tiles, kept, **bounds)
         seen.append((graph, mode, dict(conns), edge, groups(edge[0]), groups(edge[1]), dict(kept or {}), decision))
         return decision, trial
 

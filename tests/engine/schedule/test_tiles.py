@@ -59,7 +59,24 @@ def test_fast_search_plans_as_the_exhaustive_one(name, device, monkeypatch):
     fast = {p: _plan_json(graph, p, device) for p in policies}
     _exhaustive(monkeypatch)
     for policy in policies:
-        assert fast[policy] == _plan_json(graph, policy, device), f"{name} {policy} {device}"
+        _assert_same_plan(fast[policy], _plan_json(graph, policy, device), f"{name} {policy} {device}")
+
+
+STOPPED = "(the tile search stopped there)"
+
+
+def _assert_same_plan(fast: dict, exhaustive: dict, what: str) -> None:
+    """The plans are equal but for the wording of merges the walk's bounded trials refused without
+    their figure (`build.can_connect`'s `beat`): such an edge's reason and its log line say so."""
+    def texts(data: dict) -> list[str]:
+        return [e["reason"] for e in data["edges"]] + list(data["decisions"])
+
+    def rest(data: dict) -> dict:
+        return {**data, "edges": [{**e, "reason": ""} for e in data["edges"]], "decisions": len(data["decisions"])}
+
+    assert rest(fast) == rest(exhaustive), what
+    for a, b in zip(texts(fast), texts(exhaustive)):
+        assert a == b or STOPPED in a, (what, a, b)
 
 
 @pytest.mark.parametrize("device", ["a100", "v100", "host"])
