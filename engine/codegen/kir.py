@@ -419,6 +419,30 @@ class Segment:
 
 
 
+def _reads(e, names) -> set[str]:
+    """Names among `names` that loads in the kernel expression `e` read."""
+    from engine.codegen.kexpr import kwalk
+    from engine.ir.expr import Load
+
+    return {n.tensor for n in kwalk(e) if isinstance(n, Load) and n.tensor in names} if e is not None else set()
+
+
+def phase_reads(phase: Phase, seg: Segment, names) -> set[str]:
+    """Buffers among `names` the phase reads: its body, its tiled GEMM's / convolution's factors and
+    epilogue, the C target's cached lines and column sums, and the terms of the segment's row caches it
+    rereads (every place a printer or the emulator loads a buffer from)."""
+    exprs = [phase.body, *phase.tile_lines, *phase.column_sums, *(v for v, _, _ in phase.line_reads)]
+    if phase.gemm is not None:
+        exprs += [phase.gemm.a, phase.gemm.b, phase.gemm.target]
+    if phase.conv is not None:
+        exprs += [phase.conv.x, phase.conv.w, phase.conv.target]
+    exprs += [c.term for c in seg.row_caches if phase.stage in (c.producer, c.consumer)]
+    out: set[str] = set()
+    for e in exprs:
+        out |= _reads(e, names)
+    return out
+
+
 @dataclass(frozen=True)
 class Kernel:
     name: str
@@ -434,24 +458,74 @@ class Kernel:
     def cooperative(self) -> bool:
         return len(self.segments) > 1
 
-    def _segment_layout(self) -> tuple[tuple[int, ...], int]:
-        """Offsets of the BLOCK buffers (16 B aligned) and the bytes they take. A block buffer lives in
-        one segment (values that cross a grid barrier go through global memory), so the buffers of
-        different segments share the same bytes; each segment's start at offset 0."""
-        owner = {n: k for k, s in enumerate(self.segments) for p in s.phases for n in p.stores}
-        at: dict[int, int] = {}
+    @cached_property
+    def buffer_lives(self) -> tuple[tuple[int, int], ...]:
+        """Per BLOCK buffer (in `locals` order), the phases it lives over, (first, last) as indices into
+        the kernel's phases counted across its segments: from the first phase that stores or reads it to
+        the last. Phases are separated by block barriers (and segments by grid barriers), so a buffer is
+        dead outside its life and another may take its bytes. A buffer read before its first store in a
+        segment's phase order (a value carried from the block's previous tile), or never stored, lives
+        over its whole segment."""
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        stored: dict[str, int] = {}
+        seg_span: dict[str, tuple[int, int]] = {}
+        names = {b.name for b in self.locals}
+        k = 0
+        for seg in self.segments:
+            span = (k, k + len(seg.phases) - 1)
+            carried = {n for c in seg.launch_lines for n in _reads(c.value, names)}
+            for p in seg.phases:
+                for n in (set(p.stores) & names) | (phase_reads(p, seg, names)):
+                    first.setdefault(n, k)
+                    last[n] = k
+                    seg_span.setdefault(n, span)
+                for n in set(p.stores) & names:
+                    stored.setdefault(n, k)
+                k += 1
+            for n in carried:
+                seg_span.setdefault(n, span)
+                first[n], last[n] = span
         out = []
         for b in self.locals:
-            k = owner.get(b.name, 0)
-            out.append(at.get(k, 0))
-            at[k] = at.get(k, 0) + -(-b.nbytes // 16) * 16
-        return tuple(out), max(at.values(), default=0)
+            if b.name not in first:
+                out.append((0, max(0, k - 1)))
+            elif b.name not in stored or stored[b.name] > first[b.name]:
+                out.append(seg_span[b.name])
+            else:
+                out.append((first[b.name], last[b.name]))
+        return tuple(out)
+
+    @cached_property
+    def _layout(self) -> tuple[tuple[int, ...], int]:
+        """Offsets of the BLOCK buffers (16 B aligned) and the bytes they take: buffers whose lives
+        (`buffer_lives`) are disjoint share bytes. First fit, largest buffer first (ties in phase order,
+        then declaration order): each buffer at the lowest aligned offset clear of every buffer placed
+        before it whose life overlaps its own. Values that cross a grid barrier go through global memory,
+        so buffers of different segments never overlap in life."""
+        lives = self.buffer_lives
+        sizes = [-(-b.nbytes // 16) * 16 for b in self.locals]
+        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], lives[i][0], i))
+        offsets = [0] * len(sizes)
+        placed: list[int] = []
+        for i in order:
+            lo, hi = lives[i]
+            busy = sorted((offsets[j], offsets[j] + sizes[j]) for j in placed
+                          if lives[j][0] <= hi and lo <= lives[j][1])
+            at = 0
+            for a, b in busy:
+                if at + sizes[i] <= a:
+                    break
+                at = max(at, b)
+            offsets[i] = at
+            placed.append(i)
+        return tuple(offsets), max((o + n for o, n in zip(offsets, sizes)), default=0)
 
     @property
     def shared_offsets(self) -> tuple[int, ...]:
-        """Byte offset of each BLOCK buffer in the block's shared memory (16 B aligned; buffers of
-        different segments overlap)."""
-        return self._segment_layout()[0]
+        """Byte offset of each BLOCK buffer in the block's shared memory (16 B aligned; buffers whose
+        lives are disjoint overlap)."""
+        return self._layout[0]
 
     @property
     def gemms(self) -> tuple[Gemm, ...]:
@@ -485,7 +559,7 @@ class Kernel:
 
     @property
     def locals_bytes(self) -> int:
-        return self._segment_layout()[1]
+        return self._layout[1]
 
     @property
     def reduce_scratch_bytes(self) -> int:
