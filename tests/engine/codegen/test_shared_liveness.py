@@ -86,6 +86,19 @@ def _check_layout(kernel) -> None:
                 assert offsets[i] + sizes[i] <= offsets[j] or offsets[j] + sizes[j] <= offsets[i], \
                     (kernel.locals[i].name, kernel.locals[j].name, lives[i], lives[j])
     assert kernel.locals_bytes >= _live_peak(kernel)
+    # never more than one buffer after another per segment (the layout before liveness)
+    ends = np.cumsum([len(s.phases) for s in kernel.segments])
+    per_seg: dict[int, int] = {}
+    for n, (lo, _) in zip(sizes, lives):
+        k = int(np.searchsorted(ends, lo, side="right"))
+        per_seg[k] = per_seg.get(k, 0) + n
+    assert kernel.locals_bytes <= max(per_seg.values(), default=0)
+    # within a segment, bytes are shared by buffers of one element type only (the C target's typed pointers)
+    for i in range(len(sizes)):
+        for j in range(i):
+            if kernel.locals[i].dtype != kernel.locals[j].dtype and \
+                    np.searchsorted(ends, lives[i][0], side="right") == np.searchsorted(ends, lives[j][0], side="right"):
+                assert offsets[i] + sizes[i] <= offsets[j] or offsets[j] + sizes[j] <= offsets[i]
 
 
 def test_chained_gemm_activations_share_bytes_and_match_onnxruntime_under_cuda_sim_and_c(tmp_path):
