@@ -423,10 +423,9 @@ class Segment:
 
 def _reads(e, names) -> set[str]:
     """Names among `names` that loads in the kernel expression `e` read."""
-    from engine.codegen.kexpr import kwalk
-    from engine.ir.expr import Load
+    from engine.codegen.kexpr import loaded
 
-    return {n.tensor for n in kwalk(e) if isinstance(n, Load) and n.tensor in names} if e is not None else set()
+    return loaded(e) & names if e is not None else set()
 
 
 def phase_reads(phase: Phase, seg: Segment, names) -> set[str]:
@@ -465,35 +464,44 @@ class Kernel:
         """Per BLOCK buffer (in `locals` order), the phases it lives over, (first, last) as indices into
         the kernel's phases counted across its segments: from the first phase that stores or reads it to
         the last. Phases are separated by block barriers (and segments by grid barriers), so a buffer is
-        dead outside its life and another may take its bytes. A buffer read before its first store in a
-        segment's phase order (a value carried from the block's previous tile), or never stored, lives
-        over its whole segment."""
+        dead outside its life and another may take its bytes. A buffer lives in the segment that stores
+        it (values that cross a grid barrier go through global memory); it lives over its whole segment
+        where it is read before its first store in phase order (a value carried from the block's previous
+        tile) or where no other buffer of the segment could share its bytes, and over the whole kernel
+        when nothing stores it."""
+        names = {b.name for b in self.locals}
+        owner: dict[str, int] = {}
+        spans, k = [], 0
+        for s, seg in enumerate(self.segments):
+            spans.append((k, k + len(seg.phases) - 1))
+            k += len(seg.phases)
+            for p in seg.phases:
+                for n in p.stores:
+                    if n in names:
+                        owner.setdefault(n, s)
         first: dict[str, int] = {}
         last: dict[str, int] = {}
         stored: dict[str, int] = {}
-        seg_span: dict[str, tuple[int, int]] = {}
-        names = {b.name for b in self.locals}
-        k = 0
-        for seg in self.segments:
-            span = (k, k + len(seg.phases) - 1)
-            carried = {n for c in seg.launch_lines for n in _reads(c.value, names)}
-            for p in seg.phases:
-                for n in (set(p.stores) & names) | (phase_reads(p, seg, names)):
-                    first.setdefault(n, k)
-                    last[n] = k
-                    seg_span.setdefault(n, span)
-                for n in set(p.stores) & names:
-                    stored.setdefault(n, k)
-                k += 1
+        for s, seg in enumerate(self.segments):
+            mine = {n for n, o in owner.items() if o == s}
+            if len(mine) < 2:  # (the common case, and the walk over the phases' expressions is not free)
+                continue
+            at = spans[s][0]
+            carried = {n for c in seg.launch_lines for n in _reads(c.value, mine)}
+            for j, p in enumerate(seg.phases):
+                for n in (set(p.stores) & mine) | phase_reads(p, seg, mine):
+                    first.setdefault(n, at + j)
+                    last[n] = at + j
+                for n in set(p.stores) & mine:
+                    stored.setdefault(n, at + j)
             for n in carried:
-                seg_span.setdefault(n, span)
-                first[n], last[n] = span
+                first[n], last[n] = spans[s]
         out = []
         for b in self.locals:
-            if b.name not in first:
+            if b.name not in owner:
                 out.append((0, max(0, k - 1)))
-            elif b.name not in stored or stored[b.name] > first[b.name]:
-                out.append(seg_span[b.name])
+            elif b.name not in first or stored[b.name] > first[b.name]:
+                out.append(spans[owner[b.name]])
             else:
                 out.append((first[b.name], last[b.name]))
         return tuple(out)
