@@ -24,6 +24,7 @@ from support import max_rel_error, run_ort  # noqa: E402
 from engine.api import load_graph  # noqa: E402
 from engine.codegen.generate import generate  # noqa: E402
 from engine.codegen.kexpr import kformat  # noqa: E402
+from engine.codegen.nvrtc import compile_cuda  # noqa: E402
 from engine.codegen.targets import render_cuda  # noqa: E402
 from engine.errors import CompileError, PlanError  # noqa: E402
 from engine.runtime.execute import run_model  # noqa: E402
@@ -121,6 +122,7 @@ def test_chained_gemm_activations_share_bytes_and_match_onnxruntime_under_cuda_s
     for buf, off in zip(kernel.locals, kernel.shared_offsets):
         assert f"* {buf.name} = (float*)(smem + {off});" in cuda
     assert len(set(kernel.shared_offsets)) < len(kernel.locals)  # some buffers do share bytes
+    assert f".entry {kernel.name}(" in compile_cuda(cuda, name=program.name, arch="sm_80").ptx
     x = np.random.default_rng(5).standard_normal((ROWS, WIDTHS[0])).astype(np.float32)
     want = run_ort(path, {"x": x})["y"]
     sim = run_model(graph, {"x": x}, backend="cuda-sim", plan=plan, device="a100")
