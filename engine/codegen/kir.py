@@ -680,7 +680,8 @@ class Program:
 
 
 def program_to_json(program: Program) -> dict:
-    """program.json: launch list, grids, blocks, shared bytes, buffers, and each kernel's phases."""
+    """program.json: launch list, grids, blocks, shared bytes, buffers (a block buffer's byte offset and the
+    phases it lives over: Kernel.shared_offsets, Kernel.buffer_lives), and each kernel's phases."""
     from engine.codegen.kexpr import kformat
 
     kernels = []
@@ -691,7 +692,8 @@ def program_to_json(program: Program) -> dict:
             "params": [{"name": b.name, "tensor": b.tensor, "dtype": b.dtype.value, "shape": list(b.shape)}
                        for b in k.params],
             "locals": [{"name": b.name, "tensor": b.tensor, "dtype": b.dtype.value,
-                        "extent": list(b.region.extent) if b.region else []} for b in k.locals],
+                        "extent": list(b.region.extent) if b.region else [], "offset": off, "live": list(live)}
+                       for b, off, live in zip(k.locals, k.shared_offsets, k.buffer_lives)],
             "segments": [{"anchor": s.anchor, "ntiles": s.ntiles, "phases": [p.describe() for p in s.phases],
                           **({"omp": s.omp, "work": s.work} if s.omp else {}),
                           **({"loops": s.loops, "chunk": s.chunk} if s.loops else {}),
