@@ -109,7 +109,6 @@ class Printer:
     restrict = "restrict"
     global_space = ""  # address-space qualifier of a tensor parameter's pointer (OpenCL: __global)
     local_space = ""  # ... and of a pointer into a block's shared memory (OpenCL: __local)
-    block_bytes_decl = "_Alignas(64) unsigned char"  # the per-block byte array of segment_locals
     block_barrier = "/* block barrier */"
     grid_barrier = "/* grid barrier */"
     locals_in_kernel_scope = False
@@ -203,26 +202,6 @@ class Printer:
     def kernel_locals(self, kernel: Kernel) -> list[str]:
         return [self.local_decl(b) for b in kernel.locals]
 
-    def segment_locals(self, kernel: Kernel, mine: set[str]) -> list[str]:
-        """Declarations of a segment's block buffers at the top of its tile body (printers whose block
-        buffers are not in the kernel's scope), in the kernel's layout (Kernel.shared_offsets): buffers
-        whose bytes the layout shares (disjoint lives) are pointers into one byte array `tw_blk`, at their
-        offsets less the lowest of them; a buffer that shares no bytes is an array of its own (the
-        compiler may keep a small one in registers)."""
-        bufs = [(b, off, off + -(-b.nbytes // 16) * 16) for b, off in zip(kernel.locals, kernel.shared_offsets)
-                if b.name in mine]
-        shared = [(b, lo, hi) for b, lo, hi in bufs
-                  if any(c is not b and lo < d_hi and d_lo < hi for c, d_lo, d_hi in bufs)]
-        lines = [self.local_decl(b) for b, _, _ in bufs if all(b is not c for c, _, _ in shared)]
-        if shared:
-            base = min(lo for _, lo, _ in shared)
-            lines.append(f"{self.block_bytes_decl} tw_blk[{max(hi for _, _, hi in shared) - base}];"
-                         "  // block buffers sharing bytes (disjoint lives)")
-            for b, lo, _ in shared:
-                t = self.storage_type(b.dtype)
-                lines.append(f"{t}* const {b.name} = ({t}*)(tw_blk + {lo - base});  // {b.capacity} elements")
-        return lines
-
     def local_decl(self, buf: Buffer) -> str:
         return f"{self.storage_type(buf.dtype)} {buf.name}[{buf.capacity}];"
 
@@ -276,7 +255,7 @@ class Printer:
         lines += ["    " + x for x in self.tile_coords(seg, seg.phases[-1].region)]
         mine = {n for p in seg.phases for n in p.stores}
         if not self.locals_in_kernel_scope:
-            lines += ["    " + x for x in self.segment_locals(kernel, mine)]
+            lines += ["    " + self.local_decl(b) for b in kernel.locals if b.name in mine]
         for b in kernel.locals:
             if b.name in mine:
                 lines += ["    " + x for x in self.region_bounds(kernel, b.name, b.region)]
