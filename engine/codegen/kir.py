@@ -7,9 +7,7 @@ that cross a barrier live in explicit buffers: BLOCK scope (shared memory / per-
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import itertools
 import math
 from dataclasses import dataclass
 from enum import StrEnum
@@ -509,27 +507,23 @@ class Kernel:
     @cached_property
     def _layout(self) -> tuple[tuple[int, ...], int]:
         """Offsets of the BLOCK buffers (16 B aligned) and the bytes they take: buffers whose lives
-        (`buffer_lives`) are disjoint share bytes, within a segment only if they hold the same element
-        type (the C target reads a segment's shared bytes through typed pointers in one scope: one type
-        keeps its compiler's type-based alias analysis sound). First fit, largest buffer first (ties in
-        phase order, then declaration order): each buffer at the lowest aligned offset clear of every
-        buffer placed before it that it may not share bytes with. Values that cross a grid barrier go
-        through global memory, so buffers of different segments never overlap in life; a buffer's offset
-        is at most the bytes of its own segment's buffers before it, so no segment takes more than the
-        sum of its buffers."""
+        (`buffer_lives`) are disjoint share bytes. First fit, largest buffer first (ties in phase order,
+        then declaration order): each buffer at the lowest aligned offset clear of every buffer placed
+        before it whose life overlaps its own. Values that cross a grid barrier go through global memory,
+        so buffers of different segments never overlap in life; a buffer's offset is at most the bytes of
+        its own segment's buffers placed before it, so no segment takes more than the sum of its buffers.
+        The C target declares each block buffer an array of its own (per tile, on the stack) and does not
+        read this layout: pointers into one per-block byte array measured lstm's host program 7 % slower
+        (benchmarks/NOTES.md, smem)."""
         lives = self.buffer_lives
         sizes = [-(-b.nbytes // 16) * 16 for b in self.locals]
-        dtypes = [b.dtype for b in self.locals]
-        ends = list(itertools.accumulate(len(sg.phases) for sg in self.segments))
-        seg = [bisect.bisect_right(ends, lo) for lo, _ in lives]
         order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], lives[i][0], i))
         offsets = [0] * len(sizes)
         placed: list[int] = []
         for i in order:
             lo, hi = lives[i]
             busy = sorted((offsets[j], offsets[j] + sizes[j]) for j in placed
-                          if (lives[j][0] <= hi and lo <= lives[j][1])
-                          or (dtypes[j] != dtypes[i] and seg[j] == seg[i]))
+                          if lives[j][0] <= hi and lo <= lives[j][1])
             at = 0
             for a, b in busy:
                 if at + sizes[i] <= a:

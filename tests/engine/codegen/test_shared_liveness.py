@@ -1,6 +1,7 @@
 """Shared memory placed by liveness inside a segment (engine/codegen/kir.py `Kernel.buffer_lives`, `_layout`):
 a block buffer lives from the first phase that stores or reads it to the last, buffers whose lives are disjoint
-share bytes, and the printers (CUDA's `smem + offset`, the emulator's regions) use the same offsets."""
+share bytes, and the printers (CUDA's `smem + offset`, the emulator's regions) use the same offsets. The C
+target keeps an array per block buffer (a per-tile stack array): its outputs are checked beside cuda-sim's."""
 
 from __future__ import annotations
 
@@ -94,12 +95,6 @@ def _check_layout(kernel) -> None:
         k = int(np.searchsorted(ends, lo, side="right"))
         per_seg[k] = per_seg.get(k, 0) + n
     assert kernel.locals_bytes <= max(per_seg.values(), default=0)
-    # within a segment, bytes are shared by buffers of one element type only (the C target's typed pointers)
-    for i in range(len(sizes)):
-        for j in range(i):
-            if kernel.locals[i].dtype != kernel.locals[j].dtype and \
-                    np.searchsorted(ends, lives[i][0], side="right") == np.searchsorted(ends, lives[j][0], side="right"):
-                assert offsets[i] + sizes[i] <= offsets[j] or offsets[j] + sizes[j] <= offsets[i]
 
 
 def test_chained_gemm_activations_share_bytes_and_match_onnxruntime_under_cuda_sim_and_c(tmp_path):
