@@ -192,6 +192,25 @@ def _free_vars(e, memo: dict, by_value: bool) -> frozenset[str]:
     return out
 
 
+def loaded(e) -> frozenset[str]:
+    """Names of the tensors (kernel buffers) the loads in an expression read, under guards and in inlined
+    reductions too. Memoised on the node across calls (the session's "kexpr.loaded" table)."""
+    from engine.memo import memo as table
+
+    return _loaded(e, table("kexpr.loaded", 200000).raw())
+
+
+def _loaded(e, memo: dict) -> frozenset[str]:
+    if e in memo:
+        return memo[e]
+    kids = kchildren(e)
+    out = frozenset().union(*(_loaded(c, memo) for c in kids)) if kids else frozenset()
+    if isinstance(e, E.Load):
+        out |= {e.tensor}
+    memo[e] = out
+    return out
+
+
 def kformat(e) -> str:
     """Text of a kernel-IR body (expr.format_expr plus guards and inlined reductions)."""
     if isinstance(e, Inlined):

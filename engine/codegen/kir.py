@@ -419,6 +419,29 @@ class Segment:
 
 
 
+def _reads(e, names) -> set[str]:
+    """Names among `names` that loads in the kernel expression `e` read."""
+    from engine.codegen.kexpr import loaded
+
+    return loaded(e) & names if e is not None else set()
+
+
+def phase_reads(phase: Phase, seg: Segment, names) -> set[str]:
+    """Buffers among `names` the phase reads: its body, its tiled GEMM's / convolution's factors and
+    epilogue, the C target's cached lines and column sums, and the terms of the segment's row caches it
+    rereads (every place a printer or the emulator loads a buffer from)."""
+    exprs = [phase.body, *phase.tile_lines, *phase.column_sums, *(v for v, _, _ in phase.line_reads)]
+    if phase.gemm is not None:
+        exprs += [phase.gemm.a, phase.gemm.b, phase.gemm.target]
+    if phase.conv is not None:
+        exprs += [phase.conv.x, phase.conv.w, phase.conv.target]
+    exprs += [c.term for c in seg.row_caches if phase.stage in (c.producer, c.consumer)]
+    out: set[str] = set()
+    for e in exprs:
+        out |= _reads(e, names)
+    return out
+
+
 @dataclass(frozen=True)
 class Kernel:
     name: str
@@ -434,24 +457,87 @@ class Kernel:
     def cooperative(self) -> bool:
         return len(self.segments) > 1
 
-    def _segment_layout(self) -> tuple[tuple[int, ...], int]:
-        """Offsets of the BLOCK buffers (16 B aligned) and the bytes they take. A block buffer lives in
-        one segment (values that cross a grid barrier go through global memory), so the buffers of
-        different segments share the same bytes; each segment's start at offset 0."""
-        owner = {n: k for k, s in enumerate(self.segments) for p in s.phases for n in p.stores}
-        at: dict[int, int] = {}
+    @cached_property
+    def buffer_lives(self) -> tuple[tuple[int, int], ...]:
+        """Per BLOCK buffer (in `locals` order), the phases it lives over, (first, last) as indices into
+        the kernel's phases counted across its segments: from the first phase that stores or reads it to
+        the last. Phases are separated by block barriers (and segments by grid barriers), so a buffer is
+        dead outside its life and another may take its bytes. A buffer lives in the segment that stores
+        it (values that cross a grid barrier go through global memory); it lives over its whole segment
+        where it is read before its first store in phase order (a value carried from the block's previous
+        tile) or where no other buffer of the segment could share its bytes, and over the whole kernel
+        when nothing stores it."""
+        names = {b.name for b in self.locals}
+        owner: dict[str, int] = {}
+        spans, k = [], 0
+        for s, seg in enumerate(self.segments):
+            spans.append((k, k + len(seg.phases) - 1))
+            k += len(seg.phases)
+            for p in seg.phases:
+                for n in p.stores:
+                    if n in names:
+                        owner.setdefault(n, s)
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        stored: dict[str, int] = {}
+        for s, seg in enumerate(self.segments):
+            mine = {n for n, o in owner.items() if o == s}
+            if len(mine) < 2:  # (the common case, and the walk over the phases' expressions is not free)
+                continue
+            at = spans[s][0]
+            carried = {n for c in seg.launch_lines for n in _reads(c.value, mine)}
+            for j, p in enumerate(seg.phases):
+                for n in (set(p.stores) & mine) | phase_reads(p, seg, mine):
+                    first.setdefault(n, at + j)
+                    last[n] = at + j
+                for n in set(p.stores) & mine:
+                    stored.setdefault(n, at + j)
+            for n in carried:
+                first[n], last[n] = spans[s]
         out = []
         for b in self.locals:
-            k = owner.get(b.name, 0)
-            out.append(at.get(k, 0))
-            at[k] = at.get(k, 0) + -(-b.nbytes // 16) * 16
-        return tuple(out), max(at.values(), default=0)
+            if b.name not in owner:
+                out.append((0, max(0, k - 1)))
+            elif b.name not in first or stored[b.name] > first[b.name]:
+                out.append(spans[owner[b.name]])
+            else:
+                out.append((first[b.name], last[b.name]))
+        return tuple(out)
+
+    @cached_property
+    def _layout(self) -> tuple[tuple[int, ...], int]:
+        """Offsets of the BLOCK buffers (16 B aligned) and the bytes they take: buffers whose lives
+        (`buffer_lives`) are disjoint share bytes. First fit, largest buffer first (ties in phase order,
+        then declaration order): each buffer at the lowest aligned offset clear of every buffer placed
+        before it whose life overlaps its own. Values that cross a grid barrier go through global memory,
+        so buffers of different segments never overlap in life; a buffer's offset is at most the bytes of
+        its own segment's buffers placed before it, so no segment takes more than the sum of its buffers.
+        The C target declares each block buffer an array of its own (per tile, on the stack) and does not
+        read this layout: pointers into one per-block byte array measured lstm's host program 7 % slower
+        (benchmarks/NOTES.md, smem)."""
+        lives = self.buffer_lives
+        sizes = [-(-b.nbytes // 16) * 16 for b in self.locals]
+        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], lives[i][0], i))
+        offsets = [0] * len(sizes)
+        placed: list[int] = []
+        for i in order:
+            lo, hi = lives[i]
+            busy = sorted((offsets[j], offsets[j] + sizes[j]) for j in placed
+                          if lives[j][0] <= hi and lo <= lives[j][1])
+            at = 0
+            for a, b in busy:
+                if at + sizes[i] <= a:
+                    break
+                at = max(at, b)
+            offsets[i] = at
+            placed.append(i)
+        return tuple(offsets), max((o + n for o, n in zip(offsets, sizes)), default=0)
 
     @property
     def shared_offsets(self) -> tuple[int, ...]:
-        """Byte offset of each BLOCK buffer in the block's shared memory (16 B aligned; buffers of
-        different segments overlap)."""
-        return self._segment_layout()[0]
+        """Byte offset of each BLOCK buffer in the block's shared memory (16 B aligned; buffers whose
+        lives are disjoint overlap)."""
+        return self._layout[0]
 
     @property
     def gemms(self) -> tuple[Gemm, ...]:
@@ -485,7 +571,7 @@ class Kernel:
 
     @property
     def locals_bytes(self) -> int:
-        return self._segment_layout()[1]
+        return self._layout[1]
 
     @property
     def reduce_scratch_bytes(self) -> int:
@@ -588,7 +674,8 @@ class Program:
 
 
 def program_to_json(program: Program) -> dict:
-    """program.json: launch list, grids, blocks, shared bytes, buffers, and each kernel's phases."""
+    """program.json: launch list, grids, blocks, shared bytes, buffers (a block buffer's byte offset and the
+    phases it lives over: Kernel.shared_offsets, Kernel.buffer_lives), and each kernel's phases."""
     from engine.codegen.kexpr import kformat
 
     kernels = []
@@ -599,7 +686,8 @@ def program_to_json(program: Program) -> dict:
             "params": [{"name": b.name, "tensor": b.tensor, "dtype": b.dtype.value, "shape": list(b.shape)}
                        for b in k.params],
             "locals": [{"name": b.name, "tensor": b.tensor, "dtype": b.dtype.value,
-                        "extent": list(b.region.extent) if b.region else []} for b in k.locals],
+                        "extent": list(b.region.extent) if b.region else [], "offset": off, "live": list(live)}
+                       for b, off, live in zip(k.locals, k.shared_offsets, k.buffer_lives)],
             "segments": [{"anchor": s.anchor, "ntiles": s.ntiles, "phases": [p.describe() for p in s.phases],
                           **({"omp": s.omp, "work": s.work} if s.omp else {}),
                           **({"loops": s.loops, "chunk": s.chunk} if s.loops else {}),

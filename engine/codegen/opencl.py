@@ -101,8 +101,9 @@ def needs_shared(kernel: Kernel) -> bool:
 def segment_kernels(kernel: Kernel) -> list[Kernel]:
     """A kernel split at its grid barriers: one kernel per segment, `<name>_s<k>`, with the same tensor
     parameters and the block buffers that segment writes (the kernel itself when it has one segment).
-    A block buffer lives in one segment, and each segment's buffers start at offset 0 in the kernel, so
-    every part lays out its shared memory as the whole kernel does."""
+    A block buffer lives in one segment, and its offset (Kernel.shared_offsets) depends only on the buffers
+    whose lives overlap its own, all of its segment, so every part lays out its shared memory as the whole
+    kernel does."""
     if len(kernel.segments) == 1:
         return [kernel]
     owner = {n: k for k, s in enumerate(kernel.segments) for p in s.phases for n in p.stores}
