@@ -8,7 +8,8 @@ byte-identical.
 Per case: `plan_model` then `generate(..., target="c")` and `render_c`, as `tileweave compile --target c`
 does; for a GPU device also the CUDA-target program printed as C (NAME.DEVICE.POLICY.cuda-program.c), as
 the golden test and the DUMP_DIR trail print it, the CUDA source (NAME.DEVICE.POLICY.cu) and the OpenCL
-source (NAME.DEVICE.POLICY.cl; its error line where the OpenCL printer refuses the program)."""
+source (NAME.DEVICE.POLICY.cl; its error line where the OpenCL printer refuses the program). MODEL is an
+.onnx path or the name of a sample or zoo model (bert_layer, efficientnet); none given: every one of them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def resolve_model(model: Path) -> Path | None:
+    """`model` as given when it is a file, else the sample or zoo model of that name (samples/NAME.onnx,
+    samples/zoo/NAME.onnx); None when there is none."""
+    if model.is_file():
+        return model
+    for folder in (ROOT / "samples", ROOT / "samples" / "zoo"):
+        candidate = folder / f"{model.stem}.onnx"
+        if model.suffix in ("", ".onnx") and candidate.is_file():
+            return candidate
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", default="host,a100")
     p.add_argument("--policies", default="unfused,elementwise,stitch,welder")
     p.add_argument("models", nargs="*", type=Path)
-    args = p.parse_args(argv)
-    models = args.models or sorted(ROOT.glob("samples/*.onnx")) + sorted(ROOT.glob("samples/zoo/*.onnx"))
+    args = p.parse_intermixed_args(argv)  # models may follow the options
+    models = [resolve_model(m) for m in args.models] or (sorted(ROOT.glob("samples/*.onnx"))
+                                                         + sorted(ROOT.glob("samples/zoo/*.onnx")))
+    if None in models:
+        missing = next(m for m, r in zip(args.models, models) if r is None)
+        print(f"error: no model '{missing}': give an .onnx path, or a name in samples/ or samples/zoo/ "
+              "(e.g. bert_layer, efficientnet)", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     for model in models:
         tag = f"{model.parent.name}_{model.stem}"
