@@ -11,7 +11,7 @@ reported and the rest still run.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_cost_model.py [--set zoo|samples] [--models a,b]
         [--policies unfused,elementwise,stitch,welder] [--runs 9] [--timeout 900] [--json OUT.json]
-        [--device host|gpu|PRESET] [--jobs N] [--clock wall|cpu]
+        [--device host|gpu|PRESET] [--jobs N] [--clock wall|cpu] [--plans DIR] [--step all|prepare|time]
 
 The host's figures come from `tileweave device host` (probed on first use, cached); OMP_NUM_THREADS sets
 the threads of both the plan (the host device's cores) and the run. On the host each kernel is timed by the
@@ -76,7 +76,16 @@ def planned_policies(job: dict, device):
 
     graph = load_graph(job["model"])
     for policy in job["policies"]:
+        saved = Path(job.get("plans") or "/nonexistent") / f"{Path(job['model']).stem}.{policy}.json"
         t0 = time.perf_counter()
+        if saved.exists():  # a plan saved by `tileweave plan --plan-out`: not planned again if for this preset
+            from engine.schedule.pipeline import load_plan
+
+            planned, plan = load_plan(saved, graph)
+            if plan.device == device.name:
+                yield policy, planned, plan, plan.schedule_seconds
+                continue
+            print(f"{saved} was planned for {plan.device}, not {device.name}: planning", file=sys.stderr)
         planned, plan = plan_model(graph, policy, device)
         yield policy, planned, plan, time.perf_counter() - t0
 
@@ -326,6 +335,10 @@ def main() -> int:
                    help="host: time kernels by the wall clock (as the C backend's profile does) or by the calling "
                         "thread's CPU time, which leaves out other processes' time slices (needs OMP_NUM_THREADS=1); "
                         "both are kept in --json")
+    p.add_argument("--plans", metavar="DIR", help="load DIR/MODEL.POLICY.json (saved by `tileweave plan "
+                   "--plan-out` for this device) instead of planning; models without one are planned")
+    p.add_argument("--step", choices=("all", "prepare", "time"), default="all",
+                   help="GPU: prepare (plan + NVRTC into --store, no GPU work), time (the prepared --store), or both")
     p.add_argument("--json", metavar="OUT.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -347,7 +360,8 @@ def main() -> int:
         tmp = args.store or scratch
         Path(tmp).mkdir(parents=True, exist_ok=True)
         jobs = {name: {"model": str(folder / f"{name}.onnx"), "policies": policies, "runs": args.runs,
-                       "device": device, "clock": args.clock, "store": str(Path(tmp) / f"{name}.pkl")} for name in names}
+                       "device": device, "clock": args.clock, "store": str(Path(tmp) / f"{name}.pkl"),
+                       "plans": args.plans} for name in names}
         def finish(name: str, prepared) -> None:
             if isinstance(prepared, str):
                 print(f"{name}: {prepared}", file=sys.stderr)
@@ -362,13 +376,41 @@ def main() -> int:
             if args.json:  # after every model, so a run cut short keeps what it measured
                 Path(args.json).write_text(json.dumps(results, indent=1))
 
-        if on_gpu:  # plan and compile in parallel (CPU only); each model timed alone as soon as it is ready
+        if on_gpu and args.step == "time":  # prepared earlier (--step prepare) into --store
+            for name in names:
+                store = Path(jobs[name]["store"])
+                finish(name, None if store.exists() else f"not prepared ({store} missing)")
+        elif on_gpu:  # plan and compile in parallel (CPU only), one worker per model and policy; each model
+            # timed alone as soon as all its policies are ready (unless --step prepare)
             started = time.perf_counter()
+            left = {n: set(policies) for n in names}
+            failed: dict[str, str] = {}
             with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-                futures = {pool.submit(run_worker, jobs[n] | {"step": "prepare"}, args.timeout, "1"): n for n in names}
+                futures = {pool.submit(run_worker, jobs[n] | {"step": "prepare", "policies": [pol],
+                                                               "store": f"{jobs[n]['store']}.{pol}"},
+                                       args.timeout, "1"): (n, pol) for n in names for pol in policies}
                 for f in concurrent.futures.as_completed(futures):
-                    print(f"{futures[f]}: prepared ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-                    finish(futures[f], f.result())
+                    name, pol = futures[f]
+                    if isinstance(f.result(), str):
+                        failed.setdefault(name, f"{pol}: {f.result()}")
+                    left[name].discard(pol)
+                    if left[name]:
+                        continue
+                    print(f"{name}: prepared ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+                    import pickle
+
+                    parts = [Path(f"{jobs[name]['store']}.{q}") for q in policies]
+                    if name not in failed:  # one MODEL.pkl, as gpu_counters.py reads it
+                        merged = {q: v for part in parts for q, v in pickle.loads(part.read_bytes()).items()}
+                        Path(jobs[name]["store"]).write_bytes(pickle.dumps(merged))
+                    for part in parts:
+                        part.unlink(missing_ok=True)
+                    if args.step == "all":
+                        finish(name, failed.get(name))
+                    elif name in failed:
+                        print(f"{name}: {failed[name]}", file=sys.stderr)
+            if args.step == "prepare":
+                return 1 if failed else 0
         else:
             for name in names:
                 finish(name, None)

@@ -8,9 +8,10 @@
 # zoo's kernels timed against the cost model (benchmarks/bench_cost_model.py --device gpu); hardware
 # traffic under Nsight Compute for three zoo models (benchmarks/gpu_counters.py), per kernel with cold caches,
 # then whole programs with caches warm between kernels (the L2 residency model, engine/schedule/residency.py).
-# STEPS picks which of "cli tests bench counters program" run (default all); *_S variables bound each step.
+# STEPS picks which of "cli tests bench counters tune program" run (default all, in that order); *_S
+# variables bound each step; PLANS, POLICIES, JOBS, TEST_JOBS, COUNTER_MODELS, PROGRAM_MODELS, TUNE_MODELS tune them.
 set -u
-STEPS=${STEPS:-cli tests bench counters program}
+STEPS=${STEPS:-cli tests bench counters tune program}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/gpu_check}
 PY=${PY:-python3}
@@ -47,6 +48,18 @@ if ! probe >> "$OUT/env.txt" 2>&1; then
 fi
 tail -3 "$OUT/env.txt"
 
+# The zoo's plans and NVRTC builds are CPU work: they run in the background while the CLI and the tests use
+# the GPU, and the timing waits for them (so nothing else runs on the GPU while kernels are timed). PLANS
+# (a folder of MODEL.POLICY.json, or a .tar.gz of one, written by `tileweave plan --plan-out` for the same
+# preset) skips the planning; models without a saved plan are planned there.
+if [ -n "${PLANS:-}" ] && [ -f "$PLANS" ]; then mkdir -p /tmp/plans && tar xzf "$PLANS" -C /tmp/plans && PLANS=/tmp/plans; fi
+if want bench; then
+  step "zoo: plans and NVRTC builds (background)" | tee "$OUT/prepare.log"
+  timeout ${PREP_S:-200} $PY benchmarks/bench_cost_model.py --device gpu --step prepare --jobs "$JOBS" \
+    --timeout 240 --store "$STORE" ${PLANS:+--plans "$PLANS"} ${POLICIES:+--policies "$POLICIES"} >> "$OUT/prepare.log" 2>&1 &
+  prep_pid=$!
+fi
+
 if want cli; then
   step "tileweave run --backend cuda" | tee "$OUT/cli.log"
   timeout ${CLI_S:-60} $PY -m engine run samples/bert_layer.onnx --backend cuda --outputs /tmp/out.npz >> "$OUT/cli.log" 2>&1
@@ -58,7 +71,7 @@ fi
 
 if want tests; then
   step "pytest -m gpu" | tee "$OUT/pytest_gpu.log"
-  timeout ${TESTS_S:-150} $PY -m pytest -q -p no:cacheprovider -m gpu -rs -n "$JOBS" tests/engine/runtime/test_cuda.py ${TESTS_K:+-k "$TESTS_K"} \
+  timeout ${TESTS_S:-150} $PY -m pytest -q -p no:cacheprovider -m gpu -rs -n "${TEST_JOBS:-$JOBS}" tests/engine/runtime/test_cuda.py ${TESTS_K:+-k "$TESTS_K"} \
     >> "$OUT/pytest_gpu.log" 2>&1
   echo "rc=$?" >> "$OUT/pytest_gpu.log"
   for f in "$TILEWEAVE_CACHE"/nvrtc/failed/*.log; do [ -e "$f" ] && { echo "-- $f"; head -5 "$f"; } >> "$OUT/pytest_gpu.log"; done
@@ -66,24 +79,37 @@ if want tests; then
 fi
 
 if want bench; then
+  step "zoo: waiting for the plans and builds" | tee -a "$OUT/prepare.log"
+  wait $prep_pid; echo "rc=$?" >> "$OUT/prepare.log"
+  grep -E "prepared|failed|timed out|error|rc=" "$OUT/prepare.log" | tail -16
   step "zoo: modeled vs measured" | tee "$OUT/bench.log"
-  timeout ${BENCH_S:-220} $PY benchmarks/bench_cost_model.py --device gpu --jobs "$JOBS" --runs 7 --timeout 240 \
-    --store "$STORE" --json "$OUT/bench.json" >> "$OUT/bench.log" 2>&1
+  timeout ${BENCH_S:-220} $PY benchmarks/bench_cost_model.py --device gpu --step time --runs 7 --timeout 240 \
+    --store "$STORE" ${POLICIES:+--policies "$POLICIES"} --json "$OUT/bench.json" >> "$OUT/bench.log" 2>&1
   echo "rc=$?" >> "$OUT/bench.log"
   tail -22 "$OUT/bench.log"
 fi
 
 if want counters; then
   step "Nsight Compute counters" | tee "$OUT/counters.log"
-  timeout ${COUNTERS_S:-120} $PY benchmarks/gpu_counters.py --store "$STORE" --models bert,convnext,mobilevit \
+  timeout ${COUNTERS_S:-120} $PY benchmarks/gpu_counters.py --store "$STORE" --models ${COUNTER_MODELS:-bert,convnext,mobilevit} \
     --policies welder,stitch --timeout 60 --json "$OUT/counters.json" >> "$OUT/counters.log" 2>&1
   echo "rc=$?" >> "$OUT/counters.log"
   grep -E "all |rc=|error|failed" "$OUT/counters.log" | tail -8
 fi
 
+if want tune; then  # Welder's method on the GPU: K candidates per kernel timed through the launch layer
+  step "welder --tune on the GPU" | tee "$OUT/tune.log"
+  for m in ${TUNE_MODELS:-resnet}; do
+    timeout ${TUNE_S:-60} $PY -m engine plan "samples/zoo/$m.onnx" --policy welder --device "${TUNE_DEVICE:-h200}" \
+      --tune ${TUNE_K:-3} --json > "$OUT/tune-$m.json" 2>> "$OUT/tune.log"
+    echo "$m rc=$?" >> "$OUT/tune.log"
+  done
+  tail -4 "$OUT/tune.log"
+fi
+
 if want program; then
   step "Nsight Compute counters, whole programs, caches warm between kernels" | tee "$OUT/program.log"
-  timeout ${PROGRAM_S:-120} $PY benchmarks/gpu_counters.py --store "$STORE" --program --models lstm,nerf,bert \
+  timeout ${PROGRAM_S:-120} $PY benchmarks/gpu_counters.py --store "$STORE" --program --models ${PROGRAM_MODELS:-lstm,nerf,bert} \
     --policies welder,stitch --timeout 60 --json "$OUT/program.json" >> "$OUT/program.log" 2>&1
   echo "rc=$?" >> "$OUT/program.log"
   grep -E "all |rc=|error|failed" "$OUT/program.log" | tail -8
