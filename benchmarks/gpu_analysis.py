@@ -1,12 +1,13 @@
 """Measured GPU runs re-read offline: the per-model table of `bench_cost_model.py --device gpu` from its saved
 JSON, and what a latency (Little's law) term in the cost model would change, evaluated on those kernels.
 
-    .venv/bin/python benchmarks/gpu_analysis.py [benchmarks/data/h200-2026-11-26]
+    .venv/bin/python benchmarks/gpu_analysis.py [benchmarks/data/h200-2026-11-27] [--latency-variants]
 
 Reads every bench*.json(.gz) in the folder (a model present twice is taken from the last file in name
 order). The latency variant divides a kernel's memory terms by min(1, W·m·128 B / (L · the SM's share of L2
 bytes per clock)) and its compute term by min(1, W / 8), W = warps resident per SM in its grid, for latency L
-and m lines in flight per warp; the table shows each (L, m) against the model as it is.
+and m lines in flight per warp; the table shows each (L, m) against the model as it is (`--latency-variants`; meaningful only for runs whose
+model had no latency term yet, i.e. before commit c790a82: benchmarks/data/h200-2026-11-26).
 """
 
 from __future__ import annotations
@@ -65,21 +66,23 @@ def score(models: list[dict], estimate) -> str:
 
 
 def main() -> int:
-    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "benchmarks" / "data" / "h200-2026-11-26"
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    folder = Path(args[0]) if args else ROOT / "benchmarks" / "data" / "h200-2026-11-27"
     models = load(folder)
     print("| model | kernels | Spearman ρ | median factor | " + " | ".join(f"{p} modeled / measured µs" for p in POLICIES)
-          + " | fastest by model | fastest measured | max rel err | registers driver = parsed |")
-    print("|---|---:|---:|---:|" + "---:|" * len(POLICIES) + "---|---|---:|---:|")
+          + " | fastest by model | fastest measured | all four ordered as measured | max rel err | registers driver = parsed |")
+    print("|---|---:|---:|---:|" + "---:|" * len(POLICIES) + "---|---|---|---:|---:|")
     for m in models:
         ks = [k for c in m["cells"].values() for k in c["kernels"]]
         same = sum(k["registers_driver"] == k["registers_parsed"] for k in ks)
         cols = " | ".join(f"{m['programs'][p][0]:.0f} / {m['programs'][p][1]:.0f}" for p in POLICIES)
         err = max(c["max_rel_err"] for c in m["cells"].values())
         print(f"| {m['model']} | {m['kernels']} | {m['rho']:.2f} | {m['median_factor']:.2f}× | {cols} | "
-              f"{m['rank_model'][0]} | {m['rank_measured'][0]} | {err:.1e} | {same}/{len(ks)} |")
+              f"{m['rank_model'][0]} | {m['rank_measured'][0]} | {'yes' if m['same_ranking'] else 'no'} | {err:.1e} | "
+              f"{same}/{len(ks)} |")
     print("\n| cost model | all kernels |\n|---|---|")
     print(f"| as it is | {score(models, lambda k: k['modeled_us'])} |")
-    for latency in (300, 600):
+    for latency in (300, 600) if "--latency-variants" in sys.argv else ():
         for lines in (1, 2, 4, 8):
             print(f"| with latency {latency} cycles, {lines} lines in flight per warp | "
                   f"{score(models, lambda k, a=latency, b=lines: with_latency(k, a, b))} |")
