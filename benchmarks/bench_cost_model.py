@@ -112,11 +112,12 @@ def time_on_gpu(job: dict) -> dict:
     against onnxruntime, its registers read from the driver."""
     import pickle
 
+    from engine.codegen.targets import render_cuda
     from engine.device import get_device
     from engine.profile.bench_worker import bench_inputs, max_rel_error, ort_session
     from engine.runtime.cuda import load_program, run_cuda
     from engine.runtime.cuda_driver import attached_gpu
-    from engine.schedule.measure import time_compiled
+    from engine.runtime.inputs import make_inputs
 
     device = get_device(job["device"])
     prepared = pickle.loads(Path(job["store"]).read_bytes())
@@ -129,7 +130,10 @@ def time_on_gpu(job: dict) -> dict:
         want = dict(zip(names, sess.run(names, {k: v for k, v in inputs.items()
                                                 if k in {i.name for i in sess.get_inputs()}})))
         got, _ = run_cuda(compiled.program, planned.specs, inputs, planned.weights, device=device.name, gpu=gpu)
-        measured = time_compiled(planned, compiled, device, job["runs"], gpu=gpu)
+        # each kernel alone (its launch included), then the whole launch list back to back
+        _, profile = run_cuda(compiled.program, planned.specs, make_inputs(planned, seed=0), planned.weights,
+                              device=device.name, repeat=job["runs"], gpu=gpu, program_time=True)
+        measured = {t.kernel: t.us for t in profile.kernels}
         meta, functions = load_program(gpu, compiled.program, gpu.arch)
         parsed = {k["name"]: k.get("resources", {}).get(gpu.arch, {}).get("registers") for k in meta["kernels"]}
         driver = {name: fn.registers for name, fn in functions.items()}
@@ -141,7 +145,8 @@ def time_on_gpu(job: dict) -> dict:
             shape.get(launch["kernel"], {}).update(grid=launch["grid"], shared_bytes=launch["shared_bytes"],
                                                    cooperative=launch["cooperative"])
         out[policy] = {"schedule_s": round(schedule_s, 2), "compile_s": round(compile_s, 2),
-                       "max_rel_err": max_rel_error(got, want), "gpu": gpu.name,
+                       "max_rel_err": max_rel_error(got, want), "gpu": gpu.name, "program_us": profile.program_us,
+                       "source_sha": hashlib.sha256(render_cuda(compiled.program).encode()).hexdigest()[:16],
                        "modeled_total_us": plan.modeled_us, "dram_bytes": plan.dram_bytes, "kernels": [
             {"name": g.name, "stages": len(g.stages), "modeled_us": g.cost.modeled_us if g.cost else None,
              "measured_us": measured[g.name], "terms_us": g.cost.terms_us if g.cost else {},
@@ -419,15 +424,17 @@ def main() -> int:
     print(f"{where}; kernels timed as the median of {args.runs} launches.\n")
     print("| model | kernels | Spearman ρ | median factor | " + " | ".join(f"{p} modeled / measured µs" for p in policies)
           + " | ranking by model | by measurement | agrees: strict / up to ties |"
-          + (" max rel err | registers driver = parsed |" if on_gpu else ""))
-    print("|---|---:|---:|---:|" + "---:|" * len(policies) + "---|---|---|" + ("---:|---:|" if on_gpu else ""))
+          + (" max rel err | registers driver = parsed | back to back µs (" + " / ".join(policies) + ") |"
+             if on_gpu else ""))
+    print("|---|---:|---:|---:|" + "---:|" * len(policies) + "---|---|---|" + ("---:|---:|---:|" if on_gpu else ""))
     for r in results:
         cols = " | ".join(f"{r['programs'][p][0]:.0f} / {r['programs'][p][1]:.0f}" for p in policies)
         extra, ties = "", {(a, b): why for a, b, why in r["tie_pairs"]}
         if on_gpu:
             ks = [k for c in r["cells"].values() for k in c["kernels"]]
             same = sum(k["registers_driver"] == k["registers_parsed"] for k in ks)
-            extra = f" {max(c['max_rel_err'] for c in r['cells'].values()):.1e} | {same}/{len(ks)} |"
+            b2b = " / ".join(f"{r['cells'][p].get('program_us') or float('nan'):.0f}" for p in policies)
+            extra = f" {max(c['max_rel_err'] for c in r['cells'].values()):.1e} | {same}/{len(ks)} | {b2b} |"
         print(f"| {r['model']} | {r['kernels']} | {r['rho']:.2f} | {r['median_factor']:.2f}x | {cols} | "
               f"{ranking_text(r['rank_model'], {k: v for k, v in ties.items() if v == 'program'})} | "
               f"{ranking_text(r['rank_measured'], ties)} | "

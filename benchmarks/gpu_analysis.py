@@ -80,6 +80,13 @@ def main() -> int:
         print(f"| {m['model']} | {m['kernels']} | {m['rho']:.2f} | {m['median_factor']:.2f}× | {cols} | "
               f"{m['rank_model'][0]} | {m['rank_measured'][0]} | {'yes' if m['same_ranking'] else 'no'} | {err:.1e} | "
               f"{same}/{len(ks)} |")
+    if any(c.get("program_us") for m in models for c in m["cells"].values()):
+        print("\n| model | " + " | ".join(f"{p} modeled / kernels alone / back to back µs" for p in POLICIES)
+              + " |\n|---|" + "---:|" * len(POLICIES))
+        for m in models:
+            print(f"| {m['model']} | " + " | ".join(
+                f"{m['programs'][p][0]:.0f} / {m['programs'][p][1]:.0f} / {m['cells'][p].get('program_us') or 0:.0f}"
+                for p in POLICIES) + " |")
     print("\n| cost model | all kernels |\n|---|---|")
     print(f"| as it is | {score(models, lambda k: k['modeled_us'])} |")
     for latency in (300, 600) if "--latency-variants" in sys.argv else ():

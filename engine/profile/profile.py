@@ -17,6 +17,9 @@ class Profile:
     label: str  # e.g. "measured on CPU (C backend)"
     backend: str
     kernels: tuple[KernelTime, ...]
+    # the whole launch list run back to back (median of the same runs), where measured: launch overheads
+    # overlap there, while each kernel's own time includes its launch (CUDA backend with repeat > 1)
+    program_us: float | None = None
 
     @property
     def total_us(self) -> float:
@@ -30,4 +33,5 @@ class Profile:
 
     def to_json(self) -> dict:
         return {"label": self.label, "backend": self.backend, "total_us": self.total_us,
-                "kernels": [{"kernel": k.kernel, "us": k.us, "runs": k.runs} for k in self.kernels]}
+                "kernels": [{"kernel": k.kernel, "us": k.us, "runs": k.runs} for k in self.kernels]} \
+            | ({"program_us": self.program_us} if self.program_us is not None else {})

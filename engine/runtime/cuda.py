@@ -16,7 +16,7 @@ from engine.limits import call_bounded
 from engine.profile.profile import KernelTime, Profile
 from engine.runtime.cuda_driver import attached_gpu
 from engine.runtime.cuda_launch import CudaError
-from engine.runtime.cuda_modules import LoadError, arch_number, load_kernels, run_launches
+from engine.runtime.cuda_modules import LoadError, arch_number, load_kernels, run_launches, time_program
 
 
 def build_arch(device_arch: str, supported: tuple[str, ...]) -> str:
@@ -46,15 +46,17 @@ def load_program(gpu, program: Program, device_arch: str) -> tuple[dict, dict]:
 
 def run_cuda(program: Program, graph_specs: Mapping, inputs: Mapping[str, np.ndarray],
              weights: Mapping[str, np.ndarray], *, device: str = "a100", repeat: int = 1,
-             gpu=None, time_limit: float | None = None, poll=None) -> tuple[dict[str, np.ndarray], Profile]:
+             gpu=None, time_limit: float | None = None, poll=None,
+             program_time: bool = False) -> tuple[dict[str, np.ndarray], Profile]:
     """Run `program` on the attached GPU (or `gpu`); outputs by ONNX output name and a measured Profile
-    (per kernel: median of `repeat` launches after one warm-up launch). `device` names the preset the
+    (per kernel: median of `repeat` launches after one warm-up launch; with `program_time` also the whole
+    launch list run back to back `repeat` times, `Profile.program_us`). `device` names the preset the
     program was planned for; launches are sized for the GPU actually attached. With `time_limit`
     (seconds) or `poll`, compiling and running happen in a worker process with its own CUDA context
     (engine/limits.py:call_bounded), killed when it outlives the limit or when `poll` raises (a cancel)."""
     if gpu is None and (time_limit is not None or poll is not None):
         return call_bounded(run_cuda, program, graph_specs, inputs, weights, device=device, repeat=repeat,
-                            seconds=time_limit, poll=poll, what=f"the CUDA compile and run of {program.name}")
+                            program_time=program_time, seconds=time_limit, poll=poll, what=f"the CUDA compile and run of {program.name}")
     gpu = gpu or attached_gpu()
     for name in program.inputs:
         _check_input(name, graph_specs[name], inputs)
@@ -62,12 +64,13 @@ def run_cuda(program: Program, graph_specs: Mapping, inputs: Mapping[str, np.nda
     tensors = {**{k: v for k, v in weights.items() if k in program.constants}, **inputs}
     try:
         outs, times = run_launches(gpu, meta, functions, tensors, repeat=repeat)
+        whole = time_program(gpu, meta, functions, tensors, repeat=repeat) if program_time else None
         for fn in functions.values():
             gpu.unload(fn)
     except (LoadError, CudaError) as err:
         raise BackendError(str(err)) from None
     profile = Profile(f"measured on {gpu.name} (CUDA backend, planned for {device})", "cuda",
-                      tuple(KernelTime(k, us, n) for k, us, n, _ in times))
+                      tuple(KernelTime(k, us, n) for k, us, n, _ in times), program_us=whole)
     return {onnx: outs[t] for onnx, t in zip(program.output_names, program.outputs)}, profile
 
 

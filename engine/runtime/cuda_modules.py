@@ -92,11 +92,9 @@ def prepare_launch(gpu, fn, launch):
     return Prepared(fn, grid, block, shared, True, per_sm, why)
 
 
-def run_launches(gpu, program, functions, tensors, repeat=1, warmup=1):
-    """Run program.json's launch list on `gpu`. `tensors` maps input and constant tensor names to NumPy
-    arrays; intermediates share one arena at their planned offsets. Returns ({output tensor: array},
-    [(kernel, median µs, samples, Prepared)]). Every launch is prepared (attributes, occupancy) before
-    any is timed; the events bracket the launches only."""
+def bind_buffers(gpu, program, tensors):
+    """Device buffers for program.json: ({tensor: device pointer}, [allocations to free]). Intermediates
+    share one arena at their planned offsets; inputs and constants are uploaded from `tensors`."""
     buffers = {b["tensor"]: b for b in program["buffers"]}
     arena = gpu.alloc(program["memory"]["arena_bytes"])
     owned, ptrs = [arena], {}
@@ -109,6 +107,20 @@ def run_launches(gpu, program, functions, tensors, repeat=1, warmup=1):
             owned.append(ptrs[name])
             if name in program["inputs"] or name in program["constants"]:
                 gpu.upload(ptrs[name], host_array(buf, tensors))
+    except BaseException:
+        for ptr in owned:
+            gpu.free(ptr)
+        raise
+    return ptrs, owned
+
+
+def run_launches(gpu, program, functions, tensors, repeat=1, warmup=1):
+    """Run program.json's launch list on `gpu`. `tensors` maps input and constant tensor names to NumPy
+    arrays; intermediates share one arena at their planned offsets. Returns ({output tensor: array},
+    [(kernel, median µs, samples, Prepared)]). Every launch is prepared (attributes, occupancy) before
+    any is timed; the events bracket the launches only."""
+    ptrs, owned = bind_buffers(gpu, program, tensors)
+    try:
         prepared = [prepare_launch(gpu, functions[ln["kernel"]], ln) for ln in program["launches"]]
         times = []
         for ln, p in zip(program["launches"], prepared):
@@ -119,12 +131,35 @@ def run_launches(gpu, program, functions, tensors, repeat=1, warmup=1):
 
             us, n = gpu.time_launches(ln["kernel"], run, repeat=repeat, warmup=warmup)
             times.append((ln["kernel"], us, n, p))
+        buffers = {b["tensor"]: b for b in program["buffers"]}
         outs = {}
         for name in program["outputs"]:
             buf = buffers[name]
             outs[name] = np.empty(buf["shape"], np.dtype(buf["dtype"]))
             gpu.download(outs[name], ptrs[name])
         return outs, times
+    finally:
+        for ptr in owned:
+            gpu.free(ptr)
+
+
+def time_program(gpu, program, functions, tensors, repeat=1, warmup=1):
+    """Median µs of the whole launch list run back to back, `repeat` times between two events after
+    `warmup` untimed runs: the program's time as it runs, each launch's overhead overlapping the one
+    before (run_launches times each kernel alone, its launch included)."""
+    ptrs, owned = bind_buffers(gpu, program, tensors)
+    try:
+        calls = []
+        for ln in program["launches"]:
+            p = prepare_launch(gpu, functions[ln["kernel"]], ln)
+            calls.append((p, [ptrs[t] for t in ln["args"]]))
+
+        def run():
+            for p, args in calls:
+                gpu.launch(p.fn, p.grid, p.block, p.shared, args, p.cooperative)
+
+        us, _ = gpu.time_launches(program.get("name", "program"), run, repeat=repeat, warmup=warmup)
+        return us
     finally:
         for ptr in owned:
             gpu.free(ptr)

@@ -170,3 +170,27 @@ def test_bundled_runner_without_cuda_python_is_one_line(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(shadow)})
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(err) == 1 and err[0].startswith("error: cuda-python is not installed"), err
+
+
+def test_program_time_runs_the_whole_launch_list_between_two_events():
+    # --program-time (bench_cost_model on a GPU): besides each kernel alone, the launch list back to back,
+    # every launch of the program between one pair of events, in program order, `repeat` times.
+    graph = load_graph(SAMPLES / "layernorm_residual.onnx")
+    program = generate(make_plan(graph, "stitch", "a100"), graph)
+    gpu, drv = _gpu("h100")
+    rng = np.random.default_rng(11)
+    inputs = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in graph.inputs}
+    _, alone = cuda_runtime.run_cuda(program, graph.specs, inputs, graph.weights, gpu=gpu, repeat=3)
+    assert alone.program_us is None and "program_us" not in alone.to_json()
+    drv.log.clear()
+    _, profile = cuda_runtime.run_cuda(program, graph.specs, inputs, graph.weights, gpu=gpu, repeat=3,
+                                       program_time=True)
+    assert profile.program_us == pytest.approx(250.0)  # the stand-in's 0.25 ms per event pair
+    assert profile.to_json()["program_us"] == pytest.approx(250.0)
+    names = [ln.kernel for ln in program.launches]
+    log = [c for c in drv.log if c[0] in ("cuEventRecord", "cuLaunchKernel", "cuLaunchCooperativeKernel")]
+    records = [i for i, c in enumerate(log) if c[0] == "cuEventRecord"]
+    # the last 3 event pairs bracket whole programs
+    whole = [log[a + 1:b] for a, b in zip(records[-6::2], records[-5::2])]
+    assert len(whole) == 3 and all([c[2][0] for c in run] == names for run in whole)
+    assert len(drv.memory) == 0  # every buffer of both passes freed
