@@ -82,3 +82,27 @@ def test_a_pair_within_noise_agrees_up_to_ties_but_not_strictly():
     assert not got["same_ranking"] and not got["same_best"]
     assert got["same_ranking_ties"] and got["same_best_ties"]
     assert bcm.ranking_text(got["rank_measured"], ties) == "stitch ~ welder"
+
+
+def test_the_gpu_steps_prepare_then_time_each_kernel_alone_and_the_program_back_to_back(tmp_path, monkeypatch):
+    # The GPU path of this script runs only on a lent GPU, where a failure costs the lease: its prepare step
+    # (plan + NVRTC) and its timing step, here against the stand-in driver (tests/fake_cuda.py, which defines
+    # only functions cuda.bindings.driver has; 0.25 ms per event pair).
+    from fake_cuda import FakeDriver
+
+    from engine.runtime import cuda_driver
+    from engine.runtime.cuda_launch import open_gpu
+
+    model = Path(__file__).resolve().parents[2] / "samples" / "layernorm_residual.onnx"
+    job = {"model": str(model), "policies": ["stitch", "welder"], "device": "a100", "runs": 3,
+           "store": str(tmp_path / "layernorm_residual.pkl")}
+    summary = bcm.prepare(job)
+    assert set(summary) == {"stitch", "welder"} and Path(job["store"]).exists()
+    monkeypatch.setattr(cuda_driver, "attached_gpu", lambda: open_gpu(FakeDriver(device="a100"), 0, 13000))
+    cells = bcm.time_on_gpu(job)
+    assert set(cells) == {"stitch", "welder"}
+    for cell in cells.values():
+        assert cell["program_us"] == 250.0 and cell["kernels"]
+        assert all(k["measured_us"] == 250.0 and k["grid"] >= 1 for k in cell["kernels"])
+        assert isinstance(cell["max_rel_err"], float)
+    assert cells["stitch"]["source_sha"] != cells["welder"]["source_sha"]
