@@ -4,7 +4,6 @@ backend with inputs from an .npz file or the fixed-seed generator, outputs writt
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from collections import Counter
@@ -444,9 +443,9 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """The arrays as one .npz, written whole or not at all (the previous file survives a failed write)."""
-    buf = io.BytesIO()  # a file object keeps numpy from appending '.npz' to the name
-    np.savez(buf, **arrays)
-    write_output(path, buf.getvalue(), "--outputs")
+    from engine.runtime.npz import npz_bytes  # .npy 1.0 members: what every NumPy reads back
+
+    write_output(path, npz_bytes(arrays), "--outputs")
 
 
 def summarize_array(name: str, arr: np.ndarray) -> str:

@@ -15,10 +15,9 @@ import json
 import zipfile
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.device import Device, get_device
 from engine.ir.graph import PrimGraph
+from engine.runtime.npz import npz_bytes
 from engine.schedule.plan import Plan, plan_to_json
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
@@ -85,7 +84,7 @@ def export_bundle(
     files["trace.json"] = _json(trace)
     files["device.json"] = device.to_json().encode()
     if with_weights and graph.weights:
-        files["weights.npz"] = npz_bytes(graph.weights)
+        files["weights.npz"] = npz_bytes(graph.weights, _ZIP_DATE)
     files["run_bundle.py"] = runner_source().encode()
     files["README.md"] = _readme(program, plan, device, archs).encode()
     files["manifest.json"] = _json(_manifest(program, plan, device, archs, files))
@@ -103,19 +102,6 @@ def bundle_info(data: bytes) -> BundleInfo:
 
 def _json(obj) -> bytes:
     return json.dumps(obj, indent=1, sort_keys=True).encode()
-
-
-def npz_bytes(arrays) -> bytes:
-    """An .npz of `arrays` written member by member in .npy format 1.0 with a fixed date: the same bytes
-    for the same weights, in the oldest header format every NumPy reads (on a GPU machine with numpy 2.5.2,
-    a weights.npz written by np.savez into a BytesIO failed to load: "source code cannot contain null bytes")."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
-        for name, value in arrays.items():
-            member = io.BytesIO()
-            np.lib.format.write_array(member, np.ascontiguousarray(value), version=(1, 0), allow_pickle=False)
-            z.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE), member.getvalue())
-    return buf.getvalue()
 
 
 def _zip(files: dict[str, bytes]) -> bytes:

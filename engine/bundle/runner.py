@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.runtime.cuda_launch import CudaError, driver_needed, open_gpu
 from engine.runtime.cuda_modules import LoadError, host_array, load_kernels, run_launches
-from engine.runtime.npz import read_npz_arrays
+from engine.runtime.npz import npz_bytes, read_npz_arrays
 
 
 class BundleError(Exception):
@@ -142,7 +142,7 @@ def main(argv=None, here=None):
         tensors.update(read_tensors(args.inputs))
         run = run_cpu if args.backend == "cpu" else run_gpu
         outs, times = run(here, meta, tensors, args.repeat)
-        np.savez(args.outputs, **{name: outs[t] for t, name in zip(meta["outputs"], meta["output_names"])})
+        Path(args.outputs).write_bytes(npz_bytes({name: outs[t] for t, name in zip(meta["outputs"], meta["output_names"])}))
     except (BundleError, LoadError, CudaError, OSError) as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ embeds this module's code), so all of them read what any NumPy wrote. Standard l
 """
 
 import ast
+import io
 import math
 import zipfile
 
@@ -61,6 +62,20 @@ def read_npz_arrays(path):
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise ValueError(f"NumPy could not read it ({numpy_said}), nor could it be read directly "
                          f"({_clip(str(err))})") from None
+
+
+def npz_bytes(arrays, date_time=(2020, 1, 1, 0, 0, 0)):
+    """An .npz of `arrays` ({name: array}) written member by member in .npy format 1.0 with a fixed date:
+    the same bytes for the same arrays, in the oldest header format every NumPy reads (on a GPU machine
+    with numpy 2.5.2, an .npz that np.savez wrote into a BytesIO failed to load: "source code cannot contain
+    null bytes"). Used for bundle weights, the CLI's --outputs and run_bundle.py's outputs."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
+        for name, value in arrays.items():
+            member = io.BytesIO()
+            np.lib.format.write_array(member, np.ascontiguousarray(value), version=(1, 0), allow_pickle=False)
+            z.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=date_time), member.getvalue())
+    return buf.getvalue()
 
 
 def _clip(text: str, limit: int = 120) -> str:
