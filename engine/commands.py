@@ -294,6 +294,10 @@ def add_run_command(sub) -> None:
                    help="cuda-sim: blocks of an ordinary launch resident at once (default 1)")
     p.add_argument("--json", action="store_true",
                    help="cuda-sim: print the full report (every finding, bytes moved per kernel) as JSON")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="cpu, cuda, opencl: time each kernel as the median of N launches (cuda, opencl: after one warm-up) and "
+                        "print it beside the plan's modeled time; cuda also times the whole launch list back "
+                        "to back N times (launch overheads overlapping, as a program runs)")
     p.add_argument("--memory-budget", metavar="SIZE", default=None,
                    help="refuse the run before allocating anything when its inputs, constants, intermediates "
                         "(arena) and outputs exceed SIZE (e.g. 8GiB, 512MiB, 2GB; default: half of host RAM, "
@@ -319,6 +323,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise BackendError(f"unknown backend '{args.backend}'", hint=f"use one of {', '.join(BACKENDS)}")
     check_sim_args(args)
     check_devices_args(args)
+    check_profile_args(args)
     args.time_limit = time_limit_s(args.time_limit)
     out_path = check_output(args.outputs, "--outputs", inputs=(args.model, args.inputs, args.plan_in), kind="zip")
     args.budget = memory_budget(args.memory_budget, backend=args.backend,
@@ -330,13 +335,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     given = {k: v for k, v in given.items() if k not in graph.output_names or k in {s.name for s in graph.inputs}}
     inputs = complete_inputs(graph, given, seed=args.seed)
     generated = [n for n in inputs if n not in given]
-    report = None
+    report = profiled = None
     if args.backend == "cuda-sim":
         outputs, report = run_sim(graph, inputs, args)
     elif args.devices > 1:
         outputs = run_devices(inputs, args)
     else:
-        outputs = run_backend(graph, inputs, args)
+        outputs, profiled = run_backend(graph, inputs, args)
     write_npz(out_path, outputs)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
@@ -346,6 +351,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, arr in outputs.items():
         print(summarize_array(name, arr))
     print(f"wrote {len(outputs)} output(s) to {out_path}")
+    if profiled is not None:
+        for line in profile_lines(*profiled):
+            print(line)
     if report is None:
         return 0
     for line in report.traffic_lines():
@@ -367,6 +375,31 @@ def check_sim_args(args: argparse.Namespace) -> None:
         raise TileweaveError(f"--sim-grid-cap must be 0 (no cap) or positive, got {args.sim_grid_cap}")
     if args.sim_resident < 1:
         raise TileweaveError(f"--sim-resident must be at least 1, got {args.sim_resident}")
+
+
+def check_profile_args(args: argparse.Namespace) -> None:
+    if args.profile < 0:
+        raise TileweaveError(f"--profile must be a positive number of launches, got {args.profile}")
+    if args.profile and (args.backend not in ("cpu", "cuda", "opencl") or args.devices > 1):
+        raise TileweaveError(f"--profile times the kernels of --backend cpu, cuda or opencl on one device, not "
+                             f"--backend {args.backend}" + (f" on {args.devices} devices" if args.devices > 1 else ""),
+                             hint="drop --profile, or pick one of those backends")
+
+
+def profile_lines(profile, plan) -> list[str]:
+    """The measured profile beside the plan's modeled time per kernel, and the totals."""
+    modeled = {g.name: g.cost.modeled_us for g in plan.groups if g.cost}
+    runs = profile.kernels[0].runs if profile.kernels else 0
+    width = max([len("total (each kernel timed alone)")] + [len(k.kernel) for k in profile.kernels])
+    lines = [f"profile: {profile.label}, each kernel the median of {runs} launches; modeled for {plan.device}",
+             f"{'kernel':<{width}}  {'measured us':>12}  {'modeled us':>11}"]
+    for k in profile.kernels:
+        m = modeled.get(k.kernel)
+        lines.append(f"{k.kernel:<{width}}  {k.us:>12.1f}  {'' if m is None else f'{m:.1f}':>11}")
+    lines.append(f"{'total (each kernel timed alone)':<{width}}  {profile.total_us:>12.1f}  {plan.modeled_us:>11.1f}")
+    if profile.program_us is not None:
+        lines.append(f"{'whole program, back to back':<{width}}  {profile.program_us:>12.1f}")
+    return lines
 
 
 def check_devices_args(args: argparse.Namespace) -> None:
@@ -412,21 +445,22 @@ def run_sim(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.Name
     return dict(result.outputs), result.sim
 
 
-def run_backend(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.Namespace) -> dict:
-    """Outputs keyed by ONNX output name, from the backend `args.backend`."""
+def run_backend(graph: PrimGraph, inputs: dict[str, np.ndarray], args: argparse.Namespace) -> tuple[dict, tuple | None]:
+    """(outputs keyed by ONNX output name, from the backend `args.backend`; with --profile N, (the measured
+    Profile, the plan), else None)."""
     import engine.api as api
 
     if args.backend == "reference":
         return api.run_model(graph, inputs, backend="reference", budget=args.budget,
-                             time_limit=args.time_limit).outputs
+                             time_limit=args.time_limit).outputs, None
     if args.backend == "cuda":
         from engine.runtime.cuda_driver import require_cuda
 
         require_cuda()  # no GPU: say so in one line before planning and compiling anything
     _, planned_graph, plan = planned_model(args)
     result = api.run_model(planned_graph, inputs, backend=args.backend, device=args.device, plan=plan,
-                           budget=args.budget, time_limit=args.time_limit)
-    return dict(result.outputs)
+                           budget=args.budget, time_limit=args.time_limit, repeat=max(1, args.profile))
+    return dict(result.outputs), ((result.profile, plan) if args.profile and result.profile else None)
 
 
 def read_npz(path: str) -> dict[str, np.ndarray]:

@@ -73,7 +73,9 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
     on the graph first and on the generated program's arena before any buffer is bound.
     `time_limit` (seconds; see engine/limits.py) bounds the compile and, separately, the run: past it
     TimeLimitError names what ran out of time. With a limit or `poll` the run happens in a worker
-    process, killed when `poll` raises (the app's Cancel) as well."""
+    process, killed when `poll` raises (the app's Cancel) as well. `repeat`: launches timed per kernel (the
+    profile keeps the median); on cuda with `repeat` > 1 the whole launch list is also timed back to back
+    (`Profile.program_us`)."""
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend '{backend}' (choose one of {', '.join(BACKENDS)})")
     if device is None:  # a given plan's own device; else the C backend plans for the CPU it runs on
@@ -121,7 +123,7 @@ def run_model(graph: PrimGraph, inputs: Mapping[str, np.ndarray], *, backend: st
         from engine.runtime.cuda import run_cuda
 
         outs, profile = run_cuda(program, graph.specs, inputs, graph.weights, device=device, repeat=repeat,
-                                 time_limit=time_limit, poll=poll)
+                                 time_limit=time_limit, poll=poll, program_time=repeat > 1)
     if profile is not None:
         dump("profile.json", json.dumps(profile.to_json(), indent=1))
     return RunResult(outs, profile, program)

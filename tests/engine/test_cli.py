@@ -403,3 +403,29 @@ def test_outputs_replace_an_earlier_output_whole(capsys, tmp_path, monkeypatch):
     assert_one_line_error(code, err, "--outputs", "No space left")
     assert out.read_bytes() == second
     assert [p.name for p in tmp_path.iterdir()] == ["o.npz"]
+
+
+def test_run_profile_prints_measured_beside_modeled_per_kernel(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "run", sample_path("layernorm_residual"), "--backend", "cpu", "--policy",
+                           "stitch", "--profile", "3", "--outputs", tmp_path / "o.npz")
+    assert code == 0
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("profile: measured on CPU"))
+    assert "median of 3 launches" in lines[head] and "modeled for host" in lines[head]
+    rows = lines[head + 2:]
+    kernels = [r for r in rows if r.startswith("k")]
+    assert kernels and all(len(r.split()) == 3 and float(r.split()[1]) > 0 for r in kernels)
+    total = next(r for r in rows if r.startswith("total (each kernel timed alone)"))
+    measured = [float(r.split()[1]) for r in kernels]
+    assert float(total.split()[-2]) == pytest.approx(sum(measured), abs=0.05 * len(measured) + 0.05)
+    assert not any(r.startswith("whole program") for r in rows)  # back to back: the cuda backend only
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("--backend", "reference", "--profile", "3"), "not --backend reference"),
+    (("--backend", "cpu", "--profile", "-2"), "--profile must be a positive number of launches, got -2"),
+])
+def test_run_profile_refuses_what_it_cannot_time_in_one_line(capsys, tmp_path, argv, says):
+    code, out, err = run_cli(capsys, "run", sample_path("gelu_chain"), *argv, "--outputs", tmp_path / "o.npz")
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o.npz").exists()
