@@ -62,11 +62,11 @@ fi
 
 if want cli; then
   step "tileweave run --backend cuda" | tee "$OUT/cli.log"
-  timeout ${CLI_S:-60} $PY -m engine run samples/bert_layer.onnx --backend cuda --outputs /tmp/out.npz >> "$OUT/cli.log" 2>&1
+  timeout ${CLI_S:-60} $PY -m engine run samples/bert_layer.onnx --backend cuda --profile 5 --outputs /tmp/out.npz >> "$OUT/cli.log" 2>&1
   echo "rc=$?" >> "$OUT/cli.log"
   timeout ${CLI_S:-60} $PY -m engine run samples/gelu_chain.onnx --backend cuda --tune 2 --outputs /tmp/out2.npz >> "$OUT/cli.log" 2>&1
   echo "rc=$?" >> "$OUT/cli.log"
-  tail -4 "$OUT/cli.log"
+  tail -12 "$OUT/cli.log"
 fi
 
 if want tests; then
