@@ -114,19 +114,24 @@ def test_run_generates_missing_inputs_and_matches_ort(capsys, tmp_path):
 def test_run_cpu_plans_like_the_other_commands_and_calls_run_model(capsys, tmp_path, monkeypatch):
     seen = {}
 
-    def fake_run_model(graph, inputs, *, backend, device, plan, budget, time_limit):
+    def fake_run_model(graph, inputs, *, backend, device, plan, budget, time_limit, repeat):
         seen.update(backend=backend, device=device, policy=plan.policy, inputs=sorted(inputs),
-                    batching=dict(plan.options).get("batching"), budget=budget.source, time_limit=time_limit)
+                    batching=dict(plan.options).get("batching"), budget=budget.source, time_limit=time_limit,
+                    repeat=repeat)
         from engine.runtime.execute import RunResult
 
         return RunResult({"y": np.ones((2, 2), np.float32)}, None)
 
+    import inspect
+
+    real = inspect.signature(engine.api.run_model).parameters  # the stand-in takes only what run_model takes
+    assert set(inspect.signature(fake_run_model).parameters) <= set(real)
     monkeypatch.setattr(engine.api, "run_model", fake_run_model, raising=False)
     code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--policy", "stitch",
                            "--device", "h100", "--outputs", tmp_path / "o.npz")
     assert code == 0, out
     assert seen == {"backend": "cpu", "policy": "stitch", "device": "h100", "inputs": ["x"], "batching": False,
-                    "budget": seen["budget"], "time_limit": None}
+                    "budget": seen["budget"], "time_limit": None, "repeat": 1}
     assert "host RAM" in seen["budget"]  # cpu runs are held to the host's budget, not the GPU preset's
     assert np.load(tmp_path / "o.npz")["y"].shape == (2, 2)
     code, out, _ = run_cli(capsys, "run", sample_path("gelu_chain"), "--backend", "cpu", "--no-batching",
