@@ -102,7 +102,8 @@ def bench_models(models: list[str], policies: list[str] | None = None, *, device
                  tune: int | None = None) -> dict:
     """{"machine": {...}, "models": [{"name", "ort_ms", "policies": {policy: {"ms", "ratio",
     "max_rel_err", "kernels", ...}}}]}. ort_ms is the median of onnxruntime's runs over all of the
-    model's cells (each interleaved with ours); ratio = ms / ort_ms. A cell that timed out or failed
+    model's cells (each interleaved with ours); ratio = ms / ort_ms; ms_q1 / ms_q3, the quartiles of our
+    runs (with 4 runs or more), are the run's own noise. A cell that timed out or failed
     has ms/ratio None and says so ("timeout": true with the phase, or "error"). `shapes` binds dynamic
     input dimensions (as `--shape`) in every model. Policies may be named P+tune (measured tuning over
     `tune` candidates, default 3); with `tune` and no such name, every policy is tuned."""
@@ -144,6 +145,9 @@ def _model_row(model: str, cells: dict[str, dict]) -> dict:
             row["error"] = c["error"]
         if row["ms"] is not None and ort_ms:
             row["ratio"] = row["ms"] / ort_ms
+        if len(c.get("ms_samples") or ()) >= 4:  # the run's own noise: quartiles of our runs
+            q1, _, q3 = statistics.quantiles(c["ms_samples"], n=4)
+            row.update(ms_q1=q1, ms_q3=q3)
         policies[policy] = row
     floor = next((c["min_dram_bytes"] for c in cells.values() if "min_dram_bytes" in c), None)
     return {"name": Path(model).stem, "path": str(model), "ort_ms": ort_ms, "min_dram_bytes": floor,
@@ -157,7 +161,7 @@ def format_bench(result: dict) -> str:
              f"{m['onnxruntime']} and OpenMP; load {m['load_average']}",
              f"plans    for {result['device']}; medians of {result['runs']} interleaved runs; "
              f"timeout {result['timeout_s']:g} s per model and policy", ""]
-    rows = [("model", "ort ms", "policy", "kernels", "ours ms", "ours/ort", "max rel err", "modeled us",
+    rows = [("model", "ort ms", "policy", "kernels", "ours ms", "spread", "ours/ort", "max rel err", "modeled us",
              "schedule s")]
     for model in result["models"]:
         ort = _num(model["ort_ms"], ".3f")
@@ -168,12 +172,16 @@ def format_bench(result: dict) -> str:
                 ms = "error"
             else:
                 ms = _num(c["ms"], ".3f")
+            spread = (f"±{50 * (c['ms_q3'] - c['ms_q1']) / c['ms']:.0f}%"
+                      if c.get("ms_q1") is not None and c.get("ms") else "-")
             rows.append((model["name"] if k == 0 else "", ort if k == 0 else "", policy, _num(c["kernels"], "d"),
-                         ms, _num(c["ratio"], ".2f", "x"), _num(c["max_rel_err"], ".1e"),
+                         ms, spread, _num(c["ratio"], ".2f", "x"), _num(c["max_rel_err"], ".1e"),
                          _num(c["modeled_us"], ".1f"), _num(c["schedule_s"], ".2f")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         lines.append("  ".join(v.ljust(w) if i in (0, 2) else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+    lines += ["", "spread: half the interquartile range of our runs, as a share of the median; two policies whose "
+              "times differ by less than that are within this run's noise"]
     errors = [(mo["name"], p, c["error"]) for mo in result["models"] for p, c in mo["policies"].items()
               if c.get("error")]
     lines += [""] * bool(errors) + [f"{name} {policy}: {msg}" for name, policy, msg in errors]

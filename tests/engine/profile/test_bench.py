@@ -20,7 +20,7 @@ def test_json_shape_and_numbers(capsys):
     # A GPU preset's plans: their modeled DRAM traffic never goes under the floor (weights, inputs and
     # outputs moved once). The host's (the default) counts no DRAM traffic for a model its last-level
     # cache holds, run after run.
-    assert main(["bench", GELU, "--policy", "elementwise", "--policy", "unfused", "--runs", "2", "--json",
+    assert main(["bench", GELU, "--policy", "elementwise", "--policy", "unfused", "--runs", "4", "--json",
                  "--device", "a100"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["device"] == "a100"
@@ -34,6 +34,7 @@ def test_json_shape_and_numbers(capsys):
         assert cell["max_rel_err"] <= 1e-4
         assert cell["modeled_us"] > 0 and cell["schedule_s"] >= 0
         assert cell["dram_bytes"] >= model["min_dram_bytes"] > 0
+        assert 0 < cell["ms_q1"] <= cell["ms"] <= cell["ms_q3"]  # the run's own spread, around the median
     # elementwise fuses the whole chain into one kernel; unfused keeps one per ONNX node.
     assert model["policies"]["elementwise"]["kernels"] == 1 < model["policies"]["unfused"]["kernels"]
 
@@ -82,6 +83,9 @@ def test_text_table_names_timeouts_and_errors():
     text = format_bench(result)
     assert "4.00x" in text and "timeout (time)" in text
     assert "m stitch: PlanError: too big" in text
+    assert "spread" in text and "±" not in text  # no quartiles given: no spread claimed
+    result["models"][0]["policies"]["unfused"].update(ms_q1=1.9, ms_q3=2.1)
+    assert "±5%" in format_bench(result)  # half the interquartile range over the median
 
 
 def test_inputs_come_from_the_io_file_beside_the_model():
