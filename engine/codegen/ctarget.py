@@ -128,7 +128,7 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         v = conv_chunk(ow, lanes)
         nc = 1 if c.depthwise else conv_channels(v, co, lanes)
         by_channel = (not c.depthwise and c.taps == (1, 1) and c.strides == (1, 1) and oh * ow < lanes <= co)
-        in_place = _window_rows_in_place(c)
+        in_place = _window_rows_in_place(c) and c.strides[1] <= 2  # wider strides: staged, de-interleaved
         taps = c.taps[0] * c.taps[1]
         step = 1 if c.depthwise else c.bc
         if in_place and not c.depthwise and co * c.channels * taps <= MAX_LINE:

@@ -395,3 +395,27 @@ def test_conv_tails_alone_on_a_conv_read_in_place(tmp_path, lanes):
     for prog in (full, bare):
         got = _run_c(prog, graph, {"x": x})
         assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+
+
+@pytest.mark.parametrize("stride, in_place", [(1, True), (2, True), (4, False), (8, False)])
+def test_a_patch_conv_wider_than_stride_two_stages_its_window(tmp_path, stride, in_place):
+    """A conv whose kernel equals its stride (ViT's patch embedding, the 4x4/4 stems): read in place, a
+    column stride above 2 makes every vector operand a strided gather (vit's 8x8/8 conv measured 286 us
+    against 47 staged, benchmarks/RESULTS.md vitconv), so its window is staged and de-interleaved; strides
+    of 1 and 2 keep reading in place. Either way the C matches NumPy."""
+    rng = np.random.default_rng(70 + stride)
+    ci, co, k = 3, 16, stride
+    hw = 4 * stride
+    wt = rng.standard_normal((co, ci, k, k)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[k, k], strides=[stride, stride])
+    path = _save(tmp_path / "patch.onnx", [node], [("x", (1, ci, hw, hw))], {"W": wt})
+    program, graph = _program(path, (1, co, 2, 4))
+    x = rng.standard_normal((1, ci, hw, hw)).astype(np.float32)
+    patches = x[0].reshape(ci, 4, k, 4, k)  # [c, oh, kh, ow, kw]
+    want = np.einsum("ocij,cyixj->oyx", wt, patches)[None]
+    for lanes in (8, 16):
+        full = _with(program, lambda kern, lanes=lanes: c_decisions(kern, lanes))
+        (conv,) = [p.conv for p in _phases(full) if p.conv is not None]
+        assert conv.x_in_place == in_place
+        got = _run_c(full, graph, {"x": x})
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
