@@ -110,15 +110,16 @@ def prepare(job: dict) -> dict:
 def time_on_gpu(job: dict) -> dict:
     """GPU, second step: each prepared variant's kernels timed on the attached GPU — each kernel alone (its
     launch included, `runs` launches after a warm-up), then the whole launch list back to back — its outputs
-    checked against onnxruntime, its registers read from the driver. Each program's modules are loaded once."""
+    checked against onnxruntime (outputs of the timed run), its registers read from the driver."""
     import pickle
 
     from engine.codegen.targets import render_cuda
+    from engine.device import get_device
     from engine.profile.bench_worker import bench_inputs, max_rel_error, ort_session
-    from engine.runtime.cuda import load_program
+    from engine.runtime.cuda import load_program, run_cuda
     from engine.runtime.cuda_driver import attached_gpu
-    from engine.runtime.cuda_modules import run_launches, time_program
 
+    device = get_device(job["device"])
     prepared = pickle.loads(Path(job["store"]).read_bytes())
     gpu = attached_gpu()
     sess = ort_session(Path(job["model"]), 4)
@@ -129,12 +130,10 @@ def time_on_gpu(job: dict) -> dict:
         inputs = bench_inputs(planned, Path(job["model"]))  # the model's .io.npz inputs (random, not zeros)
         want = dict(zip(names, sess.run(names, {k: v for k, v in inputs.items()
                                                 if k in {i.name for i in sess.get_inputs()}})))
-        meta, functions = load_program(gpu, program, gpu.arch)
-        tensors = {**{k: v for k, v in planned.weights.items() if k in program.constants}, **inputs}
-        outs, times = run_launches(gpu, meta, functions, tensors, repeat=job["runs"])
-        whole = time_program(gpu, meta, functions, tensors, repeat=job["runs"])
-        got = {onnx: outs[t] for onnx, t in zip(program.output_names, program.outputs)}
-        measured = {k: us for k, us, _, _ in times}
+        got, profile = run_cuda(program, planned.specs, inputs, planned.weights, device=device.name,
+                                repeat=job["runs"], gpu=gpu, program_time=True)
+        measured = {t.kernel: t.us for t in profile.kernels}
+        meta, functions = load_program(gpu, program, gpu.arch)  # registers as the driver reports them
         parsed = {k["name"]: k.get("resources", {}).get(gpu.arch, {}).get("registers") for k in meta["kernels"]}
         driver = {name: fn.registers for name, fn in functions.items()}
         for fn in functions.values():
@@ -145,7 +144,7 @@ def time_on_gpu(job: dict) -> dict:
             shape.get(launch["kernel"], {}).update(grid=launch["grid"], shared_bytes=launch["shared_bytes"],
                                                    cooperative=launch["cooperative"])
         out[policy] = {"schedule_s": round(schedule_s, 2), "compile_s": round(compile_s, 2),
-                       "max_rel_err": max_rel_error(got, want), "gpu": gpu.name, "program_us": whole,
+                       "max_rel_err": max_rel_error(got, want), "gpu": gpu.name, "program_us": profile.program_us,
                        "source_sha": hashlib.sha256(render_cuda(compiled.program).encode()).hexdigest()[:16],
                        "modeled_total_us": plan.modeled_us, "dram_bytes": plan.dram_bytes, "kernels": [
             {"name": g.name, "stages": len(g.stages), "modeled_us": g.cost.modeled_us if g.cost else None,

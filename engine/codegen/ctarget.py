@@ -128,7 +128,7 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         v = conv_chunk(ow, lanes)
         nc = 1 if c.depthwise else conv_channels(v, co, lanes)
         by_channel = (not c.depthwise and c.taps == (1, 1) and c.strides == (1, 1) and oh * ow < lanes <= co)
-        in_place = _window_rows_in_place(c) and c.strides[1] <= 2  # wider strides: staged, de-interleaved
+        in_place = _window_rows_in_place(c)
         taps = c.taps[0] * c.taps[1]
         step = 1 if c.depthwise else c.bc
         if in_place and not c.depthwise and co * c.channels * taps <= MAX_LINE:
@@ -192,9 +192,11 @@ def window_interiors(kernel: Kernel) -> Kernel:
 def _window_rows_in_place(c) -> bool:
     """Whether the input factor is one unpadded fp32 load whose last index is the window column plus a
     constant and no other index holds it: a window row is then a row of the tensor itself (strided by
-    the conv's column stride) and needs no staging."""
+    the conv's column stride) and needs no staging. A column stride above 2 is staged anyway: read in
+    place, every vector operand would be a strided gather (ViT's 8x8/8 patch conv: 286 µs in place, 47
+    staged and de-interleaved; benchmarks/RESULTS.md vitconv)."""
     x = c.x
-    if not isinstance(x, E.Load) or x.pad is not None or not x.index or x.dtype != DType.F32:
+    if not isinstance(x, E.Load) or x.pad is not None or not x.index or x.dtype != DType.F32 or c.strides[1] > 2:
         return False
     w = c.window_vars[1]
     return x.index[-1].terms == ((I.Var(w), 1),) and not any(w in ix.vars() for ix in x.index[:-1])

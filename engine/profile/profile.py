@@ -17,8 +17,8 @@ class Profile:
     label: str  # e.g. "measured on CPU (C backend)"
     backend: str
     kernels: tuple[KernelTime, ...]
-    # the whole launch list run back to back (median of the same runs), where measured: launch overheads
-    # overlap there, while each kernel's own time includes its launch (CUDA backend with repeat > 1)
+    # the whole launch list run back to back (median of as many runs), where measured (the CUDA backend,
+    # run_cuda(program_time=True)): launch overheads overlap there, while each kernel's own time pays its launch
     program_us: float | None = None
 
     @property

@@ -56,7 +56,8 @@ def run_cuda(program: Program, graph_specs: Mapping, inputs: Mapping[str, np.nda
     (engine/limits.py:call_bounded), killed when it outlives the limit or when `poll` raises (a cancel)."""
     if gpu is None and (time_limit is not None or poll is not None):
         return call_bounded(run_cuda, program, graph_specs, inputs, weights, device=device, repeat=repeat,
-                            program_time=program_time, seconds=time_limit, poll=poll, what=f"the CUDA compile and run of {program.name}")
+                            program_time=program_time, seconds=time_limit, poll=poll,
+                            what=f"the CUDA compile and run of {program.name}")
     gpu = gpu or attached_gpu()
     for name in program.inputs:
         _check_input(name, graph_specs[name], inputs)
