@@ -5,13 +5,19 @@ Spearman's rho between modeled and measured kernel times, the median |log(measur
 factor), modeled and measured program time per policy, and whether the model ranks the policies as
 the measurement does — strictly, and up to ties: two policies whose plans print the same C source are
 one program ("="), and two whose measured program times overlap ("~": the fastest round of each within
-the other's rounds from fastest to median; a round is the sum of every kernel's r-th launch) are within
-the run's own noise; a tied pair counts neither for nor against the model (`rank_agreement`). One worker process per model (planning included), so a model that hangs is
-reported and the rest still run.
+the other's rounds from fastest to median) are within the run's own noise; a tied pair counts neither for
+nor against the model (`rank_agreement`). On the host a policy's measured program time is its whole
+program's (all launches in order, as `tileweave run` makes them), the median of --program-rounds rounds
+that interleave the policies (`time_programs`): kernels timed one by one, each launched again and again,
+sum to a different figure (zoo bert's welder program at one thread: 1,753 µs summed, 1,447 whole), and
+policies timed one after another see different load. Without rounds (a GPU run, or --program-rounds 0) a
+round is the sum of every kernel's r-th launch. One worker process per model (planning included), so a
+model that hangs is reported and the rest still run.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_cost_model.py [--set zoo|samples] [--models a,b]
         [--policies unfused,elementwise,stitch,welder] [--runs 9] [--timeout 900] [--json OUT.json]
         [--device host|gpu|PRESET] [--jobs N] [--clock wall|cpu] [--plans DIR] [--step all|prepare|time]
+        [--program-rounds 21]
 
 The host's figures come from `tileweave device host` (probed on first use, cached); OMP_NUM_THREADS sets
 the threads of both the plan (the host device's cores) and the run. On the host each kernel is timed by the
@@ -157,10 +163,12 @@ def time_on_gpu(job: dict) -> dict:
     return out
 
 
-def time_on_host(planned, plan, device, runs: int) -> tuple[dict[str, tuple[float, float, list, list]], str]:
-    """(kernel name -> (wall µs, CPU µs, wall samples, CPU samples), the program's C source hash). Each time is
+def time_on_host(planned, plan, device, runs: int) -> tuple[dict[str, tuple[float, float, list, list]], str, tuple]:
+    """(kernel name -> (wall µs, CPU µs, wall samples, CPU samples), the program's C source hash, (the program's
+    launch calls in order, what they point into) for `time_programs`: the calls hold raw pointers into the
+    bound buffers, which must outlive them). Each time is
     the median of `runs` launches (the samples, in launch order, are kept: the program's time per round is
-    the sum of its kernels' k-th samples, `round_programs`): the wall clock around the call
+    the sum of its kernels' k-th samples, `program_rounds`): the wall clock around the call
     as the C backend's profile takes it, and, in launches of their own, the calling thread's CPU time
     (CLOCK_THREAD_CPUTIME_ID), which leaves out the time the thread waited while another process ran.
     With one OpenMP thread the kernel runs on the calling thread, so its CPU time is all the kernel's; on
@@ -177,13 +185,10 @@ def time_on_host(planned, plan, device, runs: int) -> tuple[dict[str, tuple[floa
     compiled = compile_variant(planned, plan, device)
     module = CpuModule(compiled.program, compiled.source, load_library(cache_dir() / "cc" / compiled.library_name))
     env = bind_buffers(compiled.program, planned.specs, make_inputs(planned, seed=0), planned.weights)
-    empty = []
-    for _ in range(201):
-        c0 = time.thread_time_ns()
-        empty.append(time.thread_time_ns() - c0)
-    clock_ns = statistics.median(empty)
+    clock_ns = thread_clock_ns()
     out = {}
-    for launch, call in zip(compiled.program.launches, launch_calls(module, env)):
+    calls = launch_calls(module, env)
+    for launch, call in zip(compiled.program.launches, calls):
         wall, cpu = [], []
         for _ in range(max(1, runs)):
             w0 = time.perf_counter_ns()
@@ -194,12 +199,45 @@ def time_on_host(planned, plan, device, runs: int) -> tuple[dict[str, tuple[floa
             call()
             cpu.append(max(0.0, time.thread_time_ns() - c0 - clock_ns) / 1e3)
         out[launch.kernel] = (statistics.median(wall), statistics.median(cpu), wall, cpu)
-    return out, hashlib.sha256(compiled.source.encode()).hexdigest()[:16]
+    return out, hashlib.sha256(compiled.source.encode()).hexdigest()[:16], (calls, (module, env))
+
+
+def thread_clock_ns() -> float:
+    """The median cost of reading the calling thread's CPU clock twice (taken off each CPU sample)."""
+    empty = []
+    for _ in range(201):
+        c0 = time.thread_time_ns()
+        empty.append(time.thread_time_ns() - c0)
+    return statistics.median(empty)
+
+
+def time_programs(programs: dict[str, tuple], rounds: int, clock: str) -> dict[str, list[float]]:
+    """Each policy's whole program (its launch calls in order, as `run_cpu` makes them; `time_on_host`'s
+    third value), timed in `rounds`
+    interleaved rounds: every round runs each program once, the policies' order rotated by one each round, so
+    load that drifts over the run falls on every policy alike and no policy always follows the same one.
+    One untimed round first. policy -> µs per round, by the wall clock or (`clock` "cpu") the calling
+    thread's CPU time."""
+    names = list(programs)
+    clock_ns = thread_clock_ns()
+    read = time.thread_time_ns if clock == "cpu" else time.perf_counter_ns
+    spent = clock_ns if clock == "cpu" else 0.0
+    out: dict[str, list[float]] = {p: [] for p in names}
+    for r in range(max(1, rounds) + 1):
+        for j in range(len(names)):
+            policy = names[(j + r) % len(names)]
+            t0 = read()
+            for call in programs[policy][0]:
+                call()
+            if r:
+                out[policy].append(max(0.0, read() - t0 - spent) / 1e3)
+    return out
 
 
 def work(job: dict) -> dict:
     """In the worker: every policy planned for the host, its kernels measured (wall and CPU clock; "measured_us"
-    is the one --clock names)."""
+    is the one --clock names), then the policies' whole programs timed in interleaved rounds (`time_programs`;
+    "program_samples_us", "program_us" their median)."""
     from engine.device import get_device
 
     if job.get("step") == "prepare":
@@ -207,9 +245,9 @@ def work(job: dict) -> dict:
     if job.get("step") == "time":
         return time_on_gpu(job)
     device = get_device("host")
-    out = {}
+    out, programs = {}, {}
     for policy, planned, plan, seconds in planned_policies(job, device):
-        measured, source = time_on_host(planned, plan, device, job["runs"])
+        measured, source, programs[policy] = time_on_host(planned, plan, device, job["runs"])
         pick = 1 if job.get("clock") == "cpu" else 0
         out[policy] = {"schedule_s": round(seconds, 2), "source_sha": source, "kernels": [
             {"name": g.name, "stages": len(g.stages), "modeled_us": g.cost.modeled_us if g.cost else None,
@@ -217,17 +255,32 @@ def work(job: dict) -> dict:
              "samples_us": [round(x, 3) for x in measured[g.name][2 + pick]],
              "terms_us": g.cost.terms_us if g.cost else {}}
             for g in plan.groups]}
+    if job.get("program_rounds"):
+        for policy, samples in time_programs(programs, job["program_rounds"], job.get("clock", "wall")).items():
+            out[policy] |= {"program_samples_us": [round(x, 3) for x in samples],
+                            "program_us": statistics.median(samples)}
     return out
 
 
 def program_rounds(cell: dict) -> list[float]:
-    """A policy's program time per round: round r is the sum of its kernels' r-th timed launches (each
-    kernel is launched `runs` times in a row, so a round is not one run of the program, but the spread of
-    these sums is the spread the program's time has in the run). [] when the samples were not kept."""
+    """A policy's program time per round: the whole program's rounds where they were timed
+    (`time_programs`), else round r is the sum of its kernels' r-th timed launches (each kernel is launched
+    `runs` times in a row, so such a round is not one run of the program, but the spread of these sums is the
+    spread the program's time has in the run). [] when no samples were kept."""
+    if cell.get("program_samples_us"):
+        return cell["program_samples_us"]
     samples = [k.get("samples_us") or [] for k in cell["kernels"]]
     if not samples or not all(samples):
         return []
     return [sum(x) for x in zip(*samples)]
+
+
+def measured_program(cell: dict) -> float:
+    """A policy's measured program µs as the ranking takes it: the median of its whole-program rounds where
+    they were timed (host: `time_programs`), else the sum of its kernels' medians."""
+    if cell.get("program_samples_us"):
+        return statistics.median(cell["program_samples_us"])
+    return sum(k["measured_us"] for k in cell["kernels"])
 
 
 def measured_tie(a: list[float], b: list[float]) -> bool:
@@ -291,12 +344,12 @@ def summarize(name: str, cells: dict) -> dict:
     rows = [k for cell in cells.values() for k in cell["kernels"] if k["modeled_us"]]
     mod, mea = [k["modeled_us"] for k in rows], [k["measured_us"] for k in rows]
     logs = [abs(math.log(b / a)) for a, b in zip(mod, mea) if a > 0 and b > 0]
-    programs = {p: (sum(k["modeled_us"] or 0 for k in c["kernels"]), sum(k["measured_us"] for k in c["kernels"]))
-                for p, c in cells.items()}
+    programs = {p: (sum(k["modeled_us"] or 0 for k in c["kernels"]), measured_program(c)) for p, c in cells.items()}
+    kernel_sums = {p: sum(k["measured_us"] for k in c["kernels"]) for p, c in cells.items()}
     ties = tie_classes(cells)
     return {"model": name, "kernels": len(rows), "rho": spearman(mod, mea),
             "median_factor": math.exp(statistics.median(logs)) if logs else float("nan"),
-            "programs": programs, "tie_pairs": [[a, b, why] for (a, b), why in ties.items()]} \
+            "programs": programs, "kernel_sums": kernel_sums, "tie_pairs": [[a, b, why] for (a, b), why in ties.items()]} \
         | rank_agreement(programs, ties)
 
 
@@ -343,6 +396,9 @@ def main() -> int:
                    "--plan-out` for this device) instead of planning; models without one are planned")
     p.add_argument("--step", choices=("all", "prepare", "time"), default="all",
                    help="GPU: prepare (plan + NVRTC into --store, no GPU work), time (the prepared --store), or both")
+    p.add_argument("--program-rounds", type=int, default=21, metavar="R",
+                   help="host: after the kernels, time each policy's whole program in R interleaved rounds and rank "
+                        "the policies by its median (0: rank by the kernels' summed medians, as a GPU run does)")
     p.add_argument("--json", metavar="OUT.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -364,7 +420,8 @@ def main() -> int:
         tmp = args.store or scratch
         Path(tmp).mkdir(parents=True, exist_ok=True)
         jobs = {name: {"model": str(folder / f"{name}.onnx"), "policies": policies, "runs": args.runs,
-                       "device": device, "clock": args.clock, "store": str(Path(tmp) / f"{name}.pkl"),
+                       "device": device, "clock": args.clock,
+                       "program_rounds": 0 if on_gpu else max(0, args.program_rounds), "store": str(Path(tmp) / f"{name}.pkl"),
                        "plans": args.plans} for name in names}
         def finish(name: str, prepared) -> None:
             if isinstance(prepared, str):
@@ -420,14 +477,19 @@ def main() -> int:
                 finish(name, None)
     where = f"{device} preset, timed on {results[0]['cells'][policies[0]].get('gpu', 'the GPU')} with CUDA events" \
         if on_gpu and results else f"Host, {threads} thread(s), {args.clock} clock"
-    print(f"{where}; kernels timed as the median of {args.runs} launches.\n")
-    print("| model | kernels | Spearman ρ | median factor | " + " | ".join(f"{p} modeled / measured µs" for p in policies)
+    whole = not on_gpu and args.program_rounds > 0
+    print(f"{where}; kernels timed as the median of {args.runs} launches"
+          + (f"; programs as the median of {args.program_rounds} interleaved whole-program rounds" if whole else "")
+          + ".\n")
+    print("| model | kernels | Spearman ρ | median factor | "
+          + " | ".join(f"{p} modeled / measured µs" + (" (kernels summed)" if whole else "") for p in policies)
           + " | ranking by model | by measurement | agrees: strict / up to ties |"
           + (" max rel err | registers driver = parsed | back to back µs (" + " / ".join(policies) + ") |"
              if on_gpu else ""))
     print("|---|---:|---:|---:|" + "---:|" * len(policies) + "---|---|---|" + ("---:|---:|---:|" if on_gpu else ""))
     for r in results:
-        cols = " | ".join(f"{r['programs'][p][0]:.0f} / {r['programs'][p][1]:.0f}" for p in policies)
+        cols = " | ".join(f"{r['programs'][p][0]:.0f} / {r['programs'][p][1]:.0f}"
+                          + (f" ({r['kernel_sums'][p]:.0f})" if whole else "") for p in policies)
         extra, ties = "", {(a, b): why for a, b, why in r["tie_pairs"]}
         if on_gpu:
             ks = [k for c in r["cells"].values() for k in c["kernels"]]
@@ -448,8 +510,10 @@ def main() -> int:
               f"{sum(r['same_ranking'] for r in results)}. Up to ties, on {sum(r['same_best_ties'] for r in results)} "
               f"and {sum(r['same_ranking_ties'] for r in results)} of {n}: two policies are tied when their plans "
               f"print the same C source (\"=\") or when their measured program times overlap (\"~\": the fastest "
-              f"round of each within the other's rounds from fastest to median, a round being the sum of each "
-              f"kernel's r-th of {args.runs} launches); a tied pair is not counted either way.")
+              f"round of each within the other's rounds from fastest to median, a round being "
+              + ("one run of the whole program, the policies interleaved" if whole else
+                 f"the sum of each kernel's r-th of {args.runs} launches")
+              + "); a tied pair is not counted either way.")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -21,7 +21,7 @@ def _cell(source: str, kernels: list[list[float]], modeled: list[float]) -> dict
 
 def _rounds(rng, center: float, spread: float, n: int = 9) -> list[float]:
     """n random rounds over [center, center + spread)."""
-    return list(center + spread * rng.random(n))
+    return [float(x) for x in center + spread * rng.random(n)]
 
 
 def test_program_rounds_sum_each_kernels_launch_of_that_round():
@@ -106,3 +106,44 @@ def test_the_gpu_steps_prepare_then_time_each_kernel_alone_and_the_program_back_
         assert all(k["measured_us"] == 250.0 and k["grid"] >= 1 for k in cell["kernels"])
         assert isinstance(cell["max_rel_err"], float)
     assert cells["stitch"]["source_sha"] != cells["welder"]["source_sha"]
+
+
+def test_whole_programs_are_timed_in_interleaved_rotated_rounds(monkeypatch):
+    """`time_programs`: one untimed round, then every round runs each policy's program once, the order
+    rotated by one each round (load that drifts over the run falls on every policy alike); a round's time
+    is the whole program's, all its launches in order."""
+    ran, now = [], [0]
+    monkeypatch.setattr(bcm.time, "perf_counter_ns", lambda: now[0])
+
+    def launch(policy: str, kernel: int, ns: int):
+        def call():
+            ran.append((policy, kernel))
+            now[0] += ns
+        return call
+
+    programs = {"unfused": ([launch("unfused", 0, 3000), launch("unfused", 1, 4000)], None),
+                "stitch": ([launch("stitch", 0, 5000)], None), "welder": ([launch("welder", 0, 2000)], None)}
+    got = bcm.time_programs(programs, 4, "wall")
+    assert got == {"unfused": [7.0] * 4, "stitch": [5.0] * 4, "welder": [2.0] * 4}
+    firsts = [p for p, k in ran if k == 0]
+    assert [firsts[i:i + 3] for i in range(0, 15, 3)] == [
+        ["unfused", "stitch", "welder"], ["stitch", "welder", "unfused"], ["welder", "unfused", "stitch"],
+        ["unfused", "stitch", "welder"], ["stitch", "welder", "unfused"]]
+    assert ran[:2] == [("unfused", 0), ("unfused", 1)]  # a program's launches in order
+
+
+def test_the_ranking_takes_whole_program_rounds_where_they_were_timed():
+    """Kernels summed say welder is slower (its long kernels timed alone read high); the whole programs,
+    timed in rounds, say it is faster: the measured program time, the ranking and the ties come from the
+    rounds. A cell without rounds (a GPU run) keeps the kernels' sums."""
+    rng = np.random.default_rng(5)
+    welder = _cell("w", [_rounds(rng, 60.0, 1.0), _rounds(rng, 60.0, 1.0)], [50.0, 50.0])
+    stitch = _cell("s", [_rounds(rng, 50.0, 1.0), _rounds(rng, 50.0, 1.0)], [55.0, 55.0])
+    assert bcm.summarize("m", {"welder": welder, "stitch": stitch})["rank_measured"] == ["stitch", "welder"]
+    welder["program_samples_us"] = _rounds(rng, 90.0, 2.0, 21)
+    stitch["program_samples_us"] = _rounds(rng, 100.0, 2.0, 21)
+    got = bcm.summarize("m", {"welder": welder, "stitch": stitch})
+    assert got["rank_measured"] == ["welder", "stitch"] and got["same_ranking"]
+    assert got["programs"]["welder"][1] == float(np.median(welder["program_samples_us"]))
+    assert got["kernel_sums"]["welder"] > got["kernel_sums"]["stitch"]
+    assert bcm.program_rounds(welder) == welder["program_samples_us"]
