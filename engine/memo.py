@@ -50,6 +50,16 @@ class Memo:
             self.hits += 1
             return value
 
+    def has(self, key: Hashable) -> bool:
+        """Whether `key` is stored (not counted as a lookup, nor made recent)."""
+        with self._lock:
+            return key in self._data
+
+    def items(self) -> list[tuple[Hashable, Any]]:
+        """A snapshot of the entries, least recently used first (not counted)."""
+        with self._lock:
+            return list(self._data.items())
+
     def put(self, key: Hashable, value: Any) -> Any:
         with self._lock:
             self._data[key] = value

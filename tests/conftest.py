@@ -3,10 +3,15 @@ folders define a conftest, so `from conftest import ...` would pick whichever lo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import onnx
 import pytest
+
+# Planning starts cold in every test process (tests count the tile search's builds); the schedule cache's
+# own tests turn it on in a folder of their own (tests/engine/schedule/test_schedcache.py).
+os.environ["TILEWEAVE_SCHEDULE_CACHE"] = "off"
 
 
 @pytest.fixture

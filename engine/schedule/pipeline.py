@@ -56,9 +56,13 @@ def plan_model(graph: PrimGraph, policy: str, device: Device | str, *, batching:
     decisions: tuple[str, ...] = ()
     if batching:
         graph, decisions = batch_graph(graph)
+    from engine.schedule import schedcache
+
+    schedcache.load(device)  # the tile search's answers from earlier processes (engine/schedule/schedcache.py)
     plan = make_plan(graph, policy, device, edits=tuple(edits), options={**(options or {}), "batching": batching})
     if not edits and _tensor_cores_apply(graph, device, dict(plan.options)):
         plan = _at_least_the_fma_plan(graph, policy, device, plan)
+    schedcache.save(device)
     if tune is not None:
         from engine.schedule.tune import tune_plan
 
