@@ -83,7 +83,7 @@ def plan_in(tree: Path, model: Path, policy: str, device: str) -> tuple[float, s
     """(schedule_seconds, plan JSON without its schedule_seconds) of `tileweave plan` run in `tree`'s code."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plan.json"
-        env = {**os.environ, "PYTHONPATH": str(tree)}
+        env = {**os.environ, "PYTHONPATH": str(tree), "TILEWEAVE_SCHEDULE_CACHE": "off"}  # cold planning
         run = subprocess.run([sys.executable, "-m", "engine", "plan", str(model), "--policy", policy, "--device", device,
                               "--json", "--plan-out", str(out)], cwd=tree, env=env, capture_output=True, text=True)
         if run.returncode:

@@ -1,7 +1,7 @@
 """Planning cost per policy, for comparing two trees: models and devices in; per model, device and policy
 the CPU seconds of `plan_model` (`time.process_time`, one process per model and device, policies in turn
 on the same memo tables) and the kernel-IR builds the cost model made (calls of `cost._segment_use`)
-printed with the plan's modeled µs and DRAM bytes, and with --out each plan's JSON without schedule_seconds written there (diff two trees' folders
+printed with the plan's modeled µs and DRAM bytes (planned cold: TILEWEAVE_SCHEDULE_CACHE=off in every process), and with --out each plan's JSON without schedule_seconds written there (diff two trees' folders
 to see whether plans changed).
 
     PYTHONPATH=TREE .venv/bin/python benchmarks/plan_cpu.py samples/zoo/bert.onnx a100 --out /tmp/plans
@@ -74,7 +74,7 @@ def run_tree(tree: Path, model: Path, device: str, policies: list[str], out: Pat
     {policy: (cpu s, builds, modeled µs, modeled DRAM bytes)}."""
     cmd = [sys.executable, str(Path(__file__).resolve()), str(model.resolve()), device,
            "--policies", ",".join(policies)] + (["--out", str(out)] if out else [])
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env = {**os.environ, "PYTHONPATH": str(tree), "TILEWEAVE_SCHEDULE_CACHE": "off"}  # cold planning
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"error: {tree} on {model.name} {device}: {done.stderr.strip().splitlines()[-1:]}")

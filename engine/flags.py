@@ -3,6 +3,7 @@
 DEBUG=1 plan summary, 2 per-kernel numbers and the memo tables' hits and misses (engine/memo.py),
 3 every decision with its reason, 4 generated source, 5 IR after each stage. DUMP_DIR=path writes graph, plans, kernels, profile and a repro.sh.
 TILEWEAVE_CACHE=path overrides the compile cache folder (default: ~/.cache/tileweave).
+TILEWEAVE_SCHEDULE_CACHE=off plans without the schedule cache on disk (engine/schedule/schedcache.py; on by default).
 TILEWEAVE_TUNE_DB=file is the tuning database (default: tune/tune.sqlite in the cache folder; tunedb.py).
 UPDATE_GOLDEN=1 rewrites tests/golden/.
 TILEWEAVE_SIM_STACK=KiB sets the stack of each emulated CUDA thread in cuda-sim (default 256).

@@ -10,7 +10,8 @@ on disk, so a model planned before â€” by the CLI, the workbench, a benchmark â€
 Entries are pure functions of their keys (engine/memo.py): a group's canonical signature, pinned tiles,
 the plan options that change a search, and the device. What the keys cannot see is the code, so one file
 holds one version of it: the hash of every engine source (and the C loop runtime, which the host device's
-figures come from). A change to any source starts a new file; the folder keeps the VERSIONS most recent.
+figures come from). A change to any source starts a new file; the folder keeps the files of the VERSIONS most recent
+versions.
 Files are split per device (the hash of its figures): a plan reads only its device's file.
 
 Loaded into the current memo tables (`memo.current()`: the process's, or a workbench session's) at the
@@ -40,7 +41,7 @@ from engine.memo import Caches, current
 
 TABLES = ("tiles.subgraph", "tiles.above")  # the search's answers; "tiles.named" is derived from them
 LIMIT = 20000  # entries per file (the oldest leave first)
-VERSIONS = 8  # files the folder keeps (the most recently written)
+VERSIONS = 8  # code versions the folder keeps files of (this one and the most recently written others)
 _VERSION: list[str] = []
 
 
@@ -155,8 +156,14 @@ def _read(path: Path) -> dict:
 
 
 def _prune(folder: Path, keep: Path) -> None:
-    """Keep the VERSIONS most recently written files (and `keep`)."""
-    files = sorted(folder.glob("*.pkl"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in files[VERSIONS:]:
-        if old != keep:
-            old.unlink(missing_ok=True)
+    """Keep every file of this code version and those of the VERSIONS - 1 other versions written last."""
+    mine = keep.name.split("-")[0]
+    newest: dict[str, float] = {}
+    files = [(f, f.name.split("-")[0], f.stat().st_mtime) for f in folder.glob("*.pkl")]
+    for _, version, mtime in files:
+        if version != mine:
+            newest[version] = max(newest.get(version, 0.0), mtime)
+    kept = set(sorted(newest, key=newest.__getitem__, reverse=True)[:VERSIONS - 1])
+    for f, version, _ in files:
+        if version != mine and version not in kept:
+            f.unlink(missing_ok=True)

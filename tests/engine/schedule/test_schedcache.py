@@ -93,3 +93,13 @@ def test_models_planned_in_turn_share_one_file(cache_on):
     _plan("layernorm_residual")
     _plan("gelu_chain")
     assert _plan("layernorm_residual")[1] == 0 and _plan("gelu_chain")[1] == 0
+
+
+def test_older_code_versions_leave_the_folder_this_ones_files_stay(cache_on, monkeypatch):
+    monkeypatch.setattr(schedcache, "VERSIONS", 2)
+    for version in ("aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc"):
+        monkeypatch.setattr(schedcache, "_VERSION", [version])
+        _plan("layernorm_residual", "a100")
+        _plan("layernorm_residual", "h100")
+    names = sorted(f.name.split("-")[0] for f in cache_on.glob("*.pkl"))
+    assert names == ["bbbbbbbbbbbbbbbb"] * 2 + ["cccccccccccccccc"] * 2
