@@ -360,3 +360,24 @@ def test_compare_draws_the_overview_of_the_open_tab_only():
     no_traceback(at)
     assert len(at.get("plotly_chart")) == 1 and len(differ()) == 1
     assert differ()[0].endswith("differ from current plan (with edits)")
+
+
+def test_a_second_session_plans_from_the_schedule_cache(tmp_path, monkeypatch):
+    """With the schedule cache on (as for a user; the suite runs it off), the workbench writes the tile
+    search's answers after a plan, and a new browser session (its own memo tables) plans the same model from
+    them: no tile search runs, and the page shows the same plan (its caption and decision log)."""
+    from engine.schedule import tiles
+
+    monkeypatch.setenv("TILEWEAVE_SCHEDULE_CACHE", "on")
+    first = open_page("plan", "bert_layer")
+    no_traceback(first)
+    assert list((tmp_path / "schedule").glob("*.pkl")), "the plan's searches were not written"
+    searched = []
+    search = tiles._search_pass
+    monkeypatch.setattr(tiles, "_search_pass", lambda *a, **k: searched.append(1) or search(*a, **k))
+    second = open_page("plan", "bert_layer")
+    no_traceback(second)
+    assert not searched
+    assert [c.value for c in second.caption] == [c.value for c in first.caption]
+    decisions = [d.value for d in first.dataframe if "decision" in d.value.columns]
+    assert decisions and decisions[0].equals([d.value for d in second.dataframe if "decision" in d.value.columns][0])
