@@ -364,14 +364,23 @@ def test_compare_draws_the_overview_of_the_open_tab_only():
 
 def test_a_second_session_plans_from_the_schedule_cache(tmp_path, monkeypatch):
     """With the schedule cache on (as for a user; the suite runs it off), the workbench writes the tile
-    search's answers after a plan, and a new browser session (its own memo tables) plans the same model from
-    them: no tile search runs, and the page shows the same plan (its caption and decision log)."""
+    search's answers after a plan, and after a restart (Streamlit's caches and the memo tables cleared) a
+    new browser session plans the same model from them: no tile search runs, and the page shows the
+    same plan (its caption and decision log)."""
     from engine.schedule import tiles
 
     monkeypatch.setenv("TILEWEAVE_SCHEDULE_CACHE", "on")
     first = open_page("plan", "bert_layer")
     no_traceback(first)
     assert list((tmp_path / "schedule").glob("*.pkl")), "the plan's searches were not written"
+    import streamlit as st
+
+    from engine import memo
+
+    # a restarted server: no plan held in Streamlit's caches, no memo table in the process
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    memo.PROCESS.clear()
     searched = []
     search = tiles._search_pass
     monkeypatch.setattr(tiles, "_search_pass", lambda *a, **k: searched.append(1) or search(*a, **k))
