@@ -82,7 +82,9 @@ def load(device: Device, caches: Caches | None = None) -> int:
     if not enabled():
         return 0
     caches = caches or current()
-    path = cache_file(device)
+    path = _usable_file(device)
+    if path is None:
+        return 0
     seen = caches.memo("schedcache.files", 64)
     if seen.get(path) is not None:
         return 0
@@ -108,7 +110,9 @@ def save(device: Device, caches: Caches | None = None) -> int:
     if not enabled():
         return 0
     caches = caches or current()
-    path = cache_file(device)
+    path = _usable_file(device)
+    if path is None:
+        return 0
     seen = caches.memo("schedcache.files", 64)
     loaded = seen.get(path) or {name: set() for name in TABLES}
     new = {name: {k: v for k, v in _entries(caches, name) if k[2] == device and k not in loaded[name]}
@@ -135,6 +139,16 @@ def save(device: Device, caches: Caches | None = None) -> int:
     seen.put(path, {name: set(merged[name]) for name in TABLES})
     debug(2, f"schedule cache: {count} new entries to {path}")
     return count
+
+
+def _usable_file(device: Device) -> Path | None:
+    """`cache_file(device)`, or None where the cache folder cannot be made (TILEWEAVE_CACHE names a file, a
+    read-only place): planning goes on without the cache."""
+    try:
+        return cache_file(device)
+    except OSError as e:
+        debug(2, f"schedule cache: off for this plan, its folder is unusable ({e})")
+        return None
 
 
 def _entries(caches: Caches, name: str) -> Iterable[tuple]:

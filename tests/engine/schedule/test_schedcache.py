@@ -87,6 +87,10 @@ def test_a_damaged_or_unwritable_file_never_fails_a_plan(cache_on, monkeypatch):
 
     monkeypatch.setattr("engine.files.write_atomic", refuse)
     assert _plan("gelu_chain")[0]["policy"] == "welder"  # planned; the cache just is not written
+    blocked = cache_on.parent / "a file, not a folder"
+    blocked.write_text("")
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(blocked))  # no cache folder can be made there
+    assert _plan("masked_softmax")[0]["policy"] == "welder"
 
 
 def test_models_planned_in_turn_share_one_file(cache_on):
