@@ -79,13 +79,10 @@ def cache_file(device: Device) -> Path:
 def load(device: Device, caches: Caches | None = None) -> int:
     """Fill `caches`' (default: the current) search tables from `device`'s file, once per file and
     Caches; entries already in a table are kept. Returns how many entries were added."""
-    if not enabled():
+    opened = _open(device, caches)
+    if opened is None:
         return 0
-    caches = caches or current()
-    path = _usable_file(device)
-    if path is None:
-        return 0
-    seen = caches.memo("schedcache.files", 64)
+    caches, path, seen = opened
     if seen.get(path) is not None:
         return 0
     stored = _read(path)
@@ -107,13 +104,10 @@ def load(device: Device, caches: Caches | None = None) -> int:
 def save(device: Device, caches: Caches | None = None) -> int:
     """Merge the entries for `device` that `caches` (default: the current) holds and its file does not
     into the file. Returns how many were new."""
-    if not enabled():
+    opened = _open(device, caches)
+    if opened is None:
         return 0
-    caches = caches or current()
-    path = _usable_file(device)
-    if path is None:
-        return 0
-    seen = caches.memo("schedcache.files", 64)
+    caches, path, seen = opened
     loaded = seen.get(path) or {name: set() for name in TABLES}
     new = {name: {k: v for k, v in _entries(caches, name) if k[2] == device and k not in loaded[name]}
            for name in TABLES}
@@ -139,6 +133,18 @@ def save(device: Device, caches: Caches | None = None) -> int:
     seen.put(path, {name: set(merged[name]) for name in TABLES})
     debug(2, f"schedule cache: {count} new entries to {path}")
     return count
+
+
+def _open(device: Device, caches: Caches | None):
+    """(the Caches, `device`'s file, the Caches' table of files loaded: path -> keys per table), or None
+    where the cache is off or its folder unusable."""
+    if not enabled():
+        return None
+    path = _usable_file(device)
+    if path is None:
+        return None
+    caches = caches or current()
+    return caches, path, caches.memo("schedcache.files", 64)
 
 
 def _usable_file(device: Device) -> Path | None:
