@@ -31,13 +31,13 @@ import hashlib
 import os
 import pickle
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 from engine.device import Device
 from engine.errors import TileweaveError
 from engine.flags import cache_dir, debug
 from engine.memo import Caches, current
+from engine.schedule.tiles import SEARCH_TABLE_LIMIT
 
 TABLES = ("tiles.subgraph", "tiles.above")  # the search's answers; "tiles.named" is derived from them
 LIMIT = 20000  # entries per file (the oldest leave first)
@@ -89,7 +89,7 @@ def load(device: Device, caches: Caches | None = None) -> int:
     added = 0
     loaded = {}
     for name in TABLES:
-        table = caches.memo(name, 50000)
+        table = caches.memo(name, SEARCH_TABLE_LIMIT)
         entries = stored.get(name, {})
         for key, value in entries.items():
             if not table.has(key):
@@ -109,8 +109,9 @@ def save(device: Device, caches: Caches | None = None) -> int:
         return 0
     caches, path, seen = opened
     loaded = seen.get(path) or {name: set() for name in TABLES}
-    new = {name: {k: v for k, v in _entries(caches, name) if k[2] == device and k not in loaded[name]}
-           for name in TABLES}
+    # a key's third item is its device (tiles.py): only this device's entries go to its file
+    new = {name: {k: v for k, v in caches.memo(name, SEARCH_TABLE_LIMIT).items()
+                  if k[2] == device and k not in loaded[name]} for name in TABLES}
     count = sum(len(v) for v in new.values())
     if not count:
         return 0
@@ -155,10 +156,6 @@ def _usable_file(device: Device) -> Path | None:
     except OSError as e:
         debug(2, f"schedule cache: off for this plan, its folder is unusable ({e})")
         return None
-
-
-def _entries(caches: Caches, name: str) -> Iterable[tuple]:
-    return caches.memo(name, 50000).items()
 
 
 def _read(path: Path) -> dict:

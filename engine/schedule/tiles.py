@@ -241,6 +241,10 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
     return out
 
 
+SEARCH_TABLE_LIMIT = 50000  # entries of "tiles.subgraph" and "tiles.above" (also kept on disk: schedcache.py)
+# Their keys: (signature key, candidate pool, device[, bound]) — schedcache.py splits its files by the device.
+
+
 def search_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, device: Device, mode: str,
     fixed: Mapping[str, Tile] | None = None, k: int = TOP_K, bound: float = math.inf,
@@ -271,7 +275,7 @@ def search_group(
     # Only stitch's candidate pool differs (split rows), so the other modes share their searches: the
     # Compare page's unfused plan finds the one-stage searches the welder plan made before it.
     pools_of = "stitch" if mode == "stitch" else "tiles"
-    named, cache = memo("tiles.named", 20000), memo("tiles.subgraph", 50000)
+    named, cache = memo("tiles.named", 20000), memo("tiles.subgraph", SEARCH_TABLE_LIMIT)
     bounded = k == 1 and bound < math.inf
     hit = named.get((key, pools_of, device, tuple(names)))
     if hit is not None and hit.k >= k:
@@ -281,7 +285,7 @@ def search_group(
         hit = named.put((key, pools_of, device, tuple(names)), _rename(hit, [f"s{j}" for j in range(len(names))], names))
         return _under(hit, bound) if bounded else hit
     if bounded:  # bounded searches that found nothing under their bound
-        hit = memo("tiles.above", 50000).get((key, pools_of, device, bound))
+        hit = memo("tiles.above", SEARCH_TABLE_LIMIT).get((key, pools_of, device, bound))
         if hit is not None:
             return hit
     segs = segments_of(graph, stages, conns)
@@ -309,7 +313,7 @@ def search_group(
         # Where the best tried is under the bound that way, the unbounded search decides.
         if best_us < math.inf and _exact_under(graph, stages, conns, chosen, device, segs, local, bound):
             return _under(search_group(graph, stages, conns, device, mode, fixed, k), bound)
-        return memo("tiles.above", 50000).put((key, pools_of, device, bound), _above(bound))
+        return memo("tiles.above", SEARCH_TABLE_LIMIT).put((key, pools_of, device, bound), _above(bound))
     if violations and len(segs) > 1:
         # Segments are searched one at a time against the others' current tiles; behind grid barriers
         # the one-wave rule couples them, so start again from each segment's smallest grid.
