@@ -128,6 +128,7 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         v = conv_chunk(ow, lanes)
         nc = 1 if c.depthwise else conv_channels(v, co, lanes)
         by_channel = (not c.depthwise and c.taps == (1, 1) and c.strides == (1, 1) and oh * ow < lanes <= co)
+        groups, pixels = by_channel_blocking(co // lanes, ow, lanes) if by_channel and co % lanes == 0 else (0, 0)
         in_place = _window_rows_in_place(c)
         taps = c.taps[0] * c.taps[1]
         step = 1 if c.depthwise else c.bc
@@ -139,12 +140,22 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         one_chan = len(c.chan_vars) == 1
         return {"lanes": lanes, "chunk": v, "tails": conv_tails(v, lanes) if in_place else (),
                 "chunk_channels": nc, "chunk_rows": conv_rows(v, oh, nc, lanes),
-                "lone_rows": conv_rows(v, oh, 1, lanes), "by_channel": by_channel, "x_in_place": in_place,
+                "lone_rows": conv_rows(v, oh, 1, lanes), "by_channel": by_channel, "channel_vectors": groups, "channel_pixels": pixels, "x_in_place": in_place,
                 "step": step, "prefetch": PREFETCH_CHANNELS * chan if chan and chan * 4 > 1024 else 0,
                 "x_channels_last": one_chan and contiguous_along(bare, c.x, c.chan_vars[0], c.window_vars[1]),
                 "w_channel_inner": one_chan and contiguous_along(bare, c.w, "i1", c.chan_vars[0])}
 
     return _map_phases(kernel, block) if kernel.convs else kernel
+
+
+def by_channel_blocking(vectors: int, ow: int, lanes: int) -> tuple[int, int]:
+    """(channel vectors per group, pixels of a row per block) of a by-channel pointwise conv whose `vectors`
+    vectors of output channels fill its tile: the partial sums of group x pixels in named vector registers,
+    at most half of the registers (AVX-512's 32, AVX2's 16), the rest for the group's weight vectors and
+    the pixels' broadcast inputs; a group the largest divisor of `vectors` up to half of those sums."""
+    sums = 16 if lanes >= 16 else 8
+    group = max(d for d in range(1, min(vectors, sums // 2) + 1) if vectors % d == 0)
+    return group, max(1, min(ow, sums // group))
 
 
 def conv_tails(chunk: int, lanes: int) -> tuple[int, ...]:

@@ -242,13 +242,17 @@ class Conv:
     # C target, the window form (ctarget.block_convs): `lanes`-float vector registers; output columns in
     # chunks of `chunk`; `chunk_channels` output channels x `chunk_rows` output rows per register block
     # (the channels left over one at a time over `lone_rows` rows); `by_channel`: output channels in the
-    # vector lanes instead (a pointwise conv over fewer pixels than a vector).
+    # vector lanes instead (a pointwise conv over fewer pixels than a vector), where the output channels
+    # fill whole vectors in groups of `channel_vectors` vectors, `channel_pixels` pixels of a row at a
+    # time (ctarget.by_channel_blocking; 0: per pixel, the sums in an array).
     lanes: int = 0
     chunk: int = 0
     chunk_channels: int = 0
     chunk_rows: int = 0
     lone_rows: int = 0
     by_channel: bool = False
+    channel_vectors: int = 0
+    channel_pixels: int = 0
     # and the staging (ctarget.stage_convs): the input's window rows read in place (an unpadded plain load
     # whose last index is the window column), input channels per step, elements ahead to prefetch in-place
     # rows, the window staged channels innermost (a channels-last input), weights staged output channel
@@ -304,7 +308,9 @@ class Conv:
         if not self.lanes:
             return ""
         if self.by_channel:
-            return f"; C: {self.lanes}-lane vectors over output channels"
+            blocks = (f", {self.channel_vectors} vectors x {self.channel_pixels} pixels per block"
+                      if self.channel_vectors else "")
+            return f"; C: {self.lanes}-lane vectors over output channels{blocks}"
         return (f"; C: {self.lanes}-lane vectors, {self.chunk}-column chunks, {self.chunk_channels} channels x "
                 f"{self.chunk_rows} rows per block ({self.lone_rows} rows for one channel)")
 
@@ -317,6 +323,7 @@ class Conv:
         if self.lanes:
             out |= {"lanes": self.lanes, "chunk": self.chunk, "chunk_channels": self.chunk_channels,
                     "chunk_rows": self.chunk_rows, "lone_rows": self.lone_rows, "by_channel": self.by_channel,
+                    "channel_vectors": self.channel_vectors, "channel_pixels": self.channel_pixels,
                     "x_in_place": self.x_in_place, "step": self.step, "prefetch": self.prefetch,
                     "x_channels_last": self.x_channels_last, "w_channel_inner": self.w_channel_inner,
                     "tails": list(self.tails), "two_chains_below": self.two_chains_below,

@@ -861,7 +861,8 @@ class CPrinter(Printer):
             update += [f"for (; col + {nc} <= c_n; col += {nc}) {{"] + ["    " + x for x in rows_of(nc)] + ["}"]
         update += ["for (; col < c_n; ++col) {"] + ["    " + x for x in rows_of(1)] + ["}"]
         if by_channel:  # per pixel: sums of every channel in a row, one vector FMA per input channel
-            update = ["for (int oh = 0; oh < oh_n; ++oh)", "for (int q = 0; q < ow_n; ++q) {",
+            update = self.conv_by_channel(phase, direct, wh, wwp, owp) + ["else"]  # edge tiles: the array form
+            update += ["for (int oh = 0; oh < oh_n; ++oh)", "for (int q = 0; q < ow_n; ++q) {",
                       f"    float r[{co}];", "    #pragma omp simd",
                       f"    for (int col = 0; col < c_n; ++col) r[col] = acc[(col * {oh} + oh) * {owp} + q];",
                       "    for (int cl = 0; cl < c_k; ++cl) {"]
@@ -902,6 +903,53 @@ class CPrinter(Printer):
             lines += ["                " + x for x in taps]
             lines += ["            }", "        }", "        {"] + ["            " + x for x in update] + ["        }", "    }"]
         return lines + self.conv_epilogue(kernel, phase, owp)
+
+    def conv_by_channel(self, phase: Phase, direct: str | None, wh: int, wwp: int, owp: int) -> list[str]:
+        """A by-channel pointwise conv's update where the tile holds every output channel of the block
+        (c_n == co; the caller prints the per-pixel array form after `else` for the rest): per group of
+        Conv.channel_vectors vectors of channels, Conv.channel_pixels pixels of a row at a time
+        (ctarget.by_channel_blocking; 0: the array form only), their partial sums in named vector registers across the step's input channels —
+        each staged weight vector loaded once for the np pixels, each pixel's input broadcast once for
+        the ng vectors. A float array of sums GCC kept in memory across the channel loop: every FMA a
+        load and a store (convnext's last MLP segments, 1x4 pixels x 64 channels: the conv phase 4-5x
+        its FMA time). Each sum adds its input channels in the same order as the array form."""
+        c = phase.conv
+        co, oh, vw = c.out[0], c.out[1], c.lanes
+        ng, npx = c.channel_vectors, c.channel_pixels
+        if not ng:
+            return ["if (0) {}"]
+        t, nb = f"c0_v{vw}", vw * 4
+        (h, w) = c.window_vars
+
+        def block(n: int) -> list[str]:
+            sums = [(p, j) for p in range(n) for j in range(ng)]
+            at = f"((cg + {{j}} * {vw} + l_) * {oh} + oh) * {owp} + q + {{p}}"
+            out = []
+            for p, j in sums:
+                out += [f"{t} r{p}_{j};", "{", f"    float t_[{vw}];",
+                        f"    for (int l_ = 0; l_ < {vw}; ++l_) t_[l_] = acc[{at.format(j=j, p=p)}];",
+                        f"    __builtin_memcpy(&r{p}_{j}, t_, {nb});", "}"]
+            out += ["for (int cl = 0; cl < c_k; ++cl) {"]
+            out += [f"    {t} w{j}; __builtin_memcpy(&w{j}, st_w + cl * {co} + cg + {j * vw}, {nb});" for j in range(ng)]
+            for p in range(n):
+                if direct is None:
+                    out += [f"    const float s{p} = st_x[(cl * {wh} + oh) * {wwp} + q + {p}];"]
+                else:  # the input read in place: this pixel of input channel c0 + cl
+                    out += [f"    float s{p};", "    {"] + ["        " + x for x in self.conv_chan_vars(phase, "c0 + cl")]
+                    out += [f"        const int {h} = oh_lo + oh, {w} = ow_lo + q + {p};", f"        s{p} = *({direct});", "    }"]
+                out += [f"    const {t} x{p} = {{{', '.join([f's{p}'] * vw)}}};"]
+            out += [f"    r{p}_{j} = C0_VFMA(w{j}, x{p}, r{p}_{j});" for p, j in sums] + ["}"]
+            for p, j in sums:
+                out += ["{", f"    float t_[{vw}];", f"    __builtin_memcpy(t_, &r{p}_{j}, {nb});",
+                        f"    for (int l_ = 0; l_ < {vw}; ++l_) acc[{at.format(j=j, p=p)}] = t_[l_];", "}"]
+            return ["{"] + ["    " + x for x in out] + ["}"]
+
+        lines = [f"if (c_n == {co}) {{", f"    for (int cg = 0; cg < {co}; cg += {ng * vw})",
+                 "    for (int oh = 0; oh < oh_n; ++oh) {", "        int q = 0;"]
+        if npx > 1:
+            lines += [f"        for (; q + {npx} <= ow_n; q += {npx})"] + ["        " + x for x in block(npx)]
+        lines += ["        for (; q < ow_n; ++q)"] + ["        " + x for x in block(1)]
+        return lines + ["    }", "}"]
 
     def conv_epilogue(self, kernel: Kernel, phase: Phase, owp: int) -> list[str]:
         """The GEMM epilogue over the block's accumulator acc[channel][row][owp columns], closing the phase."""

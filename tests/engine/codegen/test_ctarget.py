@@ -27,6 +27,7 @@ from engine.codegen.ctarget import (  # noqa: E402
     TWO_CHAINS_BELOW,
     block_convs,
     block_gemms,
+    by_channel_blocking,
     c_decisions,
     cache_lines,
     cache_rows,
@@ -134,6 +135,58 @@ def test_pointwise_conv_over_fewer_pixels_than_a_vector_puts_channels_in_the_lan
         assert conv.x_in_place and conv.step == 12  # unpadded: rows read in place, every channel in one step
         got = _run_c(blocked, graph, {"x": x})
         assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("staged", [False, True], ids=["in-place", "staged"])
+def test_by_channel_sums_stay_in_vector_registers(tmp_path, lanes, staged):
+    """A 1x1 conv of 40 output channels in tiles of 32 over 1x3 pixels: 32 channels fill whole vectors,
+    so the sums of a group of channel vectors x pixels are named vector registers (an array of sums was
+    kept in memory across the channel loop: every FMA a load and a store); the last tile's 8 channels
+    take the array form. The input read in place, or staged (Relu(x) inlined into the conv). Each output
+    sums its input channels in the order of the array form: bit-identical to it."""
+    rng = np.random.default_rng(24)
+    w = rng.standard_normal((40, 12, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["r" if staged else "x", "W"], ["y"])]
+    if staged:
+        nodes.insert(0, helper.make_node("Relu", ["x"], ["r"]))
+    path = _save(tmp_path / "pw.onnx", nodes, [("x", (1, 12, 2, 3))], {"W": w})
+    program, graph = _program(path, (1, 32, 1, 3))
+    x = rng.standard_normal((1, 12, 2, 3)).astype(np.float32)
+    want = np.einsum("ci,ihw->chw", w[:, :, 0, 0], np.maximum(x[0], 0) if staged else x[0])[None]
+    blocked = _with(program, lambda k: c_decisions(k, lanes))
+    (conv,) = [p.conv for p in _phases(blocked) if p.conv is not None]
+    groups, pixels = by_channel_blocking(32 // lanes, 3, lanes)
+    assert conv.by_channel and (conv.channel_vectors, conv.channel_pixels) == (groups, pixels)
+    assert conv.x_in_place != staged
+    source = render_c(blocked)
+    assert f"if (c_n == 32) {{" in source and f"c0_v{lanes} r0_0;" in source and "float r[32];" in source
+    got = _run_c(blocked, graph, {"x": x})
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+    arrays = _with(blocked, lambda k: _map_convs(k, channel_vectors=0, channel_pixels=0))
+    assert "if (c_n == 32)" not in render_c(arrays)
+    assert np.array_equal(_run_c(arrays, graph, {"x": x}), got)
+
+
+def test_by_channel_blocking_fits_the_registers():
+    """Sums at most half the vector registers (16 of AVX-512's 32, 8 of AVX2's 16), a group the largest
+    divisor of the channel vectors up to half of those, as many pixels of the row as the rest allows."""
+    assert by_channel_blocking(4, 4, 16) == (4, 4)  # convnext's 64 channels x 1x4 pixels
+    assert by_channel_blocking(40, 2, 16) == (8, 2)
+    assert by_channel_blocking(3, 7, 16) == (3, 5)
+    assert by_channel_blocking(4, 3, 8) == (4, 2)
+    assert by_channel_blocking(7, 3, 8) == (1, 3)
+    for vectors in range(1, 50):
+        for lanes, regs in ((16, 32), (8, 16)):
+            g, p = by_channel_blocking(vectors, 15, lanes)
+            assert vectors % g == 0 and g * p <= regs // 2 and p >= 1
+
+
+def _map_convs(kernel, **fields):
+    segments = [dataclasses.replace(s, phases=tuple(
+        dataclasses.replace(p, conv=dataclasses.replace(p.conv, **fields)) if p.conv is not None else p for p in s.phases))
+        for s in kernel.segments]
+    return dataclasses.replace(kernel, segments=tuple(segments))
 
 
 def _gemm(tmp_path, rows: int, transposed: bool):
