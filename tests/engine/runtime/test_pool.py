@@ -9,6 +9,7 @@ import dataclasses
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,7 @@ static void tw_count(void* args, int t0, int t1) {
 }
 void tw_use_threads(int threads) { tw_pool_threads_wanted = threads; }
 int tw_pool_workers(void) { return tw_pool.nworkers; }
+int tw_pool_asleep(void) { return atomic_load(&tw_pool.sleepers); }
 long tw_tiles_by_workers(void) { return atomic_load(&tw_by_workers); }
 int tw_check(int loops, unsigned seed, int cap) {
     int* counts = calloc((size_t)cap, sizeof(int));
@@ -90,6 +92,24 @@ def test_every_tile_runs_once_per_loop_with_more_threads_than_cores(tmp_path):
     for t in callers:
         t.join()
     assert bad == [0, 0, 0] and twin.tw_pool_workers() == 2
+
+
+def test_idle_workers_yield_then_sleep(tmp_path):
+    """After a loop a worker pauses, then yields its core for a bounded time (TW_POOL_YIELD_US), then
+    sleeps on the futex: an idle program costs no CPU. Built with a 0.2 s yield phase, so the workers
+    are seen awake (yielding) 5 ms after a loop — the pauses alone last ~0.1 ms — and asleep once it has
+    passed."""
+    lib = load_library(compile_c("#define TW_POOL_YIELD_US 200000\n" + _CHECK_C, name="pool_idle"))
+    lib.tw_check.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_int]
+    lib.tw_use_threads(3)
+    assert lib.tw_check(200, 5, 64) == 0 and lib.tw_pool_workers() == 2
+    time.sleep(0.005)
+    assert lib.tw_pool_asleep() < 2  # 5 ms after the last loop: yielding, not both asleep
+    deadline = time.monotonic() + 30
+    while lib.tw_pool_asleep() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lib.tw_pool_asleep() == 2
+    assert lib.tw_check(200, 6, 64) == 0  # woken by the next loop
 
 
 @pytest.mark.parametrize("loops", ["pool", "omp"])
