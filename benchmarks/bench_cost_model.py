@@ -180,7 +180,7 @@ def time_on_host(planned, plan, device, runs: int) -> tuple[dict[str, tuple[floa
     from engine.flags import cache_dir
     from engine.runtime.cpu import CpuModule, bind_buffers, launch_calls
     from engine.runtime.inputs import make_inputs
-    from engine.schedule.measure import compile_variant
+    from engine.schedule.measure import compile_variant, thread_clock_ns
 
     compiled = compile_variant(planned, plan, device)
     module = CpuModule(compiled.program, compiled.source, load_library(cache_dir() / "cc" / compiled.library_name))
@@ -202,43 +202,12 @@ def time_on_host(planned, plan, device, runs: int) -> tuple[dict[str, tuple[floa
     return out, hashlib.sha256(compiled.source.encode()).hexdigest()[:16], (calls, (module, env))
 
 
-def thread_clock_ns() -> float:
-    """The median cost of reading the calling thread's CPU clock twice (taken off each CPU sample)."""
-    empty = []
-    for _ in range(201):
-        c0 = time.thread_time_ns()
-        empty.append(time.thread_time_ns() - c0)
-    return statistics.median(empty)
-
-
-def time_programs(programs: dict[str, tuple], rounds: int, clock: str) -> dict[str, list[float]]:
-    """Each policy's whole program (its launch calls in order, as `run_cpu` makes them; `time_on_host`'s
-    third value), timed in `rounds`
-    interleaved rounds: every round runs each program once, the policies' order rotated by one each round, so
-    load that drifts over the run falls on every policy alike and no policy always follows the same one.
-    One untimed round first. policy -> µs per round, by the wall clock or (`clock` "cpu") the calling
-    thread's CPU time."""
-    names = list(programs)
-    clock_ns = thread_clock_ns()
-    read = time.thread_time_ns if clock == "cpu" else time.perf_counter_ns
-    spent = clock_ns if clock == "cpu" else 0.0
-    out: dict[str, list[float]] = {p: [] for p in names}
-    for r in range(max(1, rounds) + 1):
-        for j in range(len(names)):
-            policy = names[(j + r) % len(names)]
-            t0 = read()
-            for call in programs[policy][0]:
-                call()
-            if r:
-                out[policy].append(max(0.0, read() - t0 - spent) / 1e3)
-    return out
-
-
 def work(job: dict) -> dict:
     """In the worker: every policy planned for the host, its kernels measured (wall and CPU clock; "measured_us"
     is the one --clock names), then the policies' whole programs timed in interleaved rounds (`time_programs`;
     "program_samples_us", "program_us" their median)."""
     from engine.device import get_device
+    from engine.schedule.measure import time_programs
 
     if job.get("step") == "prepare":
         return prepare(job)
@@ -256,7 +225,8 @@ def work(job: dict) -> dict:
              "terms_us": g.cost.terms_us if g.cost else {}}
             for g in plan.groups]}
     if job.get("program_rounds"):
-        for policy, samples in time_programs(programs, job["program_rounds"], job.get("clock", "wall")).items():
+        calls = {p: v[0] for p, v in programs.items()}
+        for policy, samples in time_programs(calls, job["program_rounds"], job.get("clock", "wall")).items():
             out[policy] |= {"program_samples_us": [round(x, 3) for x in samples],
                             "program_us": statistics.median(samples)}
     return out

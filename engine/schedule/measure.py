@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Callable, Mapping
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ from engine.ir.graph import PrimGraph
 from engine.schedule.plan import Plan
 
 REPEAT = 7  # launches per kernel per measurement (the median is kept)
+PROGRAM_ROUNDS = 15  # interleaved rounds of whole programs a tune's final check times (the median is kept)
 
 Measure = Callable[[Plan], Mapping[str, float]]  # a plan -> microseconds per kernel (group) name
 
@@ -81,6 +84,64 @@ def time_compiled(graph: PrimGraph, compiled: Compiled, device: Device, repeat: 
     module = CpuModule(compiled.program, compiled.source, load_library(path), str(path))
     _, profile = run_cpu(module, graph.specs, inputs, graph.weights, repeat=repeat)
     return {t.kernel: t.us for t in profile.kernels}
+
+
+def thread_clock_ns() -> float:
+    """The median cost of reading the calling thread's CPU clock twice (taken off each CPU sample)."""
+    empty = []
+    for _ in range(201):
+        c0 = time.thread_time_ns()
+        empty.append(time.thread_time_ns() - c0)
+    return statistics.median(empty)
+
+
+def time_programs(programs: Mapping[str, Sequence[Callable[[], None]]], rounds: int,
+                  clock: str = "wall") -> dict[str, list[float]]:
+    """Each program (its launch calls in order, as `run_cpu.launch_calls` makes them), timed whole in
+    `rounds` interleaved rounds: every round runs each program once, the order rotated by one each round,
+    so load that drifts over the run falls on every program alike and none always follows the same one.
+    One untimed round first. name -> µs per round, by the wall clock or (`clock` "cpu") the calling
+    thread's CPU time."""
+    names = list(programs)
+    read = time.thread_time_ns if clock == "cpu" else time.perf_counter_ns
+    spent = thread_clock_ns() if clock == "cpu" else 0.0
+    out: dict[str, list[float]] = {p: [] for p in names}
+    for r in range(max(1, rounds) + 1):
+        for j in range(len(names)):
+            name = names[(j + r) % len(names)]
+            t0 = read()
+            for call in programs[name]:
+                call()
+            if r:
+                out[name].append(max(0.0, read() - t0 - spent) / 1e3)
+    return out
+
+
+ProgramMeasure = Callable[[Mapping[str, Plan]], Mapping[str, float]]  # plans by name -> µs per whole program
+
+
+def host_program_measure(graph: PrimGraph, device: Device, rounds: int = PROGRAM_ROUNDS, *,
+                         inputs: Mapping[str, np.ndarray] | None = None) -> ProgramMeasure:
+    """Time plans' whole programs on this CPU (the host device): each compiled (`compile_variant`: the C
+    compile cache serves what the kernel timings built) and run in `rounds` interleaved rounds
+    (`time_programs`); the median of each. Inputs default to the fixed-seed random ones."""
+    from engine.codegen.ccompile import load_library
+    from engine.flags import cache_dir
+    from engine.runtime.cpu import CpuModule, bind_buffers, launch_calls
+    from engine.runtime.inputs import make_inputs
+
+    inputs = make_inputs(graph, seed=0) if inputs is None else inputs
+
+    def measure(plans: Mapping[str, Plan]) -> dict[str, float]:
+        programs, envs = {}, []  # the calls hold raw pointers into the buffers: keep them alive
+        for name, plan in plans.items():
+            compiled = compile_variant(graph, plan, device)
+            path = cache_dir() / "cc" / compiled.library_name
+            module = CpuModule(compiled.program, compiled.source, load_library(path), str(path))
+            envs.append(bind_buffers(compiled.program, graph.specs, inputs, graph.weights))
+            programs[name] = launch_calls(module, envs[-1])
+        return {name: statistics.median(us) for name, us in time_programs(programs, rounds).items()}
+    return measure
 
 
 def require_gpu_for(device: Device) -> None:

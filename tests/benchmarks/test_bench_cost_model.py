@@ -11,6 +11,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_cost_model as bcm  # noqa: E402
+from engine.schedule import measure  # noqa: E402
 
 
 def _cell(source: str, kernels: list[list[float]], modeled: list[float]) -> dict:
@@ -109,11 +110,11 @@ def test_the_gpu_steps_prepare_then_time_each_kernel_alone_and_the_program_back_
 
 
 def test_whole_programs_are_timed_in_interleaved_rotated_rounds(monkeypatch):
-    """`time_programs`: one untimed round, then every round runs each policy's program once, the order
+    """`time_programs` (engine/schedule/measure.py, which the bench calls): one untimed round, then every round runs each policy's program once, the order
     rotated by one each round (load that drifts over the run falls on every policy alike); a round's time
     is the whole program's, all its launches in order."""
     ran, now = [], [0]
-    monkeypatch.setattr(bcm.time, "perf_counter_ns", lambda: now[0])
+    monkeypatch.setattr(measure.time, "perf_counter_ns", lambda: now[0])
 
     def launch(policy: str, kernel: int, ns: int):
         def call():
@@ -121,9 +122,9 @@ def test_whole_programs_are_timed_in_interleaved_rotated_rounds(monkeypatch):
             now[0] += ns
         return call
 
-    programs = {"unfused": ([launch("unfused", 0, 3000), launch("unfused", 1, 4000)], None),
-                "stitch": ([launch("stitch", 0, 5000)], None), "welder": ([launch("welder", 0, 2000)], None)}
-    got = bcm.time_programs(programs, 4, "wall")
+    programs = {"unfused": [launch("unfused", 0, 3000), launch("unfused", 1, 4000)],
+                "stitch": [launch("stitch", 0, 5000)], "welder": [launch("welder", 0, 2000)]}
+    got = measure.time_programs(programs, 4, "wall")
     assert got == {"unfused": [7.0] * 4, "stitch": [5.0] * 4, "welder": [2.0] * 4}
     firsts = [p for p, k in ran if k == 0]
     assert [firsts[i:i + 3] for i in range(0, 15, 3)] == [

@@ -78,6 +78,38 @@ def test_tuned_welder_is_never_slower_than_any_policy(name, timing):
         assert all(len(g.stages) == 1 for g in tuned.groups)
 
 
+def fixed_programs(fastest: str, calls: list):
+    """A program measure (plans by name -> whole-program µs): `fastest` 50 µs, every other 100."""
+    def measure(plans):
+        calls.append(sorted(plans))
+        return {name: 50.0 if name == fastest else 100.0 for name in plans}
+    return measure
+
+
+@pytest.mark.parametrize("fastest", ["tuned", "welder untuned", "stitch untuned", "unfused untuned"])
+def test_the_fastest_whole_program_is_kept(fastest):
+    """Kernels timed one at a time do not add up to the program: after choosing by kernel times, the tuned
+    plan, the untuned welder plan and the alternatives are timed whole and the fastest is kept — as a
+    welder plan with the tune's options, its kernels' measured times, and a decision naming every time."""
+    device = get_device("a100")
+    graph, plans = policy_plans("bert_layer")
+    alternatives = {p: pl for p, pl in plans.items() if p != "welder"}
+    measure = timed(fused=9.0)  # by kernels, every stage alone wins: unlike the welder plan
+    by_kernels = tune_plan(graph, plans["welder"], device, 2, measure=measure, alternatives=alternatives)
+    assert all(len(g.stages) == 1 for g in by_kernels.groups)
+    calls: list = []
+    tuned = tune_plan(graph, plans["welder"], device, 2, measure=measure, alternatives=alternatives,
+                      program_measure=fixed_programs(fastest, calls))
+    assert calls == [sorted(["tuned", "welder untuned", "unfused untuned", "elementwise untuned", "stitch untuned"])]
+    assert tuned.policy == "welder" and dict(tuned.options)["tune"] == 2 and not validate(tuned, graph, device)
+    assert tuned.decisions[-1].startswith("tune: whole programs measured") and tuned.decisions[-1].endswith(
+        f"kept the {fastest} plan")
+    assert any(d.startswith("tune: 2 tile candidate") for d in tuned.decisions)
+    assert all(g.measured_us is not None for g in tuned.groups)
+    kept = by_kernels if fastest == "tuned" else plans[fastest.split()[0]]
+    assert [(g.stages, g.segments) for g in tuned.groups] == [(g.stages, g.segments) for g in kept.groups]
+
+
 def test_tile_candidates_are_measured_and_the_fastest_kept():
     device = get_device("a100")
     graph, plans = policy_plans("layernorm_residual")
@@ -186,6 +218,7 @@ def test_tuned_on_the_host_runs_and_matches_the_reference():
     graph = load_graph(sample_path("layernorm_residual"))
     planned, plan = plan_model(graph, "welder", "host", tune=2)
     assert plan.measured_us is not None and plan.measured_us > 0
+    assert plan.decisions[-1].startswith("tune: whole programs measured")  # the host times them whole
     assert not validate(plan, planned, get_device("host"))
     inputs = make_inputs(graph, seed=5)
     got = run_model(planned, inputs, backend="cpu", plan=plan).outputs
