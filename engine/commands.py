@@ -90,8 +90,10 @@ def add_tune_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune", type=int, default=None, metavar="K",
                    help="measure the top K tile candidates of every kernel on the device (host: the C backend; "
                         "a GPU device needs one attached) and keep the fastest; for welder also each region's "
-                        "kernels from the other policies, so the plan is never slower than theirs; measurements "
-                        "go to the tuning database (TILEWEAVE_TUNE_DB), keyed by subgraph signature, device and code version")
+                        "kernels from the other policies, so the plan is never slower than theirs kernel by kernel; "
+                        "on the host the tuned plan, the untuned one and those policies' plans are then timed as "
+                        "whole programs and the fastest kept; measurements go to the tuning database "
+                        "(TILEWEAVE_TUNE_DB), keyed by subgraph signature, device and code version")
 
 
 def default_device(args: argparse.Namespace) -> str:
