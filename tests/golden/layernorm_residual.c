@@ -31,14 +31,21 @@ typedef float c0_u16 __attribute__((vector_size(64), aligned(4)));
    library (hidden weak symbols: the kernels' objects share it; another library, or this one loaded
    twice, has its own). Workers (threads - 1 of them; threads = OMP_NUM_THREADS, else the CPUs this
    process may run on) start on the first parallel loop, spin TW_POOL_SPIN pauses after each loop, then
-   sleep on a futex: an idle program costs no CPU. The caller claims chunks too and waits only for chunks
-   a worker claimed, so a worker descheduled by another process delays nothing: its chunks are taken.
+   yield their core for up to TW_POOL_YIELD_US (to any thread that wants it: another library's pool, another
+   process), then sleep on a futex: an idle program costs no CPU a few milliseconds on. Asleep, a worker's
+   (virtual) CPU may halt, and waking it costs tens to hundreds of microseconds on a shared VM: a serial
+   stretch between two parallel loops longer than the pauses (~0.1 ms) put the worker to sleep, and
+   programs with such stretches (fused kernels with a serial segment) measured bimodal here (mobilenetv2's
+   welder program 0.33 or 0.73 ms at two threads, benchmarks/NOTES.md "pool"). The caller claims chunks
+   too and waits only for chunks a worker claimed, so a worker descheduled by another process delays
+   nothing: its chunks are taken.
    The claim word holds the loop's generation, so a late worker never runs a chunk of a later loop.
    Two callers at once (two Python threads): the second runs its loop on its own thread. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sched.h>
+#include <time.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <linux/futex.h>
@@ -49,6 +56,9 @@ typedef float c0_u16 __attribute__((vector_size(64), aligned(4)));
 #endif
 #ifndef TW_POOL_YIELDS
 #define TW_POOL_YIELDS 256  /* sched_yield calls of a waiting caller before it sleeps */
+#endif
+#ifndef TW_POOL_YIELD_US
+#define TW_POOL_YIELD_US 2000  /* microseconds a worker yields its core after the pauses, before it sleeps */
 #endif
 #define TW_HIDDEN __attribute__((weak, visibility("hidden")))
 typedef void (*tw_tiles_fn)(void* args, int t0, int t1);
@@ -115,13 +125,24 @@ TW_HIDDEN void tw_pool_run(struct tw_pool* p, unsigned g, int caller) {
     }
 }
 
+/* Whether a worker past its pauses still yields rather than sleeps: under TW_POOL_YIELD_US since `first`
+   (the first call of a wait stamps `t0`). */
+static inline int tw_pool_yielding(struct timespec* t0, int first) {
+    struct timespec t;
+    if (clock_gettime(CLOCK_MONOTONIC, &t)) return 0;
+    if (first) *t0 = t;
+    return (t.tv_sec - t0->tv_sec) * 1000000L + (t.tv_nsec - t0->tv_nsec) / 1000 < TW_POOL_YIELD_US;
+}
+
 TW_HIDDEN void* tw_pool_worker(void* arg) {
     struct tw_pool* p = &tw_pool;
     int seen = (int)(intptr_t)arg;
     for (;;) {
         int g, spins = 0;
+        struct timespec t0 = {0, 0};
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
             if (++spins < TW_POOL_SPIN) { tw_pause(); continue; }
+            if (tw_pool_yielding(&t0, spins == TW_POOL_SPIN)) { sched_yield(); continue; }
             atomic_fetch_add(&p->sleepers, 1);
             tw_futex_wait(&p->gen, seen);
             atomic_fetch_sub(&p->sleepers, 1);
