@@ -165,8 +165,8 @@ def time_on_gpu(job: dict) -> dict:
 
 def time_on_host(planned, plan, device, runs: int) -> tuple[dict[str, tuple[float, float, list, list]], str, tuple]:
     """(kernel name -> (wall µs, CPU µs, wall samples, CPU samples), the program's C source hash, (the program's
-    launch calls in order, what they point into) for `time_programs`: the calls hold raw pointers into the
-    bound buffers, which must outlive them). Each time is
+    call — its C entry, every launch in one call: `program_call` — and what it points into) for
+    `time_programs`: the call holds raw pointers into the bound buffers, which must outlive it). Each time is
     the median of `runs` launches (the samples, in launch order, are kept: the program's time per round is
     the sum of its kernels' k-th samples, `program_rounds`): the wall clock around the call
     as the C backend's profile takes it, and, in launches of their own, the calling thread's CPU time
@@ -178,7 +178,7 @@ def time_on_host(planned, plan, device, runs: int) -> tuple[dict[str, tuple[floa
     is taken off each CPU sample."""
     from engine.codegen.ccompile import load_library
     from engine.flags import cache_dir
-    from engine.runtime.cpu import CpuModule, bind_buffers, launch_calls
+    from engine.runtime.cpu import CpuModule, bind_buffers, launch_calls, program_call
     from engine.runtime.inputs import make_inputs
     from engine.schedule.measure import compile_variant, thread_clock_ns
 
@@ -199,7 +199,7 @@ def time_on_host(planned, plan, device, runs: int) -> tuple[dict[str, tuple[floa
             call()
             cpu.append(max(0.0, time.thread_time_ns() - c0 - clock_ns) / 1e3)
         out[launch.kernel] = (statistics.median(wall), statistics.median(cpu), wall, cpu)
-    return out, hashlib.sha256(compiled.source.encode()).hexdigest()[:16], (calls, (module, env))
+    return out, hashlib.sha256(compiled.source.encode()).hexdigest()[:16], ([program_call(module, env)], (module, env))
 
 
 def work(job: dict) -> dict:

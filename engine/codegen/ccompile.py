@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.codegen.kir import ENTRY_COMMENT
 from engine.errors import CompileError, TimeLimitError
 from engine.files import write_atomic
 from engine.flags import cache_dir, debug, time_limit_s
@@ -204,7 +205,8 @@ def split_kernels(source: str) -> tuple[str, list[tuple[str, str]]] | None:
     starts = list(_KERNEL_DEF.finditer(source))
     if len(starts) < 2:
         return None
-    ends = [m.start() for m in starts[1:]] + [len(source)]
+    entry = source.find("\n" + ENTRY_COMMENT, starts[-1].start())  # the program entry follows the kernels
+    ends = [m.start() for m in starts[1:]] + [entry + 1 if entry >= 0 else len(source)]
     return source[:starts[0].start()], [(m.group(1), source[m.start():end]) for m, end in zip(starts, ends)]
 
 

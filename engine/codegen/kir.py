@@ -679,6 +679,16 @@ class Program:
                 return k
         raise KeyError(name)
 
+    @property
+    def launch_tensors(self) -> tuple[str, ...]:
+        """Every tensor a launch passes, once each, in order of first use: the pointer array the C
+        target's program entry (`PROGRAM_ENTRY`) takes, entry i pointing at tensor i."""
+        return tuple(dict.fromkeys(t for launch in self.launches for t in launch.args))
+
+
+PROGRAM_ENTRY = "tw_program"  # the C target's one call that runs every launch in order
+ENTRY_COMMENT = "// the program entry: every launch in order, tw_b[i] -> launch tensor i"  # the line before it
+
 
 def program_to_json(program: Program) -> dict:
     """program.json: launch list, grids, blocks, shared bytes, buffers (a block buffer's byte offset and the

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from engine.codegen.conv import dot_terms
 from engine.codegen.ctarget import for_c, one_wide
 from engine.codegen.kexpr import Reduce
-from engine.codegen.kir import Kernel, Phase, Program, RowCache, Segment
+from engine.codegen.kir import ENTRY_COMMENT, PROGRAM_ENTRY, Kernel, Phase, Program, RowCache, Segment
 from engine.codegen.printer import BodyWriter, Printer, invariant_values
 from engine.ir import index as I
 from engine.ir.dtypes import DType
@@ -1416,13 +1416,34 @@ class CudaPrinter(Printer):
 
 
 def render_c(program: Program) -> str:
-    """The C of `program`, its kernels' C choices taken first where they were not (ctarget.for_c)."""
-    return CPrinter().render_program(for_c(program))
+    """The C of `program`, its kernels' C choices taken first where they were not (ctarget.for_c), then
+    its program entry (`program_entry`)."""
+    program = for_c(program)
+    printer = CPrinter()
+    return printer.render_program(program) + "\n" + program_entry(printer, program, PROGRAM_ENTRY)
 
 
 def render_c_units(program: Program, symbol: str) -> tuple[str, list[tuple[str, str]]]:
-    """render_c's program as (prelude, [(kernel name, the kernel printed as `symbol`)]): Printer.render_units."""
-    return CPrinter().render_units(for_c(program), symbol)
+    """render_c's program as (prelude, [(kernel name, the kernel printed as `symbol`)] + [(the program
+    entry's name, the entry printed as `symbol`, its kernels declared)]): Printer.render_units."""
+    program = for_c(program)
+    printer = CPrinter()
+    prelude, units = printer.render_units(program, symbol)
+    units[-1] = (units[-1][0], units[-1][1] + "\n")
+    return prelude, units + [(PROGRAM_ENTRY, program_entry(printer, program, symbol))]
+
+
+def program_entry(printer: CPrinter, program: Program, name: str) -> str:
+    """The C target's program entry: one call that runs every launch in order, `name(tw_b)` with tw_b[i]
+    pointing at `Program.launch_tensors[i]` (the runtime's whole-program call, `cpu.program_call`: one
+    ctypes call per run where a call per launch cost ~0.45 µs of Python each). It follows the kernels, so
+    `ccompile.split_kernels` ends the last kernel at its comment (kir.ENTRY_COMMENT). The kernels are
+    declared first (compiled alone, as a unit, the entry sees no kernel)."""
+    index = {t: i for i, t in enumerate(program.launch_tensors)}
+    calls = [f"    {launch.kernel}({', '.join(f'tw_b[{index[t]}]' for t in launch.args)});" for launch in program.launches]
+    return "\n".join([ENTRY_COMMENT,
+                      *(printer.signature(k.stripped()) + ";" for k in program.kernels),
+                      f"void {name}(void* const* tw_b) {{", *calls, "}"]) + "\n"
 
 
 def render_cuda(program: Program) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.codegen.ccompile import UNIT_SYMBOL, compile_c_kernels, load_library
-from engine.codegen.kir import Program
+from engine.codegen.kir import PROGRAM_ENTRY, Program
 from engine.codegen.targets import render_c, render_c_units
 from engine.errors import ShapeError
 from engine.limits import call_bounded
@@ -104,6 +104,23 @@ def _run_cpu_file(program: Program, path: str, graph_specs: Mapping, inputs: Map
     """run_cpu in a bounded run's worker: the library opened again from its file."""
     return run_cpu(CpuModule(program, "", load_library(path), path), graph_specs, inputs, weights, repeat=repeat,
                    library=library)
+
+
+def program_call(module: CpuModule, env: dict[str, np.ndarray]):
+    """One argument-free callable that runs every launch in order over the buffers of `bind_buffers`
+    through the program's C entry (targets.program_entry: one ctypes call, where `launch_calls` makes
+    one per launch at ~0.45 µs of Python each). What `tileweave bench` and a tune's whole-program check
+    time. The pointer array is built here, once: `env`'s buffers must outlive the callable."""
+    program = module.program
+    fn = getattr(module.library, PROGRAM_ENTRY)
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p]
+    tensors = program.launch_tensors
+    pointers = (ctypes.c_void_p * max(1, len(tensors)))(*[env[t].ctypes.data for t in tensors])
+
+    def call(fn=fn, pointers=pointers):
+        fn(pointers)
+    return call
 
 
 def launch_calls(module: CpuModule, env: dict[str, np.ndarray], library: Mapping | None = None) -> list:

@@ -97,7 +97,7 @@ def thread_clock_ns() -> float:
 
 def time_programs(programs: Mapping[str, Sequence[Callable[[], None]]], rounds: int,
                   clock: str = "wall") -> dict[str, list[float]]:
-    """Each program (its launch calls in order, as `run_cpu.launch_calls` makes them), timed whole in
+    """Each program (its calls in order: `cpu.program_call`'s one, or `cpu.launch_calls`' one per launch), timed whole in
     `rounds` interleaved rounds: every round runs each program once, the order rotated by one each round,
     so load that drifts over the run falls on every program alike and none always follows the same one.
     One untimed round first. name -> µs per round, by the wall clock or (`clock` "cpu") the calling
@@ -127,7 +127,7 @@ def host_program_measure(graph: PrimGraph, device: Device, rounds: int = PROGRAM
     (`time_programs`); the median of each. Inputs default to the fixed-seed random ones."""
     from engine.codegen.ccompile import load_library
     from engine.flags import cache_dir
-    from engine.runtime.cpu import CpuModule, bind_buffers, launch_calls
+    from engine.runtime.cpu import CpuModule, bind_buffers, program_call
     from engine.runtime.inputs import make_inputs
 
     inputs = make_inputs(graph, seed=0) if inputs is None else inputs
@@ -139,7 +139,7 @@ def host_program_measure(graph: PrimGraph, device: Device, rounds: int = PROGRAM
             path = cache_dir() / "cc" / compiled.library_name
             module = CpuModule(compiled.program, compiled.source, load_library(path), str(path))
             envs.append(bind_buffers(compiled.program, graph.specs, inputs, graph.weights))
-            programs[name] = launch_calls(module, envs[-1])
+            programs[name] = [program_call(module, envs[-1])]
         return {name: statistics.median(us) for name, us in time_programs(programs, rounds).items()}
     return measure
 

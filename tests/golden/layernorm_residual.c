@@ -336,3 +336,9 @@ void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g
     { struct k00_add_mean_sub_pow_etc_loop0 tw_a = {g_x, g_residual, g_y, g_gamma, g_beta};
       tw_parallel_for(1536, 2, k00_add_mean_sub_pow_etc_loop0, &tw_a); }
 }
+
+// the program entry: every launch in order, tw_b[i] -> launch tensor i
+void k00_add_mean_sub_pow_etc(const float* restrict g_x, const float* restrict g_residual, float* restrict g_y, const float* restrict g_gamma, const float* restrict g_beta);
+void tw_program(void* const* tw_b) {
+    k00_add_mean_sub_pow_etc(tw_b[0], tw_b[1], tw_b[2], tw_b[3], tw_b[4]);
+}

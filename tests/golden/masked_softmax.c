@@ -346,3 +346,9 @@ void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigne
     { struct k00_where_mul_add_softmax_etc_loop0 tw_a = {g_scores, g_mask, g_probs};
       tw_parallel_for(768, 4, k00_where_mul_add_softmax_etc_loop0, &tw_a); }
 }
+
+// the program entry: every launch in order, tw_b[i] -> launch tensor i
+void k00_where_mul_add_softmax_etc(const float* restrict g_scores, const unsigned char* restrict g_mask, float* restrict g_probs);
+void tw_program(void* const* tw_b) {
+    k00_where_mul_add_softmax_etc(tw_b[0], tw_b[1], tw_b[2]);
+}

@@ -153,6 +153,7 @@ def test_an_edit_recompiles_only_the_kernels_whose_code_changed(tmp_path):
 
     from engine.api import apply_edit, generate, load_graph, make_inputs, run_reference
     from engine.codegen.ccompile import UNIT_SYMBOL, compile_c_kernels
+    from engine.codegen.kir import PROGRAM_ENTRY
     from engine.codegen.targets import render_c, render_c_units
     from engine.device import get_device
     from engine.runtime.cpu import CpuModule, run_cpu
@@ -181,13 +182,14 @@ def test_an_edit_recompiles_only_the_kernels_whose_code_changed(tmp_path):
         program = generate(plan, graph, "a100")
         source = render_c(program)
         prelude, units = render_c_units(program, UNIT_SYMBOL)
-        assert len(units) == plan.kernels
+        assert len(units) == plan.kernels + 1 and units[-1][0] == PROGRAM_ENTRY  # the kernels, then the entry
         assert all(UNIT_SYMBOL in text and kernel not in text for kernel, text in units)
+        assert prelude + "".join(text.replace(UNIT_SYMBOL, kernel) for kernel, text in units) == source
         path = compile_c_kernels(source, name=program.name, units=functools.partial(render_c_units, program, UNIT_SYMBOL))
         built.append(len(list(objects.glob("*.o"))))
         module = CpuModule(program, source, load_library(path), str(path))
         got, _ = run_cpu(module, graph.specs, inputs, graph.weights)
         for onnx_name in graph.output_names:
             np.testing.assert_allclose(got[onnx_name], want[onnx_name], rtol=1e-5, atol=1e-6)
-    assert built[0] == before.kernels
-    assert built[1] - built[0] <= 2  # the merged kernel (and at most one neighbour whose code moved)
+    assert built[0] == before.kernels + 1  # and the program entry
+    assert built[1] - built[0] <= 3  # the merged kernel (and at most one neighbour whose code moved), the entry

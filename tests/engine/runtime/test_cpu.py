@@ -106,3 +106,30 @@ def test_library_mode_runs_lone_contractions_through_blas_and_still_matches():
     result = run_model(graph, inputs, plan=plan, library=True)
     _check(result, expected)
     assert "NumPy BLAS" in result.profile.label
+
+
+@pytest.mark.parametrize("policy", ["unfused", "welder"])
+@pytest.mark.parametrize("name", ["masked_softmax", "bert_layer"])
+def test_the_program_entry_runs_every_launch_in_one_call(name, policy):
+    """`program_call`: the C entry (tw_program) runs the launches in order over one pointer array, as the
+    per-launch calls do: same outputs, bit for bit, from buffers filled with NaN first (every intermediate
+    and output is written by the entry itself)."""
+    from engine.codegen.generate import generate
+    from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls, program_call
+
+    graph, inputs, expected = _sample(name)
+    plan = policy_plan(graph, policy)
+    program = generate(plan, graph, "host", target="c")
+    module = compile_program_c(program)
+    assert "void tw_program(void* const* tw_b)" in module.source
+    envs = []
+    for run in (lambda env: [call() for call in launch_calls(module, env)], lambda env: program_call(module, env)()):
+        env = bind_buffers(program, graph.specs, inputs, graph.weights)
+        for t in program.launch_tensors:
+            if t not in program.inputs and t not in program.constants:
+                env[t][...] = np.nan
+        run(env)
+        envs.append({name_: env[t].copy() for name_, t in zip(program.output_names, program.outputs)})
+    for k, want in expected.items():
+        assert np.array_equal(envs[0][k], envs[1][k])
+        assert rel_error(envs[1][k], want) <= TOL
