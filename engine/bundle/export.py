@@ -137,7 +137,7 @@ Policy `{plan.policy}` on device `{device.name}`; model hash `{plan.model_hash}`
 Modeled program time {plan.modeled_us:.1f} µs (cost model, not measured).
 
 - `cuda/{program.name}.cu` — the CUDA C of every kernel, for reading; `cuda/KERNEL.cu` — each kernel's own translation unit, compiled with NVRTC to `cuda/KERNEL.ARCH.ptx` and `cuda/KERNEL.ARCH.cubin` per arch ({", ".join(archs)}).
-- `c/{program.name}.c` — the same kernels printed as C (OpenMP), as tileweave's CPU backend runs them; `c/program.json` — their launch list, buffers, arena and compiler options.
+- `c/{program.name}.c` — the same kernels printed as C (OpenMP), as tileweave's CPU backend runs them, ending with `tw_program(void* const* tw_b)`, which makes every launch in order (`tw_b[i]` points at the i-th distinct tensor of the launch list's args, in order of first use); `c/program.json` — their launch list, buffers, arena and compiler options.
 - `program.json` — launch list (kernel, source, per-arch PTX/CUBIN files with sha256 and compiled registers, grid, tiles, block, shared bytes, cooperative launch, args), buffers and the static arena.
 - `plan.json` — the plan (edge connections, tiles, reasons); load it with `tileweave run --plan-in plan.json`.
 - `trace.json` — the rProgram timeline; open it in https://ui.perfetto.dev.
