@@ -21,7 +21,7 @@ from engine.ir.graph import PrimGraph
 from engine.schedule.plan import Plan
 
 REPEAT = 7  # launches per kernel per measurement (the median is kept)
-PROGRAM_ROUNDS = 15  # interleaved rounds of whole programs a tune's final check times (the median is kept)
+PROGRAM_ROUNDS = 31  # interleaved rounds of whole programs a tune's final check times (the median is kept)
 
 Measure = Callable[[Plan], Mapping[str, float]]  # a plan -> microseconds per kernel (group) name
 

@@ -110,6 +110,23 @@ def test_the_fastest_whole_program_is_kept(fastest):
     assert [(g.stages, g.segments) for g in tuned.groups] == [(g.stages, g.segments) for g in kept.groups]
 
 
+def test_the_untuned_plan_stays_unless_another_program_is_clearly_faster():
+    """Within PROGRAM_MARGIN of the untuned welder plan's whole-program time, a faster-measuring program
+    does not replace it (the rounds' noise); past it, it does."""
+    from engine.schedule.tune import PROGRAM_MARGIN
+
+    device = get_device("a100")
+    graph, plans = policy_plans("bert_layer")
+    alternatives = {p: pl for p, pl in plans.items() if p != "welder"}
+    for stitch_us, kept in ((100.0 / (1 + PROGRAM_MARGIN / 2), "welder untuned"),
+                            (100.0 / (1 + 2 * PROGRAM_MARGIN), "stitch untuned")):
+        def programs(plans_, stitch_us=stitch_us):
+            return {n: {"welder untuned": 100.0, "stitch untuned": stitch_us}.get(n, 200.0) for n in plans_}
+        tuned = tune_plan(graph, plans["welder"], device, 1, measure=timed(), alternatives=alternatives,
+                          program_measure=programs)
+        assert tuned.decisions[-1].endswith(f"kept the {kept} plan")
+
+
 def test_tile_candidates_are_measured_and_the_fastest_kept():
     device = get_device("a100")
     graph, plans = policy_plans("layernorm_residual")
