@@ -96,7 +96,9 @@ def test_floor_is_below_every_candidates_modeled_time(name, device):
         floor = floor_us(graph, group.stages, conns, trial, dev, segs)
         assert floor <= modeled + tiles._FLOOR_SLACK, (group.name, tile, floor, modeled)
         checked += 1
-    assert checked > 20
+    # Not vacuous. How many candidates there are depends on the plan, and on "host" the plan on this
+    # machine's probe figures (conv_bn_relu: 18 with one probe, over 20 with others).
+    assert checked > 10, checked
 
 
 def test_winner_is_the_same_for_any_k():
