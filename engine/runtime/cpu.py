@@ -125,7 +125,7 @@ def program_call(module: CpuModule, env: dict[str, np.ndarray]):
 
 def launch_calls(module: CpuModule, env: dict[str, np.ndarray], library: Mapping | None = None) -> list:
     """One argument-free callable per launch, in launch order, over the buffers of `bind_buffers`
-    (what run_cpu times one by one and `tileweave bench` times as a whole)."""
+    (what run_cpu times one by one; a whole program runs through `program_call`)."""
     program = module.program
     calls = []
     for launch in program.launches:

@@ -97,9 +97,10 @@ def thread_clock_ns() -> float:
 
 def time_programs(programs: Mapping[str, Sequence[Callable[[], None]]], rounds: int,
                   clock: str = "wall") -> dict[str, list[float]]:
-    """Each program (its calls in order: `cpu.program_call`'s one, or `cpu.launch_calls`' one per launch), timed whole in
-    `rounds` interleaved rounds: every round runs each program once, the order rotated by one each round,
-    so load that drifts over the run falls on every program alike and none always follows the same one.
+    """Each program (its calls in order: `cpu.program_call`'s one, or `cpu.launch_calls`' one per launch),
+    timed whole in `rounds` interleaved rounds: every round runs each program once, the order rotated by one
+    each round, so load that drifts over the run falls on every program alike and none always follows the
+    same one.
     One untimed round first. name -> µs per round, by the wall clock or (`clock` "cpu") the calling
     thread's CPU time."""
     names = list(programs)

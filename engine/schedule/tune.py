@@ -100,7 +100,7 @@ def keep_fastest_program(tuned: Plan, job: TuneJob, program_measure: ProgramMeas
     times = program_measure(candidates)
     # The untuned plan of the tuned policy (the model's choice) stays unless another program measured
     # faster by more than the rounds' noise: one run picked stitch's plan for convnext at 0.99x welder's,
-    # and it measured 1.6x slower in the next (RESULTS.md tunewhole).
+    # and it measured 1.6x slower in the next (benchmarks/NOTES.md tenth-entry-ranking).
     own = f"{tuned.policy} untuned"
     best = min(candidates, key=lambda n: times[n] / (1.0 + PROGRAM_MARGIN if n == own else 1.0))
     line = ("tune: whole programs measured (median of interleaved rounds): "
