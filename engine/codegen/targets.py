@@ -928,12 +928,12 @@ class CPrinter(Printer):
     def conv_by_channel(self, phase: Phase, direct: str | None, wh: int, wwp: int, owp: int) -> list[str]:
         """A by-channel pointwise conv's update where the tile holds every output channel of the block
         (c_n == co; the caller prints the per-pixel array form after `else` for the rest): per group of
-        Conv.channel_vectors vectors of channels, Conv.channel_pixels pixels of a row at a time
-        (ctarget.by_channel_blocking; 0: the array form only), their partial sums in named vector registers across the step's input channels —
-        each staged weight vector loaded once for the np pixels, each pixel's input broadcast once for
-        the ng vectors. A float array of sums GCC kept in memory across the channel loop: every FMA a
-        load and a store (convnext's last MLP segments, 1x4 pixels x 64 channels: the conv phase 4-5x
-        its FMA time). Each sum adds its input channels in the same order as the array form."""
+        Conv.channel_vectors (ng) vectors of channels, Conv.channel_pixels (npx) pixels of a row at a time
+        (ctarget.by_channel_blocking; 0: the array form only), their partial sums in named vector
+        registers across the step's input channels — each staged weight vector loaded once for the npx
+        pixels, each pixel's input broadcast once for the ng vectors. A float array of sums GCC kept in
+        memory across the channel loop: every FMA a load and a store (convnext's last MLP segments, 1x4
+        pixels x 64 channels). Each sum adds its input channels in the same order as the array form."""
         c = phase.conv
         co, oh, vw = c.out[0], c.out[1], c.lanes
         ng, npx = c.channel_vectors, c.channel_pixels
@@ -1429,7 +1429,8 @@ def render_c_units(program: Program, symbol: str) -> tuple[str, list[tuple[str, 
     program = for_c(program)
     printer = CPrinter()
     prelude, units = printer.render_units(program, symbol)
-    units[-1] = (units[-1][0], units[-1][1] + "\n")
+    if units:  # render_c puts a blank line between the last kernel and the entry
+        units[-1] = (units[-1][0], units[-1][1] + "\n")
     return prelude, units + [(PROGRAM_ENTRY, program_entry(printer, program, symbol))]
 
 
