@@ -31,7 +31,14 @@ from engine.device import Device
 from engine.errors import PlanError
 from engine.flags import debug
 from engine.ir.graph import PrimGraph
-from engine.schedule.measure import REPEAT, Measure, ProgramMeasure, codegen_version, device_measure, host_program_measure
+from engine.schedule.measure import (
+    REPEAT,
+    Measure,
+    ProgramMeasure,
+    codegen_version,
+    device_measure,
+    host_program_measure,
+)
 from engine.schedule.plan import Conn, EdgePlan, Group, Plan, Tile, components, kernel_name
 from engine.schedule.tunedb import TuneDB, new_rows
 from engine.tilegraph.tilegraph import DisjointSets, stage_order

@@ -11,6 +11,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_cost_model as bcm  # noqa: E402
+
 from engine.schedule import measure  # noqa: E402
 
 

@@ -160,7 +160,7 @@ def test_by_channel_sums_stay_in_vector_registers(tmp_path, lanes, staged):
     assert conv.by_channel and (conv.channel_vectors, conv.channel_pixels) == (groups, pixels)
     assert conv.x_in_place != staged
     source = render_c(blocked)
-    assert f"if (c_n == 32) {{" in source and f"c0_v{lanes} r0_0;" in source and "float r[32];" in source
+    assert "if (c_n == 32) {" in source and f"c0_v{lanes} r0_0;" in source and "float r[32];" in source
     got = _run_c(blocked, graph, {"x": x})
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
     arrays = _with(blocked, lambda k: _map_convs(k, channel_vectors=0, channel_pixels=0))
