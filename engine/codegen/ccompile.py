@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.codegen.kir import ENTRY_COMMENT
+from engine.codegen.kir import ENTRY_COMMENT, PROGRAM_ENTRY
 from engine.errors import CompileError, TimeLimitError
 from engine.files import write_atomic
 from engine.flags import cache_dir, debug, time_limit_s
@@ -230,6 +230,9 @@ def compile_c_kernels(source: str, *, name: str, units: Units | None = None, tim
     if lib.exists() or units is None or shutil.which("objcopy") is None:
         return compile_c(source, name=name, timeout=timeout, poll=poll)
     prelude, kernels = units()
+    # The program entry (last, under its own name; see targets.program_entry) is a few lines that need no
+    # prelude: compiled in the link step, not as a unit of its own (a compiler run per program).
+    entry = kernels.pop()[1] if kernels and kernels[-1][0] == PROGRAM_ENTRY else None
     if len(kernels) < 2:  # nothing to gain
         return compile_c(source, name=name, timeout=timeout, poll=poll)
     timeout = timeout or time_limit_s() or _COMPILE_TIMEOUT_S
@@ -262,6 +265,9 @@ def compile_c_kernels(source: str, *, name: str, units: Units | None = None, tim
                 return compile_c(source, name=name, timeout=max(deadline - time.monotonic(), 0.1), poll=poll)
             linked.append(str(named))
         write_atomic(folder / f"{lib.stem}.c", source.encode())  # beside the library, as compile_c keeps it
+        if entry is not None:
+            (work / "entry.c").write_text(entry)
+            linked.append(str(work / "entry.c"))
         tmp = work / "lib.so"
         code, out, err = run_worker([*cmd, *options, *linked, "-o", str(tmp), *LINK_LIBS],
                                     timeout=max(deadline - time.monotonic(), 0.1), poll=poll, env=dict(os.environ))

@@ -1425,13 +1425,14 @@ def render_c(program: Program) -> str:
 
 def render_c_units(program: Program, symbol: str) -> tuple[str, list[tuple[str, str]]]:
     """render_c's program as (prelude, [(kernel name, the kernel printed as `symbol`)] + [(the program
-    entry's name, the entry printed as `symbol`, its kernels declared)]): Printer.render_units."""
+    entry's name, the entry under that name, its kernels declared: it needs no prelude, and
+    `compile_c_kernels` compiles it in the link step)]): Printer.render_units."""
     program = for_c(program)
     printer = CPrinter()
     prelude, units = printer.render_units(program, symbol)
     if units:  # render_c puts a blank line between the last kernel and the entry
         units[-1] = (units[-1][0], units[-1][1] + "\n")
-    return prelude, units + [(PROGRAM_ENTRY, program_entry(printer, program, symbol))]
+    return prelude, units + [(PROGRAM_ENTRY, program_entry(printer, program, PROGRAM_ENTRY))]
 
 
 def program_entry(printer: CPrinter, program: Program, name: str) -> str:
