@@ -176,14 +176,12 @@ def time_on_host(planned, plan, device, runs: int) -> tuple[dict[str, tuple[floa
     includes other processes' slices that the median of short kernels escapes. Reading the thread's CPU
     clock is a system call (~0.6 µs, against ~0.07 for the wall clock): its median cost between two reads
     is taken off each CPU sample."""
-    from engine.codegen.ccompile import load_library
-    from engine.flags import cache_dir
-    from engine.runtime.cpu import CpuModule, bind_buffers, launch_calls, program_call
+    from engine.runtime.cpu import bind_buffers, launch_calls, program_call
     from engine.runtime.inputs import make_inputs
     from engine.schedule.measure import compile_variant, thread_clock_ns
 
     compiled = compile_variant(planned, plan, device)
-    module = CpuModule(compiled.program, compiled.source, load_library(cache_dir() / "cc" / compiled.library_name))
+    module = compiled.module()
     env = bind_buffers(compiled.program, planned.specs, make_inputs(planned, seed=0), planned.weights)
     clock_ns = thread_clock_ns()
     out = {}

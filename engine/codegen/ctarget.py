@@ -140,7 +140,8 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         one_chan = len(c.chan_vars) == 1
         return {"lanes": lanes, "chunk": v, "tails": conv_tails(v, lanes) if in_place else (),
                 "chunk_channels": nc, "chunk_rows": conv_rows(v, oh, nc, lanes),
-                "lone_rows": conv_rows(v, oh, 1, lanes), "by_channel": by_channel, "channel_vectors": groups, "channel_pixels": pixels, "x_in_place": in_place,
+                "lone_rows": conv_rows(v, oh, 1, lanes), "by_channel": by_channel,
+                "channel_vectors": groups, "channel_pixels": pixels, "x_in_place": in_place,
                 "step": step, "prefetch": PREFETCH_CHANNELS * chan if chan and chan * 4 > 1024 else 0,
                 "x_channels_last": one_chan and contiguous_along(bare, c.x, c.chan_vars[0], c.window_vars[1]),
                 "w_channel_inner": one_chan and contiguous_along(bare, c.w, "i1", c.chan_vars[0])}

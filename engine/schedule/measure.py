@@ -37,6 +37,19 @@ class Compiled:
     library: bytes = b""
     library_name: str = ""
 
+    def module(self):
+        """The host variant's library opened (a cpu.CpuModule), from the C compile cache; compiled on
+        another machine, it is written there first (same name, same bytes: the name holds the source's hash)."""
+        from engine.codegen.ccompile import load_library
+        from engine.files import write_atomic
+        from engine.flags import cache_dir
+        from engine.runtime.cpu import CpuModule
+
+        path = cache_dir() / "cc" / self.library_name
+        if not path.exists():
+            write_atomic(path, self.library)
+        return CpuModule(self.program, self.source, load_library(path), str(path))
+
 
 def compile_variant(graph: PrimGraph, plan: Plan, device: Device) -> Compiled:
     """Generate and compile `plan`'s kernels: the C compiler for the host (through its disk cache), NVRTC
@@ -73,16 +86,9 @@ def time_compiled(graph: PrimGraph, compiled: Compiled, device: Device, repeat: 
         _, profile = run_cuda(compiled.program, graph.specs, inputs, graph.weights, device=device.name,
                               repeat=repeat, gpu=gpu)
         return {t.kernel: t.us for t in profile.kernels}
-    from engine.codegen.ccompile import load_library
-    from engine.files import write_atomic
-    from engine.flags import cache_dir
-    from engine.runtime.cpu import CpuModule, run_cpu
+    from engine.runtime.cpu import run_cpu
 
-    path = cache_dir() / "cc" / compiled.library_name
-    if not path.exists():  # compiled on another machine: same name, same bytes (the name holds the source's hash)
-        write_atomic(path, compiled.library)
-    module = CpuModule(compiled.program, compiled.source, load_library(path), str(path))
-    _, profile = run_cpu(module, graph.specs, inputs, graph.weights, repeat=repeat)
+    _, profile = run_cpu(compiled.module(), graph.specs, inputs, graph.weights, repeat=repeat)
     return {t.kernel: t.us for t in profile.kernels}
 
 
@@ -126,9 +132,7 @@ def host_program_measure(graph: PrimGraph, device: Device, rounds: int = PROGRAM
     """Time plans' whole programs on this CPU (the host device): each compiled (`compile_variant`: the C
     compile cache serves what the kernel timings built) and run in `rounds` interleaved rounds
     (`time_programs`); the median of each. Inputs default to the fixed-seed random ones."""
-    from engine.codegen.ccompile import load_library
-    from engine.flags import cache_dir
-    from engine.runtime.cpu import CpuModule, bind_buffers, program_call
+    from engine.runtime.cpu import bind_buffers, program_call
     from engine.runtime.inputs import make_inputs
 
     inputs = make_inputs(graph, seed=0) if inputs is None else inputs
@@ -137,10 +141,8 @@ def host_program_measure(graph: PrimGraph, device: Device, rounds: int = PROGRAM
         programs, envs = {}, []  # the calls hold raw pointers into the buffers: keep them alive
         for name, plan in plans.items():
             compiled = compile_variant(graph, plan, device)
-            path = cache_dir() / "cc" / compiled.library_name
-            module = CpuModule(compiled.program, compiled.source, load_library(path), str(path))
             envs.append(bind_buffers(compiled.program, graph.specs, inputs, graph.weights))
-            programs[name] = [program_call(module, envs[-1])]
+            programs[name] = [program_call(compiled.module(), envs[-1])]
         return {name: statistics.median(us) for name, us in time_programs(programs, rounds).items()}
     return measure
 
