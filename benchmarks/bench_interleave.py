@@ -3,7 +3,7 @@ timed three ways in one worker process — "alone" (the program's runs back to b
 policies' programs in turn, as bench_side_by_side.py times them, without onnxruntime) and "beside ort"
 (onnxruntime runs before each round, as `tileweave bench` and bench_side_by_side.py time them). Each
 program library has its own thread pool (engine/codegen/targets.py, tw_parallel_for) whose workers spin
-TW_POOL_SPIN pauses after a loop and then sleep on a futex, so a program that starts with a parallel loop
+TW_POOL_SPIN pauses after a loop, yield their core up to TW_POOL_YIELD_US and then sleep on a futex, so a program that starts with a parallel loop
 after something else ran pays its worker's wake-up; one whose first kernels are serial does not.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_interleave.py decoder_kv --policies stitch,welder --runs 41

@@ -12,7 +12,8 @@ program's ratio to onnxruntime measured in the same rounds.
 
 OMP_NUM_THREADS (default 2 here) is the thread count of both runtimes and onnxruntime's intra-op threads
 (not spinning: engine/profile/bench_worker.py:ort_session). GOMP_SPINCOUNT is left as the environment has
-it (unset: libgomp's default); the pool spins TW_POOL_SPIN pauses, then sleeps.
+it (unset: libgomp's default); the pool pauses TW_POOL_SPIN times, yields its core for up to TW_POOL_YIELD_US,
+then sleeps.
 """
 
 from __future__ import annotations

@@ -1,0 +1,75 @@
+"""Whole programs of several policies in interleaved rounds in one process, optionally after a sleep before
+each program (the C loop pool's workers then start asleep): per policy the median and the 10th / 90th
+percentile of its rounds, so a bimodal program shows. Programs run launch by launch (`launch_calls`), so the
+same script times a tree from before the C program entry too: run it with that tree first on the path.
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_program_rounds.py mobilenetv2 \
+        [--policies welder,elementwise,stitch,unfused] [--rounds 60] [--gap-ms 0] [--tree CHECKOUT]
+
+MODEL is a zoo name (samples/zoo/MODEL.onnx) or a path. --tree imports that checkout's engine instead of
+this one's (e.g. a `git worktree` of the base commit), so two trees are measured by the same script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--policies", default="welder,elementwise,stitch,unfused")
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--gap-ms", type=float, default=0.0, help="sleep before each program (ms)")
+    ap.add_argument("--tree", default=str(ROOT), help="the checkout whose engine plans, compiles and runs")
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(args.tree).resolve()))
+    from engine.codegen.generate import generate
+    from engine.device import get_device
+    from engine.frontend.importer import load_graph
+    from engine.profile.bench_worker import bench_inputs
+    from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls
+    from engine.schedule.pipeline import plan_model
+
+    model = Path(args.model) if args.model.endswith(".onnx") else ROOT / "samples" / "zoo" / f"{args.model}.onnx"
+    if not model.is_file():
+        sys.exit(f"error: no model {model} (give a zoo name or an .onnx path)")
+    graph, device = load_graph(model), get_device("host")
+    inputs = bench_inputs(graph, model)
+    programs, keep = {}, []
+    for policy in [p for p in args.policies.split(",") if p]:
+        planned, plan = plan_model(graph, policy, device)
+        program = generate(plan, planned, device, target="c")
+        env = bind_buffers(program, planned.specs, inputs, planned.weights)
+        keep.append(env)  # the calls hold raw pointers into these arrays
+        programs[policy] = launch_calls(compile_program_c(program), env)
+    names = list(programs)
+    samples = {p: [] for p in names}
+    for r in range(args.rounds + 1):  # one untimed round first; the order rotated each round
+        for j in range(len(names)):
+            policy = names[(j + r) % len(names)]
+            if args.gap_ms:
+                time.sleep(args.gap_ms / 1e3)
+            t0 = time.perf_counter()
+            for call in programs[policy]:
+                call()
+            if r:
+                samples[policy].append((time.perf_counter() - t0) * 1e6)
+    import engine
+
+    print(f"{model.stem}, engine from {Path(engine.__file__).parent}, {args.rounds} rounds, gap {args.gap_ms:g} ms\n")
+    print("| policy | median µs | q10 µs | q90 µs |")
+    print("|---|---:|---:|---:|")
+    for p in names:
+        q = sorted(samples[p])
+        print(f"| {p} | {statistics.median(q):.1f} | {q[len(q) // 10]:.1f} | {q[len(q) * 9 // 10]:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
