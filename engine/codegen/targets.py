@@ -54,7 +54,7 @@ typedef float c0_u16 __attribute__((vector_size(64), aligned(4)));
    (virtual) CPU may halt, and waking it costs tens to hundreds of microseconds on a shared VM: a serial
    stretch between two parallel loops longer than the pauses (~0.1 ms) put the worker to sleep, and
    programs with such stretches (fused kernels with a serial segment) measured bimodal here (mobilenetv2's
-   welder program 0.33 or 0.73 ms at two threads, benchmarks/NOTES.md "pool"). The caller claims chunks
+   welder program 0.33 or 0.73 ms at two threads, benchmarks/NOTES.md "poolyield"). The caller claims chunks
    too and waits only for chunks a worker claimed, so a worker descheduled by another process delays
    nothing: its chunks are taken.
    The claim word holds the loop's generation, so a late worker never runs a chunk of a later loop.
