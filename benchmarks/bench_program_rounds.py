@@ -1,10 +1,11 @@
 """Whole programs of several policies in interleaved rounds in one process, optionally after a sleep before
 each program (the C loop pool's workers then start asleep): per policy the median and the 10th / 90th
 percentile of its rounds, so a bimodal program shows. Programs run launch by launch (`launch_calls`), so the
-same script times a tree from before the C program entry too: run it with that tree first on the path.
+same script times a tree from before the C program entry too: run it with that tree first on the path;
+--entry runs each through its C program entry in one call (`program_call`: what `tileweave bench` times).
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_program_rounds.py mobilenetv2 \
-        [--policies welder,elementwise,stitch,unfused] [--rounds 60] [--gap-ms 0] [--tree CHECKOUT]
+        [--policies welder,elementwise,stitch,unfused] [--rounds 60] [--gap-ms 0] [--tree CHECKOUT] [--entry]
 
 MODEL is a zoo name (samples/zoo/MODEL.onnx) or a path. --tree imports that checkout's engine instead of
 this one's (e.g. a `git worktree` of the base commit), so two trees are measured by the same script.
@@ -28,6 +29,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--gap-ms", type=float, default=0.0, help="sleep before each program (ms)")
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose engine plans, compiles and runs")
+    ap.add_argument("--entry", action="store_true",
+                    help="one call of the program's C entry per run (program_call), not one per launch")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.tree).resolve()))
     from engine.codegen.generate import generate
@@ -35,6 +38,9 @@ def main() -> None:
     from engine.frontend.importer import load_graph
     from engine.profile.bench_worker import bench_inputs
     from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls
+
+    if args.entry:
+        from engine.runtime.cpu import program_call
     from engine.schedule.pipeline import plan_model
 
     model = Path(args.model) if args.model.endswith(".onnx") else ROOT / "samples" / "zoo" / f"{args.model}.onnx"
@@ -48,7 +54,8 @@ def main() -> None:
         program = generate(plan, planned, device, target="c")
         env = bind_buffers(program, planned.specs, inputs, planned.weights)
         keep.append(env)  # the calls hold raw pointers into these arrays
-        programs[policy] = launch_calls(compile_program_c(program), env)
+        module = compile_program_c(program)
+        programs[policy] = [program_call(module, env)] if args.entry else launch_calls(module, env)
     names = list(programs)
     samples = {p: [] for p in names}
     for r in range(args.rounds + 1):  # one untimed round first; the order rotated each round
@@ -63,7 +70,9 @@ def main() -> None:
                 samples[policy].append((time.perf_counter() - t0) * 1e6)
     import engine
 
-    print(f"{model.stem}, engine from {Path(engine.__file__).parent}, {args.rounds} rounds, gap {args.gap_ms:g} ms\n")
+    how = "the C entry" if args.entry else "launch by launch"
+    print(f"{model.stem}, engine from {Path(engine.__file__).parent}, {args.rounds} rounds, gap {args.gap_ms:g} ms, "
+          f"{how}\n")
     print("| policy | median µs | q10 µs | q90 µs |")
     print("|---|---:|---:|---:|")
     for p in names:

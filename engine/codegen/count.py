@@ -274,20 +274,24 @@ def _gemm(kernel: Kernel, phase: Phase, ext: np.ndarray, threads: int) -> Work:
     steps = -(-g.k // g.bk)
     pm, pn = g.ty * g.tm, g.tx * g.tn
     out = Work()
-    # Factor a: k-invariant reductions once per staged row (all pm rows) per k step, the rest per
-    # live element.
+    # Factor a: k-invariant reductions (and, on the C target, k-invariant picks' pointers: Gemm.a_row_picks)
+    # once per staged row (all pm rows) per k step, the rest per live element.
     def factor_a() -> tuple[Work, Work, bool]:
         a_pre, a_rest = _Counter(kernel), _Counter(kernel)
         memo: dict = {}
         hoisted = _invariant_reductions(g.a, set(g.vars))
         for node in hoisted:
             a_pre.value(node, 1.0, memo)
+        picks = _invariant_picks(kernel, g.a, set(g.vars)) if g.a_row_picks else []
+        for node in picks:
+            a_pre.pick_pointer(node, 1.0, memo)
+        a_rest.hoisted_picks = {_strip(n) for n in picks}
         a_rest.value(g.a, 1.0, dict(memo))
-        a_rest.work.evals["  hoisted"] = float(bool(hoisted))
+        a_rest.work.evals["  hoisted"] = float(bool(hoisted or picks))
         return a_pre.work, a_rest.work
 
-    pre = _memo(kernel, g.a, ("a_pre", g.vars), lambda: factor_a()[0])
-    rest = _memo(kernel, g.a, ("a_rest", g.vars), lambda: factor_a()[1])
+    pre = _memo(kernel, g.a, ("a_pre", g.vars, g.a_row_picks), lambda: factor_a()[0])
+    rest = _memo(kernel, g.a, ("a_rest", g.vars, g.a_row_picks), lambda: factor_a()[1])
     hoisted = rest.evals.get("  hoisted", 0.0) > 0
     out.add(pre, float(ntiles * steps * pm) if hoisted else 0.0)
     out.add(rest, float(m_n.sum()) * g.k)
@@ -500,6 +504,13 @@ def _strip(e):
     return strip(e, memo("count.strip", 200000).raw())
 
 
+def _invariant_picks(kernel: Kernel, body, loop_vars: set[str]) -> list:
+    """The marked nodes of `body` whose unmarked form is a k-invariant pick (printer.invariant_picks)."""
+    from engine.codegen.printer import invariant_picks
+
+    return _marked(body, set(invariant_picks(kernel, _strip(body), loop_vars)))
+
+
 def _invariant_reductions(body, loop_vars: set[str]) -> list:
     """Inlined reductions of `body` that do not depend on `loop_vars`, not under a pad guard: what
     the printer hoists per staged row (printer._invariant_reductions, on the marked body)."""
@@ -553,6 +564,7 @@ class _Counter:
         # the positions that reach it where its condition holds (what the threads run), not at every one.
         self.positions: dict[str, np.ndarray] | None = None  # never empty
         self.reach: np.ndarray | None = None
+        self.hoisted_picks: set = set()  # pick chains (unmarked) chosen outside this count's loop
 
     def _bytes(self, tensor: str, load: bool, times: float) -> None:
         buf = self.kernel.buffer(tensor)
@@ -707,11 +719,21 @@ class _Counter:
         if picked is None:
             return False
         chain, last, _ = picked
-        for cond, _ in chain:
-            self.value(cond, mult, memo)
-            self.work.flops += mult  # the pointer choice
+        if _strip(e) not in self.hoisted_picks:  # else chosen once per staged row (`pick_pointer`)
+            for cond, _ in chain:
+                self.value(cond, mult, memo)
+                self.work.flops += mult  # the pointer choice
         self._bytes(last.tensor, True, mult)
         return True
+
+    def pick_pointer(self, e, mult: float, memo: dict) -> None:
+        """The conditions and pointer choice of pick chain `e` (marked), without its load: what
+        BodyWriter.pick_pointer emits where a GEMM's A staging hoists it (Gemm.a_row_picks)."""
+        from engine.codegen.printer import pick_chain
+
+        for cond, _ in pick_chain(self.kernel, _strip(e))[0]:
+            self.value(cond, mult, memo)
+            self.work.flops += mult
 
 
 def _marked(body, targets: set) -> list:

@@ -281,6 +281,8 @@ def block_gemms(kernel: Kernel) -> Kernel:
     if not kernel.gemms:
         return kernel
 
+    from engine.codegen.printer import invariant_picks
+
     def block(bare: Kernel, p: Phase) -> dict | None:
         g = p.gemm
         if g is None:
@@ -294,9 +296,11 @@ def block_gemms(kernel: Kernel) -> Kernel:
         elif b_in is not None and (b_in[0] != 1 or (g.bm > GEMM_ROWS and _rows_share_sets(b_in[1], g.bk))):
             b_in = None
         r = p.region.rank
+        rows_inner = contiguous_along(bare, g.a, f"i{r - 2}", g.vars[-1])
         return {"c_rows": GEMM_ROWS, "c_cols": GEMM_COLS, "c_wide": wide, "a_in": a_in or (), "b_in": b_in or (),
                 "gemv": gemv, "b_k_inner": contiguous_along(bare, g.b, g.vars[-1], f"i{r - 1}"),
-                "a_rows_inner": contiguous_along(bare, g.a, f"i{r - 2}", g.vars[-1])}
+                "a_rows_inner": rows_inner,
+                "a_row_picks": not a_in and not rows_inner and bool(invariant_picks(bare, g.a, set(g.vars)))}
 
     kernel = _map_phases(kernel, block)
     bare = kernel.stripped()

@@ -146,6 +146,9 @@ class Gemm:
     # A staged with its rows innermost (A contiguous along its rows)
     b_k_inner: bool = False
     a_rows_inner: bool = False
+    # C: factor a's picks whose conditions do not depend on k (printer.invariant_picks) choose their
+    # tensor once per staged row, with its k-invariant reductions
+    a_row_picks: bool = False
 
     @property
     def mma_tiles(self) -> tuple[int, int]:
@@ -182,13 +185,14 @@ class Gemm:
                 **({"mma": self.mma, "warps_m": self.warps_m, "warps_n": self.warps_n} if self.mma else {}),
                 **({"c_rows": self.c_rows, "c_cols": self.c_cols, "c_wide": self.c_wide, "a_in": list(self.a_in),
                     "b_in": list(self.b_in), "gemv": self.gemv, "panel": self.panel, "b_k_inner": self.b_k_inner,
-                    "a_rows_inner": self.a_rows_inner} if self.c_cols else {})}
+                    "a_rows_inner": self.a_rows_inner, "a_row_picks": self.a_row_picks} if self.c_cols else {})}
 
     def describe_c(self) -> str:
         """The C target's blocking (ctarget.block_gemms), "" before it ran."""
         if not self.c_cols:
             return ""
         where = "".join(f", {n} in place" for n, s in (("a", self.a_in), ("b", self.b_in)) if s)
+        where += ", a's picks chosen per row" if self.a_row_picks else ""
         if self.gemv:
             return f"; C: dot products over k in {self.gemv} partial sums{where}"
         panel = ", B panel per column tile" if self.panel else ""

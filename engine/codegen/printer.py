@@ -415,14 +415,19 @@ class Printer:
 
     def gemm_operand(self, kernel: Kernel, phase: Phase, which: str) -> tuple[list[str], list[str], str]:
         """(lines once per staged row, lines per staged element, value) of factor a or b; the first are
-        the factor's inlined reductions that do not depend on k (only factor a has any)."""
+        the factor's inlined reductions that do not depend on k (only factor a has any) and, where the C
+        target asks (Gemm.a_row_picks), the pointers of its k-invariant picks (`invariant_picks`)."""
         g = phase.gemm
         expr = g.a if which == "a" else g.b
         outer = BodyWriter(self, kernel, self.gemm_ranges(phase))
         for node in _invariant_reductions(expr, set(g.vars)):
             outer.value(node)
+        if which == "a" and g.a_row_picks:
+            for node in invariant_picks(kernel, expr, set(g.vars)):
+                outer.pick_pointer(node)
         inner = BodyWriter(self, kernel, self.gemm_ranges(phase), outer.counter)
         inner.memo = dict(outer.memo)
+        inner.pointers = dict(outer.pointers)
         value = inner.value(expr)
         return outer.lines, inner.lines, value
 
@@ -965,6 +970,27 @@ def _invariant_reductions(body, loop_vars: set[str]) -> list:
     return found
 
 
+def invariant_picks(kernel: Kernel, body, loop_vars: set[str]) -> list:
+    """Pointer picks (`pick_chain`) in `body` whose conditions do not depend on `loop_vars`, outermost
+    first: a C GEMM stages factor a choosing their tensor once per row, not per element (Gemm.a_row_picks:
+    lstm's second layer reads its input sequence through a pick of one of 32 per-step h buffers, and GCC
+    turned the choice into a jump per staged element). None from under a pad guard or inside an inlined
+    reduction (whose own variables the conditions may read)."""
+    found, seen, stack = [], set(), [body]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (Guard, Reduce)) or id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, E.Select):
+            picked = pick_chain(kernel, n)
+            if picked is not None and not any(_free_vars(c) & loop_vars for c, _ in picked[0]):
+                found.append(n)
+                continue
+        stack.extend(reversed(E.children(n)))
+    return found
+
+
 def invariant_values(body, loop_vars: set[str], known: set | frozenset = frozenset()) -> list:
     """Maximal subexpressions of `body` that do not depend on `loop_vars` (constants aside), outermost
     first: what a loop over those variables computes once before it. None from under a pad guard
@@ -1026,7 +1052,8 @@ class BodyWriter:
         self.lines: list[str] = []
         self.memo: dict = {}
         self.counter = counter if counter is not None else [0]
-        self.picks = 0  # pointer picks emitted (_pick_tensor)
+        self.picks = 0  # pointer picks emitted (pick_pointer)
+        self.pointers: dict = {}  # pick chain -> its pointer (BodyWriter.pick_pointer; gemm_operand hoists some)
         self.loops = 0  # loops emitted (reductions, nested ones included): a loop around these lines is not innermost
 
     def fresh(self) -> str:
@@ -1179,15 +1206,25 @@ class BodyWriter:
         picked = pick_chain(self.kernel, e)
         if picked is None:
             return None
-        chain, last, buf = picked
+        _, last, buf = picked
+        ptr = self.pick_pointer(e, picked)
+        return self.p.load_value(f"{ptr}[{self.offset(buf, last.index)}]", buf.dtype)
+
+    def pick_pointer(self, e, picked: tuple | None = None) -> str:
+        """The pointer the conditions of pick chain `e` choose, emitted once per writer (or given by the
+        writer around it: `pointers`)."""
+        hit = self.pointers.get(e)
+        if hit is not None:
+            return hit
+        chain, last, buf = picked or pick_chain(self.kernel, e)
         choice = last.tensor
         for cond, ld in reversed(chain):
             choice = f"{self.value(cond)} ? {ld.tensor} : ({choice})"
-        ptr = self.fresh()
+        ptr = self.pointers[e] = self.fresh()
         self.picks += 1
         space = self.p.global_space if buf.scope == Scope.GLOBAL else self.p.local_space
         self.lines.append(f"{space}const {self.p.storage_type(buf.dtype)}* {ptr} = {choice};")
-        return self.p.load_value(f"{ptr}[{self.offset(buf, last.index)}]", buf.dtype)
+        return ptr
 
     def _text(self, e) -> str:
         if isinstance(e, E.Load):

@@ -354,3 +354,34 @@ def test_c_math_helpers_are_always_inlined():
     want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
     got = _run(graph, program, inputs)
     assert max(rel_error(got[k], want[k]) for k in want) <= 1e-5
+
+
+def test_gemm_staging_chooses_a_picked_step_buffer_once_per_row():
+    """zoo lstm (a torch export of two layers) under welder, printed as C: the second layer's input
+    projection stages A through a pick of one of 32 per-step h buffers, conditions on the row alone. The
+    C GEMM chooses the pointer once per staged row, before its k loop (Gemm.a_row_picks), not per element
+    (GCC had made the choice a jump per staged element: that kernel 88 -> ~60 µs); the count charges
+    the choice per row as printed. Outputs match onnxruntime's (the zoo's saved outputs)."""
+    from engine.codegen.count import count_kernel
+    from engine.device import get_device
+    from engine.frontend.importer import load_graph
+    from engine.schedule.pipeline import plan_model
+
+    zoo = Path(__file__).resolve().parents[3] / "samples" / "zoo"
+    graph = load_graph(zoo / "lstm.onnx")
+    _, plan = plan_model(graph, "welder", get_device("a100"))
+    program = generate(plan, graph, "a100", target="c")
+    picked = [k for k in program.kernels if any(p.gemm is not None and p.gemm.a_row_picks
+                                                 for s in k.segments for p in s.phases)]
+    assert picked
+    lines = _kernels_only(render_c(program)).splitlines()
+    picks = [j for j, x in enumerate(lines) if x.lstrip().startswith("const float* v") and x.count(" ? ") == 31]
+    assert picks and all(lines[j + 1].strip() == "for (int kk = 0; kk < k_n; ++kk) {" for j in picks)
+    for kernel in picked:  # per element, the pick would cost its 31 conditions and choices again
+        every = dataclasses.replace(kernel, segments=tuple(dataclasses.replace(s, phases=tuple(
+            dataclasses.replace(p, gemm=dataclasses.replace(p.gemm, a_row_picks=False)) if p.gemm else p
+            for p in s.phases)) for s in kernel.segments))
+        assert count_kernel(kernel).flops < count_kernel(every).flops - 31 * 1000
+    saved = np.load(zoo / "lstm.io.npz")
+    got = _run(graph, program, {"x": saved["x"]})
+    assert max(rel_error(got[k], saved[k]) for k in ("y", "h")) <= 1e-4
