@@ -26,8 +26,9 @@ from engine.errors import DeviceError
 from engine.files import write_atomic
 
 HOST = "host"
-PROBE_VERSION = 5  # 4: launch and grid barrier of the loop runtime the kernels use (flags.c_loops);
-#                   5: each timed figure the best of PROBE_PASSES passes
+PROBE_VERSION = 7  # 4: launch and grid barrier of the loop runtime the kernels use (flags.c_loops);
+#                   5: each timed figure the best of PROBE_PASSES passes; 7: the pool's figures timed before
+#                   the OpenMP triads of a pass (6 was a launch figure timed from C, tried and reverted)
 _CPU_ONLY = ("kind", "vector_lanes")
 
 # The probe: every timing takes the best of several repeats (the machine is shared; the best is the
@@ -372,6 +373,19 @@ def _timed_figures(lib, threads: int, l1: int, llc: int, lanes: int) -> dict[str
     the FMA peak (FLOP/s), and seconds per launch and per grid barrier."""
     from engine.flags import c_loops
 
+    # What a launch and a grid barrier cost in the loops the kernels run (flags.c_loops): the pool's
+    # (a launch: a kernel with one pooled loop, called from Python; a barrier: one more pooled loop), or
+    # OpenMP's (a serial kernel's call; an OpenMP barrier). Timed first, a pass being PROBE_GAP_S after the
+    # last: right after the OpenMP triads below, OpenMP's own threads still spin for a while and the pool's
+    # threads share the cores with them — a pooled loop's end then measured ~3 us against ~0.4 us (this VM,
+    # 2 threads), and one such probe priced every grid barrier of every later plan at that.
+    if c_loops() == "pool":
+        out = (ctypes.c_float * (16 * 8 * max(threads, 1)))()
+        barrier = lib.tw_pool_barrier(50, 20, 0.3, out)
+        launch = _time_launch(lib.tw_pool_launch)
+    else:
+        barrier = lib.tw_barrier(200, 20, 0.3)
+        launch = _time_launch(lib.tw_empty_launch)
     # DRAM: three arrays of 4x the last-level cache each (STREAM's rule); LLC: three arrays filling half of
     # it (over all threads); L1: each thread's three arrays filling half its L1, repeated.
     n_dram = max(1 << 22, 4 * llc // 4)
@@ -384,16 +398,6 @@ def _timed_figures(lib, threads: int, l1: int, llc: int, lanes: int) -> dict[str
     iters = 1 << 24
     sums = (ctypes.c_float * max(threads, 256))()
     peak = threads * 12 * 2 * lanes * iters / lib.tw_fma(iters, 5, sums)
-    # What a launch and a grid barrier cost in the loops the kernels run (flags.c_loops): the pool's
-    # (a launch: a kernel with one pooled loop, called from Python; a barrier: one more pooled loop), or
-    # OpenMP's (a serial kernel's call; an OpenMP barrier).
-    if c_loops() == "pool":
-        out = (ctypes.c_float * (16 * 8 * max(threads, 1)))()
-        barrier = lib.tw_pool_barrier(50, 20, 0.3, out)
-        launch = _time_launch(lib.tw_pool_launch)
-    else:
-        barrier = lib.tw_barrier(200, 20, 0.3)
-        launch = _time_launch(lib.tw_empty_launch)
     return {"dram_bw": dram_bw, "llc_bw": llc_bw, "l1_bw": l1_bw, "peak": peak, "launch": launch, "barrier": barrier}
 
 
