@@ -6,9 +6,12 @@ same script times a tree from before the C program entry too: run it with that t
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_program_rounds.py mobilenetv2 \
         [--policies welder,elementwise,stitch,unfused] [--rounds 60] [--gap-ms 0] [--tree CHECKOUT] [--entry]
+        [--device host|FILE.json]
 
 MODEL is a zoo name (samples/zoo/MODEL.onnx) or a path. --tree imports that checkout's engine instead of
-this one's (e.g. a `git worktree` of the base commit), so two trees are measured by the same script.
+this one's (e.g. a `git worktree` of the base commit), so two trees are measured by the same script. --device
+plans for a device file instead of this machine's cached probe (two trees whose probe versions differ would
+otherwise plan with different figures: give both the same file, e.g. a copy of ~/.cache/tileweave/host/*.json).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--gap-ms", type=float, default=0.0, help="sleep before each program (ms)")
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose engine plans, compiles and runs")
+    ap.add_argument("--device", default="host", help="host (this machine's probe) or a CPU device file")
     ap.add_argument("--entry", action="store_true",
                     help="one call of the program's C entry per run (program_call), not one per launch")
     args = ap.parse_args()
@@ -46,7 +50,7 @@ def main() -> None:
     model = Path(args.model) if args.model.endswith(".onnx") else ROOT / "samples" / "zoo" / f"{args.model}.onnx"
     if not model.is_file():
         sys.exit(f"error: no model {model} (give a zoo name or an .onnx path)")
-    graph, device = load_graph(model), get_device("host")
+    graph, device = load_graph(model), get_device(args.device)
     inputs = bench_inputs(graph, model)
     programs, keep = {}, []
     for policy in [p for p in args.policies.split(",") if p]:

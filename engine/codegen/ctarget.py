@@ -54,6 +54,7 @@ GEMV_LANES = 32
 PANEL_BYTES = 4 << 20  # largest per-thread B panel a C GEMM keeps across tiles
 PREFETCH_CHANNELS = 4  # input channels ahead a direct conv prefetches rows read in place
 MAX_LINE = 16384  # floats of one per-tile line cache or dot-product row (on the stack of an OpenMP thread)
+ROW_CACHE_FLOATS = 4 * MAX_LINE  # floats of all of a tile's row caches
 # L1 data cache geometry (32 KiB, 8 ways, 64-byte lines: one way spans 4 KiB) and the most lines of
 # one k step of B that may share a set while the micro-kernel's row groups reread them.
 L1_WAY_BYTES = 4096
@@ -430,7 +431,7 @@ def find_row_caches(seg: Segment) -> list[RowCache]:
                 continue
             again = _row_reread(prod, cons)
             if again is not None:
-                if again.size + sum(c.size for c in out) <= MAX_LINE:
+                if again.size + sum(c.size for c in out) <= ROW_CACHE_FLOATS:
                     out.append(dataclasses.replace(again, name=f"row{len(out)}"))
                 break
             rc = cons.region.rank
@@ -443,8 +444,7 @@ def find_row_caches(seg: Segment) -> list[RowCache]:
             rows = rc - 1
             if prod.region.rank == rc and prod.region.shape[-1] != 1:
                 continue
-            if any(prod.region.spans[d] != cons.region.spans[d] or prod.region.spans[d].clamp
-                   for d in range(rows)):
+            if any(prod.region.spans[d] != cons.region.spans[d] for d in range(rows)):
                 continue
             if not free_vars(prod.body) <= {"r0", *(f"i{d}" for d in range(rows))}:
                 continue
@@ -452,7 +452,7 @@ def find_row_caches(seg: Segment) -> list[RowCache]:
             extents = tuple(cons.region.spans[d].ext for d in range(rows))
             cache = RowCache(f"row{len(out)}", prod.stage, cons.stage, term, rows, extents, n)
             if _occurs(cons.body, term):
-                if cache.size + sum(c.size for c in out) <= MAX_LINE:
+                if cache.size + sum(c.size for c in out) <= ROW_CACHE_FLOATS:
                     out.append(cache)
                 break
     return out

@@ -80,6 +80,27 @@ def test_no_row_cache_where_the_consumer_tile_splits_the_row():
     assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-3
 
 
+def test_row_cache_on_rows_the_tiles_do_not_divide():
+    """128 rows per head in tiles of 48: the last tile's rows are clamped (32 of them). The sum phase's exp
+    terms are still kept for the normalise phase — both phases clamp their rows alike, and the cache is
+    indexed from the tile's first row — so exp runs once per element; random logits match onnxruntime (a
+    cache read at the wrong row could not match by chance)."""
+    graph, inputs, _ = load_sample("masked_softmax")
+    plan = make_test_plan(graph, fuse_all(graph), tiles={"probs": Tile("probs", (1, 1, 48, 128), 128, 0)})
+    program = generate(plan, graph)
+    caches = [c for k in _printed(program) for s in k.segments for c in find_row_caches(s)]
+    assert [(c.producer, c.consumer) for c in caches] == [("probs::max", "probs::sum"), ("probs::sum", "probs")]
+    spans = [p.region.spans for k in _printed(program) for s in k.segments for p in s.phases if p.stage == "probs"]
+    assert spans and spans[0][2].clamp
+    assert _kernels_only(render_c(program)).count("c0_expf(") == 1
+    rng = np.random.default_rng(11)
+    inputs = dict(inputs, scores=rng.standard_normal(inputs["scores"].shape).astype(np.float32) * 4)
+    sess = ort.InferenceSession(str(SAMPLES / "masked_softmax.onnx"), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+    got = _run(graph, program, inputs)
+    assert max(rel_error(got[k], want[k]) for k in want) <= 1e-5
+
+
 POOL_CALL = re.compile(r"^\s+tw_parallel_for\(", re.M)  # a pooled tile loop's call in a kernel
 
 
