@@ -4,6 +4,7 @@ a per-kernel Profile out. Intermediates live in one arena laid out by the static
 from __future__ import annotations
 
 import ctypes
+import math
 import statistics
 import time
 from collections.abc import Mapping
@@ -17,7 +18,9 @@ from engine.codegen.targets import render_c, render_c_units
 from engine.errors import ShapeError
 from engine.limits import call_bounded
 from engine.profile.profile import KernelTime, Profile
+from engine.runtime.memory import ALIGN
 
+LINE = 64  # bytes of a cache line: where every host buffer starts
 LABEL = "measured on CPU (C backend)"
 
 
@@ -46,9 +49,29 @@ def compile_program_c(program: Program, *, time_limit: float | None = None, poll
     return CpuModule(program, source, load_library(path), str(path))
 
 
+def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
+    """`nbytes` uninitialised bytes whose first lies on an `align`-byte boundary."""
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + nbytes]
+
+
+def aligned(arr: np.ndarray, align: int = LINE) -> np.ndarray:
+    """`arr` (C-contiguous) where its data starts on an `align`-byte boundary, else an aligned copy. NumPy
+    gives 16-byte alignment: a weight loaded from ONNX, or the arena, could start anywhere in a cache line,
+    from one process to the next, and a 64-byte vector load of it then straddled two lines (welder's zoo
+    programs with every weight 16 bytes past a line: 2-8 % slower, benchmarks/bench_alignment.py)."""
+    if arr.ctypes.data % align == 0:
+        return arr
+    out = aligned_empty(arr.nbytes, align).view(arr.dtype).reshape(arr.shape)
+    out[...] = arr
+    return out
+
+
 def bind_buffers(program: Program, graph_specs: Mapping, inputs: Mapping[str, np.ndarray],
                  weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every tensor a launch touches -> a C-contiguous array (inputs checked, intermediates in the arena)."""
+    """Every tensor a launch touches -> a C-contiguous array starting on a cache line (`aligned`; inputs
+    checked, intermediates in the arena, whose offsets keep the memory plan's alignment)."""
     env: dict[str, np.ndarray] = {}
     for name in program.inputs:
         if name not in inputs:
@@ -57,13 +80,15 @@ def bind_buffers(program: Program, graph_specs: Mapping, inputs: Mapping[str, np
         arr = np.ascontiguousarray(inputs[name], dtype=spec.dtype.np)
         if arr.shape != spec.shape:
             raise ShapeError(f"input '{name}' has shape {list(arr.shape)}, expected {list(spec.shape)}")
-        env[name] = arr
+        env[name] = aligned(arr)
     for name in program.constants:
-        env[name] = np.ascontiguousarray(weights[name], dtype=graph_specs[name].dtype.np)
+        env[name] = aligned(np.ascontiguousarray(weights[name], dtype=graph_specs[name].dtype.np))
     for name in program.outputs:
         if name not in env:
-            env[name] = np.empty(graph_specs[name].shape, graph_specs[name].dtype.np)
-    arena = np.empty(max(program.memory.arena_bytes, 1), dtype=np.uint8)
+            spec = graph_specs[name]
+            env[name] = aligned_empty(max(1, math.prod(spec.shape)) * spec.dtype.itemsize, LINE).view(
+                spec.dtype.np)[:math.prod(spec.shape)].reshape(spec.shape)
+    arena = aligned_empty(max(program.memory.arena_bytes, 1))
     for a in program.memory.allocations:
         spec = graph_specs[a.tensor]
         env[a.tensor] = arena[a.offset:a.offset + a.nbytes].view(spec.dtype.np).reshape(spec.shape)
