@@ -186,8 +186,9 @@ def conv_dot_products(kernel: Kernel, lanes: int) -> Kernel:
     pixels staged im2col-wise, pixel-major), `lanes` terms at a time, with `dot_channels` output
     channels x `dot_pixels` pixels of partial-sum vectors held in registers (of the DOT_REGISTERS a
     vector width leaves them, one weight vector per channel loaded beside). Taps wider than one
-    stage an input element once per tap that reads it, so they take an input that is a plain load
-    (no arithmetic repeated). The window form vectorises along output columns (2-4 of a vector's 16
+    stage an input element once per tap that reads it, so where windows overlap they take an input that is
+    a plain load (no arithmetic repeated); a conv whose strides cover its taps (convnext's 2x2 stride-2
+    downsampling, its input a LayerNorm inlined) reads each input element in one tap only. The window form vectorises along output columns (2-4 of a vector's 16
     lanes live on the last stages' 2x2 and 4x4 maps) or, with fewer pixels than a vector, along output
     channels with every channel's sums in memory: mobilenetv2's last 1x1 conv (112 -> 1280 channels
     over 2x2 pixels) took 153 us that way and 16.5 us as dot products (benchmarks/NOTES.md). At as many
@@ -222,7 +223,8 @@ def _dot_shaped(kernel: Kernel, p: Phase, lanes: int) -> bool:
     if c.depthwise or len(c.chan_vars) != 1 or dot_terms(c) < lanes or c.out[1] * c.out[2] >= lanes \
             or c.out[1] * c.out[2] * dot_terms(c) > DOT_STAGE or p.dtype != DType.F32:
         return False
-    if taps > 1 and not (isinstance(c.x, E.Load) and all(ix.is_affine for ix in c.x.index)):
+    overlapping = any(s < (k - 1) * d + 1 for s, k, d in zip(c.strides, c.taps, c.dilations))
+    if taps > 1 and overlapping and not (isinstance(c.x, E.Load) and all(ix.is_affine for ix in c.x.index)):
         return False  # im2col staging would repeat the input's arithmetic once per tap
     w = c.w
     if not isinstance(w, E.Load) or w.pad is not None or w.dtype != DType.F32 or not w.index:

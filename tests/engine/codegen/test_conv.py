@@ -445,6 +445,9 @@ DOT_CASES = {
     "3x3_pad1": ((1, 24, 2, 2), 20, (3, 3), {"pads": [1, 1, 1, 1]}, (1, 20, 2, 2), False),
     "3x3_stride2_odd_channels": ((1, 7, 5, 5), 9, (3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, (1, 9, 3, 3), False),
     "2x3_dilated_five_pixels": ((1, 6, 6, 9), 5, (2, 3), {"dilations": [2, 1], "pads": [1, 1, 1, 1]}, (1, 5, 1, 5), False),
+    # strides covering the taps (convnext's 2x2 stride-2 downsampling): each input element is read by one tap,
+    # so a computed input is staged once per element, as for a 1x1
+    "2x2_stride2_computed_input": ((1, 12, 4, 6), 10, (2, 2), {"strides": [2, 2]}, (1, 10, 1, 3), True),
 }
 
 
@@ -455,7 +458,7 @@ def test_conv_on_few_pixels_runs_as_dot_products(tmp_path, monkeypatch, case, la
     tap) terms per output, runs as dot products over them (conv_dot_products: the lanes and the register
     block are recorded in the Conv), at each vector width the C target blocks for; it matches the
     reference with odd channel counts, term tails, partial edge tiles, padding, strides, dilations,
-    several pixel blocks and a computed input (1x1 only)."""
+    several pixel blocks and a computed input (1x1, or taps the strides cover)."""
     import engine.codegen.generate as gen
 
     x_shape, co, kernel, attrs, tile, staged = DOT_CASES[case]
@@ -482,8 +485,8 @@ def test_conv_on_few_pixels_runs_as_dot_products(tmp_path, monkeypatch, case, la
 @pytest.mark.parametrize("why", ["few_terms", "many_pixels", "3x3_computed_input", "depthwise"])
 def test_dot_products_only_where_they_fit(tmp_path, monkeypatch, why):
     """Convs the dot-product form does not fit keep the window form: fewer (channel, tap) terms than a
-    vector, as many pixels per tile as a vector, taps over an input with arithmetic in it (im2col
-    staging would repeat it per tap), a depthwise conv."""
+    vector, as many pixels per tile as a vector, overlapping taps over an input with arithmetic in it
+    (im2col staging would repeat it per tap), a depthwise conv."""
     import engine.codegen.generate as gen
 
     monkeypatch.setattr(gen, "c_lanes", lambda device: 16)
