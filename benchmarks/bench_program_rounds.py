@@ -41,10 +41,7 @@ def main() -> None:
     from engine.device import get_device
     from engine.frontend.importer import load_graph
     from engine.profile.bench_worker import bench_inputs
-    from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls
-
-    if args.entry:
-        from engine.runtime.cpu import program_call
+    from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls, program_call
     from engine.schedule.pipeline import plan_model
 
     model = Path(args.model) if args.model.endswith(".onnx") else ROOT / "samples" / "zoo" / f"{args.model}.onnx"

@@ -56,6 +56,13 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
+def aligned_array(shape: tuple[int, ...], dtype, align: int = LINE) -> np.ndarray:
+    """An uninitialised C-contiguous array of `shape` whose data starts on an `align`-byte boundary."""
+    dtype = np.dtype(dtype)
+    count = math.prod(shape)
+    return aligned_empty(max(count, 1) * dtype.itemsize, align).view(dtype)[:count].reshape(shape)
+
+
 def aligned(arr: np.ndarray, align: int = LINE) -> np.ndarray:
     """`arr` (C-contiguous) where its data starts on an `align`-byte boundary, else an aligned copy. NumPy
     gives 16-byte alignment: a weight loaded from ONNX, or the arena, could start anywhere in a cache line,
@@ -63,7 +70,7 @@ def aligned(arr: np.ndarray, align: int = LINE) -> np.ndarray:
     programs with every weight 16 bytes past a line: 2-8 % slower, benchmarks/bench_alignment.py)."""
     if arr.ctypes.data % align == 0:
         return arr
-    out = aligned_empty(arr.nbytes, align).view(arr.dtype).reshape(arr.shape)
+    out = aligned_array(arr.shape, arr.dtype, align)
     out[...] = arr
     return out
 
@@ -85,9 +92,7 @@ def bind_buffers(program: Program, graph_specs: Mapping, inputs: Mapping[str, np
         env[name] = aligned(np.ascontiguousarray(weights[name], dtype=graph_specs[name].dtype.np))
     for name in program.outputs:
         if name not in env:
-            spec = graph_specs[name]
-            env[name] = aligned_empty(max(1, math.prod(spec.shape)) * spec.dtype.itemsize, LINE).view(
-                spec.dtype.np)[:math.prod(spec.shape)].reshape(spec.shape)
+            env[name] = aligned_array(graph_specs[name].shape, graph_specs[name].dtype.np)
     arena = aligned_empty(max(program.memory.arena_bytes, 1))
     for a in program.memory.allocations:
         spec = graph_specs[a.tensor]
