@@ -129,8 +129,11 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         v = conv_chunk(ow, lanes)
         nc = 1 if c.depthwise else conv_channels(v, co, lanes)
         by_channel = (not c.depthwise and c.taps == (1, 1) and c.strides == (1, 1) and oh * ow < lanes <= co)
-        groups, pixels = by_channel_blocking(co // lanes, ow, lanes) if by_channel and co % lanes == 0 else (0, 0)
-        in_place = _window_rows_in_place(c)
+        by_channel = by_channel or depthwise_by_channel(c, lanes)
+        blocking = depthwise_blocking if c.depthwise else by_channel_blocking
+        groups, pixels = blocking(co // lanes, ow, lanes) if by_channel and co % lanes == 0 else (0, 0)
+        # A depthwise conv by channel stages its window channels-last (never read in place).
+        in_place = _window_rows_in_place(c) and not (c.depthwise and by_channel)
         taps = c.taps[0] * c.taps[1]
         step = 1 if c.depthwise else c.bc
         if in_place and not c.depthwise and co * c.channels * taps <= MAX_LINE:
@@ -148,6 +151,34 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
                 "w_channel_inner": one_chan and contiguous_along(bare, c.w, "i1", c.chan_vars[0])}
 
     return _map_phases(kernel, block) if kernel.convs else kernel
+
+
+DW_BY_CHANNEL_COLS = 8  # output columns under which a depthwise conv runs with its channels in the lanes
+
+
+def depthwise_by_channel(c, lanes: int) -> bool:
+    """Whether a window-form depthwise conv runs with its output channels in the vector lanes: its tile's
+    rows are under DW_BY_CHANNEL_COLS columns (along columns a chunk of at least 8 lanes would be mostly
+    idle: convnext's 7x7 convs over 4x4 images measured 2.8x their model, 4.7x over 2x2), its channels fill
+    whole vectors, and the channels-last window and the tap-major weights fit a thread's stack (MAX_LINE)."""
+    co, _, ow = c.out
+    wh, ww = c.window
+    return (c.depthwise and lanes >= 8 and ow < DW_BY_CHANNEL_COLS and co >= lanes and co % lanes == 0
+            and (wh * ww + c.taps[0] * c.taps[1]) * co <= MAX_LINE)
+
+
+DW_SUMS = 8  # partial-sum vectors of a by-channel depthwise block: 4 cycles of FMA latency x 2 FMAs per cycle
+
+
+def depthwise_blocking(vectors: int, ow: int, lanes: int) -> tuple[int, int]:
+    """(channel vectors per group, pixels of a row per block) of a by-channel depthwise conv: up to 4 pixels
+    (each tap's weight vectors shared by them; its input vectors are each used once) and the largest
+    divisor of `vectors` that keeps the block at DW_SUMS partial sums. More sums do not fit beside the
+    window vectors GCC keeps live from one tap column to the next: convnext's 64-channel 7x7 convs at 4
+    vectors x 4 pixels spilled and ran slower than the window form."""
+    pixels = max(1, min(ow, 4))
+    group = max(d for d in range(1, vectors + 1) if vectors % d == 0 and (d == 1 or d * pixels <= DW_SUMS))
+    return group, pixels
 
 
 def by_channel_blocking(vectors: int, ow: int, lanes: int) -> tuple[int, int]:

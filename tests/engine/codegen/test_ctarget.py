@@ -32,6 +32,8 @@ from engine.codegen.ctarget import (  # noqa: E402
     cache_lines,
     cache_rows,
     conv_tails,
+    depthwise_blocking,
+    depthwise_by_channel,
     for_c,
     reciprocal_rows,
     schedule_segments,
@@ -180,13 +182,6 @@ def test_by_channel_blocking_fits_the_registers():
         for lanes, regs in ((16, 32), (8, 16)):
             g, p = by_channel_blocking(vectors, 15, lanes)
             assert vectors % g == 0 and g * p <= regs // 2 and p >= 1
-
-
-def _map_convs(kernel, **fields):
-    segments = [dataclasses.replace(s, phases=tuple(
-        dataclasses.replace(p, conv=dataclasses.replace(p.conv, **fields)) if p.conv is not None else p for p in s.phases))
-        for s in kernel.segments]
-    return dataclasses.replace(kernel, segments=tuple(segments))
 
 
 def _gemm(tmp_path, rows: int, transposed: bool):
@@ -401,6 +396,60 @@ def _map_convs(kernel, **fields):
     segs = tuple(dataclasses.replace(s, phases=tuple(dataclasses.replace(p, conv=dataclasses.replace(p.conv, **fields))
                                                      if p.conv else p for p in s.phases)) for s in kernel.segments)
     return dataclasses.replace(kernel, segments=segs)
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("seed", [51, 52, 53])
+@pytest.mark.parametrize("staged", [False, True], ids=["padded-load", "relu-inlined"])
+def test_depthwise_conv_over_narrow_rows_puts_channels_in_the_lanes(tmp_path, lanes, seed, staged):
+    """A depthwise conv of random taps (3 or 7), stride (1 or 2), image under 8 columns wide and channels
+    in tiles of whole vectors plus a last partial tile: block_convs marks it by channel, the C stages the
+    window channels-last (the pad value filled in and only the interior copied where the input is a plain
+    padded load; every position checked where Relu is inlined into it), the last tile keeps the window
+    form, and both match NumPy — as does the window form alone (the field off)."""
+    rng = np.random.default_rng(seed)
+    k, s = int(rng.choice([3, 7])), int(rng.integers(1, 3))
+    h, w, full = int(rng.integers(2, 12)), int(rng.integers(1, 7 * s + 1)), 2 * lanes  # under 8 output columns
+    c = full + int(rng.integers(1, lanes))
+    wt = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["r" if staged else "x", "W"], ["y"], group=c, pads=[k // 2] * 4, strides=[s, s])]
+    if staged:
+        nodes.insert(0, helper.make_node("Relu", ["x"], ["r"]))
+    path = _save(tmp_path / f"dwc{seed}.onnx", nodes, [("x", (1, c, h, w))], {"W": wt})
+    ho, wo = (h + 2 * (k // 2) - k) // s + 1, (w + 2 * (k // 2) - k) // s + 1
+    program, graph = _program(path, (1, full, int(rng.integers(1, ho + 1)), wo))
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    xin = np.maximum(x[0], 0) if staged else x[0]
+    want = np.einsum("ckl,chwkl->chw", wt[:, 0], _windows(xin, k, k // 2)[:, ::s, ::s][:, :ho, :wo])[None]
+    blocked = _with(program, lambda kern: c_decisions(kern, lanes))
+    (conv,) = [p.conv for p in _phases(blocked) if p.conv is not None]
+    assert conv.depthwise and conv.by_channel and not conv.x_in_place
+    assert (conv.channel_vectors, conv.channel_pixels) == depthwise_blocking(full // lanes, wo, lanes)
+    source = render_c(blocked)
+    assert f"if (c_n == {full}) {{" in source and "st_xc[" in source and f"c0_v{lanes} r0_0 = {{0}};" in source
+    assert ("st_xc[e] = 0.0f;" in source) == (not staged)
+    got = _run_c(blocked, graph, {"x": x})
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+    columns = _with(blocked, lambda kern: _map_convs(kern, by_channel=False))
+    assert "st_xc[" not in render_c(columns)
+    assert np.max(np.abs(_run_c(columns, graph, {"x": x}) - want)) / np.max(np.abs(want)) < TOL
+
+
+def test_depthwise_by_channel_only_for_narrow_rows_of_whole_channel_vectors(tmp_path):
+    """The window form stays where its column chunks are full enough (8 columns and more), where the
+    tile's channels do not fill whole vectors, and at 4 lanes; the blocking keeps DW_SUMS partial sums."""
+    rng = np.random.default_rng(55)
+    wt = rng.standard_normal((32, 1, 7, 7)).astype(np.float32)
+    path = _save(tmp_path / "dwn.onnx", [helper.make_node("Conv", ["x", "W"], ["y"], group=32, pads=[3] * 4)],
+                 [("x", (1, 32, 4, 12))], {"W": wt})
+    for tile, lanes, marked in (((1, 32, 4, 4), 16, True), ((1, 32, 4, 8), 16, False), ((1, 24, 4, 4), 16, False),
+                                ((1, 24, 4, 4), 8, True), ((1, 32, 4, 4), 4, False)):
+        program, _ = _program(path, tile)
+        (conv,) = [p.conv for p in _phases(program) if p.conv is not None]
+        assert depthwise_by_channel(conv, lanes) == marked, (tile, lanes)
+    assert depthwise_blocking(4, 4, 16) == (2, 4)  # convnext's 64 channels x 4x4: 8 sums
+    assert depthwise_blocking(4, 2, 16) == (4, 2) and depthwise_blocking(1, 4, 16) == (1, 4)
+    assert depthwise_blocking(3, 4, 8) == (1, 4) and depthwise_blocking(6, 1, 8) == (6, 1)
 
 
 @pytest.mark.parametrize("seed", [41, 42])
