@@ -736,14 +736,33 @@ def _whole_per_tile(region) -> bool:
 def segment_work(seg: Segment) -> int:
     """Element-steps of a segment: per phase, elements per tile times the reduction length (inlined
     reductions and tiled GEMM k included) times the body's weight (transcendentals count
-    TRANSCENDENTAL_STEPS each), times the tiles."""
+    TRANSCENDENTAL_STEPS each), plus STAGE_STEPS per element of a conv's staged input window, times the
+    tiles."""
     total = 0
     for p in seg.phases:
         elems = p.region.flat or math.prod(p.region.extent)
         inlined, expensive = _body_steps(p.body)
         steps = (math.prod(p.reduce) if p.reduce else 1) + inlined
         total += elems * steps * (1 + TRANSCENDENTAL_STEPS * expensive)
+        if p.conv is not None and not _window_rows_in_place(p.conv):
+            total += STAGE_STEPS * staged_window(p.conv)
     return total * seg.ntiles
+
+
+# Element-steps one element of a conv's staged input window counts for: staged row by row, border columns
+# checked one by one, a strided input de-interleaved by column phase — ~0.4 ns an element measured (zoo
+# mobilevit's 3x3 stride-2 depthwise conv over 64 channels of 32x32: 72 K staged elements, 37.5 µs on one
+# core, which its 147 K element-steps of arithmetic had left serial), against ~0.05 ns an element-step.
+STAGE_STEPS = 8
+
+
+def staged_window(c) -> int:
+    """Elements of a conv's input window one tile stages: its channels (the block's own when depthwise,
+    else every input channel) times the window's rows and columns (capacity). Taken from the conv as
+    generate builds it, before the C passes, so the cost model (`cost.serial_on`) and the C target count
+    alike; the rows an unpadded input lets the window form read in place are left out by the caller."""
+    wh, ww = c.window
+    return (c.out[0] if c.depthwise else c.channels) * wh * ww
 
 
 def _body_steps(body) -> tuple[int, int]:

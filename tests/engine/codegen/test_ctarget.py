@@ -23,6 +23,7 @@ from engine.codegen.ctarget import (  # noqa: E402
     CLAIM_WORK,
     GEMV_LANES,
     SERIAL_WORK,
+    STAGE_STEPS,
     STREAM_WORK,
     TWO_CHAINS_BELOW,
     block_convs,
@@ -39,6 +40,7 @@ from engine.codegen.ctarget import (  # noqa: E402
     schedule_segments,
     segment_work,
     split_chains,
+    staged_window,
     window_interiors,
 )
 from engine.codegen.generate import generate  # noqa: E402
@@ -221,6 +223,34 @@ def test_block_gemms_runs_few_rows_against_a_transposed_weight_as_dot_products(t
     blocked = _with(blocked, lambda k: c_decisions(k, 16))
     assert f"float part[{GEMV_LANES}];" in render_c(blocked)
     assert np.max(np.abs(_run_c(blocked, graph, feeds) - want)) / np.max(np.abs(want)) < TOL
+
+
+def test_segment_work_counts_a_conv_s_staged_window(tmp_path):
+    """A conv's staged input window counts STAGE_STEPS element-steps an element on top of its arithmetic:
+    a 3x3 stride-2 depthwise conv over 64 channels of 32x32 in tiles of 8 channels (zoo mobilevit's, which
+    ran 37.5 µs on one core with its 147 K element-steps of arithmetic alone) is past SERIAL_WORK and gets
+    the pool; an unpadded 1x1 conv, whose rows the window form reads in place, counts none."""
+    rng = np.random.default_rng(61)
+    wt = rng.standard_normal((64, 1, 3, 3)).astype(np.float32)
+    path = _save(tmp_path / "dws2.onnx", [helper.make_node("Conv", ["x", "W"], ["y"], group=64, pads=[1] * 4,
+                                                           strides=[2, 2])], [("x", (1, 64, 32, 32))], {"W": wt})
+    program, graph = _program(path, (1, 8, 16, 16))
+    (seg,) = [s for k in program.kernels for s in k.stripped().segments]
+    (phase,) = [p for p in seg.phases if p.conv is not None]
+    assert staged_window(phase.conv) == 8 * 33 * 33
+    arithmetic = 8 * 16 * 16 * 9 * seg.ntiles
+    assert segment_work(seg) == arithmetic + STAGE_STEPS * 8 * 33 * 33 * seg.ntiles
+    assert arithmetic < SERIAL_WORK <= segment_work(seg)
+    (scheduled,) = [s for k in _with(program, schedule_segments).kernels for s in k.segments]
+    assert scheduled.omp == "guided"
+    x = rng.standard_normal((1, 64, 32, 32)).astype(np.float32)
+    want = np.einsum("ckl,chwkl->chw", wt[:, 0], _windows(x[0], 3, 1)[:, ::2, ::2][:, :16, :16])[None]
+    got = _run_c(_with(program, lambda k: c_decisions(k, compiler_lanes())), graph, {"x": x})
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+    w1 = rng.standard_normal((16, 12, 1, 1)).astype(np.float32)
+    pw = _save(tmp_path / "pw1.onnx", [helper.make_node("Conv", ["x", "W"], ["y"])], [("x", (1, 12, 4, 6))], {"W": w1})
+    (seg1,) = [s for k in _program(pw, (1, 16, 2, 3))[0].kernels for s in k.stripped().segments]
+    assert segment_work(seg1) == 16 * 2 * 3 * 12 * seg1.ntiles  # read in place: no staging counted
 
 
 def test_schedule_segments_records_the_work_and_the_split(tmp_path):
