@@ -5,8 +5,8 @@ same script times a tree from before the C program entry too: run it with that t
 --entry runs each through its C program entry in one call (`program_call`: what `tileweave bench` times).
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_program_rounds.py mobilenetv2 \
-        [--policies welder,elementwise,stitch,unfused] [--rounds 60] [--gap-ms 0] [--tree CHECKOUT] [--entry]
-        [--device host|FILE.json]
+        [--policies welder,elementwise,stitch,unfused] [--rounds 60] [--gap-ms 0] [--settle-ms 2.5] [--tree CHECKOUT]
+        [--entry] [--device host|FILE.json]
 
 MODEL is a zoo name (samples/zoo/MODEL.onnx) or a path. --tree imports that checkout's engine instead of
 this one's (e.g. a `git worktree` of the base commit), so two trees are measured by the same script. --device
@@ -31,6 +31,9 @@ def main() -> None:
     ap.add_argument("--policies", default="welder,elementwise,stitch,unfused")
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--gap-ms", type=float, default=0.0, help="sleep before each program (ms)")
+    ap.add_argument("--settle-ms", type=float, default=2.5,
+                    help="run each program untimed this long before each timed run, so the previous program's "
+                         "thread pool sleeps and its own is awake (engine/schedule/measure.py SETTLE_S); 0: off")
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose engine plans, compiles and runs")
     ap.add_argument("--device", default="host", help="host (this machine's probe) or a CPU device file")
     ap.add_argument("--entry", action="store_true",
@@ -64,6 +67,12 @@ def main() -> None:
             policy = names[(j + r) % len(names)]
             if args.gap_ms:
                 time.sleep(args.gap_ms / 1e3)
+            s0 = time.perf_counter()
+            while args.settle_ms > 0:
+                for call in programs[policy]:
+                    call()
+                if (time.perf_counter() - s0) * 1e3 >= args.settle_ms:
+                    break
             t0 = time.perf_counter()
             for call in programs[policy]:
                 call()
@@ -73,7 +82,7 @@ def main() -> None:
 
     how = "the C entry" if args.entry else "launch by launch"
     print(f"{model.stem}, engine from {Path(engine.__file__).parent}, {args.rounds} rounds, gap {args.gap_ms:g} ms, "
-          f"{how}\n")
+          f"settle {args.settle_ms:g} ms, {how}\n")
     print("| policy | median µs | q10 µs | q90 µs |")
     print("|---|---:|---:|---:|")
     for p in names:

@@ -101,12 +101,22 @@ def thread_clock_ns() -> float:
     return statistics.median(empty)
 
 
+# Seconds a program runs untimed before each timed run (`time_programs`): longer than the C thread pool's
+# workers keep claiming a core after their library's last loop (TW_POOL_SPIN pauses, then TW_POOL_YIELD_US =
+# 2 ms of yielding, engine/codegen/targets.py). Each compiled program is its own library with its own pool,
+# so a program timed right after another one shared the cores with that one's idle worker: zoo convnext's
+# welder program measured 173-184 µs after another library's program and 142 after its own (NOTES poolsettle).
+SETTLE_S = 0.0025
+
+
 def time_programs(programs: Mapping[str, Sequence[Callable[[], None]]], rounds: int,
-                  clock: str = "wall") -> dict[str, list[float]]:
+                  clock: str = "wall", settle_s: float = SETTLE_S) -> dict[str, list[float]]:
     """Each program (its calls in order: `cpu.program_call`'s one, or `cpu.launch_calls`' one per launch),
     timed whole in `rounds` interleaved rounds: every round runs each program once, the order rotated by one
     each round, so load that drifts over the run falls on every program alike and none always follows the
-    same one.
+    same one. Before each timed run the program runs untimed for `settle_s` seconds (wall clock; at least
+    once), so the previous program's thread pool has gone to sleep and this one's is awake: a program is
+    timed as a process running it alone would see it (SETTLE_S).
     One untimed round first. name -> µs per round, by the wall clock or (`clock` "cpu") the calling
     thread's CPU time."""
     names = list(programs)
@@ -116,6 +126,13 @@ def time_programs(programs: Mapping[str, Sequence[Callable[[], None]]], rounds: 
     for r in range(max(1, rounds) + 1):
         for j in range(len(names)):
             name = names[(j + r) % len(names)]
+            if settle_s > 0:
+                s0 = time.perf_counter_ns()
+                while True:
+                    for call in programs[name]:
+                        call()
+                    if time.perf_counter_ns() - s0 >= settle_s * 1e9:
+                        break
             t0 = read()
             for call in programs[name]:
                 call()

@@ -125,13 +125,38 @@ def test_whole_programs_are_timed_in_interleaved_rotated_rounds(monkeypatch):
 
     programs = {"unfused": [launch("unfused", 0, 3000), launch("unfused", 1, 4000)],
                 "stitch": [launch("stitch", 0, 5000)], "welder": [launch("welder", 0, 2000)]}
-    got = measure.time_programs(programs, 4, "wall")
+    got = measure.time_programs(programs, 4, "wall", settle_s=0)
     assert got == {"unfused": [7.0] * 4, "stitch": [5.0] * 4, "welder": [2.0] * 4}
     firsts = [p for p, k in ran if k == 0]
     assert [firsts[i:i + 3] for i in range(0, 15, 3)] == [
         ["unfused", "stitch", "welder"], ["stitch", "welder", "unfused"], ["welder", "unfused", "stitch"],
         ["unfused", "stitch", "welder"], ["stitch", "welder", "unfused"]]
     assert ran[:2] == [("unfused", 0), ("unfused", 1)]  # a program's launches in order
+
+
+def test_each_timed_program_runs_untimed_first_until_the_other_pools_sleep(monkeypatch):
+    """Before each timed run a program runs untimed, back to back, for `settle_s` of wall clock (at least
+    once): the previous program's library's thread pool is asleep by then and this one's awake, as in a
+    process running that program alone (SETTLE_S outlasts the pool's spin and yield). The timed runs and the
+    rotation are as without it."""
+    assert measure.SETTLE_S * 1e6 > 2000  # TW_POOL_YIELD_US of the C header
+    assert "#define TW_POOL_YIELD_US 2000" in __import__("engine.codegen.targets", fromlist=["C_HEADER"]).C_HEADER
+    ran, now = [], [0]
+    monkeypatch.setattr(measure.time, "perf_counter_ns", lambda: now[0])
+
+    def launch(policy: str, ns: int):
+        def call():
+            ran.append(policy)
+            now[0] += ns
+        return call
+
+    programs = {"stitch": [launch("stitch", 3000)], "welder": [launch("welder", 4000)]}
+    got = measure.time_programs(programs, 3, "wall", settle_s=10e-6)
+    assert got == {"stitch": [3.0] * 3, "welder": [4.0] * 3}
+    # per (round, program): ceil(10 / 3) = 4 untimed stitch runs or ceil(10 / 4) = 3 welder runs, then the timed one
+    blocks = [("stitch", 5), ("welder", 4), ("welder", 4), ("stitch", 5), ("stitch", 5), ("welder", 4),
+              ("welder", 4), ("stitch", 5)]
+    assert ran == [p for p, n in blocks for _ in range(n)]
 
 
 def test_the_ranking_takes_whole_program_rounds_where_they_were_timed():
