@@ -8,7 +8,9 @@ one program ("="), and two whose measured program times overlap ("~": the fastes
 the other's rounds from fastest to median) are within the run's own noise; a tied pair counts neither for
 nor against the model (`rank_agreement`). On the host a policy's measured program time is its whole
 program's (all launches in order, as `tileweave run` makes them), the median of --program-rounds rounds
-that interleave the policies (`time_programs`): kernels timed one by one, each launched again and again,
+that interleave the policies (`time_programs`; each program run untimed for SETTLE_S before each timed run, so
+another library's thread pool is asleep, as in a process running that program alone): kernels timed one by
+one, each launched again and again,
 sum to a different figure (zoo bert's welder program at one thread: 1,753 µs summed, 1,447 whole), and
 policies timed one after another see different load. Without rounds (a GPU run, or --program-rounds 0) a
 round is the sum of every kernel's r-th launch. One worker process per model (planning included), so a
