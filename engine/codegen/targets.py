@@ -1001,11 +1001,11 @@ class CPrinter(Printer):
         lines += ["        " + x for x in self.conv_tap_vars(phase) + w_lines + [f"st_wc[(kh * {kw} + kw) * {co} + col] = {w_val};"]]
         lines += ["    }", "}"]
         at = f"st_xc[(hh * {ww} + ww) * {co} + col]"
-        x = c.x
-        if isinstance(x, E.Load) and x.pad is not None and c.interior is not None:
+        factor = c.x
+        if isinstance(factor, E.Load) and factor.pad is not None and c.interior is not None:
             (hl, hh_), (wl, wh_) = c.interior
             fast_lines, fast_val = self.conv_operand(kernel, phase, "x", {h: (hl, hh_), w: (wl, wh_)})
-            lines += ["#pragma omp simd", f"for (int e = 0; e < {wh * ww * co}; ++e) st_xc[e] = {self.literal(float(x.pad), DType.F32)};",
+            lines += ["#pragma omp simd", f"for (int e = 0; e < {wh * ww * co}; ++e) st_xc[e] = {self.literal(float(factor.pad), DType.F32)};",
                       f"int h_a = {hl} - oh_lo * {sh}, h_b = {hh_ + 1} - oh_lo * {sh};",
                       f"int w_a = {wl} - ow_lo * {sw}, w_b = {wh_ + 1} - ow_lo * {sw};",
                       "h_a = h_a < 0 ? 0 : h_a; h_b = h_b > wh_n ? wh_n : h_b;",
