@@ -109,6 +109,18 @@ def thread_clock_ns() -> float:
 SETTLE_S = 0.0025
 
 
+def settle(calls: Sequence[Callable[[], None]], seconds: float = SETTLE_S) -> None:
+    """Run `calls` in order, again and again, untimed, for `seconds` of wall clock (at least once), before a
+    timed run of them: the thread pool of whatever ran before (another library's, or onnxruntime's beside
+    ours in `tileweave bench`) has gone to sleep by then and this program's own is awake (SETTLE_S)."""
+    s0 = time.perf_counter_ns()
+    while True:
+        for call in calls:
+            call()
+        if time.perf_counter_ns() - s0 >= seconds * 1e9:
+            break
+
+
 def time_programs(programs: Mapping[str, Sequence[Callable[[], None]]], rounds: int,
                   clock: str = "wall", settle_s: float = SETTLE_S) -> dict[str, list[float]]:
     """Each program (its calls in order: `cpu.program_call`'s one, or `cpu.launch_calls`' one per launch),
@@ -127,12 +139,7 @@ def time_programs(programs: Mapping[str, Sequence[Callable[[], None]]], rounds: 
         for j in range(len(names)):
             name = names[(j + r) % len(names)]
             if settle_s > 0:
-                s0 = time.perf_counter_ns()
-                while True:
-                    for call in programs[name]:
-                        call()
-                    if time.perf_counter_ns() - s0 >= settle_s * 1e9:
-                        break
+                settle(programs[name], settle_s)
             t0 = read()
             for call in programs[name]:
                 call()

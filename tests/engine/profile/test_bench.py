@@ -127,3 +127,37 @@ def test_onnxruntime_workers_do_not_spin_beside_our_threads():
     assert ort_session(GELU, 2).get_session_options().get_session_config_entry(key) == "0"
     with pytest.raises(Exception, match="does not have configuration"):  # one thread: onnxruntime's default
         ort_session(GELU, 1).get_session_options().get_session_config_entry(key)
+
+
+def test_each_side_settles_before_its_timed_run(monkeypatch):
+    """In a bench cell onnxruntime and our program alternate; before each timed run the side about to be
+    timed runs untimed (`measure.settle`) until the other's idle threads sleep — onnxruntime timed right after
+    our program shared a core with our pool's idle worker. Two settles per run, onnxruntime's first."""
+    from engine.profile import bench_worker
+    from engine.schedule import measure
+
+    settled: list[int] = []
+    real = measure.settle
+
+    def spy(calls, seconds=measure.SETTLE_S):
+        settled.append(len(calls))
+        real(calls, 0.0)  # run once (the real function: at least once), without the 2.5 ms
+    monkeypatch.setattr(measure, "settle", spy)
+    result = bench_worker.run_job({"model": GELU, "policy": "elementwise", "device": "host", "runs": 3, "threads": 1})
+    assert result["ms"] > 0 and result["ort_ms"] > 0 and len(result["ms_samples"]) == 3
+    assert settled == [1] * 6
+
+
+def test_settle_runs_the_calls_at_least_once_and_for_its_time(monkeypatch):
+    from engine.schedule import measure
+
+    now, ran = [0], []
+    monkeypatch.setattr(measure.time, "perf_counter_ns", lambda: now[0])
+
+    def call():
+        ran.append(1)
+        now[0] += 1000  # 1 µs a run
+    measure.settle([call], 0.0)
+    assert len(ran) == 1
+    measure.settle([call], 10e-6)
+    assert len(ran) == 1 + 10
