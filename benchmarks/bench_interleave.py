@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from zoo_model import zoo_model
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -37,9 +39,7 @@ def main() -> None:
     from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls
     from engine.schedule.pipeline import plan_model
 
-    model = Path(args.model) if args.model.endswith(".onnx") else ROOT / "samples" / "zoo" / f"{args.model}.onnx"
-    if not model.is_file():
-        sys.exit(f"error: no model {model} (give a zoo name or an .onnx path)")
+    model = zoo_model(args.model)
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     graph, inputs, sess, names, _, device = reference({"model": str(model), "threads": threads, "device": args.device})
     policies = [p for p in args.policies.split(",") if p]

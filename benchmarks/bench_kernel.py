@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from zoo_model import zoo_model
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,9 +39,7 @@ def main() -> None:
     from engine.runtime.cpu import bind_buffers, compile_program_c, launch_calls
     from engine.schedule.pipeline import plan_model
 
-    model = Path(args.model) if args.model.endswith(".onnx") else ROOT / "samples" / "zoo" / f"{args.model}.onnx"
-    if not model.is_file():
-        sys.exit(f"error: no model {model} (give a zoo name or an .onnx path)")
+    model = zoo_model(args.model)
     graph, device = load_graph(model), get_device(args.device)
     planned, plan = plan_model(graph, args.policy, device)
     program = generate(plan, planned, device, target="c")
