@@ -1,7 +1,8 @@
 """What running beside onnxruntime does to our programs: per policy, the whole C program and its first kernel
 timed three ways in one worker process — "alone" (the program's runs back to back), "round-robin" (the
 policies' programs in turn, as bench_side_by_side.py times them, without onnxruntime) and "beside ort"
-(onnxruntime runs before each round, as `tileweave bench` and bench_side_by_side.py time them). Each
+(onnxruntime runs before each round, as `tileweave bench` and bench_side_by_side.py time them); then
+onnxruntime itself alone and right after the first policy's program. Each
 program library has its own thread pool (engine/codegen/targets.py, tw_parallel_for) whose workers spin
 TW_POOL_SPIN pauses after a loop, yield their core up to TW_POOL_YIELD_US and then sleep on a futex, so a program that starts with a parallel loop
 after something else ran pays its worker's wake-up; one whose first kernels are serial does not.
@@ -84,6 +85,20 @@ def main() -> None:
             medians.setdefault(mode, {})[p] = statistics.median(total[p])
             print(f"| {mode} | {p} | {min(total[p]) * 1e6:.1f} | {statistics.median(total[p]) * 1e6:.1f} | "
                   f"{statistics.median(first[p][2:]) * 1e6:.1f} |")
+    # onnxruntime timed alone (its runs back to back) and right after our first policy's program (as
+    # `tileweave bench` alternated them before it settled each side: engine/schedule/measure.settle).
+    ours = programs[policies[0]]
+    for mode in ("alone", f"after {policies[0]}"):
+        times = []
+        for k in range(args.runs + 2):
+            if mode != "alone":
+                for call in ours:
+                    call()
+            t0 = time.perf_counter()
+            sess.run(names, inputs)
+            if k >= 2:
+                times.append(time.perf_counter() - t0)
+        print(f"| onnxruntime {mode} | | {min(times) * 1e6:.1f} | {statistics.median(times) * 1e6:.1f} | |")
     if len(policies) > 1:
         base = policies[0]
         print()
