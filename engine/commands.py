@@ -506,9 +506,10 @@ def add_bench_command(sub) -> None:
     from engine.profile.bench import POLICIES
 
     p = sub.add_parser("bench", help="time our CPU backend against onnxruntime per policy",
-                       description="For each MODEL and policy: plan for --device, generate C, run it on the CPU "
-                                   "and onnxruntime (ORT_ENABLE_ALL) in one worker process, interleaved, both "
-                                   "with OMP_NUM_THREADS threads (default: every core); print medians, "
+                       description="For each MODEL and policy: plan for --device, generate C and check it against "
+                                   "onnxruntime (ORT_ENABLE_ALL) in a worker process; then time onnxruntime and "
+                                   "every policy of the model in the same interleaved rounds in one worker "
+                                   "process, all with OMP_NUM_THREADS threads (default: every core); print medians, "
                                    "ours/onnxruntime, max relative error vs onnxruntime, kernels, modeled us "
                                    "and schedule seconds. Inputs come from MODEL's .io.npz beside it when "
                                    "there is one, else the fixed-seed generator. A cell that outlives "
@@ -522,7 +523,7 @@ def add_bench_command(sub) -> None:
     p.add_argument("--tune", type=int, default=None, metavar="K",
                    help="plan the P+tune cells (e.g. --policy welder+tune) by measuring K tile candidates per "
                         "kernel on the device (default 3); given without any P+tune policy, every policy is tuned")
-    p.add_argument("--runs", type=int, default=10, help="timed runs of each side (default 10)")
+    p.add_argument("--runs", type=int, default=10, help="timed rounds; each runs onnxruntime and every policy once (default 10)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds per model and policy, planning and compiling included (default 120)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")

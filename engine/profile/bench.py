@@ -1,6 +1,7 @@
 """`tileweave bench`: models × policies in, our CPU backend vs onnxruntime out (medians, ratio, max relative
 error, kernels, modeled µs, schedule seconds) as a dict in the `--json` shape, or as a text table.
-Each (model, policy) runs in its own process (`bench_worker.py`) under a timeout."""
+Each (model, policy) is planned, compiled and checked in its own process (`bench_worker.py`) under a timeout;
+then one process per model times onnxruntime and every policy in the same interleaved rounds."""
 
 from __future__ import annotations
 
@@ -68,14 +69,9 @@ def check_args(models: list[str], policies: list[str], device: str, runs: int, t
         import_onnx(m, shapes)  # a missing, unreadable or unsupported model: one line now, not per policy
 
 
-def run_cell(model: str, policy: str, device: str, runs: int, threads: int, timeout: float,
-             shapes: dict | None = None, tune: int = 3) -> dict:
-    """One worker process; {"timeout": True, "phase": ...} when it outlives `timeout` seconds. A policy
-    named P+tune is P's plan tuned by measurement over `tune` tile candidates per kernel."""
-    tuned = policy.endswith(TUNED)
-    job = {"model": str(Path(model).resolve()), "policy": policy.removesuffix(TUNED), "device": device,
-           "runs": runs, "threads": threads, "shapes": {k: list(v) for k, v in (shapes or {}).items()},
-           "tune": tune if tuned else None}
+def _run(job: dict, threads: int, timeout: float) -> dict:
+    """One worker process on `job`; {"timeout": True, "phase": ..., "seconds": ...} (with the plan's numbers
+    when it got past scheduling) when it outlives `timeout` seconds, {"error": ...} when it fails."""
     env = worker_env() | {"OMP_NUM_THREADS": str(threads)}
     # libgomp's idle threads spin ~300k iterations by default; interleaved with onnxruntime's pool on
     # the same cores that spin would be charged to whichever side runs next.
@@ -97,16 +93,43 @@ def run_cell(model: str, policy: str, device: str, runs: int, threads: int, time
     return {"error": f"worker died: {tail}"}
 
 
+def prepare_cell(model: str, policy: str, device: str, threads: int, timeout: float, plan_out: Path,
+                 shapes: dict | None = None, tune: int = 3) -> dict:
+    """Plan, compile and check one (model, policy) in its own worker process, the plan saved to `plan_out`
+    for the model's timing run. A policy named P+tune is P's plan tuned by measurement over `tune` tile
+    candidates per kernel."""
+    tuned = policy.endswith(TUNED)
+    job = {"model": str(Path(model).resolve()), "policy": policy.removesuffix(TUNED), "device": device,
+           "threads": threads, "shapes": {k: list(v) for k, v in (shapes or {}).items()},
+           "tune": tune if tuned else None, "plan_out": str(plan_out)}
+    return _run(job, threads, timeout)
+
+
+def time_cells(model: str, plans: dict[str, Path], device: str, runs: int, threads: int, timeout: float,
+               shapes: dict | None = None) -> dict:
+    """onnxruntime and the prepared plans of one model timed in the same interleaved rounds, in one worker
+    process (`bench_worker.time_job`): {"samples": {side: [ms, ...]}}, or a timeout / error."""
+    job = {"mode": "time", "model": str(Path(model).resolve()), "device": device, "runs": runs,
+           "threads": threads, "shapes": {k: list(v) for k, v in (shapes or {}).items()},
+           "plans": {p: str(path) for p, path in plans.items()}}
+    return _run(job, threads, timeout)
+
+
 def bench_models(models: list[str], policies: list[str] | None = None, *, device: str = "host",
                  runs: int = 10, timeout: float = 120.0, shapes: dict | None = None, progress=None,
                  tune: int | None = None) -> dict:
     """{"machine": {...}, "models": [{"name", "ort_ms", "policies": {policy: {"ms", "ratio",
-    "max_rel_err", "kernels", ...}}}]}. ort_ms is the median of onnxruntime's runs over all of the
-    model's cells (each interleaved with ours); ratio = ms / ort_ms; ms_q1 / ms_q3, the quartiles of our
-    runs (with 4 runs or more), are the run's own noise. A cell that timed out or failed
-    has ms/ratio None and says so ("timeout": true with the phase, or "error"). `shapes` binds dynamic
-    input dimensions (as `--shape`) in every model. Policies may be named P+tune (measured tuning over
-    `tune` candidates, default 3); with `tune` and no such name, every policy is tuned."""
+    "max_rel_err", "kernels", ...}}}]}. Per model, each policy is planned, compiled and checked in its own
+    worker process under `timeout`; then onnxruntime and every policy that got through are timed in the
+    same `runs` interleaved rounds in one process (its timeout: `timeout` per program timed), so ratios and
+    the policies' order are measured side by side. ort_ms is the median of onnxruntime's runs; ratio =
+    ms / ort_ms; ms_q1 / ms_q3, the quartiles of our runs (with 4 runs or more), are the run's own noise. A
+    cell that timed out or failed has ms/ratio None and says so ("timeout": true with the phase, or
+    "error"). `shapes` binds dynamic input dimensions (as `--shape`) in every model. Policies may be named
+    P+tune (measured tuning over `tune` candidates, default 3); with `tune` and no such name, every policy is
+    tuned."""
+    import tempfile
+
     from engine.schedule.tune import check_tune
 
     policies = list(policies or POLICIES)
@@ -119,39 +142,58 @@ def bench_models(models: list[str], policies: list[str] | None = None, *, device
     result = {"machine": machine_info(threads), "device": device, "runs": runs, "timeout_s": timeout,
               "models": []}
     for model in models:
-        cells = {}
-        for policy in policies:
+        cells: dict[str, dict] = {}
+        with tempfile.TemporaryDirectory(prefix="tileweave-bench-") as tmp:
+            plans = {}
+            for k, policy in enumerate(policies):
+                if progress:
+                    progress(f"{Path(model).stem} {policy}")
+                plan_out = Path(tmp) / f"plan{k}.json"
+                cells[policy] = prepare_cell(model, policy, device, threads, timeout, plan_out, shapes, tune or 3)
+                if not cells[policy].get("timeout") and not cells[policy].get("error"):
+                    plans[policy] = plan_out
             if progress:
-                progress(f"{Path(model).stem} {policy}")
-            cells[policy] = run_cell(model, policy, device, runs, threads, timeout, shapes, tune or 3)
-        result["models"].append(_model_row(model, cells))
+                progress(f"{Path(model).stem}: onnxruntime and {len(plans)} plans in the same rounds")
+            timed = time_cells(model, plans, device, runs, threads, timeout * (1 + len(plans)), shapes)
+        result["models"].append(_model_row(model, cells, plans, timed))
     return result
 
 
-def _model_row(model: str, cells: dict[str, dict]) -> dict:
+def _model_row(model: str, cells: dict[str, dict], timed_policies, timed: dict) -> dict:
     import statistics
 
-    ort = [t for c in cells.values() for t in c.get("ort_ms_samples", ())]
+    from engine.profile.bench_worker import ORT
+
+    samples = timed.get("samples") or {}
+    ort = samples.get(ORT) or ()
     ort_ms = statistics.median(ort) if ort else None
     policies = {}
     for policy, c in cells.items():
-        row = {"ms": c.get("ms"), "ratio": None, "max_rel_err": c.get("max_rel_err"), "kernels": c.get("kernels"),
-               "modeled_us": c.get("modeled_us"), "dram_bytes": c.get("dram_bytes"),
-               "schedule_s": c.get("schedule_s"), "compile_s": c.get("compile_s"),
-               "ort_ms_interleaved": c.get("ort_ms"), "timeout": bool(c.get("timeout"))}
+        ours = samples.get(policy) or ()
+        if policy in timed_policies and not ours:  # prepared, then the timing run failed
+            c = {**c, **({"timeout": True, "phase": timed["phase"], "seconds": timed["seconds"]}
+                         if timed.get("timeout") else {"error": timed.get("error", "not timed")})}
+        row = {"ms": statistics.median(ours) if ours else None, "ratio": None, "max_rel_err": c.get("max_rel_err"),
+               "kernels": c.get("kernels"), "modeled_us": c.get("modeled_us"), "dram_bytes": c.get("dram_bytes"),
+               "schedule_s": c.get("schedule_s"), "compile_s": c.get("compile_s"), "timeout": bool(c.get("timeout"))}
         if c.get("timeout"):
             row.update(phase=c["phase"], seconds=c["seconds"])
         if c.get("error"):
             row["error"] = c["error"]
         if row["ms"] is not None and ort_ms:
             row["ratio"] = row["ms"] / ort_ms
-        if len(c.get("ms_samples") or ()) >= 4:  # the run's own noise: quartiles of our runs
-            q1, _, q3 = statistics.quantiles(c["ms_samples"], n=4)
+        if len(ours) >= 4:  # the run's own noise: quartiles of our runs
+            q1, _, q3 = statistics.quantiles(ours, n=4)
             row.update(ms_q1=q1, ms_q3=q3)
+        if ours:
+            row["ms_samples"] = list(ours)
         policies[policy] = row
     floor = next((c["min_dram_bytes"] for c in cells.values() if "min_dram_bytes" in c), None)
-    return {"name": Path(model).stem, "path": str(model), "ort_ms": ort_ms, "min_dram_bytes": floor,
-            "policies": policies}
+    out = {"name": Path(model).stem, "path": str(model), "ort_ms": ort_ms, "min_dram_bytes": floor,
+           "policies": policies}
+    if ort:
+        out["ort_ms_samples"] = list(ort)
+    return out
 
 
 def format_bench(result: dict) -> str:
@@ -159,8 +201,8 @@ def format_bench(result: dict) -> str:
     m = result["machine"]
     lines = [f"machine  {m['cpu']}, {m['cores']} cores; {m['threads']} threads for onnxruntime "
              f"{m['onnxruntime']} and OpenMP; load {m['load_average']}",
-             f"plans    for {result['device']}; medians of {result['runs']} interleaved runs; "
-             f"timeout {result['timeout_s']:g} s per model and policy", ""]
+             f"plans    for {result['device']}; medians of {result['runs']} rounds, each running onnxruntime and "
+             f"every policy once (order rotated); timeout {result['timeout_s']:g} s per model and policy", ""]
     rows = [("model", "ort ms", "policy", "kernels", "ours ms", "spread", "ours/ort", "max rel err", "modeled us",
              "schedule s")]
     for model in result["models"]:

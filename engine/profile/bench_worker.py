@@ -1,12 +1,12 @@
-"""One (model, policy) of `tileweave bench`, run in its own process so a runaway plan can be killed:
-a JSON job on argv in; `phase NAME` progress lines, a `plan {json}` line and one `result {json}` line out.
+"""The worker processes of `tileweave bench`, each its own process so a runaway plan can be killed: a JSON job
+on argv in; `phase NAME` progress lines (a `plan {json}` line) and one `result {json}` line out.
 
-onnxruntime and the generated C program are timed in this one process, interleaved repeat by repeat."""
+Two jobs: `prepare_job` plans, compiles and checks one (model, policy) and saves the plan; `time_job` (mode
+"time") loads every prepared plan of one model and times them and onnxruntime in the same interleaved rounds."""
 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -65,19 +65,26 @@ def _phase(name: str) -> None:
     print(f"phase {name}", flush=True)
 
 
-def run_job(job: dict) -> dict:
-    """Plan, compile, check and time one model under one policy against onnxruntime."""
+def _load(job: dict):
+    """(model path, graph, inputs, onnxruntime session) of a job."""
+    from engine.frontend.importer import load_graph
+
+    model = Path(job["model"])
+    graph = load_graph(model, {k: tuple(v) for k, v in job.get("shapes", {}).items()})
+    return model, graph, bench_inputs(graph, model), ort_session(model, int(job["threads"]))
+
+
+def prepare_job(job: dict) -> dict:
+    """Plan one model under one policy, compile it (filling the C compile cache the timing job reads), check
+    its outputs against onnxruntime's and save the plan to job["plan_out"] for `time_job`."""
     from engine.codegen.generate import generate
     from engine.device import get_device
-    from engine.frontend.importer import load_graph
     from engine.runtime.cpu import bind_buffers, compile_program_c, program_call
     from engine.schedule.pipeline import plan_model
+    from engine.schedule.plan import plan_to_json
 
-    model, runs, threads = Path(job["model"]), int(job["runs"]), int(job["threads"])
     _phase("import")
-    graph = load_graph(model, {k: tuple(v) for k, v in job.get("shapes", {}).items()})
-    inputs = bench_inputs(graph, model)
-    sess = ort_session(model, threads)
+    _, graph, inputs, sess = _load(job)
     names = [o.name for o in sess.get_outputs()]
     want = dict(zip(names, sess.run(names, inputs)))
 
@@ -97,45 +104,52 @@ def run_job(job: dict) -> dict:
 
     _phase("check")
     env = bind_buffers(program, planned.specs, inputs, planned.weights)
-    ours = program_call(module, env)  # every launch in order, one call into the library
-
-    ours()
+    program_call(module, env)()  # every launch in order, one call into the library
     got = {name: env[t] for name, t in zip(program.output_names, program.outputs)}
-    err = max_rel_error(got, want)
+    Path(job["plan_out"]).write_text(json.dumps(plan_to_json(plan)))
+    return {**planned_stats, "max_rel_err": max_rel_error(got, want), "kernels": len(program.launches),
+            "compile_s": compile_s}
 
-    _phase("time")
+
+ORT = "onnxruntime"  # the timing job's name for onnxruntime's side
+
+
+def time_job(job: dict) -> dict:
+    """onnxruntime and every prepared policy's program (job["plans"]: policy -> saved plan) timed in the same
+    `runs` interleaved rounds (`measure.time_programs`: the order rotated each round, each side run untimed for
+    `measure.SETTLE_S` before each timed run so the other's idle threads sleep): {"samples": {side: [ms, ...]}},
+    onnxruntime under `ORT`. One process, one stretch of time: the policies' ratios, and their order, are
+    measured side by side."""
+    from engine.codegen.generate import generate
+    from engine.device import get_device
+    from engine.runtime.cpu import bind_buffers, compile_program_c, program_call
     from engine.schedule import measure
+    from engine.schedule.pipeline import load_plan
 
-    def theirs():
-        sess.run(names, inputs)
-
-    for _ in range(2):  # warm-up: page faults, both thread pools
-        theirs()
-        ours()
-    ort_ms, ours_ms = [], []
-    for _ in range(runs):
-        # Each side runs untimed first until the other's idle threads sleep (our pool's worker yields a core
-        # for ~2 ms after our program: onnxruntime timed right after it measured convnext at 0.46-0.52 ms,
-        # 0.33-0.37 alone; benchmarks/NOTES.md benchsettle), as a process running it alone would see it.
-        measure.settle([theirs])
-        t0 = time.perf_counter()
-        theirs()
-        t1 = time.perf_counter()
-        measure.settle([ours])
-        t2 = time.perf_counter()
-        ours()
-        t3 = time.perf_counter()
-        ort_ms.append((t1 - t0) * 1e3)
-        ours_ms.append((t3 - t2) * 1e3)
-    return {**planned_stats, "ms": statistics.median(ours_ms), "ort_ms": statistics.median(ort_ms),
-            "ms_samples": ours_ms, "ort_ms_samples": ort_ms, "max_rel_err": err,
-            "kernels": len(program.launches), "compile_s": compile_s}
+    _phase("import")
+    _, graph, inputs, sess = _load(job)
+    names = [o.name for o in sess.get_outputs()]
+    device = get_device(job["device"])
+    _phase("compile")
+    programs = {ORT: [lambda: sess.run(names, inputs)]}
+    keep = []  # the calls hold raw pointers into these buffers
+    for policy, path in job["plans"].items():
+        planned, plan = load_plan(path, graph)
+        program = generate(plan, planned, device, target="c")
+        keep.append(bind_buffers(program, planned.specs, inputs, planned.weights))
+        programs[policy] = [program_call(compile_program_c(program), keep[-1])]
+    _phase("time")
+    for _ in range(2):  # warm-up: page faults, every thread pool
+        for calls in programs.values():
+            calls[0]()
+    us = measure.time_programs(programs, int(job["runs"]))
+    return {"samples": {side: [t / 1e3 for t in ts] for side, ts in us.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
     job = json.loads((argv or sys.argv[1:])[0])
     try:
-        result = run_job(job)
+        result = time_job(job) if job.get("mode") == "time" else prepare_job(job)
     except Exception as err:  # reported to the parent as this cell's error, not a traceback
         traceback.print_exc(file=sys.stderr)
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""

@@ -129,23 +129,52 @@ def test_onnxruntime_workers_do_not_spin_beside_our_threads():
         ort_session(GELU, 1).get_session_options().get_session_config_entry(key)
 
 
-def test_each_side_settles_before_its_timed_run(monkeypatch):
-    """In a bench cell onnxruntime and our program alternate; before each timed run the side about to be
-    timed runs untimed (`measure.settle`) until the other's idle threads sleep — onnxruntime timed right after
-    our program shared a core with our pool's idle worker. Two settles per run, onnxruntime's first."""
+def test_policies_and_onnxruntime_are_timed_in_the_same_rounds(monkeypatch, tmp_path):
+    """A model's prepared plans and onnxruntime are timed in one process, in the same rounds: each round runs
+    every side once, each settled first (`measure.settle`: run untimed until the other's idle threads sleep —
+    onnxruntime timed right after our program shared a core with our pool's idle worker), in an order rotated
+    round by round."""
     from engine.profile import bench_worker
     from engine.schedule import measure
 
-    settled: list[int] = []
-    real = measure.settle
+    plans = {}
+    for policy in ("elementwise", "unfused"):
+        plans[policy] = tmp_path / f"{policy}.json"
+        prepared = bench_worker.prepare_job({"model": GELU, "policy": policy, "device": "host", "threads": 1,
+                                             "plan_out": str(plans[policy])})
+        assert prepared["max_rel_err"] <= 1e-4 and prepared["kernels"] >= 1
+    order: list[str] = []
+    real_time, real_settle = measure.time_programs, measure.settle
 
-    def spy(calls, seconds=measure.SETTLE_S):
-        settled.append(len(calls))
-        real(calls, 0.0)  # run once (the real function: at least once), without the 2.5 ms
-    monkeypatch.setattr(measure, "settle", spy)
-    result = bench_worker.run_job({"model": GELU, "policy": "elementwise", "device": "host", "runs": 3, "threads": 1})
-    assert result["ms"] > 0 and result["ort_ms"] > 0 and len(result["ms_samples"]) == 3
-    assert settled == [1] * 6
+    def timing(programs, rounds, *args, **kwargs):
+        wrapped = {name: [lambda name=name, calls=calls: (order.append(name), [c() for c in calls])]
+                   for name, calls in programs.items()}
+        return real_time(wrapped, rounds, *args, **kwargs)
+
+    def settling(calls, seconds=measure.SETTLE_S):
+        assert seconds == measure.SETTLE_S
+        real_settle(calls, 0.0)  # run once (the real function: at least once), without the 2.5 ms
+    monkeypatch.setattr(measure, "time_programs", timing)
+    monkeypatch.setattr(measure, "settle", settling)
+    result = bench_worker.time_job({"mode": "time", "model": GELU, "device": "host", "runs": 3, "threads": 1,
+                                    "plans": {p: str(path) for p, path in plans.items()}})
+    samples = result["samples"]
+    assert set(samples) == {bench_worker.ORT, "elementwise", "unfused"}
+    assert all(len(ts) == 3 and min(ts) > 0 for ts in samples.values())
+    # One untimed round and three timed ones, each side settled (run once here) then run: the order rotates
+    # by one each round, so no side always follows the same one.
+    assert len(order) == 4 * 3 * 2 and order[0::2] == order[1::2]
+    assert len({order[k] for k in range(0, len(order), 6)}) == 3
+
+
+def test_a_failed_timing_run_marks_the_prepared_cells(monkeypatch):
+    from engine.profile import bench
+
+    monkeypatch.setattr(bench, "time_cells", lambda *a, **k: {"timeout": True, "phase": "time", "seconds": 9.0})
+    result = bench_models([GELU], ["elementwise", "unfused"], runs=2)
+    for cell in result["models"][0]["policies"].values():
+        assert cell["timeout"] and cell["phase"] == "time" and cell["ms"] is None and cell["kernels"] >= 1
+    assert result["models"][0]["ort_ms"] is None
 
 
 def test_settle_runs_the_calls_at_least_once_and_for_its_time(monkeypatch):
