@@ -64,16 +64,27 @@ def assemble(
 def coarsen_plan(plan: Plan, graph: PrimGraph, device: Device, keep: set[str] = frozenset()) -> Plan:
     """A plan for the host CPU runs the tiles the C target runs: fewer, larger blocks where a block is an
     OpenMP iteration (`codegen.coarsen.coarsen_for_c`), made here so the Plan shows them and the cost
-    model costs them (generate then takes the plan's tiles as they are). Segments anchored in `keep`
+    model costs them — and refuses those it prices past COARSEN_SLACK times the searched tiles (generate
+    then takes the plan's tiles as they are). Segments anchored in `keep`
     (tiles a user set) stay as they are."""
     full = {e.key: e.conn for e in plan.edges}
     return dataclasses.replace(plan, groups=tuple(_coarsened(plan, g, graph, device, full, keep) for g in plan.groups))
 
 
+# A coarsening (`codegen.coarsen.coarsen_for_c`: rules read from the kernel IR and tuned by measurement, blind to
+# the cost) is kept where its exact cost models at most this times the searched tiles'. The rules' measured wins
+# include coarsenings the model prices up to ~2x worse (convnext's 1.4-1.6x ones: its program 2.7 % slower
+# without them; lstm's GEMV columns 1.99x, level); past that the model's verdict stands (mobilevit's expand +
+# depthwise group widened from 1 to 16 channels per block: 6.6x modeled, 334 us measured against ~60;
+# benchmarks/NOTES.md coarsenguard).
+COARSEN_SLACK = 2.0
+
+
 def _coarsened(plan: Plan, old: Group, graph: PrimGraph, device: Device, full: Mapping, keep) -> Group:
     """One group of `coarsen_plan`, memoised under the group's structural signature with its stages
     named canonically (as the tile search's subgraph cache is): a deep model's repeated layers are the
-    same kernels at the same tiles, and each would otherwise build its kernels and exact cost anew."""
+    same kernels at the same tiles, and each would otherwise build its kernels and exact cost anew. The
+    coarser tiles replace the group's only where they model at most COARSEN_SLACK times its cost."""
     from engine.codegen.coarsen import _with_tiles, coarsen_for_c
     from engine.codegen.mma import tf32_allowed
     from engine.schedule.tiles import canonical_names, group_signature
@@ -87,12 +98,14 @@ def _coarsened(plan: Plan, old: Group, graph: PrimGraph, device: Device, full: M
     hit = table.get(key)
     if hit is None:
         new = coarsen_for_c(dataclasses.replace(plan, groups=(old,)), graph, device, keep=keep).groups[0]
-        if new.segments == old.segments:
-            hit = table.put(key, ())
-        else:
+        cost = None
+        if new.segments != old.segments:
             segs = segments_of(graph, new.stages, full)
             tiles = tuple(record_mappings(graph, segs, full, new.segments, device))
             cost = estimate_group(graph, new.stages, full, tiles, device, exact=True)
+        if cost is None or (old.cost is not None and cost.modeled_us > old.cost.modeled_us * COARSEN_SLACK):
+            hit = table.put(key, ())
+        else:
             hit = table.put(key, (tuple(dataclasses.replace(t, stage=names[t.stage]) for t in tiles), cost))
     if not hit:
         return old

@@ -87,9 +87,9 @@ def _walk(graph, device=DEVICE):
     return welder_walk(graph, device, {}, time.perf_counter())
 
 
-def test_welder_is_never_slower_than_stitch_by_its_model():
-    """The walk is greedy; on zoo mobilevit for the host its plan models slower than the stitch plan
-    (bert_layer for a100 did too, 559.6 us against 346.0, until the walk costed a side at the tiles it kept:
+def test_welder_is_never_slower_than_stitch_by_its_model(monkeypatch):
+    """The walk is greedy; its plan can model slower than the stitch plan (zoo mobilevit on a one-thread host
+    did; bert_layer for a100 did too, 559.6 us against 346.0, until the walk costed a side at the tiles it kept:
     now 364.5 against 408.1 without operator batching): welder takes the stitch plan where it models more
     than WALK_MARGIN faster, and says which it took first in its decision log."""
     from engine.schedule.policies.welder import WALK_MARGIN
@@ -102,10 +102,17 @@ def test_welder_is_never_slower_than_stitch_by_its_model():
         assert welder.policy == "welder" and welder.decisions[0].startswith("welder: ")
         assert [g.stages for g in welder.groups] == [g.stages for g in taken.groups]
         assert ("stitch plan taken" in welder.decisions[0]) == (taken is stitch)
-    # A case where the stitch plan is taken, on fixed figures (a one-thread probe of the 2-core EPYC these
-    # numbers were tuned on, committed), not on whatever this machine's probe reads today.
-    host = get_device(Path(__file__).resolve().parents[2] / "data" / "devices" / "host_epyc_1t.json")
-    assert "stitch plan taken" in make_plan(_graph("zoo/mobilevit"), "welder", host).decisions[0]
+    # A case where the stitch plan is taken: a walk whose plan models clearly slower than the stitch plan
+    # (zoo mobilevit's on a one-thread host did, 999.9 against 664.8 us, until the host's coarsening was held
+    # to the model: build.COARSEN_SLACK; the unfused plan stands in for such a walk here).
+    from engine.schedule.policies import welder as welder_policy
+
+    graph = _graph("bert_layer")
+    unfused = make_plan(graph, "unfused", DEVICE)
+    assert make_plan(graph, "stitch", DEVICE).modeled_us < unfused.modeled_us * (1 - WALK_MARGIN)
+    monkeypatch.setattr(welder_policy, "welder_walk", lambda graph, device, options, started: unfused)
+    taken = make_plan(graph, "welder", DEVICE)
+    assert "stitch plan taken" in taken.decisions[0] and taken.policy == "welder"
 
 
 def test_bert_layer_targets():
