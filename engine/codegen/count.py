@@ -206,12 +206,17 @@ def _elementwise(kernel: Kernel, phase: Phase, elems: float) -> Work:
     under a guard (and padded loads) on the output position count at the share of the phase's positions
     where it holds."""
     guarded = _has_guards(phase.body)
+    r = phase.region.rank
+    row = (f"i{r - 1}", float(phase.region.extent[r - 1])) if (
+        phase.combine is None and not phase.region.flat and r and not one_wide_row(phase) and _has_selects(phase.body)) \
+        else None
 
     def compute() -> Work:
         c = _Counter(kernel)
         c.columnwise = _column_sums(kernel, phase)
         if guarded and phase.region.shape:  # over the output positions and, for the phase's own reduction, its terms
             c.positions = _positions(phase.region.shape, tuple(phase.reduce) if phase.combine is not None else ()) or None
+        c.row = row
         if phase.combine is None:
             c.value(phase.body, 1.0, {})
         else:
@@ -225,7 +230,7 @@ def _elementwise(kernel: Kernel, phase: Phase, elems: float) -> Work:
     # then counted apart, in `_phase`): part of the key, or one phase's count would answer for the other.
     one = _memo(kernel, phase.body, ("elem", phase.stage, phase.reduce, phase.combine, phase.stores,
                                      phase.owned is None, _column_key(phase),
-                                     phase.region.shape if guarded else ()), compute)
+                                     phase.region.shape if guarded else (), row), compute)
     out = Work()
     out.add(one, elems)
     out.nest = one.nest
@@ -387,6 +392,22 @@ def _positions(shape: tuple[int, ...], reduce: tuple[int, ...] = ()) -> dict[str
         flat = np.random.default_rng(0).integers(0, size, POSITIONS, dtype=np.int64)
     names = [f"i{d}" for d in range(len(shape))] + [f"r{d}" for d in range(len(reduce))]
     return dict(zip(names, np.unravel_index(flat, full)))
+
+
+def one_wide_row(phase: Phase) -> bool:
+    """Whether the phase's innermost axis spans one index on every tile (the C target prints no loop over it)."""
+    from engine.codegen.ctarget import one_wide
+
+    return one_wide(phase.region, phase.region.rank - 1)
+
+
+def _has_selects(body) -> bool:
+    """Whether `body` holds a select (a pick chain's candidate; memoised on the body object)."""
+    table = memo("count.selects", 20000)
+    hit = table.get(id(body))
+    if hit is None or hit[0] is not body:
+        hit = table.put(id(body), (body, any(isinstance(n, E.Select) for n in kwalk(body))))
+    return hit[1]
 
 
 def _has_guards(body) -> bool:
@@ -565,6 +586,10 @@ class _Counter:
         self.positions: dict[str, np.ndarray] | None = None  # never empty
         self.reach: np.ndarray | None = None
         self.hoisted_picks: set = set()  # pick chains (unmarked) chosen outside this count's loop
+        # A per-element phase's innermost loop (its variable, the typical tile's trip count) where the C target
+        # computes the row's invariant values once before it (CPrinter.render_phase): a pick chain whose
+        # conditions do not read that variable is chosen once per row (`_picked`).
+        self.row: tuple[str, float] | None = None
 
     def _bytes(self, tensor: str, load: bool, times: float) -> None:
         buf = self.kernel.buffer(tensor)
@@ -720,9 +745,16 @@ class _Counter:
             return False
         chain, last, _ = picked
         if _strip(e) not in self.hoisted_picks:  # else chosen once per staged row (`pick_pointer`)
+            # Conditions on the row alone (lstm's stack of 32 step outputs: the step index) are printed before
+            # the row's loop and GCC hoists the pointer choice after them: once per row, not per element.
+            from engine.codegen.kexpr import free_vars
+
+            per = mult
+            if self.row is not None and not any(self.row[0] in free_vars(c) for c, _ in chain):
+                per = mult / self.row[1]
             for cond, _ in chain:
-                self.value(cond, mult, memo)
-                self.work.flops += mult  # the pointer choice
+                self.value(cond, per, memo)
+                self.work.flops += per  # the pointer choice
         self._bytes(last.tensor, True, mult)
         return True
 

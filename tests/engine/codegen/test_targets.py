@@ -221,6 +221,32 @@ def test_select_chain_over_tensors_loads_through_one_pointer():
     assert max(rel_error(got[k], expected[k]) for k in expected) <= 1e-4
 
 
+def test_a_pick_chosen_by_the_row_is_counted_once_per_row():
+    """The pick of lstm's y (one of 32 per-step h buffers, chosen by the step index): the C target computes
+    the conditions before the row's loop and GCC hoists the pointer choice after them, so the count charges
+    them once per row, not per element (zoo lstm's stack kernels modeled 50 us against 8 measured while it
+    charged 31 conditions and choices per element: benchmarks/NOTES.md rowpicks)."""
+    from engine.codegen.count import _strip, count_kernel
+    from engine.codegen.printer import pick_chain
+
+    graph, _, _ = load_sample("lstm")
+    program = generate(policy_plan(graph, "unfused"), graph, target="c")
+    found = 0
+    for kernel in program.kernels:
+        for seg in kernel.segments:
+            for phase in seg.phases:
+                if phase.gemm is not None or phase.region.flat or pick_chain(kernel, _strip(phase.body)) is None:
+                    continue
+                alone = dataclasses.replace(kernel, segments=(dataclasses.replace(seg, phases=(phase,)),))
+                elems = seg.ntiles * float(np.prod(phase.region.extent))
+                row = phase.region.extent[-1]
+                assert row > 1
+                # 31 links: per element that was at least 31 pointer choices and 31 conditions.
+                assert count_kernel(alone).flops / elems < 2 * 31 * 2 / row + 1, kernel.name
+                found += 1
+    assert found
+
+
 def test_weight_panels_are_staged_once_per_column_tile():
     """bert's GEMMs against weights (the FFN's, the projections): B is staged whole per column tile
     into a per-thread panel kept across tiles walked column tile by column tile, not per tile; every
