@@ -17,21 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 from pathlib import Path
 
+from engine.profile.bench import paired_ratio as paired
+
 OTHERS = ("unfused", "stitch")
-RESAMPLES = 2000
-
-
-def paired(ours: list[float], other: list[float], seed: int = 0) -> tuple[float, float, float]:
-    """(median, 5th, 95th percentile of the bootstrap medians) of the per-round ratios ours_k / other_k."""
-    ratios = [a / b for a, b in zip(ours, other) if b > 0]
-    rng = random.Random(seed)
-    boots = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(RESAMPLES))
-    return statistics.median(ratios), boots[int(0.05 * RESAMPLES)], boots[int(0.95 * RESAMPLES) - 1]
 
 
 def verdict(lo: float, hi: float) -> str:

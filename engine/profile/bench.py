@@ -6,6 +6,7 @@ then one process per model times onnxruntime and every policy in the same interl
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -187,13 +188,45 @@ def _model_row(model: str, cells: dict[str, dict], timed_policies, timed: dict) 
             row.update(ms_q1=q1, ms_q3=q3)
         if ours:
             row["ms_samples"] = list(ours)
+        if (timed.get("sources") or {}).get(policy):
+            row["source_sha"] = timed["sources"][policy]
         policies[policy] = row
+    for policy, row in policies.items():  # policies whose plans print the same C are one program
+        same = [p for p, o in policies.items() if p != policy and row.get("source_sha")
+                and o.get("source_sha") == row["source_sha"]]
+        if same:
+            row["same_program_as"] = same
+    timed = [p for p, row in policies.items() if row.get("ms_samples")]
+    if len(timed) > 1:  # each policy against the model's fastest, round by round (they ran side by side)
+        best = min(timed, key=lambda p: policies[p]["ms"])
+        for policy in timed:
+            if policy != best and best not in policies[policy].get("same_program_as", ()):
+                med, lo, hi = paired_ratio(policies[policy]["ms_samples"], policies[best]["ms_samples"])
+                policies[policy]["vs_fastest"] = {"policy": best, "ratio": med, "lo": lo, "hi": hi}
     floor = next((c["min_dram_bytes"] for c in cells.values() if "min_dram_bytes" in c), None)
     out = {"name": Path(model).stem, "path": str(model), "ort_ms": ort_ms, "min_dram_bytes": floor,
            "policies": policies}
     if ort:
         out["ort_ms_samples"] = list(ort)
     return out
+
+
+RESAMPLES = 2000  # bootstrap resamples of the rounds behind `paired_ratio`'s interval
+
+
+def paired_ratio(ours: list[float], other: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """Two programs timed in the same rounds: the median of the per-round ratios ours_k / other_k and the
+    5th and 95th percentiles of that median over RESAMPLES bootstrap resamples of the rounds (fixed seed).
+    An interval wholly over 1 (under 1): slower (faster) beyond the run's own noise."""
+    import random
+    import statistics
+
+    ratios = [a / b for a, b in zip(ours, other) if b > 0]
+    if not ratios:
+        return math.nan, math.nan, math.nan
+    rng = random.Random(seed)
+    boots = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(RESAMPLES))
+    return statistics.median(ratios), boots[int(0.05 * RESAMPLES)], boots[int(0.95 * RESAMPLES) - 1]
 
 
 def format_bench(result: dict) -> str:
@@ -203,8 +236,8 @@ def format_bench(result: dict) -> str:
              f"{m['onnxruntime']} and OpenMP; load {m['load_average']}",
              f"plans    for {result['device']}; medians of {result['runs']} rounds, each running onnxruntime and "
              f"every policy once (order rotated); timeout {result['timeout_s']:g} s per model and policy", ""]
-    rows = [("model", "ort ms", "policy", "kernels", "ours ms", "spread", "ours/ort", "max rel err", "modeled us",
-             "schedule s")]
+    rows = [("model", "ort ms", "policy", "kernels", "ours ms", "spread", "ours/ort", "vs fastest", "max rel err",
+             "modeled us", "schedule s")]
     for model in result["models"]:
         ort = _num(model["ort_ms"], ".3f")
         for k, (policy, c) in enumerate(model["policies"].items()):
@@ -217,17 +250,31 @@ def format_bench(result: dict) -> str:
             spread = (f"±{50 * (c['ms_q3'] - c['ms_q1']) / c['ms']:.0f}%"
                       if c.get("ms_q1") is not None and c.get("ms") else "-")
             rows.append((model["name"] if k == 0 else "", ort if k == 0 else "", policy, _num(c["kernels"], "d"),
-                         ms, spread, _num(c["ratio"], ".2f", "x"), _num(c["max_rel_err"], ".1e"),
-                         _num(c["modeled_us"], ".1f"), _num(c["schedule_s"], ".2f")))
+                         ms, spread, _num(c["ratio"], ".2f", "x"), _vs_fastest(model, policy),
+                         _num(c["max_rel_err"], ".1e"), _num(c["modeled_us"], ".1f"), _num(c["schedule_s"], ".2f")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         lines.append("  ".join(v.ljust(w) if i in (0, 2) else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
     lines += ["", "spread: half the interquartile range of our runs, as a share of the median; two policies whose "
-              "times differ by less than that are within this run's noise"]
+              "times differ by less than that are within this run's noise",
+              "vs fastest: the median over rounds of this policy's time over the model's fastest policy's in the same "
+              "round, with a 90 % bootstrap interval (round-to-round noise only: one program bound to other buffers "
+              "measured up to 1.12x apart here, docs/cli.md); \"= P\": the same C source as policy P"]
     errors = [(mo["name"], p, c["error"]) for mo in result["models"] for p, c in mo["policies"].items()
               if c.get("error")]
     lines += [""] * bool(errors) + [f"{name} {policy}: {msg}" for name, policy, msg in errors]
     return "\n".join(lines)
+
+
+def _vs_fastest(model: dict, policy: str) -> str:
+    c = model["policies"][policy]
+    if c.get("vs_fastest"):
+        v = c["vs_fastest"]
+        return f"{v['ratio']:.2f}x [{v['lo']:.2f}-{v['hi']:.2f}]"
+    if c.get("same_program_as"):
+        return "= " + ", ".join(c["same_program_as"])
+    others = [p for p, o in model["policies"].items() if p != policy and o.get("vs_fastest")]
+    return "fastest" if c.get("ms") is not None and others else "-"
 
 
 def _num(value, fmt: str, suffix: str = "") -> str:

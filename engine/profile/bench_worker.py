@@ -6,6 +6,7 @@ Two jobs: `prepare_job` plans, compiles and checks one (model, policy) and saves
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -117,8 +118,8 @@ ORT = "onnxruntime"  # the timing job's name for onnxruntime's side
 def time_job(job: dict) -> dict:
     """onnxruntime and every prepared policy's program (job["plans"]: policy -> saved plan) timed in the same
     `runs` interleaved rounds (`measure.time_programs`: the order rotated each round, each side run untimed for
-    `measure.SETTLE_S` before each timed run so the other's idle threads sleep): {"samples": {side: [ms, ...]}},
-    onnxruntime under `ORT`. One process, one stretch of time: the policies' ratios, and their order, are
+    `measure.SETTLE_S` before each timed run so the other's idle threads sleep): {"samples": {side: [ms, ...]},
+    "sources": {policy: hash of its C source}}, onnxruntime under `ORT`. One process, one stretch of time: the policies' ratios, and their order, are
     measured side by side."""
     from engine.codegen.generate import generate
     from engine.device import get_device
@@ -132,18 +133,20 @@ def time_job(job: dict) -> dict:
     device = get_device(job["device"])
     _phase("compile")
     programs = {ORT: [lambda: sess.run(names, inputs)]}
-    keep = []  # the calls hold raw pointers into these buffers
+    keep, sources = [], {}  # the calls hold raw pointers into these buffers
     for policy, path in job["plans"].items():
         planned, plan = load_plan(path, graph)
         program = generate(plan, planned, device, target="c")
         keep.append(bind_buffers(program, planned.specs, inputs, planned.weights))
-        programs[policy] = [program_call(compile_program_c(program), keep[-1])]
+        module = compile_program_c(program)
+        sources[policy] = hashlib.sha256(module.source.encode()).hexdigest()[:16]
+        programs[policy] = [program_call(module, keep[-1])]
     _phase("time")
     for _ in range(2):  # warm-up: page faults, every thread pool
         for calls in programs.values():
             calls[0]()
     us = measure.time_programs(programs, int(job["runs"]))
-    return {"samples": {side: [t / 1e3 for t in ts] for side, ts in us.items()}}
+    return {"samples": {side: [t / 1e3 for t in ts] for side, ts in us.items()}, "sources": sources}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,11 @@ def test_json_shape_and_numbers(capsys):
         assert 0 < cell["ms_q1"] <= cell["ms"] <= cell["ms_q3"]  # the run's own spread, around the median
     # elementwise fuses the whole chain into one kernel; unfused keeps one per ONNX node.
     assert model["policies"]["elementwise"]["kernels"] == 1 < model["policies"]["unfused"]["kernels"]
+    # Both timed in the same rounds: the slower one against the faster, round by round.
+    slow, fast = sorted(model["policies"], key=lambda p: -model["policies"][p]["ms"])
+    vs = model["policies"][slow]["vs_fastest"]
+    assert vs["policy"] == fast and vs["lo"] <= vs["ratio"] <= vs["hi"] and "vs_fastest" not in model["policies"][fast]
+    assert len(model["ort_ms_samples"]) == len(model["policies"][slow]["ms_samples"]) == 4
 
 
 def test_default_device_is_host_and_tuned_cells_run_beside_plain_ones(capsys):
@@ -86,6 +91,45 @@ def test_text_table_names_timeouts_and_errors():
     assert "spread" in text and "±" not in text  # no quartiles given: no spread claimed
     result["models"][0]["policies"]["unfused"].update(ms_q1=1.9, ms_q3=2.1)
     assert "±5%" in format_bench(result)  # half the interquartile range over the median
+    assert "fastest" not in format_bench(result).split("vs fastest")[1].split("\n\n")[0]  # nothing paired
+    result["models"][0]["policies"]["stitch"] = {**cell, "ms": 2.5, "vs_fastest": {
+        "policy": "unfused", "ratio": 1.25, "lo": 1.1, "hi": 1.3}}
+    text = format_bench(result)
+    assert "1.25x [1.10-1.30]" in text and " fastest " in text
+
+
+def test_policies_printing_the_same_c_are_one_program():
+    """Two policies whose plans print the same C source are one program: no ratio between them (what they
+    differ by is where their buffers landed), each names the other, and the table says so."""
+    from engine.profile.bench import _model_row
+
+    cells = {p: {"kernels": 1, "max_rel_err": 1e-7} for p in ("elementwise", "unfused", "welder")}
+    timed = {"samples": {"onnxruntime": [0.5] * 4, "elementwise": [0.22, 0.23, 0.22, 0.23],
+                         "unfused": [0.6, 0.61, 0.6, 0.62], "welder": [0.2, 0.21, 0.2, 0.21]},
+             "sources": {"elementwise": "aa", "unfused": "bb", "welder": "aa"}}
+    row = _model_row("m.onnx", cells, set(cells), timed)
+    pol = row["policies"]
+    assert pol["elementwise"]["same_program_as"] == ["welder"] and pol["welder"]["same_program_as"] == ["elementwise"]
+    assert "vs_fastest" not in pol["elementwise"] and "same_program_as" not in pol["unfused"]
+    assert pol["unfused"]["vs_fastest"]["policy"] == "welder" and pol["unfused"]["vs_fastest"]["ratio"] > 2.8
+    text = format_bench({"machine": {"cpu": "c", "cores": 2, "threads": 2, "onnxruntime": "1", "load_average": None},
+                         "device": "host", "runs": 4, "timeout_s": 9.0, "models": [row]})
+    assert "= welder" in text and "= elementwise" in text
+
+
+def test_paired_ratio_reads_round_by_round():
+    from engine.profile.bench import paired_ratio
+
+    # A slow phase that hits both sides of a round cancels in their ratio.
+    ours = [1.1, 1.1, 2.2, 1.1, 2.2, 1.1, 1.1, 2.2]
+    other = [1.0, 1.0, 2.0, 1.0, 2.0, 1.0, 1.0, 2.0]
+    med, lo, hi = paired_ratio(ours, other)
+    assert med == pytest.approx(1.1) and lo == pytest.approx(1.1) and hi == pytest.approx(1.1)
+    rng = np.random.default_rng(5)
+    noisy = list(rng.uniform(0.9, 1.1, 41))
+    med, lo, hi = paired_ratio(noisy, [1.0] * 41)
+    assert lo < 1.0 < hi and lo <= med <= hi
+    assert paired_ratio(noisy, [1.0] * 41) == (med, lo, hi)  # a fixed seed: the same interval each time
 
 
 def test_inputs_come_from_the_io_file_beside_the_model():
