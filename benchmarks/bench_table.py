@@ -10,7 +10,9 @@ Item 4, paired: `tileweave bench` times every policy of a model in the same roun
 round k of the better other policy (the lower median of unfused and stitch) ran side by side. The per-round
 ratio welder_k / other_k has its median and a 90 % bootstrap interval of that median (2,000 resamples of the
 rounds, fixed seed). *behind*: the whole interval is over 1 (slower beyond this run's noise); *ahead*: the
-whole interval under 1; *level* otherwise.
+whole interval under 1; *level* otherwise; *same program* where both print the same C source (runs of
+`tileweave bench` that record it). The interval covers round-to-round noise, not where each program's buffers
+landed in memory (one program on other buffers measured up to 1.12x apart: benchmarks/NOTES.md placement).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def tables(result: dict) -> str:
                 continue
             best = min(others, key=lambda p: cells[p]["ms"])
             med, lo, hi = paired(cells[ours]["ms_samples"], cells[best]["ms_samples"])
-            v = verdict(lo, hi)
+            v = "same program" if best in cells[ours].get("same_program_as", ()) else verdict(lo, hi)
             counts[v] = counts.get(v, 0) + 1
             out.append(f"| {model['name']} | {best} | {cells[best]['ms']:.3f} | {cells[ours]['ms']:.3f} | "
                        f"{med:.3f} | {lo:.3f}-{hi:.3f} | {v} |")
