@@ -119,7 +119,8 @@ def time_job(job: dict) -> dict:
     """onnxruntime and every prepared policy's program (job["plans"]: policy -> saved plan) timed in the same
     `runs` interleaved rounds (`measure.time_programs`: the order rotated each round, each side run untimed for
     `measure.SETTLE_S` before each timed run so the other's idle threads sleep): {"samples": {side: [ms, ...]},
-    "sources": {policy: hash of its C source}}, onnxruntime under `ORT`. One process, one stretch of time: the policies' ratios, and their order, are
+    "sources": {policy: hash of its C source}, "errors": {policy: why it was not timed}}, onnxruntime under
+    `ORT`. One process, one stretch of time: the policies' ratios, and their order, are
     measured side by side."""
     from engine.codegen.generate import generate
     from engine.device import get_device
@@ -133,12 +134,18 @@ def time_job(job: dict) -> dict:
     device = get_device(job["device"])
     _phase("compile")
     programs = {ORT: [lambda: sess.run(names, inputs)]}
-    keep, sources = [], {}  # the calls hold raw pointers into these buffers
+    keep, sources, errors = [], {}, {}  # the calls hold raw pointers into these buffers
     for policy, path in job["plans"].items():
-        planned, plan = load_plan(path, graph)
-        program = generate(plan, planned, device, target="c")
+        try:  # prepared and checked already; a failure here is that policy's alone
+            planned, plan = load_plan(path, graph)
+            program = generate(plan, planned, device, target="c")
+            module = compile_program_c(program)
+        except Exception as err:
+            traceback.print_exc(file=sys.stderr)
+            first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+            errors[policy] = f"{type(err).__name__} when timing" + (f": {first}" if first else "")
+            continue
         keep.append(bind_buffers(program, planned.specs, inputs, planned.weights))
-        module = compile_program_c(program)
         sources[policy] = hashlib.sha256(module.source.encode()).hexdigest()[:16]
         programs[policy] = [program_call(module, keep[-1])]
     _phase("time")
@@ -146,7 +153,7 @@ def time_job(job: dict) -> dict:
         for calls in programs.values():
             calls[0]()
     us = measure.time_programs(programs, int(job["runs"]))
-    return {"samples": {side: [t / 1e3 for t in ts] for side, ts in us.items()}, "sources": sources}
+    return {"samples": {side: [t / 1e3 for t in ts] for side, ts in us.items()}, "sources": sources, "errors": errors}
 
 
 def main(argv: list[str] | None = None) -> int:

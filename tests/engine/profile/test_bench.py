@@ -211,6 +211,24 @@ def test_policies_and_onnxruntime_are_timed_in_the_same_rounds(monkeypatch, tmp_
     assert len({order[k] for k in range(0, len(order), 6)}) == 3
 
 
+def test_a_plan_that_fails_in_the_timing_run_fails_alone(tmp_path):
+    from engine.profile import bench_worker
+    from engine.profile.bench import _model_row
+
+    good = tmp_path / "good.json"
+    bench_worker.prepare_job({"model": GELU, "policy": "elementwise", "device": "host", "threads": 1,
+                              "plan_out": str(good)})
+    (tmp_path / "bad.json").write_text("{not json")
+    plans = {"elementwise": str(good), "unfused": str(tmp_path / "bad.json")}
+    timed = bench_worker.time_job({"mode": "time", "model": GELU, "device": "host", "runs": 2, "threads": 1,
+                                   "plans": plans})
+    assert len(timed["samples"]["elementwise"]) == 2 and "unfused" not in timed["samples"]
+    assert timed["errors"]["unfused"].startswith("PlanError when timing: ") and "not valid JSON" in timed["errors"]["unfused"]
+    row = _model_row(GELU, {"elementwise": {"kernels": 1}, "unfused": {"kernels": 10}}, set(plans), timed)
+    assert row["policies"]["elementwise"]["ms"] > 0 and "error" not in row["policies"]["elementwise"]
+    assert row["policies"]["unfused"]["ms"] is None and "not valid JSON" in row["policies"]["unfused"]["error"]
+
+
 def test_a_failed_timing_run_marks_the_prepared_cells(monkeypatch):
     from engine.profile import bench
 
