@@ -198,10 +198,10 @@ def _model_row(model: str, cells: dict[str, dict], timed_policies, timed: dict) 
                 and o.get("source_sha") == row["source_sha"]]
         if same:
             row["same_program_as"] = same
-    timed = [p for p, row in policies.items() if row.get("ms_samples")]
-    if len(timed) > 1:  # each policy against the model's fastest, round by round (they ran side by side)
-        best = min(timed, key=lambda p: policies[p]["ms"])
-        for policy in timed:
+    measured = [p for p, row in policies.items() if row.get("ms_samples")]
+    if len(measured) > 1:  # each policy against the model's fastest, round by round (they ran side by side)
+        best = min(measured, key=lambda p: policies[p]["ms"])
+        for policy in measured:
             if policy != best and best not in policies[policy].get("same_program_as", ()):
                 med, lo, hi = paired_ratio(policies[policy]["ms_samples"], policies[best]["ms_samples"])
                 policies[policy]["vs_fastest"] = {"policy": best, "ratio": med, "lo": lo, "hi": hi}
