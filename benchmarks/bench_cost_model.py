@@ -19,7 +19,7 @@ model that hangs is reported and the rest still run.
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_cost_model.py [--set zoo|samples] [--models a,b]
         [--policies unfused,elementwise,stitch,welder] [--runs 9] [--timeout 900] [--json OUT.json]
         [--device host|gpu|PRESET] [--jobs N] [--clock wall|cpu] [--plans DIR] [--step all|prepare|time]
-        [--program-rounds 21]
+        [--program-rounds 21] [--tie-band R] [--rerank IN.json]
 
 The host's figures come from `tileweave device host` (probed on first use, cached); OMP_NUM_THREADS sets
 the threads of both the plan (the host device's cores) and the run. On the host each kernel is timed by the
@@ -263,10 +263,12 @@ def measured_tie(a: list[float], b: list[float]) -> bool:
     return min(a) <= statistics.median(b) and min(b) <= statistics.median(a)
 
 
-def tie_classes(cells: dict) -> dict[tuple[str, str], str]:
+def tie_classes(cells: dict, band: float = 1.0) -> dict[tuple[str, str], str]:
     """Each tied pair of policies (both orders) -> why: "program" where their plans print to the same C
     source (the same kernels: welder's plan is the stitch plan, `welder.at_least_stitch`), "noise" where
-    their measured program times overlap (`measured_tie`)."""
+    their measured program times overlap (`measured_tie`), "placement" where their measured medians are
+    within a factor `band` of each other (--tie-band: one program bound to other buffers measured up to 1.12x
+    apart on this VM, benchmarks/NOTES.md placement; 1.0, the default, ties nothing so)."""
     rounds = {p: program_rounds(c) for p, c in cells.items()}
     out = {}
     for a in cells:
@@ -274,10 +276,13 @@ def tie_classes(cells: dict) -> dict[tuple[str, str], str]:
             if a == b:
                 continue
             sa, sb = cells[a].get("source_sha"), cells[b].get("source_sha")
+            ma, mb = measured_program(cells[a]), measured_program(cells[b])
             if sa and sa == sb:
                 out[a, b] = "program"
             elif measured_tie(rounds[a], rounds[b]):
                 out[a, b] = "noise"
+            elif band > 1.0 and ma > 0 and mb > 0 and max(ma, mb) / min(ma, mb) < band:
+                out[a, b] = "placement"
     return out
 
 
@@ -306,17 +311,17 @@ def ranking_text(order: list[str], ties: dict) -> str:
     out = order[0]
     for a, b in zip(order, order[1:]):
         why = ties.get((a, b))
-        out += {"program": " = ", "noise": " ~ "}.get(why, " < ") + b
+        out += {"program": " = ", "noise": " ~ ", "placement": " ≈ "}.get(why, " < ") + b
     return out
 
 
-def summarize(name: str, cells: dict) -> dict:
+def summarize(name: str, cells: dict, band: float = 1.0) -> dict:
     rows = [k for cell in cells.values() for k in cell["kernels"] if k["modeled_us"]]
     mod, mea = [k["modeled_us"] for k in rows], [k["measured_us"] for k in rows]
     logs = [abs(math.log(b / a)) for a, b in zip(mod, mea) if a > 0 and b > 0]
     programs = {p: (sum(k["modeled_us"] or 0 for k in c["kernels"]), measured_program(c)) for p, c in cells.items()}
     kernel_sums = {p: sum(k["measured_us"] for k in c["kernels"]) for p, c in cells.items()}
-    ties = tie_classes(cells)
+    ties = tie_classes(cells, band)
     return {"model": name, "kernels": len(rows), "rho": spearman(mod, mea),
             "median_factor": math.exp(statistics.median(logs)) if logs else float("nan"),
             "programs": programs, "kernel_sums": kernel_sums, "tie_pairs": [[a, b, why] for (a, b), why in ties.items()]} \
@@ -369,6 +374,11 @@ def main() -> int:
     p.add_argument("--program-rounds", type=int, default=21, metavar="R",
                    help="host: after the kernels, time each policy's whole program in R interleaved rounds and rank "
                         "the policies by its median (0: rank by the kernels' summed medians, as a GPU run does)")
+    p.add_argument("--tie-band", type=float, default=1.0, metavar="R",
+                   help="also tie two policies whose measured programs are within a factor R (\"≈\"; e.g. 1.10: one "
+                        "program on other buffers measured up to 1.12x apart here); default 1.0, off")
+    p.add_argument("--rerank", metavar="IN.json",
+                   help="measure nothing: rank again the results a run saved with --json (e.g. under --tie-band)")
     p.add_argument("--json", metavar="OUT.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -386,9 +396,15 @@ def main() -> int:
     on_gpu = args.device != "host"
     device = gpu_device(args.device) if on_gpu else "host"
     results, all_rows = [], []
+    if args.rerank:
+        for r in json.loads(Path(args.rerank).read_text()):
+            results.append(summarize(r["model"], r["cells"], args.tie_band) | {"cells": r["cells"]})
+            all_rows.extend(k for c in r["cells"].values() for k in c["kernels"] if k["modeled_us"])
+        policies = list(results[0]["cells"]) if results else policies
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.store or scratch
-        Path(tmp).mkdir(parents=True, exist_ok=True)
+        if not args.rerank:
+            Path(tmp).mkdir(parents=True, exist_ok=True)
         jobs = {name: {"model": str(folder / f"{name}.onnx"), "policies": policies, "runs": args.runs,
                        "device": device, "clock": args.clock,
                        "program_rounds": 0 if on_gpu else max(0, args.program_rounds), "store": str(Path(tmp) / f"{name}.pkl"),
@@ -407,7 +423,9 @@ def main() -> int:
             if args.json:  # after every model, so a run cut short keeps what it measured
                 Path(args.json).write_text(json.dumps(results, indent=1))
 
-        if on_gpu and args.step == "time":  # prepared earlier (--step prepare) into --store
+        if args.rerank:
+            pass
+        elif on_gpu and args.step == "time":  # prepared earlier (--step prepare) into --store
             for name in names:
                 store = Path(jobs[name]["store"])
                 finish(name, None if store.exists() else f"not prepared ({store} missing)")
@@ -483,8 +501,11 @@ def main() -> int:
               f"round of each within the other's rounds from fastest to median, a round being "
               + ("one run of the whole program, the policies interleaved" if whole else
                  f"the sum of each kernel's r-th of {args.runs} launches")
-              + "); a tied pair is not counted either way.")
-    if args.json:
+              + ")"
+              + (f" or are within a factor {args.tie_band:g} of each other (\"≈\", --tie-band)" if args.tie_band > 1.0
+                 else "")
+              + "; a tied pair is not counted either way.")
+    if args.json and not args.rerank:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
 

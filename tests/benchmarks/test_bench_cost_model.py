@@ -86,6 +86,24 @@ def test_a_pair_within_noise_agrees_up_to_ties_but_not_strictly():
     assert bcm.ranking_text(got["rank_measured"], ties) == "stitch ~ welder"
 
 
+def test_a_tie_band_ties_pairs_closer_than_it_only_when_asked():
+    """--tie-band R: programs whose measured medians are within a factor R are tied ("placement": one program
+    on other buffers measured up to 1.12x apart on this VM); off by default. Tight rounds 6 % apart are not
+    a noise tie."""
+    rng = np.random.default_rng(6)
+    a = _cell("a", [_rounds(rng, 100.0, 1.0)], [90.0])
+    b = _cell("b", [_rounds(rng, 106.0, 1.0)], [80.0])
+    c = _cell("c", [_rounds(rng, 130.0, 1.0)], [70.0])
+    cells = {"stitch": a, "welder": b, "unfused": c}
+    assert bcm.tie_classes(cells) == {}
+    ties = bcm.tie_classes(cells, 1.10)
+    assert ties[("stitch", "welder")] == ties[("welder", "stitch")] == "placement"
+    assert ("stitch", "unfused") not in ties and ("welder", "unfused") not in ties
+    got = bcm.summarize("m", cells, 1.10)
+    assert sorted(tuple(x) for x in got["wrong_pairs"]) == [("unfused", "stitch"), ("unfused", "welder")]
+    assert bcm.ranking_text(["stitch", "welder", "unfused"], ties) == "stitch ≈ welder < unfused"
+
+
 def test_the_gpu_steps_prepare_then_time_each_kernel_alone_and_the_program_back_to_back(tmp_path, monkeypatch):
     # The GPU path of this script runs only on a lent GPU, where a failure costs the lease: its prepare step
     # (plan + NVRTC) and its timing step, here against the stand-in driver (tests/fake_cuda.py, which defines
