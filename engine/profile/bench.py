@@ -261,7 +261,7 @@ def format_bench(result: dict) -> str:
               "times differ by less than that are within this run's noise",
               "vs fastest: the median over rounds of this policy's time over the model's fastest policy's in the same "
               "round, with a 90 % bootstrap interval (round-to-round noise only: one program bound to other buffers "
-              "measured up to 1.12x apart here, docs/cli.md); \"= P\": the same C source as policy P"]
+              "measured up to 1.12x apart on a sample here, docs/cli.md); \"= P\": the same C source as policy P"]
     errors = [(mo["name"], p, c["error"]) for mo in result["models"] for p, c in mo["policies"].items()
               if c.get("error")]
     lines += [""] * bool(errors) + [f"{name} {policy}: {msg}" for name, policy, msg in errors]
