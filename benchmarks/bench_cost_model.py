@@ -267,8 +267,8 @@ def tie_classes(cells: dict, band: float = 1.0) -> dict[tuple[str, str], str]:
     """Each tied pair of policies (both orders) -> why: "program" where their plans print to the same C
     source (the same kernels: welder's plan is the stitch plan, `welder.at_least_stitch`), "noise" where
     their measured program times overlap (`measured_tie`), "placement" where their measured medians are
-    within a factor `band` of each other (--tie-band: one program bound to other buffers measured up to 1.12x
-    apart on this VM, benchmarks/NOTES.md placement; 1.0, the default, ties nothing so)."""
+    within a factor `band` of each other (--tie-band: the same programs measured in two runs minutes apart
+    differed by over 10 % in 10 of 48 cells, RESULTS thirteenth-ranking; 1.0, the default, ties nothing so)."""
     rounds = {p: program_rounds(c) for p, c in cells.items()}
     out = {}
     for a in cells:
@@ -276,14 +276,17 @@ def tie_classes(cells: dict, band: float = 1.0) -> dict[tuple[str, str], str]:
             if a == b:
                 continue
             sa, sb = cells[a].get("source_sha"), cells[b].get("source_sha")
-            ma, mb = measured_program(cells[a]), measured_program(cells[b])
             if sa and sa == sb:
                 out[a, b] = "program"
             elif measured_tie(rounds[a], rounds[b]):
                 out[a, b] = "noise"
-            elif band > 1.0 and ma > 0 and mb > 0 and max(ma, mb) / min(ma, mb) < band:
+            elif band > 1.0 and _within(measured_program(cells[a]), measured_program(cells[b]), band):
                 out[a, b] = "placement"
     return out
+
+
+def _within(a: float, b: float, band: float) -> bool:
+    return a > 0 and b > 0 and max(a, b) / min(a, b) < band
 
 
 def rank_agreement(programs: dict[str, tuple[float, float]], ties: dict) -> dict:
@@ -375,8 +378,8 @@ def main() -> int:
                    help="host: after the kernels, time each policy's whole program in R interleaved rounds and rank "
                         "the policies by its median (0: rank by the kernels' summed medians, as a GPU run does)")
     p.add_argument("--tie-band", type=float, default=1.0, metavar="R",
-                   help="also tie two policies whose measured programs are within a factor R (\"≈\"; e.g. 1.10: one "
-                        "program on other buffers measured up to 1.12x apart here); default 1.0, off")
+                   help="also tie two policies whose measured programs are within a factor R (\"≈\"; e.g. 1.10: the "
+                        "same programs measured 10 %% apart or more between two runs here); default 1.0, off")
     p.add_argument("--rerank", metavar="IN.json",
                    help="measure nothing: rank again the results a run saved with --json (e.g. under --tie-band)")
     p.add_argument("--json", metavar="OUT.json")
@@ -396,15 +399,9 @@ def main() -> int:
     on_gpu = args.device != "host"
     device = gpu_device(args.device) if on_gpu else "host"
     results, all_rows = [], []
-    if args.rerank:
-        for r in json.loads(Path(args.rerank).read_text()):
-            results.append(summarize(r["model"], r["cells"], args.tie_band) | {"cells": r["cells"]})
-            all_rows.extend(k for c in r["cells"].values() for k in c["kernels"] if k["modeled_us"])
-        policies = list(results[0]["cells"]) if results else policies
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.store or scratch
-        if not args.rerank:
-            Path(tmp).mkdir(parents=True, exist_ok=True)
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         jobs = {name: {"model": str(folder / f"{name}.onnx"), "policies": policies, "runs": args.runs,
                        "device": device, "clock": args.clock,
                        "program_rounds": 0 if on_gpu else max(0, args.program_rounds), "store": str(Path(tmp) / f"{name}.pkl"),
@@ -423,8 +420,11 @@ def main() -> int:
             if args.json:  # after every model, so a run cut short keeps what it measured
                 Path(args.json).write_text(json.dumps(results, indent=1))
 
-        if args.rerank:
-            pass
+        if args.rerank:  # measure nothing: rank the results a run saved again
+            for r in json.loads(Path(args.rerank).read_text()):
+                results.append(summarize(r["model"], r["cells"], args.tie_band) | {"cells": r["cells"]})
+                all_rows.extend(k for c in r["cells"].values() for k in c["kernels"] if k["modeled_us"])
+            policies = list(results[0]["cells"]) if results else policies
         elif on_gpu and args.step == "time":  # prepared earlier (--step prepare) into --store
             for name in names:
                 store = Path(jobs[name]["store"])

@@ -206,10 +206,9 @@ def _elementwise(kernel: Kernel, phase: Phase, elems: float) -> Work:
     under a guard (and padded loads) on the output position count at the share of the phase's positions
     where it holds."""
     guarded = _has_guards(phase.body)
-    r = phase.region.rank
-    row = (f"i{r - 1}", float(phase.region.extent[r - 1])) if (
-        phase.combine is None and not phase.region.flat and r and not one_wide_row(phase) and _has_selects(phase.body)) \
-        else None
+    column = _column_key(phase)  # (innermost axis one wide, ...); () for a flat or rank-0 region
+    row = (f"i{phase.region.rank - 1}", float(phase.region.extent[-1])) if (
+        phase.combine is None and column and not column[0] and _has_selects(phase.body)) else None
 
     def compute() -> Work:
         c = _Counter(kernel)
@@ -229,7 +228,7 @@ def _elementwise(kernel: Kernel, phase: Phase, elems: float) -> Work:
     # The stores counted per element depend on whether the phase has an owned part (its global stores
     # then counted apart, in `_phase`): part of the key, or one phase's count would answer for the other.
     one = _memo(kernel, phase.body, ("elem", phase.stage, phase.reduce, phase.combine, phase.stores,
-                                     phase.owned is None, _column_key(phase),
+                                     phase.owned is None, column,
                                      phase.region.shape if guarded else (), row), compute)
     out = Work()
     out.add(one, elems)
@@ -392,13 +391,6 @@ def _positions(shape: tuple[int, ...], reduce: tuple[int, ...] = ()) -> dict[str
         flat = np.random.default_rng(0).integers(0, size, POSITIONS, dtype=np.int64)
     names = [f"i{d}" for d in range(len(shape))] + [f"r{d}" for d in range(len(reduce))]
     return dict(zip(names, np.unravel_index(flat, full)))
-
-
-def one_wide_row(phase: Phase) -> bool:
-    """Whether the phase's innermost axis spans one index on every tile (the C target prints no loop over it)."""
-    from engine.codegen.ctarget import one_wide
-
-    return one_wide(phase.region, phase.region.rank - 1)
 
 
 def _has_selects(body) -> bool:

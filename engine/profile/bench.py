@@ -173,9 +173,12 @@ def _model_row(model: str, cells: dict[str, dict], timed_policies, timed: dict) 
         ours = samples.get(policy) or ()
         if policy in timed_policies and not ours:  # prepared, then the timing run failed (for it, or for all)
             failed = (timed.get("errors") or {}).get(policy)
-            c = {**c, **({"error": failed} if failed else {"timeout": True, "phase": timed["phase"],
-                                                           "seconds": timed["seconds"]}
-                         if timed.get("timeout") else {"error": timed.get("error", "not timed")})}
+            if failed:
+                c = {**c, "error": failed}
+            elif timed.get("timeout"):
+                c = {**c, "timeout": True, "phase": timed["phase"], "seconds": timed["seconds"]}
+            else:
+                c = {**c, "error": timed.get("error", "not timed")}
         row = {"ms": statistics.median(ours) if ours else None, "ratio": None, "max_rel_err": c.get("max_rel_err"),
                "kernels": c.get("kernels"), "modeled_us": c.get("modeled_us"), "dram_bytes": c.get("dram_bytes"),
                "schedule_s": c.get("schedule_s"), "compile_s": c.get("compile_s"), "timeout": bool(c.get("timeout"))}

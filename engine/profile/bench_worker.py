@@ -142,8 +142,7 @@ def time_job(job: dict) -> dict:
             module = compile_program_c(program)
         except Exception as err:
             traceback.print_exc(file=sys.stderr)
-            first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-            errors[policy] = f"{type(err).__name__} when timing" + (f": {first}" if first else "")
+            errors[policy] = _one_line(err, "when timing")
             continue
         keep.append(bind_buffers(program, planned.specs, inputs, planned.weights))
         sources[policy] = hashlib.sha256(module.source.encode()).hexdigest()[:16]
@@ -156,14 +155,20 @@ def time_job(job: dict) -> dict:
     return {"samples": {side: [t / 1e3 for t in ts] for side, ts in us.items()}, "sources": sources, "errors": errors}
 
 
+def _one_line(err: Exception, where: str = "") -> str:
+    """`err` as the one line a cell reports: its type (and `where`), then its message's first line."""
+    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+    head = f"{type(err).__name__} {where}".strip()
+    return f"{head}: {first}" if first else head
+
+
 def main(argv: list[str] | None = None) -> int:
     job = json.loads((argv or sys.argv[1:])[0])
     try:
         result = time_job(job) if job.get("mode") == "time" else prepare_job(job)
     except Exception as err:  # reported to the parent as this cell's error, not a traceback
         traceback.print_exc(file=sys.stderr)
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        result = {"error": f"{type(err).__name__}: {first}" if first else type(err).__name__}
+        result = {"error": _one_line(err)}
     print("result " + json.dumps(result), flush=True)
     return 0
 

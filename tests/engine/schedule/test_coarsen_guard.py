@@ -1,7 +1,7 @@
 """engine/schedule/build.py `coarsen_plan` on a CPU device: the C target's coarser tiles replace the searched
 ones only where their exact cost models at most COARSEN_SLACK times the searched tiles' (zoo mobilevit's
 expand 1x1 + depthwise 3x3 group, widened from 1 to 16 channels per block, modeled 6.6x its searched tiles
-and measured 334 us against ~60: benchmarks/NOTES.md coarsenguard)."""
+and measured 334 us against 31 at its searched tiles: benchmarks/NOTES.md coarsenguard)."""
 
 from __future__ import annotations
 
