@@ -1,0 +1,152 @@
+"""Where cold planning time goes, and what cutting the tile search would buy: per model and device, the
+welder plan made in a fresh process with the schedule cache off (every tile search runs), its wall time
+split into the welder walk, the stitch plan it is held against (`welder.at_least_stitch`) and the rest,
+and — across all of it — the seconds spent building candidate kernels (`generate.build_kernel`),
+counting them (`count.count_kernel`) and taking floors (`floor.floor_us`), with the number of
+connection trials, tile-search passes and kernels built. Those three parts are disjoint (none calls
+another); "other" is the rest of the wall time (the walk's bookkeeping, regions, validity rules).
+
+`--variant` re-runs each cell with a shortcut that is NOT in the engine, to bound what it could buy:
+- `cap=N`: each tile-search pass stops once N candidates are costed (the rest of its pool, whatever its
+  floor, is not tried) — plans may change;
+- `tight`: the floor charges a contraction's multiply-adds at the per-element rate rather than the
+  fastest the device has (no longer a floor on a CPU, where tiled GEMMs run near peak) — plans change;
+- `shared-pools`: the stitch plan's searches share the welder walk's answers (only split-row
+  reductions make its pools differ) — plans may change where a split row would win.
+The modeled total of the plan is printed beside the time, so a variant's cost in plan quality shows;
+"speed vs first": the first variant's wall time over this one's (list base first).
+
+    .venv/bin/python benchmarks/bench_plan_breakdown.py [MODEL|zoo|samples,...] [--devices host,a100]
+        [--variant base] [--variant cap=4] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETS = {"zoo": ROOT / "samples" / "zoo", "samples": ROOT / "samples"}
+
+_CHILD = r"""
+import json, sys, time
+from engine.device import get_device
+from engine.frontend.importer import load_graph
+from engine.schedule.pipeline import plan_model
+import engine.codegen.count as count_mod
+import engine.codegen.generate as gen
+import engine.schedule.build as build
+import engine.schedule.floor as floor
+import engine.schedule.policies.welder as welder
+import engine.schedule.tiles as tiles
+
+model, device_name, variant = sys.argv[1:4]
+spent = {"walk": 0.0, "stitch": 0.0, "build": 0.0, "count": 0.0, "floor": 0.0}
+calls = {"trials": 0, "passes": 0, "builds": 0, "floors": 0}
+
+
+def timed(module, name, bucket=None, counter=None):
+    assert hasattr(module, name), f"{module.__name__}.{name} is gone: update bench_plan_breakdown.py"
+    inner = getattr(module, name)
+
+    def wrapper(*a, **k):
+        if counter:
+            calls[counter] += 1
+        if bucket is None:
+            return inner(*a, **k)
+        t = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            spent[bucket] += time.perf_counter() - t
+    setattr(module, name, wrapper)
+    return inner
+
+
+timed(welder, "welder_walk", "walk")
+timed(welder, "at_least_stitch", "stitch")
+timed(gen, "build_kernel", "build", "builds")
+timed(count_mod, "count_kernel", "count")
+timed(tiles, "floor_us", "floor", "floors")
+timed(build, "_try_level", None, "trials")
+timed(tiles, "_search_pass", None, "passes")
+
+if variant.startswith("cap="):
+    cap, kth = int(variant[4:]), tiles._kth_best
+    tiles._kth_best = lambda scored, k: -float("inf") if len(scored) >= max(cap, k) else kth(scored, k)
+elif variant == "tight":
+    work = floor._segment_work
+
+    def tight(graph, members, seg, conns, tile, device, *rest):
+        got = list(work(graph, members, seg, conns, tile, device, *rest))
+        _, macs, other = floor.work_floor(graph, seg, conns, got[4]) if tile.row_split == 1 else (0.0, 0.0, 0.0)
+        rate = device.elementwise_flops or device.peak_fp32_flops
+        got[2] = (macs + other) / rate * tile.blocks / max(1, tile.row_split)
+        return tuple(got)
+    floor._segment_work = tight
+elif variant == "shared-pools":
+    search = tiles.search_group
+
+    def shared(graph, stages, conns, device, mode, *a, **k):
+        return search(graph, stages, conns, device, "tiles" if mode == "stitch" else mode, *a, **k)
+    tiles.search_group = build.search_group = shared
+elif variant != "base":
+    raise SystemExit(f"unknown variant {variant!r}")
+
+device, graph = get_device(device_name), load_graph(model)
+t0 = time.perf_counter()
+_, plan = plan_model(graph, "welder", device)
+wall = time.perf_counter() - t0
+print(json.dumps({"wall": wall, "spent": spent, "calls": calls, "kernels": len(plan.groups),
+                  "modeled_us": sum(g.cost.modeled_us for g in plan.groups if g.cost)}))
+"""
+
+
+def models_of(spec: str) -> list[Path]:
+    out: list[Path] = []
+    for part in spec.split(","):
+        out += sorted(SETS[part].glob("*.onnx")) if part in SETS else [Path(part)]
+    return out
+
+
+def cell(model: Path, device: str, variant: str) -> dict:
+    env = dict(os.environ, TILEWEAVE_SCHEDULE_CACHE="off", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(model), device, variant], capture_output=True,
+                          text=True, env=env)
+    if proc.returncode:
+        raise SystemExit(f"{model.stem} on {device} ({variant}): {(proc.stderr.strip().splitlines() or ['failed'])[-1]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("models", nargs="?", default="samples/bert12.onnx,zoo")
+    p.add_argument("--devices", default="host")
+    p.add_argument("--variant", action="append", help="base (default), cap=N, tight or shared-pools; repeatable")
+    args = p.parse_args()
+    variants = args.variant or ["base"]
+    print("| model | device | variant | wall s | walk | stitch | rest | builds s | counts s | floors s | other s "
+          "| trials | passes | kernels built | floors | plan kernels | modeled us | speed vs first |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for model in models_of(args.models):
+        for device in args.devices.split(","):
+            base_wall = None
+            for variant in variants:
+                r = cell(model, device, variant)
+                s, c = r["spent"], r["calls"]
+                parts = s["build"] + s["count"] + s["floor"]
+                base_wall = r["wall"] if base_wall is None else base_wall
+                print(f"| {model.stem} | {device} | {variant} | {r['wall']:.2f} | {s['walk']:.2f} | {s['stitch']:.2f} | "
+                      f"{r['wall'] - s['walk'] - s['stitch']:.2f} | {s['build']:.2f} | {s['count']:.2f} | "
+                      f"{s['floor']:.2f} | {r['wall'] - parts:.2f} | {c['trials']} | {c['passes']} | {c['builds']} | "
+                      f"{c['floors']} | {r['kernels']} | {r['modeled_us']:.1f} | {base_wall / r['wall']:.2f}x |",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
