@@ -122,12 +122,19 @@ def cell(model: Path, device: str, variant: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> int:
+def variant_ok(text: str) -> str:
+    if text in ("base", "tight", "shared-pools") or (text.startswith("cap=") and text[4:].isdigit() and int(text[4:]) > 0):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown variant {text!r}: use base, cap=N (N >= 1), tight or shared-pools")
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("models", nargs="?", default="samples/bert12.onnx,zoo")
     p.add_argument("--devices", default="host")
-    p.add_argument("--variant", action="append", help="base (default), cap=N, tight or shared-pools; repeatable")
-    args = p.parse_args()
+    p.add_argument("--variant", action="append", type=variant_ok,
+                   help="base (default), cap=N, tight or shared-pools; repeatable")
+    args = p.parse_args(argv)
     variants = args.variant or ["base"]
     print("| model | device | variant | wall s | walk | stitch | rest | builds s | counts s | floors s | other s "
           "| trials | passes | kernels built | floors | plan kernels | modeled us | speed vs first |")

@@ -1,0 +1,35 @@
+"""benchmarks/bench_plan_breakdown.py: its wrappers find the engine names they time (a renamed function fails
+the child, not the figures), its parts never exceed the wall time, and a variant it does not know is a one-line
+usage error (exit 2)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import bench_plan_breakdown as bpb  # noqa: E402
+
+
+def test_a_cell_splits_its_wall_time_and_a_capped_search_costs_no_more_candidates(capsys):
+    model = str(ROOT / "samples" / "layernorm_residual.onnx")
+    assert bpb.main([model, "--devices", "a100", "--variant", "base", "--variant", "cap=1"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[2].strip() for r in rows] == ["base", "cap=1"]
+    for r in rows:
+        wall, walk, stitch, rest, builds, counts, floors = (float(x) for x in r[3:10])
+        assert walk + stitch + rest == pytest.approx(wall, abs=0.02)
+        assert 0 < builds + counts + floors <= wall
+        assert int(r[11]) > 0 and int(r[13]) > 0  # tile-search passes, kernels built
+    assert int(rows[1][13]) <= int(rows[0][13])
+
+
+def test_an_unknown_variant_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as err:
+        bpb.main(["samples/gelu_chain.onnx", "--variant", "fast"])
+    assert err.value.code == 2
+    assert "unknown variant 'fast'" in capsys.readouterr().err
