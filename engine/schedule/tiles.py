@@ -219,12 +219,18 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
     # channels when the spatial tile is small: late stages of a CNN are a few pixels wide, and one
     # channel of 2x2 pixels would leave most of a block's threads without work.
     channels = stage.shape[1] if rank == 4 and gemm else 1
+    # Whole rows of a segment that reduces them and computes a row vector they all read (a bias computed from
+    # the columns alone, ALiBi-style): each block computes that vector again, so blocks of more rows amortise
+    # it — up to half the device's per-block memory of rows (a row reduction's staged input holds them).
+    wide = (not gemm and full_row and rank >= 2 and StageKind.REDUCE in kinds and m > 1
+            and any(_one_row(graph.stage(s).shape, n) for s in segment if s != anchor))
+    most = max(8192, device.max_smem_per_block_bytes // (2 * stage.dtype.itemsize)) if wide else 8192
     for bn in inner:
         for bm in _extents(m, {x for x in _POW2 if x <= m} | {m}):
             for bc in (c for c in _POW2 if c <= channels and (c == 1 or bm * bn * c // 2 < 256)):
                 elems = bm * bn * bc
                 full = bm == m and bn == n
-                if elems > (16384 if gemm else 8192) or (elems < 256 and not full) or (
+                if elems > (16384 if gemm else most if bn == n else 8192) or (elems < 256 and not full) or (
                         bc > 1 and elems < 256 and bc < channels):
                     continue
                 shape = (1,) * max(0, rank - 2) + ((bm, bn) if rank >= 2 else (bn,))
@@ -239,6 +245,11 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
                 if StageKind.REDUCE in kinds and bm <= 256 and bc == 1:
                     out.append(make_tile(stage, shape, _r32(bm), threads_per_row=1))  # thread per row
     return out
+
+
+def _one_row(shape: Sequence[int], n: int) -> bool:
+    """A stage of one row of `n` (any leading axes of extent 1)."""
+    return len(shape) >= 2 and shape[-1] == n and math.prod(shape[:-1]) == 1
 
 
 SEARCH_TABLE_LIMIT = 50000  # entries of "tiles.subgraph" and "tiles.above" (also kept on disk: schedcache.py)
