@@ -298,8 +298,8 @@ def _busy_before_probe() -> str:
 _LOADED: dict[Path, Device] = {}  # this process's copy of each cache file it read or wrote
 
 
-def probe_host(threads: int) -> Device:
-    """Probe the machine now (see the module docstring); OpenMP runs on `threads` threads."""
+def _probe_library(threads: int):
+    """The probe's C library, built for this machine, its functions typed; OpenMP and the pool set to `threads`."""
     from engine.codegen.ccompile import compile_c, compiler_lanes, default_options, load_library
     from engine.codegen.targets import C_HEADER
 
@@ -316,12 +316,40 @@ def probe_host(threads: int) -> Device:
     lib.tw_pool_barrier.restype = ctypes.c_double
     _set_threads(threads)
     lib.tw_pool_use_threads(threads)
+    return lib
 
+
+def _levels() -> tuple[int, int, int]:
+    """(L1, the largest cache a core has to itself, the last-level cache) in bytes, as the OS reports them."""
     caches = cache_sizes()
     levels = sorted(caches)
     l1 = caches.get(1, 32 * KiB)
-    private = caches.get(2, l1) if len(levels) > 2 else l1  # the largest cache a core has to itself
-    llc = caches[levels[-1]] if levels else 8 * MiB
+    private = caches.get(2, l1) if len(levels) > 2 else l1
+    return l1, private, caches[levels[-1]] if levels else 8 * MiB
+
+
+def measure_bandwidths(threads: int | None = None, passes: int | None = None) -> dict[str, float]:
+    """The probe's triad bandwidths (bytes/s) measured now, each the best of `passes` passes PROBE_GAP_S apart:
+    "dram_bw" (STREAM's rule: three arrays of 4x the last-level cache) and "llc_bw" (three arrays filling half
+    of it) — for a benchmark to hold kernels against the machine as it is during its run, not as it was when
+    the cached figures were probed. `passes`: PROBE_PASSES by default."""
+    threads = threads or host_threads()
+    lib = _probe_library(threads)
+    l1, _, llc = _levels()
+    best: dict[str, float] = {}
+    for j in range(max(1, passes or PROBE_PASSES)):
+        if j:
+            time.sleep(PROBE_GAP_S)
+        got = _timed_figures(lib, threads, l1, llc, int(lib.tw_lanes()))
+        for key in ("dram_bw", "llc_bw"):
+            best[key] = max(best.get(key, 0.0), got[key])
+    return best
+
+
+def probe_host(threads: int) -> Device:
+    """Probe the machine now (see the module docstring); OpenMP runs on `threads` threads."""
+    lib = _probe_library(threads)
+    l1, private, llc = _levels()
     lanes = int(lib.tw_lanes())
     name, mhz = _cpuinfo()
 
