@@ -72,6 +72,22 @@ HELPERS = {
         "+ 3.3333331174e-1f) * m * z; y += -2.12194440e-4f * e; y += -0.5f * z; float r = m + y + 0.693359375f * e; "
         "r = x == 0.0f ? -__builtin_inff() : r; r = x < 0.0f ? __builtin_nanf(\"\") : r; "
         "return (x != x || x == __builtin_inff()) ? x : r; }"),
+    # sin / cos: the argument reduced by pi/2 in double precision (the quotient split at 2^20 and pi/2 in
+    # fdlibm's three parts, so every product is exact: accurate for |x| up to ~1e12; past 1e15, where the
+    # rounding trick fails, the argument reads as 0 — bounded, not accurate), Cephes' float polynomials on
+    # [-pi/4, pi/4], the quadrant chosen by selects; NaN for inf and NaN, sin(-0) = -0; `q` 1 for cos.
+    "c0_sincosf": (
+        "float c0_sincosf(float x, int q) { const float a = x < 0.0f ? -x : x; "
+        "const double d = (double)(x * (float)(a < 1e15f)); "
+        "const double j = (d * 0.63661977236758134308 + 6755399441055744.0) - 6755399441055744.0; "
+        "const double jh = ((j * 9.5367431640625e-07 + 6755399441055744.0) - 6755399441055744.0) * 1048576.0; "
+        "const double jl = j - jh; double t = d - jh * 1.57079632673412561417; t -= jl * 1.57079632673412561417; "
+        "t -= jh * 6.07710050630396597660e-11; t -= jl * 6.07710050630396597660e-11; t -= j * 2.02226624879595063154e-21; "
+        "const float r = (float)t; const int k = ((int)jl + q) & 3; const float z = r * r; "
+        "const float s = r + r * z * (-1.6666654611e-1f + z * (8.3321608736e-3f + z * -1.9515295891e-4f)); "
+        "const float c = 1.0f - 0.5f * z + z * z * (4.166664568298827e-2f + z * (-1.388731625493765e-3f "
+        "+ z * 2.443315711809948e-5f)); const float v = (k & 1) ? c : s; const float w = (k & 2) ? -v : v; "
+        "const float e = x - x; const int keep = (x == 0.0f) & (q == 0); return e != e ? e : (keep ? x : w); }"),
     "c1_tanhf": (
         "float c1_tanhf(float x) { const float a = x < 0.0f ? -x : x; const float z = x * x; "
         "const float p = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z "

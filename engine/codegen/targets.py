@@ -439,9 +439,10 @@ class CPrinter(Printer):
     locals_in_kernel_scope = False
     header = C_HEADER
     f16_type = "_Float16"
-    # Float ops printed as a scalar libm call (the base printer's sinf / cosf; `unary` gives exp, log, tanh,
-    # erf and sigmoid inline helpers that vectorise): one lane per call. The host cost model reads this.
-    scalar_calls = frozenset({"sin", "cos"})
+    # Float ops printed as a scalar libm call: one lane per call (the host cost model reads this). None now:
+    # `unary` gives exp, log, tanh, erf, sigmoid, sin and cos inline helpers that vectorise (sinf / cosf were
+    # such calls: without -ffast-math GCC does not use libmvec, and nerf's encoding kernels ran one lane).
+    scalar_calls: frozenset = frozenset()
 
     def __init__(self) -> None:
         super().__init__()
@@ -541,10 +542,12 @@ class CPrinter(Printer):
     def unary(self, op: str, x: str, dtype) -> str:
         fast = {"exp": ("c0_expf", "c0_bits2f"), "log": ("c0_logf", "c0_bits2f", "c0_f2bits"),
                 "tanh": ("c1_tanhf", "c0_expf", "c0_bits2f"), "erf": ("c1_erff", "c0_expf", "c0_bits2f"),
-                "sigmoid": ("c0_expf", "c0_bits2f")}
-        if not dtype.is_float or op not in fast:
+                "sigmoid": ("c0_expf", "c0_bits2f"), "sin": ("c0_sincosf",), "cos": ("c0_sincosf",)}
+        if not dtype.is_float or op not in fast or (op in ("sin", "cos") and dtype == DType.F64):
             return super().unary(op, x, dtype)
         self.helpers.update(fast[op])
+        if op in ("sin", "cos"):
+            return f"c0_sincosf({x}, {int(op == 'cos')})"
         return f"(1.0f / (1.0f + c0_expf(-{x})))" if op == "sigmoid" else f"{fast[op][0]}({x})"
 
     def binary(self, op: str, a: str, b: str, dtype) -> str:

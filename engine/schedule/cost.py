@@ -195,8 +195,9 @@ def idle_lanes(work, device: Device | None) -> float:
       a rate the probe takes from math functions, so the term holds with it, not with a plain-arithmetic
       rate: the count leaves out such a loop's guards and index arithmetic, benchmarks/NOTES.md).
       Sums the C target runs column-wise are not in `work.loop_flops` (engine/codegen/count.py).
-    - Library calls: an op the C printer prints as a scalar libm call (CPrinter.scalar_calls: sin, cos)
-      runs on one lane, L times the cost of its vectorised flops (nerf's sin kernels measured ~10x)."""
+    - Library calls: an op the C printer prints as a scalar libm call (CPrinter.scalar_calls; none since sin
+      and cos became an inline helper that vectorises) runs on one lane, L times the cost of its vectorised
+      flops (nerf's sin kernels measured ~10x as libm calls)."""
     if device is None or device.kind != "cpu" or device.vector_lanes <= 1:
         return 0.0
     from engine.codegen.targets import CPrinter

@@ -24,6 +24,9 @@ def lib():
     for op, fn in _UNARY.items():
         body.append(f"void v_{op}(const float* restrict x, float* restrict y, int n) {{\n"
                     f"    #pragma omp simd\n    for (int i = 0; i < n; ++i) y[i] = {fn}(x[i]);\n}}")
+    for op, q in (("sin", 0), ("cos", 1)):
+        body.append(f"void v_{op}(const float* restrict x, float* restrict y, int n) {{\n"
+                    f"    #pragma omp simd\n    for (int i = 0; i < n; ++i) y[i] = c0_sincosf(x[i], {q});\n}}")
     body.append("void v_pow(const float* restrict a, const float* restrict b, float* restrict y, int n) {\n"
                 "    #pragma omp simd\n    for (int i = 0; i < n; ++i) y[i] = c1_powf(a[i], b[i]);\n}")
     return load_library(compile_c("\n".join(body), name="cmath_test"))
@@ -77,3 +80,42 @@ def test_pow_matches_c_special_cases_and_is_accurate(lib):
     tail = got[-10:]
     assert list(tail[:7]) == [0.0, np.inf, 1.0, 1.0, 1.0, -8.0, 4.0]  # C powf's special cases
     assert np.isnan(tail[7]) and tail[8] == pytest.approx(math.sqrt(2), rel=1e-6) and tail[9] == 1.0
+
+
+@pytest.mark.parametrize("op", ["sin", "cos"])
+def test_sin_and_cos_are_within_a_few_ulps_of_one_where_the_reduction_is_exact(lib, op):
+    """Absolute error within 2 float ulps of 1 for |x| up to 1e12 (the double reduction's products are exact),
+    sin(±0) = ±0, sin(tiny) = tiny, NaN for inf and NaN, results in [-1, 1] past 1e15."""
+    x = np.concatenate([RNG.uniform(-10, 10, 50_000), RNG.uniform(-1e4, 1e4, 50_000), RNG.uniform(-1e6, 1e6, 20_000),
+                        RNG.uniform(-1e12, 1e12, 20_000),
+                        np.arange(-64, 65) * (np.pi / 4), [0.0, -0.0, 1e-30, -1e-30, 1e-8]]).astype(np.float32)
+    got = _call(lib, f"v_{op}", x)
+    want = getattr(np, op)(x.astype(np.float64))
+    assert np.abs(got.astype(np.float64) - want).max() <= 2 * np.spacing(np.float32(1.0))
+    if op == "sin":
+        tiny = np.array([0.0, -0.0, 1e-30, -1e-30], np.float32)
+        got_tiny = _call(lib, "v_sin", tiny)
+        assert np.array_equal(got_tiny, tiny) and np.signbit(got_tiny[1])
+    odd = _call(lib, f"v_{op}", np.array([np.inf, -np.inf, np.nan, 3e38, -3e38], np.float32))
+    assert np.isnan(odd[:3]).all() and (np.abs(odd[3:]) <= 1).all()
+
+
+def test_a_loop_of_sin_or_cos_vectorises(tmp_path):
+    """The point of the helper: GCC vectorises a loop calling it under the C backend's options (libm's sinf, a
+    call without -ffast-math's vector variants, ran one lane per element: nerf's encoding kernels)."""
+    import subprocess
+
+    from engine.codegen.ccompile import default_options, find_compiler
+
+    version = subprocess.run([*find_compiler(), "--version"], capture_output=True, text=True).stdout
+    if "gcc" not in version.lower() and "free software foundation" not in version.lower():
+        pytest.skip("-fopt-info is GCC's; the compiler here is another")
+    src = tmp_path / "sincos.c"
+    src.write_text("static inline __attribute__((always_inline)) " + HELPERS["c0_sincosf"] + "\n"
+                   "void f(const float* restrict a, float* restrict b, int n) {\n    #pragma omp simd\n"
+                   "    for (int i = 0; i < n; ++i) b[i] = c0_sincosf(a[i], 1);\n}\n")
+    options = [o for o in default_options() if o != "-shared"]
+    done = subprocess.run([*find_compiler(), *options, "-c", str(src), "-o", str(tmp_path / "sincos.o"),
+                           "-fopt-info-vec-optimized"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "loop vectorized" in done.stderr
