@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "engine" / "codegen"))
+sys.path.insert(1, str(ROOT))  # this checkout's engine, before tests/ (whose engine/ is only test folders)
+sys.path.append(str(ROOT / "tests"))  # sample_io imports support from there
 
 
 def _median_us(fn, runs: int) -> float:
@@ -37,24 +37,12 @@ def _median_us(fn, runs: int) -> float:
     return statistics.median(samples)
 
 
-def stream_copy_gbs(threads: int, runs: int) -> float:
-    """Bytes moved (read + write) per second by a C OpenMP copy of 64 MiB: the machine's ceiling."""
-    import ctypes
+def stream_copy_gbs(threads: int) -> float:
+    """Bytes moved (read + write) per second by an OpenMP copy between two arrays of 4x the last-level cache,
+    the best of the probe's reps (`host.measure_bandwidths`): the machine's ceiling."""
+    from engine.host import measure_bandwidths
 
-    from engine.codegen.ccompile import compile_c, load_library
-
-    src = """#include <stddef.h>
-void copy(const float* restrict a, float* restrict b, long n) {
-    #pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; ++i) b[i] = a[i];
-}"""
-    lib = load_library(compile_c(src, name="stream_copy"))
-    lib.copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
-    n = 16 << 20
-    a = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    b = np.empty_like(a)
-    us = _median_us(lambda: lib.copy(a.ctypes.data, b.ctypes.data, n), runs)
-    return 2 * a.nbytes / us / 1e3
+    return measure_bandwidths(threads, passes=1)["copy_bw"] / 1e9
 
 
 def bench(name: str, policy: str, runs: int, threads: int, library: bool = False, ort_us: float | None = None) -> dict:
@@ -116,7 +104,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
     names = args.samples.split(",") if args.samples else [e["name"] for e in CATALOG if e["category"] != "scale"]
-    copy = stream_copy_gbs(threads, args.runs)
+    copy = stream_copy_gbs(threads)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"STREAM-like copy: {copy:.1f} GB/s ({threads} threads); load average at start {load}\n")
     print("| sample | category | policy | kernels | contractions | ours µs | onnxruntime µs | ours/ort | "

@@ -4,10 +4,10 @@ in a row (as `bench_cost_model.py` times them); for every kernel without a contr
 move — each tensor it reads from outside the kernel once, no more than its tiles touch (128 B lines), and each
 tensor it writes once — over its best launch (STREAM too reports its best run), against bandwidths measured
 before and after the models, the better of the two: "STREAM", the probe's DRAM triad (three arrays of 4x the
-last-level cache, `host.measure_bandwidths`), "copy", a DRAM copy (one array read and one written, 4x the
-last-level cache each: a kernel writing as much as it reads is nearer a copy, the triad's two reads per write
-hiding more of the write-allocate traffic STREAM does not count) and "LLC", the probe's triad over half the
-last-level cache (where a model that fits it reads from). A kernel without a contraction is memory-intensive
+last-level cache), "copy", the probe's DRAM copy (one array read and one written, 4x the last-level cache
+each: a kernel writing as much as it reads is nearer a copy, the triad's two reads per write hiding more of
+the write-allocate traffic STREAM does not count) and "LLC", the probe's triad over half the last-level cache
+(where a model that fits it reads from) — all three `host.measure_bandwidths`. A kernel without a contraction is memory-intensive
 (AStitch's word: its operators do a few flops per element moved); the model's own verdict is a column beside it
 ("mem" where its memory terms, DRAM + L2 + L1, are at least its compute term: on a CPU a chain of erf / exp runs
 at the per-element rate and the model may call it compute-bound). Summaries count memory-intensive kernels
@@ -39,60 +39,20 @@ def models_of(spec: str) -> list[Path]:
     return out
 
 
-_COPY_C = """
-#include <omp.h>
-#include <stdlib.h>
-/* Seconds of the best of `reps` copies b = a of n floats (both arrays shared by the threads). */
-double tw_copy(long n, int reps) {
-    float *a = aligned_alloc(64, n * 4), *b = aligned_alloc(64, n * 4);
-    #pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; ++i) { a[i] = (float)(i & 7); b[i] = 0.f; }
-    double best = 1e30;
-    for (int r = 0; r < reps; ++r) {
-        double t0 = omp_get_wtime();
-        #pragma omp parallel for schedule(static)
-        for (long i = 0; i < n; ++i) b[i] = a[i];
-        double t = omp_get_wtime() - t0;
-        if (t < best) best = t;
-    }
-    volatile float sink = b[n / 2]; (void)sink;
-    free(a); free(b);
-    return best;
-}
-"""
-
-
-def copy_bw(reps: int = 10) -> float:
-    """Bytes per second (read + written) of the best of `reps` OpenMP copies of 4x the last-level cache."""
-    import ctypes
-
-    from engine.codegen.ccompile import compile_c, default_options, load_library
-    from engine.host import cache_sizes
-
-    lib = load_library(compile_c(_COPY_C, name="stream_copy", options=default_options()))
-    lib.tw_copy.restype, lib.tw_copy.argtypes = ctypes.c_double, [ctypes.c_long, ctypes.c_int]
-    llc = max(cache_sizes().values(), default=8 << 20)
-    n = max(1 << 22, llc)  # floats: 4x the last-level cache in bytes
-    return 2 * 4 * n / lib.tw_copy(n, reps)
-
-
 def least_bytes(graph, group, conns: dict, device) -> int:
     """Bytes a kernel must move at least: every tensor read from outside it once (no more than its tiles'
-    128 B lines cover, as the cost model caps a kernel's reads) and every tensor it writes once."""
-    from engine.schedule.cost import LINE, at_kernel_block, nbytes, segment_use
+    128 B lines cover, as the cost model caps a kernel's reads: `cost.kernel_read_bytes`) and every tensor it
+    writes once."""
+    from engine.schedule.cost import at_kernel_block, kernel_read_bytes, nbytes, segment_use
     from engine.tilegraph.tilegraph import segments_of
 
     members = set(group.stages)
-    read: dict[str, int] = {}
-    for seg, tile in zip(segments_of(graph, group.stages, conns), at_kernel_block(group.segments)):
-        use = segment_use(graph, seg, conns, tile, exact=True, device=device)
-        for tensor, lines in use.read_lines.items():
-            if tensor not in members:
-                got = int(lines * LINE * tile.blocks / max(1, tile.row_split))
-                read[tensor] = min(nbytes(graph, tensor), read.get(tensor, 0) + got)
+    uses = [segment_use(graph, seg, conns, tile, exact=True, device=device)
+            for seg, tile in zip(segments_of(graph, group.stages, conns), at_kernel_block(group.segments))]
+    read = sum(b for t, b in kernel_read_bytes(graph, uses).items() if t not in members)
     written = sum(nbytes(graph, s) for s in group.stages
                   if s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ())))
-    return sum(read.values()) + written
+    return read + written
 
 
 def model_rows(path: Path, policy: str, device, runs: int) -> list[dict]:
@@ -156,12 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no model {missing[0]} (give .onnx paths, zoo or samples)", file=sys.stderr)
         return 2
     device = get_device("host")
-    before = measure_bandwidths() | {"copy_bw": copy_bw()}
+    before = measure_bandwidths()
     rows: list[dict] = []
     for model in models_of(args.models):
         rows += model_rows(model, args.policy, device, args.runs)
         print(f"# {model.stem}: {len(rows)} kernels so far", file=sys.stderr, flush=True)
-    after = measure_bandwidths() | {"copy_bw": copy_bw()}
+    after = measure_bandwidths()
     stream, llc = max(before["dram_bw"], after["dram_bw"]), max(before["llc_bw"], after["llc_bw"])
     copy = max(before["copy_bw"], after["copy_bw"])
     big = int(args.big * 2**20)

@@ -44,17 +44,23 @@ typedef float vf __attribute__((vector_size(TW_LANES * 4)));
 int tw_lanes(void) { return TW_LANES; }
 int tw_threads(void) { return omp_get_max_threads(); }
 
-/* Seconds of the best of `reps` triads a = b + s*c over n floats per thread-shared array, or each
-   thread on its own slice of n/threads (`private_`: an L1-sized working set per core). */
-double tw_triad(long n, int reps) {
+/* Seconds of the best of `reps` triads a = b + s*c over n floats per thread-shared array (`copy`: copies
+   a = b, one array read and one written), or each thread on its own slice of n/threads (`private_`: an
+   L1-sized working set per core). */
+double tw_triad(long n, int reps, int copy) {
     float *a = aligned_alloc(64, n * 4), *b = aligned_alloc(64, n * 4), *c = aligned_alloc(64, n * 4);
     #pragma omp parallel for schedule(static)
     for (long i = 0; i < n; ++i) { a[i] = 0.f; b[i] = (float)(i & 7); c[i] = 1.f; }
     double best = 1e30;
     for (int r = 0; r < reps; ++r) {
         double t0 = omp_get_wtime();
-        #pragma omp parallel for schedule(static)
-        for (long i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
+        if (copy) {
+            #pragma omp parallel for schedule(static)
+            for (long i = 0; i < n; ++i) a[i] = b[i];
+        } else {
+            #pragma omp parallel for schedule(static)
+            for (long i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
+        }
         double t = omp_get_wtime() - t0;
         if (t < best) best = t;
     }
@@ -306,7 +312,7 @@ def _probe_library(threads: int):
     options = default_options() + _PROBE_OPTIONS_EXTRA + (f"-DTW_LANES={compiler_lanes()}",)
     lib = load_library(compile_c(C_HEADER + _PROBE_C, name="host_probe", options=options))
     lib.tw_triad.restype = lib.tw_triad_private.restype = lib.tw_fma.restype = lib.tw_barrier.restype = ctypes.c_double
-    lib.tw_triad.argtypes = [ctypes.c_long, ctypes.c_int]
+    lib.tw_triad.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int]
     lib.tw_triad_private.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int]
     lib.tw_fma.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p]
     lib.tw_barrier.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_double]
@@ -328,20 +334,28 @@ def _levels() -> tuple[int, int, int]:
     return l1, private, caches[levels[-1]] if levels else 8 * MiB
 
 
+def _dram_floats(llc: int) -> int:
+    """Floats per array of a DRAM-sized triad or copy: 4x the last-level cache in bytes (STREAM's rule)."""
+    return max(1 << 22, 4 * llc // 4)
+
+
 def measure_bandwidths(threads: int | None = None, passes: int | None = None) -> dict[str, float]:
-    """The probe's triad bandwidths (bytes/s) measured now, each the best of `passes` passes PROBE_GAP_S apart:
-    "dram_bw" (STREAM's rule: three arrays of 4x the last-level cache) and "llc_bw" (three arrays filling half
-    of it) — for a benchmark to hold kernels against the machine as it is during its run, not as it was when
-    the cached figures were probed. `passes`: PROBE_PASSES by default."""
+    """The probe's bandwidths (bytes/s) measured now, each the best of `passes` passes PROBE_GAP_S apart:
+    "dram_bw" (the triad by STREAM's rule: three arrays of 4x the last-level cache), "copy_bw" (a copy between
+    two such arrays) and "llc_bw" (the triad over three arrays filling half of it) — for a benchmark to hold
+    kernels against the machine as it is during its run, not as it was when the cached figures were probed.
+    `passes`: PROBE_PASSES by default."""
     threads = threads or host_threads()
     lib = _probe_library(threads)
     l1, _, llc = _levels()
+    n_dram = _dram_floats(llc)
     best: dict[str, float] = {}
     for j in range(max(1, passes or PROBE_PASSES)):
         if j:
             time.sleep(PROBE_GAP_S)
         got = _timed_figures(lib, threads, l1, llc, int(lib.tw_lanes()))
-        for key in ("dram_bw", "llc_bw"):
+        got["copy_bw"] = 2 * 4 * n_dram / lib.tw_triad(n_dram, 5, 1)
+        for key in ("dram_bw", "copy_bw", "llc_bw"):
             best[key] = max(best.get(key, 0.0), got[key])
     return best
 
@@ -416,10 +430,10 @@ def _timed_figures(lib, threads: int, l1: int, llc: int, lanes: int) -> dict[str
         launch = _time_launch(lib.tw_empty_launch)
     # DRAM: three arrays of 4x the last-level cache each (STREAM's rule); LLC: three arrays filling half of
     # it (over all threads); L1: each thread's three arrays filling half its L1, repeated.
-    n_dram = max(1 << 22, 4 * llc // 4)
-    dram_bw = 3 * 4 * n_dram / lib.tw_triad(n_dram, 5)
+    n_dram = _dram_floats(llc)
+    dram_bw = 3 * 4 * n_dram / lib.tw_triad(n_dram, 5, 0)
     n_llc = max(1 << 12, llc // 2 // 12)
-    llc_bw = 3 * 4 * n_llc / lib.tw_triad(n_llc, 40)
+    llc_bw = 3 * 4 * n_llc / lib.tw_triad(n_llc, 40, 0)
     n_l1 = max(256, l1 // 2 // 12) // 16 * 16
     inner = max(1, (1 << 24) // n_l1)
     l1_bw = threads * 3 * 4 * n_l1 * inner / lib.tw_triad_private(n_l1, inner, 5)

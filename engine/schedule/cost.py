@@ -387,6 +387,17 @@ def wave_quantisation(device: Device, blocks: int, resident: int) -> float:
     return max(1.0, max(1, -(-b // slots)) * min(slots, fill) / b)
 
 
+def kernel_read_bytes(graph: PrimGraph, uses: Sequence[SegmentUse]) -> dict[str, int]:
+    """Per tensor a kernel's segments read from outside them (`uses`, one per segment): the bytes its tiles'
+    128 B lines cover over all blocks, capped at the tensor's size."""
+    out: dict[str, int] = {}
+    for use in uses:
+        for t, lines in use.read_lines.items():
+            got = lines * LINE * use.tile.blocks / max(1, use.tile.row_split)
+            out[t] = min(nbytes(graph, t), out.get(t, 0) + int(got))
+    return out
+
+
 def estimate_group(
     graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Sequence[Tile], device: Device,
     segs: Sequence[Sequence[str]] | None = None, local: dict | None = None, exact: bool = False,
@@ -407,11 +418,7 @@ def estimate_group(
     # Per segment: segments run one after another (grid barriers), each over its own grid.
     dram, l2, sh, fp32, tc, tc16, tiled, idle = ([0.0] * n for _ in range(8))
     reads = 0
-    read_bytes: dict[str, int] = {}  # per tensor: bytes the tiles of this kernel read (capped at its size)
-    for use in uses:
-        for t, lines in use.read_lines.items():
-            got = lines * LINE * use.tile.blocks / max(1, use.tile.row_split)
-            read_bytes[t] = min(nbytes(graph, t), read_bytes.get(t, 0) + int(got))
+    read_bytes = kernel_read_bytes(graph, uses)
     warm = frozenset(t for t in warm if t in read_bytes and t not in members) if device.kind != "cpu" else frozenset()
     charged: set[str] = set(warm)  # an input's unread bytes come from DRAM once per kernel
     in_llc = _in_llc(graph, device)
