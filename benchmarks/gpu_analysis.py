@@ -1,13 +1,19 @@
 """Measured GPU runs re-read offline: the per-model table of `bench_cost_model.py --device gpu` from its saved
 JSON, and what a latency (Little's law) term in the cost model would change, evaluated on those kernels.
 
-    .venv/bin/python benchmarks/gpu_analysis.py [benchmarks/data/h200-2026-11-27] [--latency-variants]
+    .venv/bin/python benchmarks/gpu_analysis.py [benchmarks/data/h200-2026-11-27] [--latency-variants] [--rate-variant]
 
 Reads every bench*.json(.gz) in the folder (a model present twice is taken from the last file in name
 order). The latency variant divides a kernel's memory terms by min(1, W·m·128 B / (L · the SM's share of L2
 bytes per clock)) and its compute term by min(1, W / 8), W = warps resident per SM in its grid, for latency L
 and m lines in flight per warp; the table shows each (L, m) against the model as it is (`--latency-variants`; meaningful only for runs whose
-model had no latency term yet, i.e. before commit c790a82: benchmarks/data/h200-2026-11-26).
+model had no latency term yet, i.e. before commit c790a82: benchmarks/data/h200-2026-11-26). The rate
+variant (`--rate-variant`, for runs whose model had the latency term as a fraction of each SM's share,
+benchmarks/data/h200-2026-11-27) re-evaluates each kernel with its memory terms at what the SMs its grid
+occupies can draw (per SM: warps x lines in flight x 128 B per latency, at most a 64 B/clk port; times
+min(blocks, SMs)), not wave quantised, and only the shared-memory and compute terms quantised (exact for
+one-segment kernels; a kernel with grid barriers is taken at its widest grid). That rule is the branch
+`gpurate` (`cost.memory_rate`), not main's model: benchmarks/NOTES.md `gpurate` says why.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cost_model import spearman  # noqa: E402
 
-SM, L2_BYTES_PER_CLK = 132, 5120  # h100/h200 presets
+SM, L2_BYTES_PER_CLK, CLOCK_HZ, DRAM_BW = 132, 5120, 1.98e9, 4.8e12  # the h200 preset
 POLICIES = ("unfused", "elementwise", "stitch", "welder")
 
 
@@ -50,7 +56,38 @@ def with_latency(k: dict, latency: float, lines_in_flight: float) -> float:
     return (top + serial) * quant + t["launch"] + t.get("grid_barrier", 0)
 
 
-def score(models: list[dict], estimate) -> str:
+def with_rate(k: dict, latency: float = 600.0, lines_in_flight: float = 4.0, port: float = 64.0) -> float:
+    t = k["terms_us"]
+    b, w = max(1, k["grid"]), max(1, -(-k["threads"] // 32))
+    warps = min(max(1, k["resident_blocks_per_sm"] or 1), -(-b // SM)) * w
+    share = min(1.0, warps * lines_in_flight * 128 / (latency * L2_BYTES_PER_CLK / SM))  # the old term's fraction
+    serial = t.get("segment_serialization", 0)
+    busy = max(t["dram"], t["l2"], t["shared"], t["compute"]) + serial
+    quant = 1 + t.get("wave_quantization", 0) / busy if busy else 1.0
+    rate = min(SM, b) * min(port, warps * lines_in_flight * 128 / latency) * CLOCK_HZ
+    dram = t["dram"] * 1e-6 * DRAM_BW * share / min(DRAM_BW, rate) * 1e6  # bytes back from the old term
+    l2 = t["l2"] * 1e-6 * L2_BYTES_PER_CLK * CLOCK_HZ * share / min(L2_BYTES_PER_CLK * CLOCK_HZ, rate) * 1e6
+    top = max(dram, l2, t["shared"] * quant, t["compute"] * quant)
+    return top + serial * quant + t["launch"] + t.get("grid_barrier", 0)
+
+
+def with_level_latency(k: dict, latency: float = 600.0, lines_in_flight: float = 4.0) -> float:
+    """The kernel's modeled time with its DRAM term's latency fraction taken against the SM's share of DRAM
+    bandwidth instead of L2's (the run's model, and main's, take both against L2's: NOTES `gpurate`)."""
+    t = k["terms_us"]
+    b, w = max(1, k["grid"]), max(1, -(-k["threads"] // 32))
+    warps = min(max(1, k["resident_blocks_per_sm"] or 1), -(-b // SM)) * w
+    in_flight = warps * lines_in_flight * 128 / latency  # bytes per clock per SM
+    old = min(1.0, in_flight / (L2_BYTES_PER_CLK / SM))
+    new = min(1.0, in_flight / (DRAM_BW / CLOCK_HZ / SM))
+    serial = t.get("segment_serialization", 0)
+    busy = max(t["dram"], t["l2"], t["shared"], t["compute"]) + serial
+    quant = 1 + t.get("wave_quantization", 0) / busy if busy else 1.0
+    top = max(t["dram"] * old / new, t["l2"], t["shared"], t["compute"])
+    return (top + serial) * quant + t["launch"] + t.get("grid_barrier", 0)
+
+
+def score(models: list[dict], estimate, ranking: bool = True) -> str:
     rows = [(m["model"], p, estimate(k), k["measured_us"]) for m in models for p, c in m["cells"].items()
             for k in c["kernels"]]
     logs = [abs(math.log(b / a)) for _, _, a, b in rows]
@@ -61,8 +98,8 @@ def score(models: list[dict], estimate) -> str:
         best += min(tot, key=lambda p: tot[p][0]) == min(tot, key=lambda p: tot[p][1])
     logs.sort()
     return (f"ρ {spearman([r[2] for r in rows], [r[3] for r in rows]):.2f} | median factor "
-            f"{math.exp(statistics.median(logs)):.2f}× | 90th percentile {math.exp(logs[int(0.9 * len(logs))]):.2f}× | "
-            f"fastest policy right on {best} of {len(models)}")
+            f"{math.exp(statistics.median(logs)):.2f}× | 90th percentile {math.exp(logs[int(0.9 * len(logs))]):.2f}×"
+            + (f" | fastest policy right on {best} of {len(models)}" if ranking else f" | {len(rows)} kernels"))
 
 
 def main() -> int:
@@ -93,6 +130,15 @@ def main() -> int:
         for lines in (1, 2, 4, 8):
             print(f"| with latency {latency} cycles, {lines} lines in flight per warp | "
                   f"{score(models, lambda k, a=latency, b=lines: with_latency(k, a, b))} |")
+    if "--rate-variant" in sys.argv:
+        small = [dict(m, cells={p: dict(c, kernels=[k for k in c["kernels"] if k["grid"] < SM and k["modeled_us"] > 20])
+                                for p, c in m["cells"].items()}) for m in models]
+        for label, estimate in (("as it is", lambda k: k["modeled_us"]),
+                                ("DRAM's latency fraction against the DRAM share (not in the model)", with_level_latency),
+                                ("memory at the rate its grid's SMs draw (branch gpurate)", with_rate)):
+            if label != "as it is":  # printed above
+                print(f"| {label}, all kernels | {score(models, estimate)} |")
+            print(f"| {label}, grids under {SM} blocks modeled over 20 µs | {score(small, estimate, False)} |")
     return 0
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.codegen.mma import tf32_allowed
 from engine.device import Device, resident_blocks_per_sm
@@ -53,6 +53,7 @@ class SegmentUse:
     flops_tc_f16: float = 0.0  # per block: of flops_tc, those with fp16 operands (m16n8k16 .f16; the rest TF32)
     gemm_maps: tuple[tuple[int, int], ...] = ()  # (ty, tx) of each tiled GEMM phase, as codegen built it
     serial: bool = False  # CPU, several threads: the C target runs this segment's tiles on one thread (`serial_on`)
+    reach: dict = field(default_factory=dict)  # tensor read from outside -> bytes the whole grid reads at least (`segment_reach`)
 
 
 def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
@@ -153,7 +154,8 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
                       int(work.shared_bytes / per), (work.flops - work.mma_flops) / per, work.mma_flops / per,
                       work.global_bytes / per, work,
                       completion, work.tiled_flops / per, idle_lanes(work, device) / per, work.mma_f16_flops / per,
-                      tuple((g.ty, g.tx) for g in gemms), serial_on(kernel, device))
+                      tuple((g.ty, g.tx) for g in gemms), serial_on(kernel, device),
+                      segment_reach(graph, segment, conns, tile.stage))
 
 
 def serial_on(kernel, device: Device | None) -> bool:
@@ -232,6 +234,18 @@ def segment_regions(graph: PrimGraph, segment: Sequence[str], conns: Mapping, ti
     return _regions(graph, segment, conns, tile.stage, box)
 
 
+def segment_reach(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str) -> dict[str, int]:
+    """Bytes (whole 128 B lines) of each tensor from outside the segment that its whole grid reads at least
+    once: the regions read when the anchor's whole output is one box, i.e. the bounding box of every
+    block's reads. The other counts take one typical block for all; where blocks read different tensors —
+    a concatenation along a tiled axis, whose typical block sits in one arm — its reads times the blocks
+    miss the other arms' inputs (zoo decoder_kv on a100: a 196 KB weight read by one arm's blocks only,
+    a plan modeled under the DRAM floor). The same for every tile of the segment: one propagation."""
+    shape = graph.stage(anchor).shape
+    regions = _regions(graph, segment, conns, anchor, anchor_box(shape, shape))
+    return {t: lines_of(box, graph.specs[t].dtype.itemsize) * LINE for t, box in regions.inputs.items()}
+
+
 def _read_lines(graph: PrimGraph, regions: GroupRegions) -> dict[str, int]:
     """128 B lines one block reads of each tensor from outside its segment."""
     return {t: lines_of(box, graph.specs[t].dtype.itemsize) for t, box in regions.inputs.items()}
@@ -283,7 +297,7 @@ def _cold_reads(graph: PrimGraph, members: set[str], uses: Sequence[SegmentUse],
     total = 0
     for use in uses:
         total += _read_dram(graph, members, use.read_lines, use.tile.blocks / max(1, use.tile.row_split), device,
-                            in_llc, seen)
+                            in_llc, seen, use.reach)
         total += 0 if in_llc else _completion_dram(graph, use, read_bytes, charged)
     return total
 
@@ -323,14 +337,18 @@ def _in_llc(graph: PrimGraph, device: Device) -> bool:
 
 
 def _read_dram(graph: PrimGraph, members: set[str], read_lines: Mapping[str, int], per_block: float,
-               device: Device, in_llc: bool, seen: dict[str, int] | None = None) -> int:
+               device: Device, in_llc: bool, seen: dict[str, int] | None = None,
+               reach: Mapping[str, int] | None = None) -> int:
     """DRAM bytes of one segment's reads from outside it (`per_block`: its blocks over its row split).
     `seen`: bytes of each outside tensor that fits in L2 already charged to this kernel — by its earlier
     segments, or by earlier kernels that left it whole in L2 (`GroupCost.l2_warm`); updated here. A
-    re-read within L2's reach is an L2 hit, so a kernel never pays more than a tensor's size for it."""
+    re-read within L2's reach is an L2 hit, so a kernel never pays more than a tensor's size for it.
+    `reach`: bytes of each tensor the whole grid reads at least (`segment_reach`), a floor under the
+    typical block's reads times the blocks."""
     dram = 0
-    for tensor, lines in read_lines.items():
-        total = int(lines * LINE * per_block)
+    reach = reach or {}
+    for tensor in {**read_lines, **reach}:
+        total = max(int(read_lines.get(tensor, 0) * LINE * per_block), reach.get(tensor, 0))
         size = nbytes(graph, tensor)
         if tensor in members:  # produced by an earlier segment, behind a grid barrier
             if size > device.l2_bytes:
@@ -389,11 +407,12 @@ def wave_quantisation(device: Device, blocks: int, resident: int) -> float:
 
 def kernel_read_bytes(graph: PrimGraph, uses: Sequence[SegmentUse]) -> dict[str, int]:
     """Per tensor a kernel's segments read from outside them (`uses`, one per segment): the bytes its tiles'
-    128 B lines cover over all blocks, capped at the tensor's size."""
+    128 B lines cover over all blocks (at least the segment's reach, `segment_reach`), capped at the tensor's
+    size."""
     out: dict[str, int] = {}
     for use in uses:
-        for t, lines in use.read_lines.items():
-            got = lines * LINE * use.tile.blocks / max(1, use.tile.row_split)
+        for t in {**use.read_lines, **use.reach}:
+            got = max(use.read_lines.get(t, 0) * LINE * use.tile.blocks / max(1, use.tile.row_split), use.reach.get(t, 0))
             out[t] = min(nbytes(graph, t), out.get(t, 0) + int(got))
     return out
 
@@ -426,7 +445,7 @@ def estimate_group(
     for k, use in enumerate(uses):  # reads first: `dram` holds only them until the writes below
         per_block = use.tile.blocks / max(1, use.tile.row_split)
         reads += sum(int(lines * per_block) for lines in use.read_lines.values())
-        dram[k] += _read_dram(graph, members, use.read_lines, per_block, device, in_llc, seen)
+        dram[k] += _read_dram(graph, members, use.read_lines, per_block, device, in_llc, seen, use.reach)
         # Every global load and store the kernel IR counts goes through L2 (DRAM misses included).
         l2[k] += use.global_bytes * per_block
         sh[k] += int(use.shared_traffic * per_block)
