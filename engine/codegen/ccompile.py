@@ -37,7 +37,7 @@ DEFAULT_OPTIONS: tuple[str, ...] = (
     "-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-std=c11", "-shared", "-fPIC",
 )
 LINK_LIBS: tuple[str, ...] = ("-lm",)  # after the source file, where the linker looks for them
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: programs are linked from per-kernel units whoever compiles them (measure.compile_variant built some whole)
 _COMPILE_TIMEOUT_S = 600  # without --time-limit / TILEWEAVE_TIME_LIMIT
 
 

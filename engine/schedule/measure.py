@@ -64,11 +64,15 @@ def compile_variant(graph: PrimGraph, plan: Plan, device: Device) -> Compiled:
 
         compiled = compile_program(program, "cuda", archs=(build_arch(device.nvrtc_arch, supported_archs()),))
         return Compiled(at_compiled(plan, graph, device, compiled), program)  # the model at the compiled registers
-    from engine.codegen.ccompile import compile_c
-    from engine.codegen.targets import render_c
+    from engine.codegen.ccompile import UNIT_SYMBOL, compile_c_kernels
+    from engine.codegen.targets import render_c, render_c_units
 
+    # The library `tileweave run` builds for this program (runtime.cpu.compile_program_c: per-kernel units,
+    # linked), under the same cache key. Built whole here, a large program came out as other machine code for
+    # the same kernels (gcc's inlining budget is per translation unit), and which build a later run found
+    # depended on who compiled first (benchmarks/NOTES.md `onebuild`).
     source = render_c(program)
-    path = compile_c(source, name=program.name)
+    path = compile_c_kernels(source, name=program.name, units=lambda: render_c_units(program, UNIT_SYMBOL))
     return Compiled(plan, program, source, path.read_bytes(), path.name)
 
 

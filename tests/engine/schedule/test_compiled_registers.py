@@ -5,6 +5,7 @@ GPU), in place of the formula, wherever a compiled kernel exists: `cost.at_compi
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from support import sample_path
@@ -72,3 +73,25 @@ def test_compiled_variant_carries_the_cubin_counts_and_round_trips(planned):
     back = plan_from_json(plan_to_json(compiled.plan), graph)
     assert [g.cost for g in back.groups] == [g.cost for g in compiled.plan.groups]
     assert compiled_registers(compile_program(generate(plan, graph, device), "cuda", archs=("sm_80",)), "sm_90") == {}
+
+
+def test_a_host_variant_is_the_library_a_run_builds(tmp_path, monkeypatch):
+    """The tune and the cost-model benchmark measure the library `tileweave run` loads: compile_variant links
+    it from per-kernel units as runtime.cpu.compile_program_c does, under the same cache key, and never builds
+    the program whole (one translation unit: other machine code for the same kernels, which a later run then
+    found in the cache)."""
+    from engine.codegen import ccompile
+    from engine.host import host_device
+    from engine.runtime.cpu import compile_program_c
+
+    monkeypatch.setenv("TILEWEAVE_CACHE", str(tmp_path))
+    device = host_device()
+    graph, plan = plan_model(load_graph(sample_path("layernorm_residual")), "unfused", device)
+    whole = []
+    real = ccompile.compile_c
+    monkeypatch.setattr(ccompile, "compile_c", lambda source, **kw: whole.append(kw.get("name")) or real(source, **kw))
+    compiled = compile_variant(graph, plan, device)
+    assert len(plan.groups) > 1 and whole == []
+    module = compile_program_c(compiled.program)  # a cache hit (compile_c returns the cached library)
+    assert Path(module.path).name == compiled.library_name
+    assert Path(module.path).read_bytes() == compiled.library
