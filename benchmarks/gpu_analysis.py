@@ -57,6 +57,8 @@ def with_latency(k: dict, latency: float, lines_in_flight: float) -> float:
 
 
 def with_rate(k: dict, latency: float = 600.0, lines_in_flight: float = 4.0, port: float = 64.0) -> float:
+    """The kernel's modeled time with its memory terms at the rate its grid's SMs can draw, not wave quantised
+    (branch gpurate's cost.memory_rate; the bytes recovered from the run's terms)."""
     t = k["terms_us"]
     b, w = max(1, k["grid"]), max(1, -(-k["threads"] // 32))
     warps = min(max(1, k["resident_blocks_per_sm"] or 1), -(-b // SM)) * w
