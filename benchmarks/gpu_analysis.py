@@ -44,14 +44,20 @@ def load(folder: Path) -> list[dict]:
     return sorted(models, key=lambda m: m["model"])
 
 
-def with_latency(k: dict, latency: float, lines_in_flight: float) -> float:
+def _stored(k: dict) -> tuple[dict, int, float, float]:
+    """(terms, warps resident per busy SM, segment serialisation, wave quantisation factor) of a measured
+    kernel as its run's model saw it: what each variant below starts from."""
     t = k["terms_us"]
-    warps = min(max(1, k["resident_blocks_per_sm"] or 1), -(-k["grid"] // SM)) * max(1, k["threads"] // 32)
-    eff_mem = min(1.0, warps * lines_in_flight * 128 / (latency * L2_BYTES_PER_CLK / SM))
-    eff_fma = min(1.0, warps / 8)
+    warps = min(max(1, k["resident_blocks_per_sm"] or 1), -(-max(1, k["grid"]) // SM)) * max(1, -(-k["threads"] // 32))
     serial = t.get("segment_serialization", 0)
     busy = max(t["dram"], t["l2"], t["shared"], t["compute"]) + serial
-    quant = 1 + t.get("wave_quantization", 0) / busy if busy else 1.0
+    return t, warps, serial, 1 + t.get("wave_quantization", 0) / busy if busy else 1.0
+
+
+def with_latency(k: dict, latency: float, lines_in_flight: float) -> float:
+    t, warps, serial, quant = _stored(k)
+    eff_mem = min(1.0, warps * lines_in_flight * 128 / (latency * L2_BYTES_PER_CLK / SM))
+    eff_fma = min(1.0, warps / 8)
     top = max(t["dram"] / eff_mem, t["l2"] / eff_mem, t["shared"] / min(1.0, 2 * eff_fma), t["compute"] / eff_fma)
     return (top + serial) * quant + t["launch"] + t.get("grid_barrier", 0)
 
@@ -59,14 +65,9 @@ def with_latency(k: dict, latency: float, lines_in_flight: float) -> float:
 def with_rate(k: dict, latency: float = 600.0, lines_in_flight: float = 4.0, port: float = 64.0) -> float:
     """The kernel's modeled time with its memory terms at the rate its grid's SMs can draw, not wave quantised
     (branch gpurate's cost.memory_rate; the bytes recovered from the run's terms)."""
-    t = k["terms_us"]
-    b, w = max(1, k["grid"]), max(1, -(-k["threads"] // 32))
-    warps = min(max(1, k["resident_blocks_per_sm"] or 1), -(-b // SM)) * w
+    t, warps, serial, quant = _stored(k)
     share = min(1.0, warps * lines_in_flight * 128 / (latency * L2_BYTES_PER_CLK / SM))  # the old term's fraction
-    serial = t.get("segment_serialization", 0)
-    busy = max(t["dram"], t["l2"], t["shared"], t["compute"]) + serial
-    quant = 1 + t.get("wave_quantization", 0) / busy if busy else 1.0
-    rate = min(SM, b) * min(port, warps * lines_in_flight * 128 / latency) * CLOCK_HZ
+    rate = min(SM, max(1, k["grid"])) * min(port, warps * lines_in_flight * 128 / latency) * CLOCK_HZ
     dram = t["dram"] * 1e-6 * DRAM_BW * share / min(DRAM_BW, rate) * 1e6  # bytes back from the old term
     l2 = t["l2"] * 1e-6 * L2_BYTES_PER_CLK * CLOCK_HZ * share / min(L2_BYTES_PER_CLK * CLOCK_HZ, rate) * 1e6
     top = max(dram, l2, t["shared"] * quant, t["compute"] * quant)
@@ -76,15 +77,10 @@ def with_rate(k: dict, latency: float = 600.0, lines_in_flight: float = 4.0, por
 def with_level_latency(k: dict, latency: float = 600.0, lines_in_flight: float = 4.0) -> float:
     """The kernel's modeled time with its DRAM term's latency fraction taken against the SM's share of DRAM
     bandwidth instead of L2's (the run's model, and main's, take both against L2's: NOTES `gpurate`)."""
-    t = k["terms_us"]
-    b, w = max(1, k["grid"]), max(1, -(-k["threads"] // 32))
-    warps = min(max(1, k["resident_blocks_per_sm"] or 1), -(-b // SM)) * w
+    t, warps, serial, quant = _stored(k)
     in_flight = warps * lines_in_flight * 128 / latency  # bytes per clock per SM
     old = min(1.0, in_flight / (L2_BYTES_PER_CLK / SM))
     new = min(1.0, in_flight / (DRAM_BW / CLOCK_HZ / SM))
-    serial = t.get("segment_serialization", 0)
-    busy = max(t["dram"], t["l2"], t["shared"], t["compute"]) + serial
-    quant = 1 + t.get("wave_quantization", 0) / busy if busy else 1.0
     top = max(t["dram"] * old / new, t["l2"], t["shared"], t["compute"])
     return (top + serial) * quant + t["launch"] + t.get("grid_barrier", 0)
 

@@ -9,6 +9,7 @@ import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -40,12 +41,19 @@ class CpuModule:
         return fn
 
 
-def compile_program_c(program: Program, *, time_limit: float | None = None, poll=None) -> CpuModule:
-    """Render and compile `program`; the C compiler may take `time_limit` seconds, `poll` may cancel it
-    (see compile_c)."""
+def build_program_c(program: Program, *, time_limit: float | None = None, poll=None) -> tuple[str, Path]:
+    """(C source, shared library) of `program`, linked from per-kernel units (compile_c_kernels) — the one
+    build of a program, whoever asks (a run, the tune, the benchmarks): they share its cache entry. The C
+    compiler may take `time_limit` seconds, `poll` may cancel it (see compile_c)."""
     source = render_c(program)
     path = compile_c_kernels(source, name=program.name, units=lambda: render_c_units(program, UNIT_SYMBOL),
                              timeout=time_limit, poll=poll)
+    return source, path
+
+
+def compile_program_c(program: Program, *, time_limit: float | None = None, poll=None) -> CpuModule:
+    """`build_program_c`, opened."""
+    source, path = build_program_c(program, time_limit=time_limit, poll=poll)
     return CpuModule(program, source, load_library(path), str(path))
 
 

@@ -346,9 +346,7 @@ def _read_dram(graph: PrimGraph, members: set[str], read_lines: Mapping[str, int
     `reach`: bytes of each tensor the whole grid reads at least (`segment_reach`), a floor under the
     typical block's reads times the blocks."""
     dram = 0
-    reach = reach or {}
-    for tensor in {**read_lines, **reach}:
-        total = max(int(read_lines.get(tensor, 0) * LINE * per_block), reach.get(tensor, 0))
+    for tensor, total in grid_reads(read_lines, per_block, reach).items():
         size = nbytes(graph, tensor)
         if tensor in members:  # produced by an earlier segment, behind a grid barrier
             if size > device.l2_bytes:
@@ -405,15 +403,20 @@ def wave_quantisation(device: Device, blocks: int, resident: int) -> float:
     return max(1.0, max(1, -(-b // slots)) * min(slots, fill) / b)
 
 
+def grid_reads(read_lines: Mapping[str, int], per_block: float, reach: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Bytes a segment's whole grid reads of each outside tensor: its typical block's 128 B lines times
+    `per_block` (its blocks over its row split), at least its `reach` (`segment_reach`)."""
+    reach = reach or {}
+    return {t: max(int(read_lines.get(t, 0) * LINE * per_block), reach.get(t, 0)) for t in {**read_lines, **reach}}
+
+
 def kernel_read_bytes(graph: PrimGraph, uses: Sequence[SegmentUse]) -> dict[str, int]:
-    """Per tensor a kernel's segments read from outside them (`uses`, one per segment): the bytes its tiles'
-    128 B lines cover over all blocks (at least the segment's reach, `segment_reach`), capped at the tensor's
-    size."""
+    """Per tensor a kernel's segments read from outside them (`uses`, one per segment): `grid_reads` of
+    each, summed and capped at the tensor's size."""
     out: dict[str, int] = {}
     for use in uses:
-        for t in {**use.read_lines, **use.reach}:
-            got = max(use.read_lines.get(t, 0) * LINE * use.tile.blocks / max(1, use.tile.row_split), use.reach.get(t, 0))
-            out[t] = min(nbytes(graph, t), out.get(t, 0) + int(got))
+        for t, got in grid_reads(use.read_lines, use.tile.blocks / max(1, use.tile.row_split), use.reach).items():
+            out[t] = min(nbytes(graph, t), out.get(t, 0) + got)
     return out
 
 

@@ -64,15 +64,12 @@ def compile_variant(graph: PrimGraph, plan: Plan, device: Device) -> Compiled:
 
         compiled = compile_program(program, "cuda", archs=(build_arch(device.nvrtc_arch, supported_archs()),))
         return Compiled(at_compiled(plan, graph, device, compiled), program)  # the model at the compiled registers
-    from engine.codegen.ccompile import UNIT_SYMBOL, compile_c_kernels
-    from engine.codegen.targets import render_c, render_c_units
+    from engine.runtime.cpu import build_program_c
 
-    # The library `tileweave run` builds for this program (runtime.cpu.compile_program_c: per-kernel units,
-    # linked), under the same cache key. Built whole here, a large program came out as other machine code for
-    # the same kernels (gcc's inlining budget is per translation unit), and which build a later run found
-    # depended on who compiled first (benchmarks/NOTES.md `onebuild`).
-    source = render_c(program)
-    path = compile_c_kernels(source, name=program.name, units=lambda: render_c_units(program, UNIT_SYMBOL))
+    # The library `tileweave run` loads. Built whole here (one translation unit: gcc's inlining budget is per
+    # unit), a large program came out as other machine code for the same kernels, under the same cache key,
+    # and which build a later run found depended on who compiled first (benchmarks/NOTES.md `onebuild`).
+    source, path = build_program_c(program)
     return Compiled(plan, program, source, path.read_bytes(), path.name)
 
 
