@@ -11,13 +11,19 @@ another); "other" is the rest of the wall time (the walk's bookkeeping, regions,
   floor, is not tried) — plans may change;
 - `tight`: the floor charges a contraction's multiply-adds at the per-element rate rather than the
   fastest the device has (no longer a floor on a CPU, where tiled GEMMs run near peak) — plans change;
-- `shared-pools`: the stitch plan's searches share the welder walk's answers (only split-row
-  reductions make its pools differ) — plans may change where a split row would win.
+- `shared-pools`: the stitch plan's searches share the welder walk's answers even where its pool adds
+  split rows (the engine shares them where it does not: `tiles.splits_rows`) — plans may change where a
+  split row would win;
+- `tree=DIR`: base, planned by the engine in DIR (another checkout: `git worktree add DIR REV`), to set a
+  change beside the code before it in one run.
 The modeled total of the plan is printed beside the time, so a variant's cost in plan quality shows;
 "speed vs first": the first variant's wall time over this one's (list base first).
 
     .venv/bin/python benchmarks/bench_plan_breakdown.py [MODEL|zoo|samples,...] [--devices host,a100]
-        [--variant base] [--variant cap=4] ...
+        [--variant base] [--variant cap=4] [--variant tree=/tmp/before] ... [--rounds 3]
+
+`--rounds N` plans each cell N times, the variants in turn (their order reversed every other round), and
+prints the run of median wall time (the counts are the same every run: the plan is deterministic).
 """
 
 from __future__ import annotations
@@ -114,9 +120,11 @@ def models_of(spec: str) -> list[Path]:
 
 
 def cell(model: Path, device: str, variant: str) -> dict:
-    env = dict(os.environ, TILEWEAVE_SCHEDULE_CACHE="off", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(model), device, variant], capture_output=True,
-                          text=True, env=env)
+    tree = Path(variant[5:]) if variant.startswith("tree=") else ROOT
+    env = dict(os.environ, TILEWEAVE_SCHEDULE_CACHE="off", PYTHONPATH=str(tree))
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(model.resolve()), device,
+                           "base" if variant.startswith("tree=") else variant], capture_output=True, text=True, env=env,
+                          cwd=tree)
     if proc.returncode:
         raise SystemExit(f"{model.stem} on {device} ({variant}): {(proc.stderr.strip().splitlines() or ['failed'])[-1]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -125,7 +133,13 @@ def cell(model: Path, device: str, variant: str) -> dict:
 def variant_ok(text: str) -> str:
     if text in ("base", "tight", "shared-pools") or (text.startswith("cap=") and text[4:].isdigit() and int(text[4:]) > 0):
         return text
-    raise argparse.ArgumentTypeError(f"unknown variant {text!r}: use base, cap=N (N >= 1), tight or shared-pools")
+    if text.startswith("tree="):
+        if not (Path(text[5:]) / "engine" / "schedule" / "tiles.py").is_file():
+            raise argparse.ArgumentTypeError(f"{text[5:]!r} is not a tileweave checkout (no engine/schedule/tiles.py): "
+                                             "make one with git worktree add DIR REV")
+        return text
+    raise argparse.ArgumentTypeError(f"unknown variant {text!r}: use base, cap=N (N >= 1), tight, shared-pools "
+                                     "or tree=DIR")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,17 +147,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("models", nargs="?", default="samples/bert12.onnx,zoo")
     p.add_argument("--devices", default="host")
     p.add_argument("--variant", action="append", type=variant_ok,
-                   help="base (default), cap=N, tight or shared-pools; repeatable")
+                   help="base (default), cap=N, tight, shared-pools or tree=DIR; repeatable")
+    p.add_argument("--rounds", type=int, default=1, help="plans per cell, the median wall time printed (default 1)")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     variants = args.variant or ["base"]
     print("| model | device | variant | wall s | walk | stitch | rest | builds s | counts s | floors s | other s "
           "| trials | passes | kernels built | floors | plan kernels | modeled us | speed vs first |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for model in models_of(args.models):
         for device in args.devices.split(","):
+            runs: dict[str, list[dict]] = {v: [] for v in variants}
+            for k in range(args.rounds):
+                for variant in (variants if k % 2 == 0 else variants[::-1]):
+                    runs[variant].append(cell(model, device, variant))
             base_wall = None
             for variant in variants:
-                r = cell(model, device, variant)
+                r = sorted(runs[variant], key=lambda x: x["wall"])[(len(runs[variant]) - 1) // 2]
                 s, c = r["spent"], r["calls"]
                 parts = s["build"] + s["count"] + s["floor"]
                 base_wall = r["wall"] if base_wall is None else base_wall

@@ -192,8 +192,39 @@ def record_mappings(graph: PrimGraph, segs: Sequence[Sequence[str]], conns: Mapp
 
 
 def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, device: Device, mode: str) -> list[Tile]:
-    stage = graph.stage(anchor)
+    """The tiles a segment's search tries, in the order it ranks ties (`_tile_pool`); on a CPU device one per
+    C kernel they print (`_one_per_code`)."""
     kinds = {graph.stage(s).kind for s in segment}
+    pool = _tile_pool(graph, segment, anchor, device, mode, kinds)
+    return _one_per_code(pool) if device.kind == "cpu" and StageKind.CONTRACTION not in kinds else pool
+
+
+def _one_per_code(pool: list[Tile]) -> list[Tile]:
+    """The first tile of each shape (with its k step and row split) in `pool`. On a CPU a segment without a
+    contraction prints the same C whatever its tile's threads and lanes per row (its block is one loop nest
+    over the tile: ctarget's printer leaves both out), so the others are the same kernel costed again — zoo
+    swin's welder plan tried 40 % of its candidates that way. The first is the one with the fewest lanes
+    per row (the pool lists those first), whose kernel IR counts the loop the C code runs. A contraction's
+    threads pick its C GEMM's micro-tiling (`ctarget.block_gemms`), so its pool is left whole."""
+    seen: set = set()
+    out = []
+    for t in pool:
+        key = (t.shape, t.reduce_step, t.row_split, t.thread_shape)
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
+
+
+def splits_rows(stage: Stage, device: Device) -> bool:
+    """Whether the stitch policy's pool for a reduction anchored at `stage` adds tiles that split its rows
+    across blocks (fewer rows than SMs, long rows): the one way its pool differs from the other modes'."""
+    return stage.kind == StageKind.REDUCE and stage.size < device.sm_count and stage.reduce_size >= 2048
+
+
+def _tile_pool(graph: PrimGraph, segment: Sequence[str], anchor: str, device: Device, mode: str,
+               kinds: set) -> list[Tile]:
+    stage = graph.stage(anchor)
     out: list[Tile] = []
     if stage.kind == StageKind.REDUCE:
         length, rows = stage.reduce_size, stage.size
@@ -204,7 +235,7 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
                 if rpb > rows or rpb * tpr > device.max_threads_per_block or (tpr > 1 and rpb * tpr < 32):
                     continue
                 out.append(make_tile(stage, _spread(stage.shape, rpb), _r32(rpb * tpr), threads_per_row=tpr))
-        if mode == "stitch" and rows < device.sm_count and length >= 2048:
+        if mode == "stitch" and splits_rows(stage, device):
             for split in (2, 4, 8):
                 out.append(make_tile(stage, _spread(stage.shape, 1), 1024 if length >= 8192 else 256,
                                      threads_per_row=1024 if length >= 8192 else 256, row_split=split))
@@ -283,9 +314,12 @@ def search_group(
     # tiles: the same structure one layer on hits the cache too).
     pinned = tuple(sorted((canon[s], replace(fixed[s], stage=canon[s])) for s in stages if s in fixed))
     key = (group_signature(graph, stages, conns), pinned, recompute_bound(), tf32_allowed())
-    # Only stitch's candidate pool differs (split rows), so the other modes share their searches: the
-    # Compare page's unfused plan finds the one-stage searches the welder plan made before it.
-    pools_of = "stitch" if mode == "stitch" else "tiles"
+    # Only stitch's candidate pool differs, and only where a reduction may split its rows, so the other
+    # modes share their searches, and stitch shares the rest: the Compare page's unfused plan finds the
+    # one-stage searches the welder plan made before it, and welder's stitch plan (`at_least_stitch`)
+    # the walk's searches of the groups both build.
+    split = mode == "stitch" and any(splits_rows(graph.stage(s), device) for s in stages)
+    pools_of = "stitch" if split else "tiles"
     named, cache = memo("tiles.named", 20000), memo("tiles.subgraph", SEARCH_TABLE_LIMIT)
     bounded = k == 1 and bound < math.inf
     hit = named.get((key, pools_of, device, tuple(names)))

@@ -33,3 +33,19 @@ def test_an_unknown_variant_is_a_usage_error(capsys):
         bpb.main(["samples/gelu_chain.onnx", "--variant", "fast"])
     assert err.value.code == 2
     assert "unknown variant 'fast'" in capsys.readouterr().err
+
+
+def test_a_tree_variant_plans_with_that_checkouts_engine_and_rounds_keep_the_counts(capsys):
+    model = str(ROOT / "samples" / "gelu_chain.onnx")
+    assert bpb.main([model, "--devices", "host", "--variant", "base", "--variant", f"tree={ROOT}",
+                     "--rounds", "2"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[2].strip() for r in rows] == ["base", f"tree={ROOT}"]
+    assert rows[0][11:17] == rows[1][11:17]  # the same engine: the same passes, builds, floors and plan
+
+
+def test_a_tree_that_is_no_checkout_is_a_usage_error(capsys, tmp_path):
+    with pytest.raises(SystemExit) as err:
+        bpb.main(["samples/gelu_chain.onnx", "--variant", f"tree={tmp_path}"])
+    assert err.value.code == 2
+    assert "is not a tileweave checkout" in capsys.readouterr().err
