@@ -33,7 +33,8 @@ from sched_graphs import attention_model, qkv_model  # noqa: E402
 # and three small bundled samples (elementwise chain, masked softmax, layernorm with residual).
 GRAPHS = ("attn", "qkv", "gelu_chain", "masked_softmax", "layernorm_residual")
 # Refusals that are not a validate() Violation but still name what is wrong in one line (edits.py).
-NAMED_REFUSALS = ("anchors no segment", "illegal at every level", "does not fit the rank")
+NAMED_REFUSALS = ("anchors no segment", "illegal at every level", "does not fit the rank",
+                  "shared-memory budget allows")
 TOL = 1e-3  # max |got - want| / max |want|, fp32 (as tests/engine/runtime/test_cpu.py)
 TILE_DIMS = (1, 2, 4, 8, 16, 32, 64, 128, 1024)
 
