@@ -143,7 +143,12 @@ def _fuzz(a100, examples: int, cpu_runs: int, *, derandomize: bool) -> Tally:
         if plan.edits and not seq["batching"]:
             _, graph = load_fuzz_model(seq["graph"])
             again = replay(seq["base"], plan.edits, graph, get_device(plan.device), options={"batching": False})
-            assert (again.edges, again.groups) == (plan.edges, plan.groups)  # replay is deterministic
+            # Replay is deterministic: the same connections and kernels. An edge's reason may word a bounded
+            # trial's refusal either way ("no tile models under X" or the rule every tile breaks), depending
+            # on which search ran first (tiles.search_group), so only its verdict is compared.
+            verdicts = [(e.producer, e.consumer, e.conn, e.score, e.source) for e in plan.edges]
+            assert [(e.producer, e.consumer, e.conn, e.score, e.source) for e in again.edges] == verdicts
+            assert again.groups == plan.groups
 
     one()
     return tally
