@@ -200,12 +200,13 @@ def candidate_tiles(graph: PrimGraph, segment: Sequence[str], anchor: str, devic
 
 
 def _one_per_code(pool: list[Tile]) -> list[Tile]:
-    """The first tile of each shape (with its k step and row split) in `pool`. On a CPU a segment without a
-    contraction prints the same C whatever its tile's threads and lanes per row (its block is one loop nest
-    over the tile: ctarget's printer leaves both out), so the others are the same kernel costed again — 29 %
-    of the kernels zoo swin's cold welder plan built (9,873 before, 7,049 after: benchmarks/RESULTS.md onepercode). The first is the one with the fewest lanes
-    per row (the pool lists those first), whose kernel IR counts the loop the C code runs. A contraction's
-    threads pick its C GEMM's micro-tiling (`ctarget.block_gemms`), so its pool is left whole."""
+    """The first tile of each shape (with its k step, row split and mapping) in `pool`. On a CPU a segment
+    without a contraction prints the same C whatever its tile's threads and lanes per row (its block is one
+    loop nest over the tile: ctarget's printer leaves both out), so the others are the same kernel costed
+    again — 29 % of the kernels zoo swin's cold welder plan built (benchmarks/RESULTS.md onepercode). The
+    first is the one with the fewest lanes per row (the pool lists those first), whose kernel IR counts the
+    loop the C code runs. A contraction's threads pick its C GEMM's micro-tiling (`ctarget.block_gemms`),
+    so its pool is left whole."""
     seen: set = set()
     out = []
     for t in pool:

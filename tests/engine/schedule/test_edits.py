@@ -146,8 +146,9 @@ def _fuzz(a100, examples: int, cpu_runs: int, *, derandomize: bool) -> Tally:
             # Replay is deterministic: the same connections and kernels. An edge's reason may word a bounded
             # trial's refusal either way ("no tile models under X" or the rule every tile breaks), depending
             # on which search ran first (tiles.search_group), so only its verdict is compared.
-            verdicts = [(e.producer, e.consumer, e.conn, e.score, e.source) for e in plan.edges]
-            assert [(e.producer, e.consumer, e.conn, e.score, e.source) for e in again.edges] == verdicts
+            def verdicts(p):
+                return [(e.producer, e.consumer, e.conn, e.score, e.source) for e in p.edges]
+            assert verdicts(again) == verdicts(plan)
             assert again.groups == plan.groups
 
     one()
