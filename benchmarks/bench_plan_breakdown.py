@@ -17,7 +17,9 @@ another); "other" is the rest of the wall time (the walk's bookkeeping, regions,
 - `tree=DIR`: base, planned by the engine in DIR (another checkout: `git worktree add DIR REV`), to set a
   change beside the code before it in one run.
 The modeled total of the plan is printed beside the time, so a variant's cost in plan quality shows;
-"speed vs first": the first variant's wall time over this one's (list base first).
+"speed vs first": the first variant's wall time over this one's (list base first); "costed": candidates the
+tile-search passes cost (a typical-tile estimate each), "tied": those of them that model exactly the time of
+their pass's best, other than the first such (ties the rank breaks by traffic and pool order).
 
     .venv/bin/python benchmarks/bench_plan_breakdown.py [MODEL|zoo|samples,...] [--devices host,a100]
         [--variant base] [--variant cap=4] [--variant tree=/tmp/before] ... [--rounds 3]
@@ -80,6 +82,33 @@ timed(count_mod, "count_kernel", "count")
 timed(tiles, "floor_us", "floor", "floors")
 timed(build, "_try_level", None, "trials")
 timed(tiles, "_search_pass", None, "passes")
+
+# Candidates the passes cost, and how many of them model exactly the time of their pass's best (ties, which the
+# rank breaks by traffic and pool order: a pass costs them all).
+calls.update(costed=0, tied=0)
+costing: list = []
+assert hasattr(tiles, "estimate_group"), "tiles.estimate_group is gone: update bench_plan_breakdown.py"
+estimate, search_pass = tiles.estimate_group, tiles._search_pass
+
+
+def counted_estimate(*a, **k):
+    cost = estimate(*a, **k)
+    if costing and not k.get("exact"):
+        costing[-1].append(cost.modeled_us)
+    return cost
+
+
+def counted_pass(*a, **k):
+    costing.append([])
+    try:
+        return search_pass(*a, **k)
+    finally:
+        got = costing.pop()
+        calls["costed"] += len(got)
+        calls["tied"] += sum(1 for x in got if x == min(got)) - 1 if got else 0
+
+
+tiles.estimate_group, tiles._search_pass = counted_estimate, counted_pass
 
 if variant.startswith("cap="):
     cap, kth = int(variant[4:]), tiles._kth_best
@@ -154,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rounds must be at least 1")
     variants = args.variant or ["base"]
     print("| model | device | variant | wall s | walk | stitch | rest | builds s | counts s | floors s | other s "
-          "| trials | passes | kernels built | floors | plan kernels | modeled us | speed vs first |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| trials | passes | kernels built | floors | plan kernels | modeled us | speed vs first | costed | tied |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for model in models_of(args.models):
         for device in args.devices.split(","):
             runs: dict[str, list[dict]] = {v: [] for v in variants}
@@ -171,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {model.stem} | {device} | {variant} | {r['wall']:.2f} | {s['walk']:.2f} | {s['stitch']:.2f} | "
                       f"{r['wall'] - s['walk'] - s['stitch']:.2f} | {s['build']:.2f} | {s['count']:.2f} | "
                       f"{s['floor']:.2f} | {r['wall'] - parts:.2f} | {c['trials']} | {c['passes']} | {c['builds']} | "
-                      f"{c['floors']} | {r['kernels']} | {r['modeled_us']:.1f} | {base_wall / r['wall']:.2f}x |",
+                      f"{c['floors']} | {r['kernels']} | {r['modeled_us']:.1f} | {base_wall / r['wall']:.2f}x | "
+                      f"{c['costed']} | {c['tied']} |",
                       flush=True)
     return 0
 

@@ -49,3 +49,11 @@ def test_a_tree_that_is_no_checkout_is_a_usage_error(capsys, tmp_path):
         bpb.main(["samples/gelu_chain.onnx", "--variant", f"tree={tmp_path}"])
     assert err.value.code == 2
     assert "is not a tileweave checkout" in capsys.readouterr().err
+
+
+def test_ties_are_counted_among_the_candidates_costed(capsys):
+    model = str(ROOT / "samples" / "layernorm_residual.onnx")
+    assert bpb.main([model, "--devices", "host"]) == 0
+    row = capsys.readouterr().out.splitlines()[2].split("|")[1:-1]
+    costed, tied = int(row[18]), int(row[19])
+    assert 0 <= tied < costed
