@@ -242,7 +242,8 @@ def can_connect(
         return Decision(False, f"{level.value}: rule {v.rule}: {v.message}"), trial
     after = sched.cost.modeled_us
     verdict = f"{level.value}: modeled {after:.2f} us fused vs {before:.2f} us apart"
-    return Decision(after <= limit, verdict, after, sched.tiles if fixed else ()), trial
+    return Decision(after <= limit, verdict, after, sched.tiles if fixed else (),
+                    sched.cost.extra_evaluations == 0 and not sched.cost.serial_segments), trial
 
 
 def _as_it_stands(graph, stages, conns, device, mode, kept: Mapping[str, Tile] | None) -> GroupSchedule:
@@ -274,6 +275,26 @@ MAX_SEGMENTS = 6  # grid-barrier segments per kernel a greedy walk may build (bo
 #                   later trial on that kernel, which costs and checks all of its segments)
 
 
+STAGING_SAVES_NOTHING = "shared: not tried (the register merge evaluates every element once: staging saves nothing)"
+
+
+def staging_saves_nothing(graph: PrimGraph, edge: Edge, kept: Decision, trial: Mapping[Edge, Conn]) -> bool:
+    """Whether the walk skips `edge`'s SHARED trial given the merge it keeps so far (`kept`, at `trial`): a
+    REGISTER merge whose group evaluates every element of its stages once (`GroupCost.extra_evaluations` 0)
+    and runs no segment serially, into a per-element consumer. Staging the producer's tile in
+    shared memory would compute the same elements and add their stores and loads: there is no recompute for it
+    to save (cold welder plans of the zoo on host, a100, h100 and v100 kept every plan, benchmarks/NOTES.md
+    sharedskip). A serial segment is left out because the staging's work can carry it over the C target's
+    serial threshold (`ctarget.SERIAL_WORK`) onto every core: sample layernorm_residual's Div -> Mul on host
+    models 101.6 us serial at REGISTER, 51.0 us at SHARED on two threads. Into a contraction, a reduction or a
+    layout stage the two levels print different kernels (a contraction stages its operands either way, a pooling
+    window is staged like a conv's, a layout stage reads the staged tile in its own order): on a100, zoo
+    mobilenetv2's clip -> depthwise conv, mobilevit's conv -> transpose and sample conv_bn_relu's relu -> maxpool
+    edges model faster at SHARED though REGISTER recomputes nothing, so those trials stay."""
+    return (kept.once and trial.get(edge) == Conn.REGISTER
+            and graph.stage(edge[1]).kind == StageKind.ELEMENTWISE)
+
+
 def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelChoice,
                    fallback: LevelChoice | None = None):
     """Walk edges in topological order; per edge try each allowed level (with why it is allowed),
@@ -297,6 +318,9 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
             if best is not None or choose is None:
                 break
             for level, why in choose(graph, edge):
+                if level == Conn.SHARED and best is not None and staging_saves_nothing(graph, edge, *best[:2]):
+                    noes.append(STAGING_SAVES_NOTHING)
+                    continue
                 beat = best[0].score if best is not None else math.inf
                 decision, trial = _try_level(graph, conns, edge, level, device, mode, group_of_stage, kept, beat)
                 if not decision.ok:

@@ -460,6 +460,8 @@ def estimate_group(
         dram[k] += 0 if in_llc else _completion_dram(graph, use, read_bytes, charged)
     warm_saved = _cold_reads(graph, members, uses, read_bytes, device, in_llc) - int(sum(dram)) if warm else 0
     flops_once = sum(graph.stage(name).flops for name in stages)
+    extra = sum(max(0.0, use.evaluations.get(s, 0.0) * use.tile.blocks / max(1, use.tile.row_split) - graph.stage(s).size)
+                for use in uses for s in use.stages)
     writes, written = _group_writes(graph, stages, conns, seg_of, device, in_llc, local)
     for k, b in written.items():
         dram[k] += b
@@ -530,6 +532,8 @@ def estimate_group(
         registers_from="formula" if registers is None else registers[1],
         l2_warm=tuple(sorted(warm)),
         l2_warm_bytes=int(warm_saved),
+        extra_evaluations=int(round(extra)),
+        serial_segments=sum(1 for u in uses if u.serial),
     )
 
 

@@ -106,6 +106,11 @@ class GroupCost:
     # engine/schedule/residency.py): read from L2, not DRAM. Modeled, not measured on a GPU yet.
     l2_warm: tuple[str, ...] = ()
     l2_warm_bytes: int = 0  # DRAM bytes those reads would cost with caches cold (as ncu replays one kernel)
+    # Element evaluations past once per stage, summed over the kernel's stages (REGISTER recompute, halos and
+    # broadcasts of overlapping tiles, rows split across blocks; unweighted by a stage's flops, so a layout
+    # stage's re-reads count too); None in plans written before it was recorded.
+    extra_evaluations: int | None = None
+    serial_segments: int = 0  # CPU, several threads: segments the C target runs on one thread (`cost.serial_on`)
 
 
 @dataclass(frozen=True)

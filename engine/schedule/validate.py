@@ -70,6 +70,9 @@ class Decision:
     reason: str
     score: float | None = None
     tiles: tuple = ()  # the merged group's tiles the verdict was reached with (one per segment)
+    # The merged group evaluates every element of its stages once (GroupCost.extra_evaluations 0) and runs no
+    # segment serially (GroupCost.serial_segments 0): `build.staging_saves_nothing` reads it.
+    once: bool = False
 
 
 def check_group(
