@@ -275,7 +275,8 @@ MAX_SEGMENTS = 6  # grid-barrier segments per kernel a greedy walk may build (bo
 #                   later trial on that kernel, which costs and checks all of its segments)
 
 
-STAGING_SAVES_NOTHING = "shared: not tried (the register merge evaluates every element once: staging saves nothing)"
+STAGING_SAVES_NOTHING = ("shared: not tried (the register merge evaluates every element once, not serially: "
+                         "staging would save nothing)")
 
 
 def staging_saves_nothing(graph: PrimGraph, edge: Edge, kept: Decision, trial: Mapping[Edge, Conn]) -> bool:
