@@ -11,8 +11,10 @@ import time
 from engine.device import Device
 from engine.ir.graph import PrimGraph, StageKind
 from engine.schedule.build import assemble, connect_greedy
+from engine.schedule.cost import estimate_group
 from engine.schedule.plan import Conn, Plan
 from engine.schedule.stitch import broadcast_axes
+from engine.schedule.tiles import search_group
 
 
 def welder_levels(graph: PrimGraph, edge: tuple[str, str]) -> list[tuple[Conn, str]]:
@@ -49,6 +51,31 @@ def welder_walk(graph: PrimGraph, device: Device, options: dict, started: float)
                     decisions=log, options=options, started=started, fixed=kept)
 
 
+def stitch_floor(graph: PrimGraph, device: Device) -> float:
+    """A floor under the stitch plan's modeled time on a GPU, without planning it (0 on a CPU, or where a
+    contraction has no valid tile): the stitch policy leaves every contraction alone in its kernel (no level
+    joins an edge that touches one), so its plan holds each contraction's own tile search — the one the walk
+    made already for the contraction apart — costed at that search's tiles with every input another stage
+    touches warm in L2 (the plan's L2 residency can only make fewer of them warm; an input no other kernel
+    touches is cold). On a CPU the plan's coarsening may retile those
+    kernels outside the search's pool, so no floor is claimed there. On a100 the contraction kernels alone
+    model 1.07-2.27x the walk's plan on 11 of 12 zoo models (benchmarks/NOTES.md stitchfloor), where the stitch
+    plan was made only to be refused."""
+    if device.kind == "cpu":
+        return 0.0
+    total = 0.0
+    for stage in graph.stages:
+        if stage.kind != StageKind.CONTRACTION:
+            continue
+        sched = search_group(graph, [stage.name], {}, device, "stitch", k=1)
+        if sched.violations or sched.cost is None:
+            return 0.0
+        # Warm at best: an input another stage writes or reads too (a weight only this one reads is cold).
+        warm = [t for t in stage.inputs if graph.is_stage(t) or len(graph.consumers.get(t, ())) > 1]
+        total += estimate_group(graph, [stage.name], {}, sched.tiles, device, exact=True, warm=warm).modeled_us
+    return total
+
+
 def at_least_stitch(graph: PrimGraph, device: Device, options: dict, plan: Plan, started: float) -> Plan:
     """The walk's plan, or the stitch policy's plan where that models faster. The walk is greedy: one
     pass over the edges in topological order, each merge kept when it does not model slower there and
@@ -63,6 +90,13 @@ def at_least_stitch(graph: PrimGraph, device: Device, options: dict, plan: Plan,
     decision log."""
     from engine.schedule.policies.stitch import plan_stitch
 
+    least = stitch_floor(graph, device)
+    if least >= plan.modeled_us * (1 - WALK_MARGIN):
+        why = (f"welder: the walk's plan models {plan.modeled_us:.1f} us, the stitch policy's contraction kernels "
+               f"alone at least {least:.1f} us: the walk's kept (the stitch plan, not {WALK_MARGIN:.0%} faster, "
+               "not made)")
+        return dataclasses.replace(plan, decisions=(why,) + plan.decisions,
+                                   schedule_seconds=round(time.perf_counter() - started, 4))
     other = plan_stitch(graph, device, options, time.perf_counter())
     spent = round(time.perf_counter() - started, 4)
     if other.modeled_us >= plan.modeled_us * (1 - WALK_MARGIN):
