@@ -57,10 +57,9 @@ def stitch_floor(graph: PrimGraph, device: Device) -> float:
     joins an edge that touches one), so its plan holds each contraction's own tile search — the one the walk
     made already for the contraction apart — costed at that search's tiles with every input another stage
     touches warm in L2 (the plan's L2 residency can only make fewer of them warm; an input no other kernel
-    touches is cold). On a CPU the plan's coarsening may retile those
-    kernels outside the search's pool, so no floor is claimed there. On a100 the contraction kernels alone
-    model 1.07-2.27x the walk's plan on 11 of 12 zoo models (benchmarks/NOTES.md stitchfloor), where the stitch
-    plan was made only to be refused."""
+    touches is cold). On a CPU the plan's coarsening may retile those kernels outside the search's pool, so no
+    floor is claimed there. On a100 it rules the stitch plan out on 11 of 12 zoo models, all but lstm, where
+    the plan was made only to be refused (benchmarks/NOTES.md stitchfloor)."""
     if device.kind == "cpu":
         return 0.0
     total = 0.0

@@ -4,7 +4,6 @@ against the walk that makes those trials: none of them would have been kept, and
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -78,16 +77,19 @@ def test_rule_needs_a_register_merge_that_recomputes_nothing_into_an_elementwise
     assert not build.staging_saves_nothing(graph, mm, once, {mm: Conn.REGISTER})
 
 
-@pytest.mark.parametrize("device", ["host", "a100"])
-def test_extra_evaluations_agree_with_the_recompute_rule(device):
-    """GroupCost.extra_evaluations is 0 exactly where every stage of every kernel is evaluated once, and
-    a kernel whose flops exceed its stages' once (recompute factor over 1, beyond GEMM padding) has some."""
-    graph, dev = load_graph(SAMPLES / "vit_block.onnx"), get_device(device)
+@pytest.mark.parametrize(("name", "device"), [("vit_block", "host"), ("vit_block", "a100"), ("masked_softmax", "a100")])
+def test_extra_evaluations_agree_with_the_recompute_factor(name, device):
+    """GroupCost.extra_evaluations is recorded on every kernel, never negative, and over 0 on every kernel
+    without a contraction (whose padded micro-tiles also raise the flops) that does more flops than its
+    stages once (recompute factor over 1): masked_softmax's a100 kernel recomputes its mask 1.4x."""
+    graph, dev = load_graph(SAMPLES / f"{name}.onnx"), get_device(device)
     with Caches("extra").active():
         plan = plan_model(graph, "welder", dev)[1]
     assert all(g.cost.extra_evaluations is not None and g.cost.extra_evaluations >= 0 for g in plan.groups)
-    assert any(g.cost.extra_evaluations == 0 for g in plan.groups)
-    for g in plan.groups:
-        if g.cost.recompute_factor > 1.01 and not any(graph.stage(s).kind == StageKind.CONTRACTION for s in g.stages):
-            assert g.cost.extra_evaluations > 0, g.name
-    assert math.isfinite(plan.modeled_us)
+    recomputing = [g for g in plan.groups if g.cost.recompute_factor > 1.01
+                   and not any(graph.stage(s).kind == StageKind.CONTRACTION for s in g.stages)]
+    assert all(g.cost.extra_evaluations > 0 for g in recomputing)
+    assert bool(recomputing) == (name == "masked_softmax")
+    if name == "vit_block":  # fused kernels that evaluate once, beside (on a100) some that do not
+        assert any(g.cost.extra_evaluations == 0 for g in plan.groups)
+        assert any(g.cost.extra_evaluations > 0 for g in plan.groups) == (device == "a100")
