@@ -3,7 +3,8 @@ for `host` made once, each kernel with a serial segment (`GroupCost.serial_segme
 `ctarget.SERIAL_WORK` element-steps) timed as printed and then with the threshold lowered to --pooled-from
 element-steps (its segments on the thread pool), the plan unchanged; modeled us beside both. The as-printed
 side is the better of two passes (before and after the pooled one). Each time is the median of --runs launches
-after 5 untimed ones. Set OMP_NUM_THREADS to the threads the host device was probed with.
+(`measure.time_compiled`, as `--tune` times kernels). Set OMP_NUM_THREADS to the threads the host device was
+probed with.
 
     .venv/bin/python benchmarks/bench_serial_pool.py samples/zoo/swin.onnx:welder samples/zoo/mobilevit.onnx:stitch
 """
@@ -11,9 +12,7 @@ after 5 untimed ones. Set OMP_NUM_THREADS to the threads the host device was pro
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,25 +20,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def kernel_times(planned, plan, device, runs: int) -> dict[str, float]:
-    """Kernel name -> median wall µs of `runs` launches of the plan's compiled C program, one kernel at a time."""
-    from engine.runtime.cpu import bind_buffers, launch_calls
-    from engine.runtime.inputs import make_inputs
-    from engine.schedule.measure import compile_variant
+    """Kernel name -> median µs of `runs` launches of the plan's compiled C program (`measure.time_compiled`)."""
+    from engine.schedule.measure import compile_variant, time_compiled
 
-    compiled = compile_variant(planned, plan, device)
-    module = compiled.module()
-    env = bind_buffers(compiled.program, planned.specs, make_inputs(planned, seed=0), planned.weights)
-    out = {}
-    for launch, call in zip(compiled.program.launches, launch_calls(module, env)):
-        for _ in range(5):
-            call()
-        samples = []
-        for _ in range(max(1, runs)):
-            t0 = time.perf_counter_ns()
-            call()
-            samples.append((time.perf_counter_ns() - t0) / 1e3)
-        out[launch.kernel] = statistics.median(samples)
-    return out
+    return time_compiled(planned, compile_variant(planned, plan, device), device, repeat=max(1, runs))
 
 
 def rows(spec: str, runs: int, pooled_from: int) -> list[tuple]:
