@@ -67,6 +67,21 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
     return total
 
 
+def score_floor(tiles: Sequence[Tile], device: Device, local: Mapping) -> float:
+    """A floor under the tile search's tie-break score of `tiles`, (DRAM + L2 bytes + 1) x waves as
+    `estimate_group` counts them (`tiles._search_pass`), from what `floor_us` kept in the search's
+    `local` for the same tiles: its DRAM and global bytes per segment (under the kernel's DRAM and L2
+    traffic; less 1 B each for the cost's truncation to whole bytes) and the waves at the most blocks per SM
+    the block size allows (registers and shared memory only lower that, so the waves only rise)."""
+    traffic = 0.0
+    for k, tile in enumerate(tiles):
+        got = local[("floor-work", k, tile.stage, tile.shape, tile.blocks, tile.row_split)]
+        traffic += max(0.0, got[0] - 1) + max(0.0, got[1] - 1)
+    most = max(1, resident_blocks_per_sm(device, max(t.threads for t in tiles), 0, 0)[0])
+    waves = max(1, -(-max(t.blocks for t in tiles) // (most * device.sm_count)))
+    return (traffic + 1) * waves
+
+
 def _segment_work(graph: PrimGraph, members: set, seg: Sequence[str], conns: Mapping, tile: Tile, device: Device,
                   in_llc: bool, written: int, earlier: Mapping[str, int] | None = None) -> tuple:
     """(DRAM bytes, global bytes, compute seconds, flops) a segment's kernel IR counts at least under `tile`,
@@ -254,7 +269,9 @@ def _is_product(body: E.Expr) -> bool:
 def body_nodes(stage: Stage) -> tuple[tuple, tuple]:
     """(operations, loads) of `stage`'s body outside any select's branches (a select's condition
     included), each distinct node once with its free variables: operations as (index-erased key, flops,
-    variables), loads as (tensor, variables). Memoised like `box_loads`."""
+    variables), loads as (tensor, variables), padded loads left out (the kernel IR loads none of their
+    out-of-range reads: a padded max pool's border tiles count fewer loads than its typical tile's).
+    Memoised like `box_loads`."""
     key = ("nodes", id(stage.body), stage.name)
     table = memo("floor.box_loads", 50000)
     hit = table.get(key)
@@ -275,7 +292,7 @@ def _free(e: E.Expr, ops: dict, loads: dict, seen: dict, plain: bool) -> frozens
         return hit
     if isinstance(e, E.Load):
         out = frozenset().union(*(ix.vars() for ix in e.index)) if e.index else frozenset()
-        if plain:
+        if plain and e.pad is None:  # a padded load's out-of-range reads load nothing (zoo resnet's max pool)
             loads[e] = out
     elif isinstance(e, E.IndexVal):
         out = e.expr.vars()

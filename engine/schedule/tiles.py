@@ -24,7 +24,7 @@ from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.memo import memo
 from engine.schedule.cost import estimate_group
-from engine.schedule.floor import floor_us
+from engine.schedule.floor import floor_us, score_floor
 from engine.schedule.plan import Candidate, GroupCost, Tile
 from engine.schedule.validate import (
     Violation,
@@ -427,13 +427,18 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
         # Candidates in order of their floor (regions only, no kernel built): once the floor passes the
         # k-th best modeled time found, no candidate left can enter the top k, valid or not.
         floors = [floor_us(graph, stages, conns, trial, device, segs, local) for trial in trials] if len(pool) > 1 else [0.0]
+        # Among equal floors, the least score floor first: where the floor is exact, the best is then
+        # costed first and the candidates that could at most tie it are skipped (`_cannot_enter`).
+        scores = [score_floor(trial, device, local) for trial in trials] if len(pool) > 1 else [0.0]
         scored = []
-        for i in sorted(range(len(pool)), key=floors.__getitem__):
+        for i in sorted(range(len(pool)), key=lambda i: (floors[i], scores[i])):
             if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
                 break
             if floors[i] * _fill(graph, pool[i]) > bound + _FLOOR_SLACK:
                 local[("bound-cut",)] = True
                 continue  # over the bound by its exact cost too (`search_group`)
+            if _cannot_enter(scored, k, floors[i], scores[i]):
+                continue
             t, trial = pool[i], trials[i]
             if len(pool) > 1 and (refused_early(graph, stages, conns, trial, device, segs, j, local) or (
                     len(segs) > 1 and others_refused(graph, stages, conns, trial, device, segs, j, local))):
@@ -486,6 +491,27 @@ def _kth_best(scored: list, k: int) -> float:
         return math.inf
     top = _distinct(sorted(scored, key=_rank))
     return top[k - 1][1] if len(top) >= k else math.inf
+
+
+# A floor this close under a modeled time (rounded to 1e-4 µs) floors a candidate that models no less: its own
+# time, at least its floor less float error, rounds to that time or above.
+_TIE_SLACK = 4.5e-5
+
+
+def _cannot_enter(scored: list, k: int, floor: float, score: float) -> bool:
+    """Whether a candidate whose floor is `floor` and score floor `score` (`floor.score_floor`) cannot enter
+    the top k of `scored`: it models no less than the k-th best (its floor is within _TIE_SLACK under it or
+    above), so it could only tie that one's time, and its score is above that one's, which breaks the tie
+    (`_rank`). Many candidates tie on a CPU: the same flops, the same bytes, serial or compute-bound
+    whatever the tiling (bert12 on host: 68 % of those costed, benchmarks/NOTES.md tiecount); costing them
+    built a kernel each to lose the tie-break."""
+    if len(scored) < k:
+        return False
+    top = _distinct(sorted(scored, key=_rank))
+    if len(top) < k:
+        return False
+    kth = top[k - 1]
+    return floor >= kth[1] - _TIE_SLACK and score > kth[0]
 
 
 def _distinct(scored: list) -> list:

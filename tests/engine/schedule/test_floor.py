@@ -1,7 +1,8 @@
 """The tile search's floor (engine/schedule/floor.py) is a lower bound: over random graphs and every
 candidate tile of their plans' segments, the bytes and flops `work_floor` derives from regions never
-exceed what the kernel IR's count gives for the same segment and tile, and `floor_us` never exceeds the
-modeled time. A floor above it would prune the winner and change the plan."""
+exceed what the kernel IR's count gives for the same segment and tile, `floor_us` never exceeds the
+modeled time and `score_floor` never exceeds the tie-break score. A floor above either would prune the
+winner and change the plan."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from engine.frontend.importer import load_graph
 from engine.memo import Caches
 from engine.schedule import tiles
 from engine.schedule.cost import estimate_group, segment_use
-from engine.schedule.floor import floor_us, work_floor
+from engine.schedule.floor import floor_us, score_floor, work_floor
 from engine.schedule.pipeline import plan_model
 from engine.tilegraph.tilegraph import segments_of
 
@@ -33,14 +34,17 @@ def _check_plan_segments(graph, plan, device) -> int:
     for group, segs, seg, tile, trial in candidate_trials(graph, plan, device, limit=40):
         try:
             use = segment_use(graph, seg, conns, tile, device=device)
-            modeled = estimate_group(graph, group.stages, conns, trial, device, segs=segs).modeled_us
+            cost = estimate_group(graph, group.stages, conns, trial, device, segs=segs)
         except (CountBudgetError, PlanError):
             continue  # refused by the search's checks: never costed
         glob, macs, other = work_floor(graph, seg, conns, use.regions)
         assert glob <= use.global_bytes * (1 + SLACK) + SLACK, (seg, tile, glob, use.global_bytes)
         assert macs + other <= use.flops_fp32 * (1 + SLACK) + SLACK, (seg, tile, macs, other, use.flops_fp32)
-        floor = floor_us(graph, group.stages, conns, trial, device, segs)
-        assert floor <= modeled + tiles._FLOOR_SLACK, (group.name, tile, floor, modeled)
+        local: dict = {}
+        floor = floor_us(graph, group.stages, conns, trial, device, segs, local)
+        assert floor <= cost.modeled_us + tiles._FLOOR_SLACK, (group.name, tile, floor, cost.modeled_us)
+        score = (cost.traffic_bytes["dram"] + cost.traffic_bytes["l2"] + 1) * cost.waves
+        assert score_floor(trial, device, local) <= score, (group.name, tile, score_floor(trial, device, local), score)
         checked += 1
     return checked
 

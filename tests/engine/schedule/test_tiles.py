@@ -45,6 +45,8 @@ def _exhaustive(monkeypatch) -> None:
         return search(*args, **kwargs)
 
     monkeypatch.setattr(tiles, "floor_us", lambda *args, **kwargs: 0.0)
+    monkeypatch.setattr(tiles, "score_floor", lambda *args, **kwargs: 0.0)
+    monkeypatch.setattr(tiles, "_cannot_enter", lambda *args, **kwargs: False)
     monkeypatch.setattr(tiles, "refused_early", lambda *args, **kwargs: False)
     monkeypatch.setattr(build, "search_group", keep_all)
     monkeypatch.setattr(elementwise, "search_group", keep_all)
