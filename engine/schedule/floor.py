@@ -46,6 +46,8 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
     members, in_llc, written = shared
     # Registers and shared memory only lower the blocks an SM holds: the thread count bounds them.
     most = max(1, resident_blocks_per_sm(device, max(t.threads for t in tiles), 0, 0)[0])
+    # The C target runs a lone segment under ctarget.SERIAL_WORK element-steps on one thread (`cost.serial_on`).
+    alone = device.kind == "cpu" and device.sm_count > 1 and len(segs) == 1
     for k, (seg, tile) in enumerate(zip(segs, tiles)):
         fkey = ("floor-work", k, tile.stage, tile.shape, tile.blocks, tile.row_split)
         got = local.get(fkey)
@@ -62,7 +64,8 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
         bkey = (fkey, tile.threads, most)  # a segment's floor at one residency bound, reused across trials
         best = local.get(bkey)
         if best is None:
-            best = local[bkey] = _segment_floor(device, tile, most, *got[:3])
+            serial = alone and serial_for_sure(graph, seg, conns, tile, got[4])
+            best = local[bkey] = _segment_floor(device, tile, most, *got[:3], serial=serial)
         total += best
     return total
 
@@ -100,8 +103,11 @@ def _segment_work(graph: PrimGraph, members: set, seg: Sequence[str], conns: Map
     return dram + written, glob * per_block, compute * per_block, (macs + other) * per_block, regions
 
 
-def _segment_floor(device: Device, tile: Tile, most: int, dram: float, glob: float, compute: float) -> float:
-    """A segment's floor in µs: its terms at the best residency up to `most` blocks per SM, wave quantised."""
+def _segment_floor(device: Device, tile: Tile, most: int, dram: float, glob: float, compute: float,
+                   serial: bool = False) -> float:
+    """A segment's floor in µs: its terms at the best residency up to `most` blocks per SM, wave quantised
+    — or, `serial` (`serial_for_sure`), every block on one core: sm_count times its terms, as
+    `estimate_group` charges a serial segment."""
     # From ceil(blocks / SMs) blocks per SM on, more residency changes nothing: no need to try those.
     fits = -(-max(1, tile.blocks) // device.sm_count)
     warps = max(1, -(-tile.threads // device.warp_size))
@@ -110,8 +116,92 @@ def _segment_floor(device: Device, tile: Tile, most: int, dram: float, glob: flo
         memory, _, arith = C.latency_efficiency(device, min(r, fits) * warps)
         terms = [dram / device.dram_bw_bytes_per_s * 1e6 / memory, glob / device.l2_bw_bytes_per_s * 1e6 / memory,
                  0.0, compute * 1e6 / arith]
-        best = min(best, C._bound(terms, device) * C.wave_quantisation(device, tile.blocks, r))
+        quant = device.sm_count if serial else C.wave_quantisation(device, tile.blocks, r)
+        best = min(best, C._bound(terms, device) * quant)
     return best
+
+
+def serial_for_sure(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: Tile, regions: GroupRegions) -> bool:
+    """Whether the C target will run `seg` (a kernel's only segment) on one thread under `tile`, whatever
+    kernel IR generate builds for it: an upper bound on `ctarget.segment_work` from the regions is under
+    ctarget.SERIAL_WORK. Per phase generate can build — each stage not inlined, on its region; a stage read
+    outside whose tiles do not cover it, also completed in flat chunks with every other stage inlined —
+    its elements times its steps (its reduction, plus the reductions inlined into it) times its weight (1
+    + TRANSCENDENTAL_STEPS per transcendental), each inlined read counted (generate shares repeated ones),
+    times the tiles. Never for a segment with a contraction or a sum of products (a GEMM or convolution
+    phase: staged windows, weight streaming, matrix-vector rows), a row split, or a stage read through an
+    index (gathers)."""
+    from engine.codegen.ctarget import SERIAL_WORK
+
+    recipe = _serial_recipe(graph, seg, conns, tile.stage)
+    if recipe is None or tile.row_split != 1:
+        return False
+    own, completed = recipe
+    ntiles = math.prod(-(-n // t) for n, t in zip(graph.stage(tile.stage).shape, tile.shape))
+    total = sum(box_size(regions.stages[s]) * w for s, w in own if s in regions.stages)
+    for s, size, w in completed:
+        if s not in regions.stages or box_size(regions.stages[s]) * ntiles < size:
+            total += -(-size // ntiles) * w
+    return total * ntiles < SERIAL_WORK
+
+
+def _serial_recipe(graph: PrimGraph, seg: Sequence[str], conns: Mapping, anchor: str):
+    """What `serial_for_sure` needs of a segment besides its regions, once per segment: ((stage, element-steps
+    per element) per phase of its own, (stage, size, element-steps per element) per stage read outside it
+    that a completion phase may finish), or None where no bound is claimed."""
+    key = (graph.structural_hash, tuple(seg), inner_edges(graph, seg, conns), anchor)
+    return memo("floor.serial_recipes", 20000).lookup(key, lambda: _make_serial_recipe(graph, seg, conns, anchor))
+
+
+def _make_serial_recipe(graph: PrimGraph, seg: Sequence[str], conns: Mapping, anchor: str):
+    members = set(seg)
+    if any(_gemm_like(graph.stage(s)) for s in seg):
+        return None
+    for s in seg:
+        for n in E.walk(graph.stage(s).body):
+            index = n.index if isinstance(n, E.Load) else (n.expr,) if isinstance(n, E.IndexVal) else ()
+            if any(t in members for ix in index for t in ix.indirect_tensors()):
+                return None
+    cons = {s: [c for c in graph.consumers.get(s, ()) if c in members] for s in seg}
+    outside = {s for s in seg if s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ()))}
+    inline = frozenset(s for s in seg if s != anchor and s not in outside
+                       and all(conns.get((s, c)) == Conn.REGISTER for c in cons[s]))
+    own = tuple((s, _element_steps(graph, s, inline)) for s in seg if s not in inline)
+    completed = tuple((s, graph.stage(s).size, _element_steps(graph, s, members - {s}))
+                      for s in seg if s != anchor and s in outside)
+    return own, completed
+
+
+def _element_steps(graph: PrimGraph, name: str, inline: frozenset) -> int:
+    """Element-steps per element of stage `name`'s phase with the stages in `inline` expanded into its body,
+    as `ctarget.segment_work` weighs a phase, each read of an inlined stage counted."""
+    from engine.codegen.ctarget import TRANSCENDENTAL_STEPS, transcendental
+
+    counted: dict[str, tuple[int, int]] = {}
+
+    def stage_steps(stage: Stage) -> tuple[int, int]:  # (inlined reduction steps, transcendentals)
+        seen: dict[int, tuple[int, int]] = {}
+
+        def node(e: E.Expr) -> tuple[int, int]:
+            hit = seen.get(id(e))
+            if hit is None:
+                red, exp = 0, int(transcendental(e))
+                if isinstance(e, E.Load) and e.tensor in inline:
+                    if e.tensor not in counted:
+                        producer = graph.stage(e.tensor)
+                        r, x = stage_steps(producer)
+                        counted[e.tensor] = (r + (math.prod(producer.reduce) if producer.reduce else 0), x)
+                    red, exp = red + counted[e.tensor][0], exp + counted[e.tensor][1]
+                for c in E.children(e):
+                    r, x = node(c)
+                    red, exp = red + r, exp + x
+                hit = seen[id(e)] = (red, exp)
+            return hit
+        return node(stage.body)
+
+    stage = graph.stage(name)
+    red, exp = stage_steps(stage)
+    return ((math.prod(stage.reduce) if stage.reduce else 1) + red) * (1 + TRANSCENDENTAL_STEPS * exp)
 
 
 def floor_regions(tile: Tile, k: int, local: dict | None) -> GroupRegions | None:
@@ -224,9 +314,7 @@ def _make_recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, ancho
     for s in names:
         st = graph.stage(s)
         outside = tuple((t, index) for t, index in box_loads(st) if t not in members)
-        tiled = st.kind == StageKind.CONTRACTION or (
-            st.kind == StageKind.REDUCE and st.combine.value == "sum" and _is_product(st.body))
-        if tiled:
+        if _gemm_like(st):
             # A GEMM or convolution loads and computes per factor: its multiply-adds (or, for a
             # reduction the printer may take for one, the combine) per term, nothing per node.
             mac = st.reduce_size * (2 if st.kind == StageKind.CONTRACTION and _is_product(st.body) else 1)
@@ -258,6 +346,12 @@ def _erased(e: E.Expr) -> tuple:
     if isinstance(e, E.Binary):
         return (e.op, _erased(e.a), _erased(e.b))
     return ("select", _erased(e.cond), _erased(e.a), _erased(e.b))
+
+
+def _gemm_like(st: Stage) -> bool:
+    """A contraction, or a sum of products the printer may take for a GEMM."""
+    return st.kind == StageKind.CONTRACTION or (st.kind == StageKind.REDUCE and st.combine.value == "sum"
+                                                and _is_product(st.body))
 
 
 def _is_product(body: E.Expr) -> bool:

@@ -1,14 +1,15 @@
 """The tile search's floor (engine/schedule/floor.py) is a lower bound: over random graphs and every
 candidate tile of their plans' segments, the bytes and flops `work_floor` derives from regions never
 exceed what the kernel IR's count gives for the same segment and tile, `floor_us` never exceeds the
-modeled time and `score_floor` never exceeds the tie-break score. A floor above either would prune the
-winner and change the plan."""
+modeled time, `score_floor` never exceeds the tie-break score, and a segment `serial_for_sure` says the C
+target runs on one thread is costed so. A floor above either would prune the winner and change the plan."""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 
+import pytest
 from fuzz_graphs import onnx_models
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from engine.frontend.importer import load_graph
 from engine.memo import Caches
 from engine.schedule import tiles
 from engine.schedule.cost import estimate_group, segment_use
-from engine.schedule.floor import floor_us, score_floor, work_floor
+from engine.schedule.floor import floor_us, score_floor, serial_for_sure, work_floor
 from engine.schedule.pipeline import plan_model
 from engine.tilegraph.tilegraph import segments_of
 
@@ -40,6 +41,8 @@ def _check_plan_segments(graph, plan, device) -> int:
         glob, macs, other = work_floor(graph, seg, conns, use.regions)
         assert glob <= use.global_bytes * (1 + SLACK) + SLACK, (seg, tile, glob, use.global_bytes)
         assert macs + other <= use.flops_fp32 * (1 + SLACK) + SLACK, (seg, tile, macs, other, use.flops_fp32)
+        if device.kind == "cpu" and len(segs) == 1 and serial_for_sure(graph, seg, conns, tile, use.regions):
+            assert cost.serial_segments == 1, (group.name, tile)  # the floor charged it on one core
         local: dict = {}
         floor = floor_us(graph, group.stages, conns, trial, device, segs, local)
         assert floor <= cost.modeled_us + tiles._FLOOR_SLACK, (group.name, tile, floor, cost.modeled_us)
@@ -78,3 +81,34 @@ def test_floor_is_tight_on_a_gemm_segment():
         ratios.append(floor_us(graph, group.stages, conns, group.segments, device, segs) / modeled)
     assert max(ratios) <= 1.0 + 1e-5  # modeled_us is rounded to 1e-4 us
     assert sum(r > 0.5 for r in ratios) >= len(ratios) // 2, ratios
+
+
+@pytest.mark.parametrize("policy", ["unfused", "welder"])
+@pytest.mark.parametrize("name", ["layernorm_residual", "vit_block", "gelu_chain", "masked_softmax"])
+def test_serial_claims_hold_and_raise_the_floor(name, policy):
+    """On a CPU of several threads the floor charges a lone segment whose element-steps are under
+    ctarget.SERIAL_WORK for sure on one core (`serial_for_sure`): every candidate so claimed is costed as
+    serial, and some are claimed with a floor it raised (not vacuous)."""
+    device = get_device("host")
+    root = Path(__file__).resolve().parents[3] / "samples"
+    graph, plan = plan_model(load_graph(root / f"{name}.onnx"), policy, device)
+    conns = {e.key: e.conn for e in plan.edges}
+    claimed = raised = 0
+    for group, segs, seg, tile, trial in candidate_trials(graph, plan, device):
+        if len(segs) != 1:
+            continue
+        try:
+            use = segment_use(graph, seg, conns, tile, device=device)
+            cost = estimate_group(graph, group.stages, conns, trial, device, segs=segs)
+        except (CountBudgetError, PlanError):
+            continue
+        if serial_for_sure(graph, seg, conns, tile, use.regions):
+            claimed += 1
+            assert cost.serial_segments == 1, (group.name, tile)
+            floor = floor_us(graph, group.stages, conns, trial, device, segs)
+            assert floor <= cost.modeled_us + tiles._FLOOR_SLACK
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr("engine.schedule.floor.serial_for_sure", lambda *a: False)
+                raised += floor > floor_us(graph, group.stages, conns, trial, device, segs) + 1e-9
+    if policy == "unfused":  # lone stages: some run serially on the host
+        assert claimed and raised, (claimed, raised)
