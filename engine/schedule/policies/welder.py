@@ -52,16 +52,21 @@ def welder_walk(graph: PrimGraph, device: Device, options: dict, started: float)
 
 
 def stitch_floor(graph: PrimGraph, device: Device) -> float:
-    """A floor under the stitch plan's modeled time on a GPU, without planning it (0 on a CPU, or where a
-    contraction has no valid tile): the stitch policy leaves every contraction alone in its kernel (no level
-    joins an edge that touches one), so its plan holds each contraction's own tile search — the one the walk
-    made already for the contraction apart — costed at that search's tiles with every input another stage
-    touches warm in L2 (the plan's L2 residency can only make fewer of them warm; an input no other kernel
-    touches is cold). On a CPU the plan's coarsening may retile those kernels outside the search's pool, so no
-    floor is claimed there. On a100 it rules the stitch plan out on 11 of 12 zoo models, all but lstm, where
-    the plan was made only to be refused (benchmarks/NOTES.md stitchfloor)."""
-    if device.kind == "cpu":
-        return 0.0
+    """A floor under the stitch plan's modeled time, without planning it (0 where a contraction has no valid
+    tile). The stitch policy leaves every contraction alone in its kernel (no level joins an edge that
+    touches one), so its plan holds each contraction's own tile search — the one the walk made already for
+    the contraction apart — and on a CPU that search's tiles as the plan's coarsening leaves them
+    (`build._coarsened`, memoised under the same key the plan asks with): on a GPU costed with every input
+    another stage touches warm in L2 (the plan's L2 residency can only make fewer of them warm; an input no
+    other kernel touches is cold), on a CPU exactly as the plan costs it (no residency there). Its other
+    kernels are each at least a launch, one per connected part of the stages between contractions at least,
+    and together store every such stage a contraction reads or the model outputs — to DRAM (unless a CPU's
+    last-level cache holds the model) and, on a CPU, where memory levels add up, through L2 too
+    (`_between_floor`). On a100 it rules the stitch plan out on 11 of 12 zoo models, all but lstm; on the
+    host on bert12, nerf and lstm (benchmarks/NOTES.md stitchfloor, hoststitchfloor)."""
+    from engine.schedule.build import _coarsened
+    from engine.schedule.plan import Group
+
     total = 0.0
     for stage in graph.stages:
         if stage.kind != StageKind.CONTRACTION:
@@ -69,10 +74,49 @@ def stitch_floor(graph: PrimGraph, device: Device) -> float:
         sched = search_group(graph, [stage.name], {}, device, "stitch", k=1)
         if sched.violations or sched.cost is None:
             return 0.0
+        if device.kind == "cpu":
+            alone = Group(0, stage.name, (stage.name,), sched.tiles, "", sched.cost.modeled_us, sched.candidates,
+                          sched.cost)
+            plan = Plan(model_hash=graph.structural_hash, model_name=graph.name, policy="stitch",
+                        device=device.name, edges=(), groups=(alone,))
+            full = {e: Conn.KERNEL for e in graph.edges if stage.name in e}
+            total += _coarsened(plan, alone, graph, device, full, set()).cost.modeled_us
+            continue
         # Warm at best: an input another stage writes or reads too (a weight only this one reads is cold).
         warm = [t for t in stage.inputs if graph.is_stage(t) or len(graph.consumers.get(t, ())) > 1]
         total += estimate_group(graph, [stage.name], {}, sched.tiles, device, exact=True, warm=warm).modeled_us
-    return total
+    return total + _between_floor(graph, device)
+
+
+def _between_floor(graph: PrimGraph, device: Device) -> float:
+    """µs the stitch plan's kernels of the stages between contractions model at least: a launch per connected
+    part of those stages (a kernel never spans two: it would hold an edge that touches a contraction), and
+    the stores of every such stage a contraction reads or the model outputs (`cost._write_dram` stores each
+    once, whatever the kernel: over DRAM's bandwidth unless a CPU's last-level cache holds the model; on a CPU,
+    whose memory terms add up, over L2's as well, as every global store is counted there)."""
+    from engine.schedule.cost import _in_llc, nbytes
+
+    between = {s.name for s in graph.stages if s.kind != StageKind.CONTRACTION}
+    if not between:
+        return 0.0
+    part = {s: s for s in between}
+
+    def root(s: str) -> str:
+        while part[s] != s:
+            part[s] = part[part[s]]
+            s = part[s]
+        return s
+
+    for p, c in graph.edges:
+        if p in between and c in between:
+            part[root(p)] = root(c)
+    parts = len({root(s) for s in between})
+    stored = sum(nbytes(graph, s) for s in between
+                 if s in graph.outputs or any(c not in between for c in graph.consumers.get(s, ())))
+    memory = 0.0 if _in_llc(graph, device) else stored / device.dram_bw_bytes_per_s
+    if device.kind == "cpu":
+        memory += stored / device.l2_bw_bytes_per_s
+    return parts * device.launch_overhead_s * 1e6 + memory * 1e6
 
 
 def at_least_stitch(graph: PrimGraph, device: Device, options: dict, plan: Plan, started: float) -> Plan:
@@ -91,9 +135,9 @@ def at_least_stitch(graph: PrimGraph, device: Device, options: dict, plan: Plan,
 
     least = stitch_floor(graph, device)
     if least >= plan.modeled_us * (1 - WALK_MARGIN):
-        why = (f"welder: the walk's plan models {plan.modeled_us:.1f} us, the stitch policy's contraction kernels "
-               f"alone at least {least:.1f} us: the walk's kept (the stitch plan, not {WALK_MARGIN:.0%} faster, "
-               "not made)")
+        why = (f"welder: the walk's plan models {plan.modeled_us:.1f} us, the stitch policy's at least {least:.1f} us "
+               f"(its contraction kernels, the launches and stores between them): the walk's kept (the stitch plan, "
+               f"not {WALK_MARGIN:.0%} faster, not made)")
         return dataclasses.replace(plan, decisions=(why,) + plan.decisions,
                                    schedule_seconds=round(time.perf_counter() - started, 4))
     other = plan_stitch(graph, device, options, time.perf_counter())
