@@ -77,3 +77,25 @@ def random_feeds(graph, seed: int) -> dict[str, np.ndarray]:
         else:
             feeds[t.name] = rng.integers(0, 4, t.shape).astype(t.dtype.np)
     return feeds
+
+
+def plan_random(model: onnx.ModelProto, policy: str, device):
+    """(planned graph, plan) of a generated model (tests/fuzz_graphs.py), saved to a temporary file and loaded
+    as a user's would be; a model tileweave refuses in one line (e.g. a rank-0 stage) is rejected from the
+    hypothesis example (`assume`). For property tests, which cannot take pytest's tmp_path."""
+    import tempfile
+
+    from hypothesis import assume
+
+    from engine.errors import TileweaveError
+    from engine.frontend.importer import load_graph
+    from engine.schedule.pipeline import plan_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.onnx"
+        path.write_bytes(model.SerializeToString())
+        try:
+            return plan_model(load_graph(path), policy, device)
+        except TileweaveError:
+            assume(False)
+            raise  # not reached: assume(False) raises
