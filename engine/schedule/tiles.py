@@ -350,8 +350,8 @@ def search_group(
     # Where the connections alone break a rule, every candidate would be built and refused: the passes
     # skip the segments with a choice (a lone candidate is still costed, as a pass costs it).
     hopeless = refused_whatever_tiles(graph, stages, conns, segs)
-    if bounded and (hopeless or sum(len(pool) > 1 for pool in pools) != 1):
-        return _under(search_group(graph, stages, conns, device, mode, fixed, k), bound)  # nothing to cut
+    if bounded and (hopeless or sum(len(pool) > 1 for pool in pools) != 1 or border_lighter(graph, stages)):
+        return _under(search_group(graph, stages, conns, device, mode, fixed, k), bound)  # nothing (safe) to cut
     best_cands, violations, best_us = _search_pass(graph, stages, conns, device, k, segs, pools, chosen, local,
                                                    hopeless, bound if bounded else math.inf)
     if bounded and best_us > bound and local.get(("bound-cut",)):
@@ -378,6 +378,19 @@ def search_group(
     canonical = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
     cache.put((key, pools_of, device), canonical)
     return _under(out, bound) if bounded else out
+
+
+def border_lighter(graph: PrimGraph, stages: Sequence[str]) -> bool:
+    """Whether a group's border tiles may do less than its typical (interior) tile — a stage selecting
+    between loads (a concatenation: the typical tile's regions read every arm) or padding one (a border tile
+    loads none of its out-of-range taps) — so its exact cost may model under the typical tile's floor times
+    `_fill` (zoo lstm's concatenation of the steps' outputs on host: 0.70 µs exact against a floor of 1.10).
+    Its bounded searches cut nothing by the floor: the unbounded search decides (a cut there refused zoo
+    lstm's SHARED merge into the input projection, which the exhaustive search keeps)."""
+    table = memo("tiles.border_lighter", 50000)
+    return any(table.lookup((graph.structural_hash, s), lambda s=s: any(
+        isinstance(n, E.Select) or (isinstance(n, E.Load) and n.pad is not None) for n in E.walk(graph.stage(s).body)))
+        for s in stages)
 
 
 def _above(bound: float) -> GroupSchedule:

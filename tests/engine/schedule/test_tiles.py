@@ -25,7 +25,10 @@ from engine.schedule.plan import plan_to_json
 from engine.schedule.policies import elementwise
 
 SAMPLES = Path(__file__).resolve().parents[3] / "samples"
-MODELS = ["layernorm_residual", "masked_softmax", "conv_bn_relu", "mobilenetv2_block", "lstm", "zoo/decoder_kv"]
+# zoo lstm: its concatenation of the steps' outputs models less exactly than its typical tile's floor; a bounded
+# search cut by that floor refused a SHARED merge the exhaustive search keeps (`tiles.border_lighter`)
+MODELS = ["layernorm_residual", "masked_softmax", "conv_bn_relu", "mobilenetv2_block", "lstm", "zoo/decoder_kv",
+          "zoo/lstm"]
 
 
 def _plan_json(graph, policy: str, device: str) -> dict:
@@ -57,7 +60,7 @@ def _exhaustive(monkeypatch) -> None:
 @pytest.mark.parametrize("name", MODELS)
 def test_fast_search_plans_as_the_exhaustive_one(name, device, monkeypatch):
     graph = load_graph(SAMPLES / f"{name}.onnx")
-    policies = ("elementwise", "stitch", "welder") if name != "zoo/decoder_kv" else ("welder",)
+    policies = ("elementwise", "stitch", "welder") if not name.startswith("zoo/") else ("welder",)
     fast = {p: _plan_json(graph, p, device) for p in policies}
     _exhaustive(monkeypatch)
     for policy in policies:
