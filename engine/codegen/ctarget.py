@@ -743,10 +743,17 @@ def segment_work(seg: Segment) -> int:
         elems = p.region.flat or math.prod(p.region.extent)
         inlined, expensive = _body_steps(p.body)
         steps = (math.prod(p.reduce) if p.reduce else 1) + inlined
-        total += elems * steps * (1 + TRANSCENDENTAL_STEPS * expensive)
+        total += elems * element_steps(steps, expensive)
         if p.conv is not None and not _window_rows_in_place(p.conv):
             total += STAGE_STEPS * staged_window(p.conv)
     return total * seg.ntiles
+
+
+def element_steps(steps: int, expensive: int) -> int:
+    """Element-steps one element of a phase counts for: its steps (its reduction and those inlined into it)
+    weighed by its transcendentals (TRANSCENDENTAL_STEPS each) — `segment_work`'s weight, which the cost
+    model's floor bounds from the regions alone (`floor.serial_for_sure`)."""
+    return steps * (1 + TRANSCENDENTAL_STEPS * expensive)
 
 
 # Element-steps one element of a conv's staged input window counts for: staged row by row, border columns

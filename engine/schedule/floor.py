@@ -126,8 +126,8 @@ def serial_for_sure(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: 
     kernel IR generate builds for it: an upper bound on `ctarget.segment_work` from the regions is under
     ctarget.SERIAL_WORK. Per phase generate can build — each stage not inlined, on its region; a stage read
     outside whose tiles do not cover it, also completed in flat chunks with every other stage inlined —
-    its elements times its steps (its reduction, plus the reductions inlined into it) times its weight (1
-    + TRANSCENDENTAL_STEPS per transcendental), each inlined read counted (generate shares repeated ones),
+    its elements times `ctarget.element_steps` (its reduction plus the reductions inlined into it, weighed by
+    its transcendentals), each inlined read counted (generate shares repeated ones),
     times the tiles. Never for a segment with a contraction or a sum of products (a GEMM or convolution
     phase: staged windows, weight streaming, matrix-vector rows), a row split, or a stage read through an
     index (gathers)."""
@@ -175,7 +175,7 @@ def _make_serial_recipe(graph: PrimGraph, seg: Sequence[str], conns: Mapping, an
 def _element_steps(graph: PrimGraph, name: str, inline: frozenset) -> int:
     """Element-steps per element of stage `name`'s phase with the stages in `inline` expanded into its body,
     as `ctarget.segment_work` weighs a phase, each read of an inlined stage counted."""
-    from engine.codegen.ctarget import TRANSCENDENTAL_STEPS, transcendental
+    from engine.codegen.ctarget import element_steps, transcendental
 
     counted: dict[str, tuple[int, int]] = {}
 
@@ -201,7 +201,7 @@ def _element_steps(graph: PrimGraph, name: str, inline: frozenset) -> int:
 
     stage = graph.stage(name)
     red, exp = stage_steps(stage)
-    return ((math.prod(stage.reduce) if stage.reduce else 1) + red) * (1 + TRANSCENDENTAL_STEPS * exp)
+    return element_steps((math.prod(stage.reduce) if stage.reduce else 1) + red, exp)
 
 
 def floor_regions(tile: Tile, k: int, local: dict | None) -> GroupRegions | None:

@@ -12,7 +12,7 @@ from engine.device import Device
 from engine.ir.graph import PrimGraph, StageKind
 from engine.schedule.build import assemble, connect_greedy
 from engine.schedule.cost import estimate_group
-from engine.schedule.plan import Conn, Plan
+from engine.schedule.plan import Conn, Plan, components
 from engine.schedule.stitch import broadcast_axes
 from engine.schedule.tiles import search_group
 
@@ -99,18 +99,8 @@ def _between_floor(graph: PrimGraph, device: Device) -> float:
     between = {s.name for s in graph.stages if s.kind != StageKind.CONTRACTION}
     if not between:
         return 0.0
-    part = {s: s for s in between}
-
-    def root(s: str) -> str:
-        while part[s] != s:
-            part[s] = part[part[s]]
-            s = part[s]
-        return s
-
-    for p, c in graph.edges:
-        if p in between and c in between:
-            part[root(p)] = root(c)
-    parts = len({root(s) for s in between})
+    joined = {(p, c): Conn.REGISTER for p, c in graph.edges if p in between and c in between}
+    parts = sum(1 for comp in components(graph, joined) if comp[0] in between)
     stored = sum(nbytes(graph, s) for s in between
                  if s in graph.outputs or any(c not in between for c in graph.consumers.get(s, ())))
     memory = 0.0 if _in_llc(graph, device) else stored / device.dram_bw_bytes_per_s

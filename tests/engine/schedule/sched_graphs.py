@@ -53,6 +53,20 @@ def qkv_model(m: int = 16, k: int = 32, n: int = 24, seed: int = 1) -> onnx.Mode
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def pool_model(seed: int = 3) -> onnx.ModelProto:
+    """x -> Conv(3x3, pad 1) -> Relu -> MaxPool(3x3, stride 2, pad 1): a padded max pool, whose border tiles
+    load fewer elements than its typical tile (zoo resnet's stem)."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("MaxPool", ["r"], ["y"], name="pool", kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 32, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def candidate_trials(graph, plan, device, limit: int | None = None):
     """Every candidate tile (the first `limit`) of every segment of `plan`'s kernels, the group's other
     segments at their chosen tiles: (group, its segments, the segment, its candidate tile, the trial tiles)."""

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from sched_graphs import pool_model
 
 from engine.device import get_device
 from engine.frontend.importer import load_graph
@@ -20,20 +18,6 @@ from engine.schedule.cost import segment_use
 from engine.schedule.pipeline import plan_model
 
 SAMPLES = Path(__file__).resolve().parents[3] / "samples"
-
-
-def pool_model(seed: int = 3) -> onnx.ModelProto:
-    """x -> Conv(3x3, pad 1) -> Relu -> MaxPool(3x3, stride 2, pad 1): a padded max pool, whose border tiles
-    load fewer elements than its typical tile (zoo resnet's stem)."""
-    rng = np.random.default_rng(seed)
-    w = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("MaxPool", ["r"], ["y"], name="pool", kernel_shape=[3, 3], strides=[2, 2],
-                              pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 32, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _graph(name: str, tmp_path: Path):
