@@ -26,9 +26,10 @@ from engine.errors import DeviceError
 from engine.files import write_atomic
 
 HOST = "host"
-PROBE_VERSION = 7  # 4: launch and grid barrier of the loop runtime the kernels use (flags.c_loops);
+PROBE_VERSION = 8  # 4: launch and grid barrier of the loop runtime the kernels use (flags.c_loops);
 #                   5: each timed figure the best of PROBE_PASSES passes; 7: the pool's figures timed before
-#                   the OpenMP triads of a pass (6 was a launch figure timed from C, tried and reverted)
+#                   the OpenMP triads of a pass (6 was a launch figure timed from C, tried and reverted);
+#                   8: the GEMM peak of the micro-kernel in named vectors where a chunk spans several (AVX2)
 _CPU_ONLY = ("kind", "vector_lanes")
 
 # The probe: every timing takes the best of several repeats (the machine is shared; the best is the

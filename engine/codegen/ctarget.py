@@ -43,8 +43,12 @@ _EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "c
 # GEMM_ROWS x GEMM_COLS partial sums in registers (four AVX-512 vectors, eight AVX2 ones). Measured on
 # the host (Zen 4, one thread, bert's 128x768x768 GEMM, 64x64 blocks, k step 32): 4x16 1.70 ms, 8x16
 # 1.80, 16x16 2.0, 4x32 3.1, 4x64 2.4, 8x32 2.5; the rank-1 updates of the whole block through memory
-# 3.5; AVX2 only (target no-avx512f) 4x16 3.9. Wider chunks than one vector per row lose: GCC no
-# longer keeps every partial sum in a register. (Measured at 16 and 8 lanes only: both take 4x16.)
+# 3.5; AVX2 only (target no-avx512f) 4x16 3.9. Wider chunks than one vector per row lose as float arrays:
+# GCC no longer keeps every partial sum in a register. So where a chunk spans several vectors (AVX2: 16
+# columns are two) its sums are named vector registers (Gemm.c_vector): on Zen 3 (AVX2, one thread, a
+# 128x128 block, k 256 step 32) 4x16 as arrays 35 GFLOP/s (sums on the stack), as named vectors 57
+# (B pinned in registers, targets.C0_PINn; 48-52 with B re-read per row), of a 95 GFLOP/s FMA peak
+# (benchmarks/NOTES.md "avx2gemm").
 GEMM_ROWS = 4
 GEMM_COLS = 16
 # Tiles of at most GEMV_ROWS rows with B contiguous along k run as dot products of GEMV_LANES
@@ -79,7 +83,7 @@ def c_decisions(kernel: Kernel, lanes: int) -> Kernel:
     and `sum_columns` (on the bodies after it). Run after conv.conv_dot_products, whose convs keep their
     dot-product form."""
     kernel = window_interiors(split_chains(block_convs(kernel, lanes)))
-    kernel = cache_rows(schedule_segments(block_gemms(kernel)))
+    kernel = cache_rows(schedule_segments(block_gemms(kernel, lanes)))
     return dataclasses.replace(sum_columns(cache_lines(reciprocal_rows(kernel))), c_lanes=lanes)
 
 
@@ -305,15 +309,20 @@ def conv_rows(cols: int, out_rows: int, channels: int, lanes: int) -> int:
 # ---- tiled GEMMs ------------------------------------------------------------------------------------
 
 
-def block_gemms(kernel: Kernel) -> Kernel:
+def block_gemms(kernel: Kernel, lanes: int = 0) -> Kernel:
     """Each tiled GEMM's C micro-kernel: GEMM_ROWS x GEMM_COLS register blocks (the tail rows over the
-    widest of 4, 2, 1 x GEMM_COLS columns dividing the padded row), which factors are read in place
+    widest of 4, 2, 1 x GEMM_COLS columns dividing the padded row), held in named `lanes`-float vectors
+    where a chunk spans several (Gemm.c_vector; 0 lanes: float arrays), which factors are read in place
     (`in_place_strides`), dot products over k (GEMV) for tiles of at most GEMV_ROWS rows whose B is
     contiguous along k, and per segment the GEMMs that keep B in per-thread panels (`panel_gemms`)."""
     if not kernel.gemms:
         return kernel
 
     from engine.codegen.printer import invariant_picks
+
+    # Named vectors at 8 and 16 lanes (at 16 only the tail rows' chunks span several); 4-lane targets keep
+    # the arrays: 4x16 would be 16 named sums, every register SSE has (unmeasured).
+    vector = lanes if lanes in (8, 16) and GEMM_COLS % lanes == 0 else 0
 
     def block(bare: Kernel, p: Phase) -> dict | None:
         g = p.gemm
@@ -329,7 +338,8 @@ def block_gemms(kernel: Kernel) -> Kernel:
             b_in = None
         r = p.region.rank
         rows_inner = contiguous_along(bare, g.a, f"i{r - 2}", g.vars[-1])
-        return {"c_rows": GEMM_ROWS, "c_cols": GEMM_COLS, "c_wide": wide, "a_in": a_in or (), "b_in": b_in or (),
+        return {"c_rows": GEMM_ROWS, "c_cols": GEMM_COLS, "c_wide": wide, "c_vector": vector,
+                "a_in": a_in or (), "b_in": b_in or (),
                 "gemv": gemv, "b_k_inner": contiguous_along(bare, g.b, g.vars[-1], f"i{r - 1}"),
                 "a_rows_inner": rows_inner,
                 "a_row_picks": not a_in and not rows_inner and bool(invariant_picks(bare, g.a, set(g.vars)))}

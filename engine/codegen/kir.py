@@ -134,10 +134,13 @@ class Gemm:
     # time (partial sums in vector registers), rows past the last whole group one at a time over c_wide
     # columns; `a_in` / `b_in`: (row or column stride, flat-k stride) of a factor read where it lies, ()
     # staged; `gemv` > 0: each output a dot product over the whole of k in `gemv` partial sums (B read in
-    # place along k); `panel`: B's whole k range staged once per column tile in a per-thread panel.
+    # place along k); `panel`: B's whole k range staged once per column tile in a per-thread panel;
+    # `c_vector` > 0: a whole chunk wider than one vector of that many floats holds its partial sums in
+    # named vector registers (arrays of several vectors GCC keeps on the stack), 0: in float arrays.
     c_rows: int = 0
     c_cols: int = 0
     c_wide: int = 0
+    c_vector: int = 0
     a_in: tuple[int, ...] = ()
     b_in: tuple[int, ...] = ()
     gemv: int = 0
@@ -185,7 +188,8 @@ class Gemm:
                 **({"mma": self.mma, "warps_m": self.warps_m, "warps_n": self.warps_n} if self.mma else {}),
                 **({"c_rows": self.c_rows, "c_cols": self.c_cols, "c_wide": self.c_wide, "a_in": list(self.a_in),
                     "b_in": list(self.b_in), "gemv": self.gemv, "panel": self.panel, "b_k_inner": self.b_k_inner,
-                    "a_rows_inner": self.a_rows_inner, "a_row_picks": self.a_row_picks} if self.c_cols else {})}
+                    "a_rows_inner": self.a_rows_inner, "a_row_picks": self.a_row_picks, "c_vector": self.c_vector}
+                   if self.c_cols else {})}
 
     def describe_c(self) -> str:
         """The C target's blocking (ctarget.block_gemms), "" before it ran."""
@@ -196,7 +200,8 @@ class Gemm:
         if self.gemv:
             return f"; C: dot products over k in {self.gemv} partial sums{where}"
         panel = ", B panel per column tile" if self.panel else ""
-        return f"; C: {self.c_rows}x{self.c_cols} register block (tail rows {self.c_wide} wide){where}{panel}"
+        vectors = f" in {self.c_vector}-float vectors" if self.c_vector and self.c_cols > self.c_vector else ""
+        return f"; C: {self.c_rows}x{self.c_cols} register block{vectors} (tail rows {self.c_wide} wide){where}{panel}"
 
     def describe(self) -> str:
         over = f" (rows over {self.rows} axes)" if self.rows > 1 else ""

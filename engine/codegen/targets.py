@@ -46,6 +46,27 @@ typedef float c0_v16 __attribute__((vector_size(64)));
 typedef float c0_u4 __attribute__((vector_size(16), aligned(4)));
 typedef float c0_u8 __attribute__((vector_size(32), aligned(4)));
 typedef float c0_u16 __attribute__((vector_size(64), aligned(4)));
+/* C0_PINn(v): keep n-float vector v in a register from here (an empty asm that takes and gives it back):
+   GCC would otherwise fold a GEMM's B row into every FMA as a memory operand, one load per row of the
+   register block, and the loads, not the FMAs, bound the micro-kernel (Zen 3: two 32-byte loads a cycle).
+   Only where registers that wide exist (a 32-byte vector fits no SSE or NEON register): else nothing. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
+#define C0_PIN4(v) __asm__("" : "+x"(v))
+#elif defined(__GNUC__) && defined(__aarch64__)
+#define C0_PIN4(v) __asm__("" : "+w"(v))
+#else
+#define C0_PIN4(v) ((void)0)
+#endif
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__AVX__)
+#define C0_PIN8(v) __asm__("" : "+x"(v))
+#else
+#define C0_PIN8(v) ((void)0)
+#endif
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)
+#define C0_PIN16(v) __asm__("" : "+v"(v))
+#else
+#define C0_PIN16(v) ((void)0)
+#endif
 """ + r"""/* tw_parallel_for: the tile loops' thread pool (pthreads, C11 atomics, Linux futexes). One pool per
    library (hidden weak symbols: the kernels' objects share it; another library, or this one loaded
    twice, has its own). Workers (threads - 1 of them; threads = OMP_NUM_THREADS, else the CPUs this
@@ -316,13 +337,15 @@ CUDA_MMA_BF16 = _mma_m16n8k16("bf16", "__nv_bfloat16", "tw_pack_bf162", "__bfloa
 
 
 def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_at: str,
-                       tail: bool = False) -> list[str]:
+                       tail: bool = False, vector: int = 0) -> list[str]:
     """Lines of the register-blocked update of acc by one k step: for each group of `rows` rows
     (`for (head)`) and each chunk of `cols` columns, the partial sums are loaded into fixed-size
     arrays (vector registers), take k_n fused multiply-adds each, in k order, and are written back.
     `brow` is B's row at k step kk from column n0 (staged or in place), `a_at` A's element at row
     `mm + {q}`, step kk. With `tail` the chunks stop at n_n (B read in place has no padding
-    columns): whole chunks, then one chunk of the n_n % cols columns left."""
+    columns): whole chunks, then one chunk of the n_n % cols columns left. `vector` (Gemm.c_vector):
+    whole chunks spanning several vectors of that many floats hold their sums in named vector
+    registers instead (`_gemm_vector_chunk`): the same fused multiply-adds in the same order."""
     rs = range(rows)
     step = [f"    const float* restrict brow = {brow};",
             *[f"    const float a{q} = {a_at.format(q=q)};" for q in rs],
@@ -340,6 +363,11 @@ def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_a
     if tail:
         chunks = [(f"n0 = 0; n0 + {cols} <= n_n", str(cols)), (f"n0 = n_n - n_n % {cols}; n0 < n_n", "n_n - n0")]
     for loop, width in chunks:
+        if vector and width == str(cols) and cols > vector and cols % vector == 0:
+            lines += ["    " + x for x in [f"for (int {loop}; n0 += {cols}) {{",
+                                            *["    " + y for y in _gemm_vector_chunk(rows, cols // vector, vector, ldb,
+                                                                                    brow, a_at)], "}"]]
+            continue
         lines += ["    " + x for x in [f"for (int {loop}; n0 += {cols}) {{",
                   f"    const int nc = {width};",
                   "    " + " ".join(f"float r{q}[{cols}];" for q in rs),
@@ -354,6 +382,24 @@ def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_a
                   "    }",
                   "}"]]
     return lines + ["}"]
+
+
+def _gemm_vector_chunk(rows: int, nv: int, vw: int, ldb: int, brow: str, a_at: str) -> list[str]:
+    """One whole chunk of `_gemm_micro_kernel` in GCC vector types: rows x nv named `vw`-float registers
+    of partial sums (an array spanning several vectors stays on the stack: ctarget's GEMM_ROWS note), per
+    k step B's nv vectors loaded once and pinned in registers (C0_PINn) and each row's A value broadcast:
+    r = C0_VFMA(a, b, r), one vector FMA, the k steps in order as in the array form."""
+    t, nb = f"c0_v{vw}", vw * 4
+    sums = [(q, j) for q in range(rows) for j in range(nv)]
+    return ([f"{t} r{q}_{j}; __builtin_memcpy(&r{q}_{j}, acc + (mm + {q}) * {ldb} + n0 + {j * vw}, {nb});"
+             for q, j in sums]
+            + ["for (int kk = 0; kk < k_n; ++kk) {", f"    const float* restrict brow = {brow};"]
+            + [f"    {t} b{j}; __builtin_memcpy(&b{j}, brow + {j * vw}, {nb}); C0_PIN{vw}(b{j});" for j in range(nv)]
+            + [f"    const float s{q} = {a_at.format(q=q)}; const {t} a{q} = {{{', '.join([f's{q}'] * vw)}}};"
+               for q in range(rows)]
+            + [f"    r{q}_{j} = C0_VFMA(a{q}, b{j}, r{q}_{j});" for q, j in sums]
+            + ["}"]
+            + [f"__builtin_memcpy(acc + (mm + {q}) * {ldb} + n0 + {j * vw}, &r{q}_{j}, {nb});" for q, j in sums])
 
 
 @dataclass(frozen=True)
@@ -566,7 +612,7 @@ class CPrinter(Printer):
         loop order that reads its operand contiguously), B's staging rows padded with zero columns
         to whole chunks. Each element still sums its k terms in order, like the per-element loop.
         Tiny-m tiles whose B is contiguous along k run as dot products (gemv_phase). The choices are
-        ctarget.block_gemms' (Gemm.c_rows, c_cols, c_wide, a_in, b_in, gemv, panel)."""
+        ctarget.block_gemms' (Gemm.c_rows, c_cols, c_wide, c_vector, a_in, b_in, gemv, panel)."""
         g = phase.gemm
         r = phase.region.rank
         n = f"i{r - 1}"
@@ -626,9 +672,9 @@ class CPrinter(Printer):
             a_at = f"st_a[(mm + {{q}}) * {g.bk} + kk]"
         tail = b_in is not None
         lines += ["        " + x for x in _gemm_micro_kernel(g.c_rows, cols, ldb, f"mm = 0; mm + {g.c_rows} <= m_n; mm += {g.c_rows}",
-                                                            brow, a_at, tail)]
+                                                            brow, a_at, tail, g.c_vector)]
         lines += ["        " + x for x in _gemm_micro_kernel(1, wide, ldb, f"mm = m_n - m_n % {g.c_rows}; mm < m_n; ++mm",
-                                                            brow, a_at, tail)]
+                                                            brow, a_at, tail, g.c_vector)]
         lines += ["    }",
                   "    for (int mm = 0; mm < m_n; ++mm) {",
                   "        " + self.gemm_rows(phase, "mm"),
