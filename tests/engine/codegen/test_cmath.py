@@ -101,21 +101,26 @@ def test_sin_and_cos_are_within_a_few_ulps_of_one_where_the_reduction_is_exact(l
 
 
 def test_a_loop_of_sin_or_cos_vectorises(tmp_path):
-    """The point of the helper: GCC vectorises a loop calling it under the C backend's options (libm's sinf, a
-    call without -ffast-math's vector variants, ran one lane per element: nerf's encoding kernels)."""
+    """The point of the helper: GCC vectorises a loop calling it under the C backend's options and header
+    (libm's sinf, a call without -ffast-math's vector variants, ran one lane per element: nerf's encoding
+    kernels). The header's no-trapping-math matters: without it GCC 12 if-converts the helper only where
+    AVX-512 masks it (on an AVX2 machine the loop stayed scalar)."""
     import subprocess
 
     from engine.codegen.ccompile import default_options, find_compiler
+    from engine.codegen.targets import C_HEADER
 
     version = subprocess.run([*find_compiler(), "--version"], capture_output=True, text=True).stdout
     if "gcc" not in version.lower() and "free software foundation" not in version.lower():
         pytest.skip("-fopt-info is GCC's; the compiler here is another")
     src = tmp_path / "sincos.c"
-    src.write_text("static inline __attribute__((always_inline)) " + HELPERS["c0_sincosf"] + "\n"
-                   "void f(const float* restrict a, float* restrict b, int n) {\n    #pragma omp simd\n"
-                   "    for (int i = 0; i < n; ++i) b[i] = c0_sincosf(a[i], 1);\n}\n")
+    text = (C_HEADER + "static inline __attribute__((always_inline)) " + HELPERS["c0_sincosf"] + "\n"
+            "void f(const float* restrict a, float* restrict b, int n) {\n    #pragma omp simd\n"
+            "    for (int i = 0; i < n; ++i) b[i] = c0_sincosf(a[i], 1);\n}\n")
+    src.write_text(text)
+    line = text[:text.index("for (int i = 0; i < n;")].count("\n") + 1  # the loop's, not the header's
     options = [o for o in default_options() if o != "-shared"]
     done = subprocess.run([*find_compiler(), *options, "-c", str(src), "-o", str(tmp_path / "sincos.o"),
                            "-fopt-info-vec-optimized"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "loop vectorized" in done.stderr
+    assert any(f"sincos.c:{line}:" in x and "loop vectorized" in x for x in done.stderr.splitlines()), done.stderr
