@@ -362,7 +362,8 @@ def _is_product(body: E.Expr) -> bool:
 
 def body_nodes(stage: Stage) -> tuple[tuple, tuple]:
     """(operations, loads) of `stage`'s body outside any select's branches (a select's condition
-    included), each distinct node once with its free variables: operations as (index-erased key, flops,
+    included; operations on indices alone left out), each distinct node once with its free variables:
+    operations as (index-erased key, flops,
     variables), loads as (tensor, variables), padded loads left out (the kernel IR loads none of their
     out-of-range reads: a padded max pool's border tiles count fewer loads than its typical tile's).
     Memoised like `box_loads`."""
@@ -373,7 +374,11 @@ def body_nodes(stage: Stage) -> tuple[tuple, tuple]:
         ops: dict = {}
         loads: dict = {}
         _free(stage.body, ops, loads, {}, True)
-        value = (tuple((_erased(n), E.op_flops(n), v) for n, v in ops.items()),
+        # An operation on indices alone (a concatenation's `i0 == 3` arm conditions) is index arithmetic
+        # the printer may fold per tile or row: the kernel IR's count may hold none of it (zoo-like lstm's
+        # 32-arm concatenation of steps, on a host whose figures made it a segment of its own).
+        value = (tuple((_erased(n), E.op_flops(n), v) for n, v in ops.items()
+                       if any(isinstance(x, E.Load) for x in E.walk(n))),
                  tuple((n.tensor, v) for n, v in loads.items()))
         hit = table.put(key, (stage.body, value))
     return hit[1]
