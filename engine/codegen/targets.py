@@ -49,14 +49,7 @@ typedef float c0_u16 __attribute__((vector_size(64), aligned(4)));
 /* C0_PINn(v): keep n-float vector v in a register from here (an empty asm that takes and gives it back):
    GCC would otherwise fold a GEMM's B row into every FMA as a memory operand, one load per row of the
    register block, and the loads, not the FMAs, bound the micro-kernel (Zen 3: two 32-byte loads a cycle).
-   Only where registers that wide exist (a 32-byte vector fits no SSE or NEON register): else nothing. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
-#define C0_PIN4(v) __asm__("" : "+x"(v))
-#elif defined(__GNUC__) && defined(__aarch64__)
-#define C0_PIN4(v) __asm__("" : "+w"(v))
-#else
-#define C0_PIN4(v) ((void)0)
-#endif
+   Only where registers that wide exist (the GEMM's 8- and 16-float vectors: AVX, AVX-512): else nothing. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__AVX__)
 #define C0_PIN8(v) __asm__("" : "+x"(v))
 #else
@@ -362,8 +355,8 @@ def _gemm_micro_kernel(rows: int, cols: int, ldb: int, head: str, brow: str, a_a
     chunks = [("n0 = 0; n0 < n_n", str(cols))]
     if tail:
         chunks = [(f"n0 = 0; n0 + {cols} <= n_n", str(cols)), (f"n0 = n_n - n_n % {cols}; n0 < n_n", "n_n - n0")]
-    for loop, width in chunks:
-        if vector and width == str(cols) and cols > vector and cols % vector == 0:
+    for whole, (loop, width) in zip((True, False), chunks):
+        if whole and vector and cols > vector and cols % vector == 0:
             lines += ["    " + x for x in [f"for (int {loop}; n0 += {cols}) {{",
                                             *["    " + y for y in _gemm_vector_chunk(rows, cols // vector, vector, ldb,
                                                                                     brow, a_at)], "}"]]

@@ -30,14 +30,7 @@ typedef float c0_u16 __attribute__((vector_size(64), aligned(4)));
 /* C0_PINn(v): keep n-float vector v in a register from here (an empty asm that takes and gives it back):
    GCC would otherwise fold a GEMM's B row into every FMA as a memory operand, one load per row of the
    register block, and the loads, not the FMAs, bound the micro-kernel (Zen 3: two 32-byte loads a cycle).
-   Only where registers that wide exist (a 32-byte vector fits no SSE or NEON register): else nothing. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
-#define C0_PIN4(v) __asm__("" : "+x"(v))
-#elif defined(__GNUC__) && defined(__aarch64__)
-#define C0_PIN4(v) __asm__("" : "+w"(v))
-#else
-#define C0_PIN4(v) ((void)0)
-#endif
+   Only where registers that wide exist (the GEMM's 8- and 16-float vectors: AVX, AVX-512): else nothing. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__AVX__)
 #define C0_PIN8(v) __asm__("" : "+x"(v))
 #else

@@ -26,6 +26,7 @@ from engine.codegen.ctarget import (  # noqa: E402
     STAGE_STEPS,
     STREAM_WORK,
     TWO_CHAINS_BELOW,
+    _map_phases,
     block_convs,
     block_gemms,
     by_channel_blocking,
@@ -213,15 +214,6 @@ def test_block_gemms_register_block_and_operands_in_place(tmp_path, lanes):
     assert np.max(np.abs(_run_c(blocked, graph, feeds) - want)) / np.max(np.abs(want)) < TOL
 
 
-def _gemm_fields(program, **fields):
-    """`program` with `fields` set on every tiled GEMM."""
-    def kernel(k):
-        return dataclasses.replace(k, segments=tuple(dataclasses.replace(s, phases=tuple(
-            dataclasses.replace(p, gemm=dataclasses.replace(p.gemm, **fields)) if p.gemm is not None else p
-            for p in s.phases)) for s in k.segments))
-    return _with(program, kernel)
-
-
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("lanes", [8, 16])
 def test_gemm_sums_in_named_vectors_where_a_chunk_spans_several(tmp_path, lanes, transposed):
@@ -246,7 +238,7 @@ def test_gemm_sums_in_named_vectors_where_a_chunk_spans_several(tmp_path, lanes,
     source = render_c(blocked)
     block = "c0_v8 r3_1;" if lanes == 8 else "float r0[16]; float r1[16]; float r2[16]; float r3[16];"
     assert block in source and f"c0_v{lanes} r0_3;" in source and f"C0_PIN{lanes}(b3);" in source
-    arrays = _gemm_fields(blocked, c_vector=0)
+    arrays = _with(blocked, lambda k: _map_phases(k, lambda _, p: {"c_vector": 0} if p.gemm is not None else None))
     assert "c0_v" not in render_c(arrays).split("tw_parallel_for")[-1]
     got, base = _run_c(blocked, graph, {"a": a}), _run_c(arrays, graph, {"a": a})
     assert np.array_equal(got.view(np.uint32), base.view(np.uint32))
