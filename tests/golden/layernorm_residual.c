@@ -19,6 +19,23 @@
 #define C0_FMA(a, b, c) ((a) * (b) + (c))
 #define C0_VFMA(a, b, c) ((a) * (b) + (c))
 #endif
+/* C0_VFMAn: C0_VFMA on n-float vectors, the micro-kernels' form. Where GCC targets x86's FMA it is the
+   instruction's own builtin: the lane loop above comes out as one vector FMA only while GCC's SLP pass
+   keeps the vector whole, and in a block of eight sums (a by-channel 1x1 conv's 2 pixels x 4 channel
+   vectors at 8 lanes) it left 64 scalar FMAs with the sums in stack slots (convnext's welder k03 on a
+   Zen 3, benchmarks/NOTES.md "vfmabuiltin"). The same fused multiply-add per lane: the same result. */
+#if defined(FP_FAST_FMAF) && defined(__GNUC__) && !defined(__clang__) && defined(__FMA__)
+#define C0_VFMA4(a, b, c) __builtin_ia32_vfmaddps((a), (b), (c))
+#define C0_VFMA8(a, b, c) __builtin_ia32_vfmaddps256((a), (b), (c))
+#else
+#define C0_VFMA4(a, b, c) C0_VFMA(a, b, c)
+#define C0_VFMA8(a, b, c) C0_VFMA(a, b, c)
+#endif
+#if defined(FP_FAST_FMAF) && defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
+#define C0_VFMA16(a, b, c) __builtin_ia32_vfmaddps512_mask((a), (b), (c), (unsigned short)-1, 4)
+#else
+#define C0_VFMA16(a, b, c) C0_VFMA(a, b, c)
+#endif
 /* vector registers of 4 / 8 / 16 floats for the direct convolutions' micro-tiles; c0_uN: the same
    loaded from or stored to an address aligned to one float only */
 typedef float c0_v4 __attribute__((vector_size(16)));
