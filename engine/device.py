@@ -66,8 +66,12 @@ class Device:
     # the GEMM's staging loads (engine/codegen/micro.py).
     vector_load_bytes: int = 16
     # FLOP/s of generated per-element code (loops outside GEMM / conv micro-tiles) as the host probe
-    # measured it; 0 means peak_fp32_flops (a GPU's per-element code runs at its FMA rate).
+    # measured it on math functions (erf, sigmoid, tanh: the flops OP_FLOPS weighs); 0 means
+    # peak_fp32_flops (a GPU's per-element code runs at its FMA rate).
     elementwise_flops: float = 0.0
+    # FLOP/s of the same code's plain arithmetic (add, sub, mul, max, ...: ops outside OP_FLOPS), measured
+    # on a chain of them; several times the math rate on a CPU. 0 means elementwise_flops (one rate).
+    plain_flops: float = 0.0
     description: str = ""  # what the device is (the host's CPU model)
     # Latency hiding (GPU): cycles a warp waits for a global load (L2 or DRAM) and the 128 B lines one warp
     # keeps in flight. By Little's law an SM streams at most warps x lines x 128 B per latency, so a grid of
@@ -128,7 +132,8 @@ class Device:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Device))
-OPTIONAL_FIELDS: tuple[str, ...] = ("kind", "vector_lanes", "vector_load_bytes", "elementwise_flops", "description",
+OPTIONAL_FIELDS: tuple[str, ...] = ("kind", "vector_lanes", "vector_load_bytes", "elementwise_flops", "plain_flops",
+                                     "description",
                                      "mem_latency_cycles", "lines_in_flight_per_warp", "tensor_precisions",
                                      "peak_tf32_tensor_flops")  # default: a GPU
 REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in FIELDS if f != "source" and f not in OPTIONAL_FIELDS)
@@ -224,10 +229,11 @@ def _validate_kind(values: Mapping[str, Any], where: str) -> None:
     vb = values.get("vector_load_bytes", 16)
     if isinstance(vb, bool) or not isinstance(vb, int) or vb not in (4, 8, 16, 32, 64):
         raise DeviceError(f"{where}: key 'vector_load_bytes' must be 4, 8, 16, 32 or 64, got {vb!r}")
-    rate = values.get("elementwise_flops", 0.0)
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= _CEILINGS["peak_fp32_flops"]:
-        raise DeviceError(f"{where}: key 'elementwise_flops' must be a number from 0 to "
-                          f"{_CEILINGS['peak_fp32_flops']:g}, got {rate!r}")
+    for key in ("elementwise_flops", "plain_flops"):
+        rate = values.get(key, 0.0)
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= _CEILINGS["peak_fp32_flops"]:
+            raise DeviceError(f"{where}: key {key!r} must be a number from 0 to "
+                              f"{_CEILINGS['peak_fp32_flops']:g}, got {rate!r}")
     for key, top in (("mem_latency_cycles", 10000), ("lines_in_flight_per_warp", 64)):
         value = values.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= top:
@@ -282,7 +288,7 @@ def _build(values: dict[str, Any], *, where: str) -> Device:
         values["compute_capability"] = tuple(cc)
     if isinstance(values.get("tensor_precisions"), list):
         values["tensor_precisions"] = tuple(values["tensor_precisions"])
-    for key in (*_FLOAT_FIELDS, "elementwise_flops", "mem_latency_cycles", "lines_in_flight_per_warp",
+    for key in (*_FLOAT_FIELDS, "elementwise_flops", "plain_flops", "mem_latency_cycles", "lines_in_flight_per_warp",
                 "peak_tf32_tensor_flops"):
         # TOML/JSON write 5e-6 and 900000000000 alike; store floats so round trips compare equal.
         if isinstance(values.get(key), int) and not isinstance(values.get(key), bool):

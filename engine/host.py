@@ -26,10 +26,11 @@ from engine.errors import DeviceError
 from engine.files import write_atomic
 
 HOST = "host"
-PROBE_VERSION = 8  # 4: launch and grid barrier of the loop runtime the kernels use (flags.c_loops);
+PROBE_VERSION = 9  # 4: launch and grid barrier of the loop runtime the kernels use (flags.c_loops);
 #                   5: each timed figure the best of PROBE_PASSES passes; 7: the pool's figures timed before
 #                   the OpenMP triads of a pass (6 was a launch figure timed from C, tried and reverted);
-#                   8: the GEMM peak of the micro-kernel in named vectors where a chunk spans several (AVX2)
+#                   8: the GEMM peak of the micro-kernel in named vectors where a chunk spans several (AVX2);
+#                   9: vector FMAs as the x86 builtin (C0_VFMAn), and a plain-arithmetic rate (plain_flops)
 _CPU_ONLY = ("kind", "vector_lanes")
 
 # The probe: every timing takes the best of several repeats (the machine is shared; the best is the
@@ -396,10 +397,11 @@ def probe_host(threads: int) -> Device:
     values["source"]["clock_hz"] = "detected" if mhz else "estimate"
     values["description"] = f"{name or 'CPU'}, {threads} OpenMP thread{'s' if threads > 1 else ''}, {lanes} fp32 lanes"
     provisional = Device.from_dict(values, where="host probe")
-    gemm, elementwise = _codegen_rates(provisional)
+    gemm, elementwise, plain = _codegen_rates(provisional)
     fma = values["peak_fp32_flops"]
-    values |= {"peak_fp32_flops": gemm, "peak_fp16_tensor_flops": gemm, "elementwise_flops": elementwise}
-    values["source"]["elementwise_flops"] = "measured"
+    values |= {"peak_fp32_flops": gemm, "peak_fp16_tensor_flops": gemm, "elementwise_flops": elementwise,
+               "plain_flops": plain}
+    values["source"] |= {"elementwise_flops": "measured", "plain_flops": "measured"}
     values["description"] += f", FMA peak {fma / 1e9:.0f} GFLOP/s"
     return Device.from_dict(values, where="host probe")
 
@@ -444,10 +446,11 @@ def _timed_figures(lib, threads: int, l1: int, llc: int, lanes: int) -> dict[str
     return {"dram_bw": dram_bw, "llc_bw": llc_bw, "l1_bw": l1_bw, "peak": peak, "launch": launch, "barrier": barrier}
 
 
-def _codegen_rates(device: Device) -> tuple[float, float]:
-    """FLOP/s of this machine running our own generated C, as the cost model counts flops: a 256^3 GEMM
-    (its micro-tiles: the GEMM peak) and a per-element chain of the math models use (erf, sigmoid, tanh),
-    each the best of PROBE_PASSES timed runs PROBE_GAP_S apart."""
+def _codegen_rates(device: Device) -> tuple[float, float, float]:
+    """FLOP/s of this machine running our own generated C, as the cost model counts and charges flops: a
+    256^3 GEMM (its micro-tiles: the GEMM peak), a per-element chain of plain arithmetic (add, sub, mul,
+    max: the plain rate) and one of the math models use (erf, sigmoid, tanh: the math rate, its few plain
+    flops taken out at the plain rate), each the best of PROBE_PASSES timed runs PROBE_GAP_S apart."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -470,8 +473,17 @@ def _codegen_rates(device: Device) -> tuple[float, float]:
          helper.make_node("Tanh", ["d"], ["y"])], "host_probe_elementwise",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 4096])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 4096])])
-    rates = []
-    for g, policy in ((gemm, "unfused"), (chain, "elementwise")):
+    # Plain: 24 dependent operations an element, so the chain, not the 2 MB it reads and writes, sets its time.
+    ops, prev = [], "x"
+    for k in range(24):
+        op = ("Mul", "Add", "Sub", "Max")[k % 4]
+        ops.append(helper.make_node(op, [prev, "x"], [f"p{k}" if k < 23 else "y"]))
+        prev = f"p{k}"
+    plain = helper.make_graph(
+        ops, "host_probe_plain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 4096])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 4096])])
+    rates, splits = [], []
+    for g, policy in ((gemm, "unfused"), (plain, "elementwise"), (chain, "elementwise")):
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         graph = lower(import_onnx(model))
@@ -485,7 +497,26 @@ def _codegen_rates(device: Device) -> tuple[float, float]:
                 time.sleep(PROBE_GAP_S)
             best = min(best, sum(k.us for k in run_cpu(module, graph.specs, inputs, graph.weights, repeat=5)[1].kernels))
         rates.append(flops / (best * 1e-6))
-    return rates[0], rates[1]
+        splits.append((flops, _math_flops(graph, plan, device), best * 1e-6))
+    flops, maths, seconds = splits[2]
+    plain_rate = rates[1]
+    left = seconds - (flops - maths) / plain_rate  # the math chain's time less its plain flops'
+    return rates[0], maths / left if maths and left > 0 else rates[2], plain_rate
+
+
+def _math_flops(graph, plan, device: Device) -> float:
+    """Flops of math ops (E.OP_FLOPS) in `plan`'s kernels, as cost.estimate_group charges them."""
+    from engine.schedule.cost import at_kernel_block, segment_use
+    from engine.tilegraph.tilegraph import segments_of
+
+    conns = {e.key: e.conn for e in plan.edges}
+    total = 0.0
+    for g in plan.groups:
+        segs = segments_of(graph, g.stages, conns)
+        for seg, tile in zip(segs, at_kernel_block(g.segments)):
+            use = segment_use(graph, seg, conns, tile, None, True, device)
+            total += use.flops_math * tile.blocks / max(1, tile.row_split)
+    return total
 
 
 def _set_threads(threads: int) -> None:

@@ -54,6 +54,7 @@ class SegmentUse:
     gemm_maps: tuple[tuple[int, int], ...] = ()  # (ty, tx) of each tiled GEMM phase, as codegen built it
     serial: bool = False  # CPU, several threads: the C target runs this segment's tiles on one thread (`serial_on`)
     reach: dict = field(default_factory=dict)  # tensor read from outside -> bytes the whole grid reads at least (`segment_reach`)
+    flops_math: float = 0.0  # per block: of the per-element flops (fp32 - tiled), those of math ops (E.OP_FLOPS weights)
 
 
 def at_kernel_block(tiles: Sequence[Tile]) -> list[Tile]:
@@ -155,7 +156,8 @@ def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile:
                       work.global_bytes / per, work,
                       completion, work.tiled_flops / per, idle_lanes(work, device) / per, work.mma_f16_flops / per,
                       tuple((g.ty, g.tx) for g in gemms), serial_on(kernel, device),
-                      segment_reach(graph, segment, conns, tile.stage))
+                      segment_reach(graph, segment, conns, tile.stage),
+                      max(0.0, min(sum(work.op_flops.values()), work.flops - work.mma_flops - work.tiled_flops)) / per)
 
 
 def serial_on(kernel, device: Device | None) -> bool:
@@ -438,7 +440,7 @@ def estimate_group(
     seg_of = {s: k for k, seg in enumerate(segs) for s in seg}
     n = len(segs)
     # Per segment: segments run one after another (grid barriers), each over its own grid.
-    dram, l2, sh, fp32, tc, tc16, tiled, idle = ([0.0] * n for _ in range(8))
+    dram, l2, sh, fp32, tc, tc16, tiled, idle, maths = ([0.0] * n for _ in range(9))
     reads = 0
     read_bytes = kernel_read_bytes(graph, uses)
     warm = frozenset(t for t in warm if t in read_bytes and t not in members) if device.kind != "cpu" else frozenset()
@@ -455,6 +457,7 @@ def estimate_group(
         fp32[k] += use.flops_fp32 * per_block
         tiled[k] += use.flops_tiled * per_block
         idle[k] += use.flops_idle_lanes * per_block
+        maths[k] += use.flops_math * per_block
         tc[k] += (use.flops_tc - use.flops_tc_f16) * per_block
         tc16[k] += use.flops_tc_f16 * per_block
         dram[k] += 0 if in_llc else _completion_dram(graph, use, read_bytes, charged)
@@ -476,14 +479,19 @@ def estimate_group(
     waves = max(1, -(-blocks // slots))
 
     # A CPU runs GEMM / direct-conv micro-tiles near its FMA peak and the rest of the arithmetic (per-element
-    # loops) at the rate the host probe measured for generated per-element code, plus the flop slots its
-    # short vector loops leave idle (`idle_lanes`; 0 on a GPU). Tensor-core flops go at the peak of the
+    # loops) at the rates the host probe measured for generated per-element code: math ops (exp, erf, tanh,
+    # div, ...: E.OP_FLOPS) and the flop slots its short vector loops leave idle (`idle_lanes`; 0 on a GPU) at
+    # `elementwise_flops`, plain arithmetic at `plain_flops` (several times faster: zoo bert's stitched layer
+    # norms modeled 79 µs at the one math rate and measured 11 on a Zen 3, benchmarks/NOTES.md "tworate"). Tensor-core flops go at the peak of the
     # instruction printed: m16n8k8 .tf32 at the TF32 peak, m16n8k16 .f16 and .bf16 at the fp16 (fp32-accumulate)
     # peak (the A100/H100 datasheets give BF16 the same dense peak as FP16); an fp16 GEMM the printer left on the FMA micro-tile (a V100, an odd tile) is fp32 FMA work.
     elementwise = device.elementwise_flops or device.peak_fp32_flops
+    plain = device.plain_flops or elementwise
 
     def seg_terms(k: int) -> list[float]:
-        compute = (tiled[k] / device.peak_fp32_flops + (fp32[k] - tiled[k] + idle[k]) / elementwise
+        per_element = ((fp32[k] - tiled[k] + idle[k]) / elementwise if plain == elementwise else
+                       (maths[k] + idle[k]) / elementwise + (fp32[k] - tiled[k] - maths[k]) / plain)
+        compute = (tiled[k] / device.peak_fp32_flops + per_element
                    + (tc[k] / device.peak_tf32_tensor_flops if tc[k] else 0.0)
                    + (tc16[k] / device.peak_fp16_tensor_flops if tc16[k] else 0.0))
         # Warps resident per busy SM: a grid under one wave puts ceil(blocks / SMs) blocks on each.

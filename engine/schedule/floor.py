@@ -96,7 +96,8 @@ def _segment_work(graph: PrimGraph, members: set, seg: Sequence[str], conns: Map
     glob, macs, other = work_floor(graph, seg, conns, regions) if tile.row_split == 1 else (0.0, 0.0, 0.0)
     # A contraction may run on tensor cores (the plan option tf32, fp16 operands: codegen/mma.py):
     # its multiply-adds at the fastest rate the device has keep this a floor either way.
-    elementwise = device.elementwise_flops or device.peak_fp32_flops
+    # Per-element work at the faster of the model's two per-element rates (math, plain: cost.estimate_group).
+    elementwise = max(device.elementwise_flops or device.peak_fp32_flops, device.plain_flops)
     fastest = max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops,
                   device.peak_fp16_tensor_flops if f16_mma(device) or bf16_mma(device) else 0.0)
     compute = macs / fastest + other / elementwise

@@ -17,7 +17,7 @@ from engine.device import Device, get_device
 from engine.errors import DeviceError
 
 TIMED = ("dram_bw_bytes_per_s", "l2_bw_bytes_per_s", "smem_bw_bytes_per_s", "peak_fp32_flops", "elementwise_flops",
-         "launch_overhead_s", "grid_barrier_s")
+         "plain_flops", "launch_overhead_s", "grid_barrier_s")
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,7 @@ def test_figures_are_this_machines_and_say_where_they_came_from(device):
     # Timed figures are plausible for any CPU of the last decade, and labelled measured.
     assert 1e8 < device.dram_bw_bytes_per_s <= device.l2_bw_bytes_per_s <= device.smem_bw_bytes_per_s < 1e14
     assert 1e8 < device.elementwise_flops < device.peak_fp32_flops < 1e14
+    assert device.elementwise_flops < device.plain_flops < 1e14  # math functions cost more per counted flop
     assert 0 < device.launch_overhead_s < 1e-3 and 0 < device.grid_barrier_s < 1e-3
     for key in TIMED:
         assert device.source_of(key) == "measured", key
@@ -74,7 +75,7 @@ def test_a_pass_taken_under_interference_does_not_set_the_figures(monkeypatch):
     passes = iter([loaded, quiet, loaded])
     monkeypatch.setattr(host, "_timed_figures", lambda *a: next(passes))
     monkeypatch.setattr(host, "PROBE_GAP_S", 0.0)
-    monkeypatch.setattr(host, "_codegen_rates", lambda device: (1.0e11, 7.9e9))
+    monkeypatch.setattr(host, "_codegen_rates", lambda device: (1.0e11, 7.9e9, 4.0e10))
     device = host.probe_host(1)
     assert next(passes, None) is None  # every pass was taken
     assert (device.dram_bw_bytes_per_s, device.l2_bw_bytes_per_s, device.smem_bw_bytes_per_s) == (2.4e10, 7.5e10, 3.0e11)
@@ -113,6 +114,7 @@ def test_bad_thread_count_is_one_line(monkeypatch):
     ("kind", "tpu", "'kind' must be one of gpu, cpu"),
     ("vector_lanes", 0, "'vector_lanes' must be an integer from 1 to 64"),
     ("elementwise_flops", float("nan"), "'elementwise_flops' must be a number"),
+    ("plain_flops", -1, "'plain_flops' must be a number"),
     ("description", "x" * 300, "'description' must be a string of at most 200"),
 ])
 def test_device_files_check_the_cpu_fields(tmp_path, key, value, message):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engine.schedule.cost import LINE, estimate_group, lines_of
 from engine.schedule.plan import Conn
 from engine.schedule.tiles import make_tile, search_group
@@ -198,6 +200,31 @@ def test_the_host_model_charges_a_short_row_sum_more_per_flop_than_a_long_one(tm
             per[name, dev.kind] = sum(g.cost.terms_us["compute"] for g in plan.groups)
     assert per["short", "cpu"] > 3 * per["long", "cpu"]
     assert per["short", "gpu"] < 2 * per["long", "gpu"]
+
+
+@pytest.mark.parametrize(("op", "low", "high"), [("Relu", 0.0, 0.2), ("Exp", 0.7, 0.9)])
+def test_the_host_model_charges_math_ops_and_plain_arithmetic_at_their_own_rates(tmp_path, op, low, high):
+    """A CPU device with a plain-arithmetic rate 8x its math rate: a row sum over Relu (plain flops only) models
+    about 1/8 of its compute at the one rate; over Exp (4 math flops an element to 1 plain add) about 0.83 of it.
+    Without plain_flops the one rate charges everything, as before."""
+    import sys
+    from pathlib import Path
+
+    from engine.device import Device, get_device
+    from engine.schedule.pipeline import plan_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
+    from test_count_loops import _row_sums
+
+    one = Device.from_dict(get_device("a100").to_dict() | {"name": "cpu16", "kind": "cpu", "vector_lanes": 16,
+                                                           "elementwise_flops": 1e9})
+    two = Device.from_dict(one.to_dict() | {"name": "cpu16p", "plain_flops": 8e9})
+    graph = _row_sums(tmp_path / "rows.onnx", 256, 48, op)
+    compute = {}
+    for dev in (one, two):
+        _, plan = plan_model(graph, "unfused", dev)
+        compute[dev.name] = sum(g.cost.terms_us["compute"] for g in plan.groups)
+    assert low * compute["cpu16"] < compute["cpu16p"] < high * compute["cpu16"]
 
 
 def _two_core_host():
