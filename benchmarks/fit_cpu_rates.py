@@ -1,11 +1,11 @@
-"""What two per-element rates would buy the host cost model: a study, not a change to it. The model charges every
-per-element flop (all but the GEMM / direct-conv micro-tiles) at one rate, `elementwise_flops`, which the host
-probe measures on a chain of math functions (erf, sigmoid, tanh). Plain arithmetic (a layer norm's sums,
-differences and scales) runs several times faster per counted flop, so kernels made of it are over-charged
-(zoo bert's stitched layer norms: 79 µs modeled, 11 measured on the Zen 3). This script splits each measured
-kernel's per-element flops into math flops (ops in OP_FLOPS: exp, erf, tanh, sigmoid, sin, cos, div, sqrt, ...,
-as the kernel IR's count weighs them) and plain flops, recharges them at a math rate T and a plain rate P, and
-prints Spearman's rho and the median factor per model, for the probe's one rate and for a grid of (T, P).
+"""What two per-element rates buy the host cost model, and which pair fits: a study. The model charges math ops
+(E.OP_FLOPS: exp, erf, tanh, sigmoid, sin, cos, div, sqrt, ...) and idle vector lanes at `elementwise_flops`,
+which the host probe measures on a chain of math functions, and plain arithmetic at `plain_flops` (a chain of
+adds, products, ...); a device without plain_flops charges all of it at the one rate, as the model did before
+(zoo bert's stitched layer norms: 79 µs modeled, 11 measured on a Zen 3, benchmarks/NOTES.md "tworate"). This
+script splits each measured kernel's per-element flops into math, plain and idle-lane flops, recharges them at
+a math rate T and a plain rate P, and prints Spearman's rho and the median factor per model, for the device's
+own rates and for the best (T, P) of a grid.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/fit_cpu_rates.py CM.json [--device host] [--math 3,5,7,9]
         [--plain 8,16,24,32,48]
@@ -14,7 +14,7 @@ CM.json: `bench_cost_model.py --json` of the same commit and device (its plans a
 schedule cache, and a kernel whose modeled time differs from the file's is left out). An approximation, said
 plainly: each kernel's compute term is scaled by (new compute / old compute) summed over its segments, and
 its time recomposed as max(memory, compute) with the file's wave quantisation, launch and barrier terms —
-not estimate_group run per segment with two rates (that is the change this study argues for).
+not estimate_group run per segment.
 """
 
 from __future__ import annotations
@@ -31,26 +31,25 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def split_flops(uses) -> tuple[float, float, float]:
-    """(tiled, math, plain + idle lanes) flops of one kernel's whole grid, from its segments' SegmentUse."""
+def split_flops(uses) -> tuple[float, float, float, float]:
+    """(tiled, math + idle lanes, plain) flops of one kernel's whole grid, from its segments' SegmentUse, as
+    cost.estimate_group charges them (idle lanes at the math rate)."""
     tiled = math_flops = plain = 0.0
     for u in uses:
         per_grid = u.tile.blocks / max(1, u.tile.row_split)
-        share = sum(u.work.op_flops.values()) / u.work.flops if u.work.flops else 0.0
-        per_element = (u.flops_fp32 - u.flops_tiled) * per_grid
-        m = min(per_element, share * u.flops_fp32 * per_grid)
         tiled += u.flops_tiled * per_grid
-        math_flops += m
-        plain += per_element - m + u.flops_idle_lanes * per_grid
+        math_flops += (u.flops_math + u.flops_idle_lanes) * per_grid
+        plain += (u.flops_fp32 - u.flops_tiled - u.flops_math) * per_grid
     return tiled, math_flops, plain
 
 
-def recharge(row: dict, peak: float, one_rate: float, t: float, p: float) -> float:
-    """The kernel's modeled µs with its per-element flops at math rate `t` and plain rate `p`."""
+def recharge(row: dict, peak: float, rates: tuple[float, float], t: float, p: float) -> float:
+    """The kernel's modeled µs with its per-element flops at math rate `t` and plain rate `p` in place of
+    the device's (`rates`: math, plain)."""
     terms = row["terms"]
     compute, memory = terms["compute"], terms["dram"] + terms["l2"] + terms["shared"]
     tiled, m, plain = row["flops"]
-    old = tiled / peak + (m + plain) / one_rate
+    old = tiled / peak + m / rates[0] + plain / rates[1]
     if compute <= 0 or old <= 0:
         return row["modeled"]
     new = compute * (tiled / peak + m / t + plain / p) / old
@@ -77,7 +76,9 @@ def main() -> int:
     from engine.tilegraph.tilegraph import segments_of
 
     device = get_device(args.device)
-    peak, one_rate = device.peak_fp32_flops, device.elementwise_flops or device.peak_fp32_flops
+    peak = device.peak_fp32_flops
+    one_rate = device.elementwise_flops or device.peak_fp32_flops
+    rates = (one_rate, device.plain_flops or one_rate)
     rows, skipped = [], 0
     for entry in json.loads(args.cm.read_text()):
         graph0 = load_graph(ROOT / "samples" / "zoo" / f"{entry['model']}.onnx")
@@ -99,7 +100,7 @@ def main() -> int:
         per, mod_all, mea_all = {}, [], []
         for model in sorted({r["model"] for r in rows}):
             mine = [r for r in rows if r["model"] == model]
-            mod = [recharge(r, peak, one_rate, t, p) for r in mine]
+            mod = [recharge(r, peak, rates, t, p) for r in mine]
             mea = [r["measured"] for r in mine]
             per[model] = (spearman(mod, mea), math.exp(statistics.median(abs(math.log(a / b)) for a, b in zip(mea, mod))))
             mod_all += mod
@@ -109,11 +110,11 @@ def main() -> int:
 
     tiled, m, plain = (sum(r["flops"][i] for r in rows) for i in range(3))
     print(f"{len(rows)} kernels ({skipped} left out: modeled time differs from the file's); flops: tiled "
-          f"{tiled / 1e9:.2f} G, math {m / 1e9:.2f} G, plain {plain / 1e9:.2f} G; probe: GEMM peak {peak / 1e9:.1f}, "
-          f"per-element {one_rate / 1e9:.2f} GFLOP/s\n")
+          f"{tiled / 1e9:.2f} G, math and idle lanes {m / 1e9:.2f} G, plain {plain / 1e9:.2f} G; device: GEMM peak {peak / 1e9:.1f}, "
+          f"math {rates[0] / 1e9:.2f}, plain {rates[1] / 1e9:.2f} GFLOP/s\n")
     grid = [(t * 1e9, p * 1e9) for t in map(float, args.math.split(",")) for p in map(float, args.plain.split(","))]
     best = min(grid, key=lambda tp: score(*tp)[1])
-    cases = [("probe's one rate", one_rate, one_rate), ("best of the grid", *best)]
+    cases = [("the device's rates", *rates), ("best of the grid", *best)]
     models = sorted({r["model"] for r in rows})
     print("| rates (GFLOP/s) | all: ρ | all: factor | " + " | ".join(f"{m} ρ / factor" for m in models) + " |")
     print("|---|---:|---:|" + "---|" * len(models))
