@@ -482,13 +482,15 @@ def estimate_group(
     # loops) at the rates the host probe measured for generated per-element code: math ops (exp, erf, tanh,
     # div, ...: E.OP_FLOPS) and the flop slots its short vector loops leave idle (`idle_lanes`; 0 on a GPU) at
     # `elementwise_flops`, plain arithmetic at `plain_flops` (several times faster: zoo bert's stitched layer
-    # norms modeled 79 µs at the one math rate and measured 11 on a Zen 3, benchmarks/NOTES.md "tworate"). Tensor-core flops go at the peak of the
-    # instruction printed: m16n8k8 .tf32 at the TF32 peak, m16n8k16 .f16 and .bf16 at the fp16 (fp32-accumulate)
+    # norms modeled 79 µs at the one math rate and measured 11 on a Zen 3, benchmarks/NOTES.md "tworate").
+    # Tensor-core flops go at the peak of the instruction printed: m16n8k8 .tf32 at the TF32 peak, m16n8k16 .f16 and .bf16 at the fp16 (fp32-accumulate)
     # peak (the A100/H100 datasheets give BF16 the same dense peak as FP16); an fp16 GEMM the printer left on the FMA micro-tile (a V100, an odd tile) is fp32 FMA work.
     elementwise = device.elementwise_flops or device.peak_fp32_flops
     plain = device.plain_flops or elementwise
 
     def seg_terms(k: int) -> list[float]:
+        # One rate (every GPU preset, device files without plain_flops): the expression as before, so those
+        # plans' costs stay bit-identical and their tile choices with them.
         per_element = ((fp32[k] - tiled[k] + idle[k]) / elementwise if plain == elementwise else
                        (maths[k] + idle[k]) / elementwise + (fp32[k] - tiled[k] - maths[k]) / plain)
         compute = (tiled[k] / device.peak_fp32_flops + per_element
