@@ -118,7 +118,7 @@ elif variant == "tight":
 
     def tight(graph, members, seg, conns, tile, device, *rest):
         got = list(work(graph, members, seg, conns, tile, device, *rest))
-        _, macs, other = floor.work_floor(graph, seg, conns, got[4]) if tile.row_split == 1 else (0.0, 0.0, 0.0)
+        _, macs, other, _ = floor.work_floor(graph, seg, conns, got[4]) if tile.row_split == 1 else (0.0,) * 4
         rate = device.elementwise_flops or device.peak_fp32_flops
         got[2] = (macs + other) / rate * tile.blocks / max(1, tile.row_split)
         return tuple(got)

@@ -93,14 +93,19 @@ def _segment_work(graph: PrimGraph, members: set, seg: Sequence[str], conns: Map
     per_block = tile.blocks / max(1, tile.row_split)
     dram = C._read_dram(graph, members, C._read_lines(graph, regions), per_block, device, in_llc,
                         dict(earlier) if earlier else None)  # _read_dram adds to it
-    glob, macs, other = work_floor(graph, seg, conns, regions) if tile.row_split == 1 else (0.0, 0.0, 0.0)
+    glob, macs, other, maths = work_floor(graph, seg, conns, regions) if tile.row_split == 1 else (0.0,) * 4
     # A contraction may run on tensor cores (the plan option tf32, fp16 operands: codegen/mma.py):
     # its multiply-adds at the fastest rate the device has keep this a floor either way.
-    # Per-element work at the faster of the model's two per-element rates (math, plain: cost.estimate_group).
-    elementwise = max(device.elementwise_flops or device.peak_fp32_flops, device.plain_flops)
+    # Per-element work at the model's two per-element rates (cost.estimate_group): its math ops at the math
+    # rate, the rest at the faster of the two. The kernel IR counts at least `maths` math flops and at least
+    # `other` flops in all, so with the math rate the slower this stays under the model's charge whatever the
+    # IR adds to either; where the probe found the math rate the faster (or one rate), all go at the faster.
+    math_rate = device.elementwise_flops or device.peak_fp32_flops
+    elementwise = max(math_rate, device.plain_flops)
     fastest = max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops,
                   device.peak_fp16_tensor_flops if f16_mma(device) or bf16_mma(device) else 0.0)
-    compute = macs / fastest + other / elementwise
+    compute = macs / fastest + (other / elementwise if elementwise == math_rate else
+                                (other - maths) / elementwise + maths / math_rate)
     return dram + written, glob * per_block, compute * per_block, (macs + other) * per_block, regions
 
 
@@ -221,20 +226,23 @@ def flops_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
         return got[3]
     if tile.row_split != 1:
         return 0.0
-    _, macs, other = work_floor(graph, segment, conns, C.segment_regions(graph, segment, conns, tile))
+    _, macs, other, _ = work_floor(graph, segment, conns, C.segment_regions(graph, segment, conns, tile))
     return (macs + other) * tile.blocks
 
 
-def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, regions: GroupRegions) -> tuple[float, float, float]:
-    """(global bytes, contraction flops, other flops) the kernel IR of one block of `segment` counts at
-    least, from its regions. A stage not inlined is computed on every element of its region; an inlined
+def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
+               regions: GroupRegions) -> tuple[float, float, float, float]:
+    """(global bytes, contraction flops, other flops, the math ops' share of them) the kernel IR of one block
+    of `segment` counts at least, from its regions. A stage not inlined is computed on every element of its region; an inlined
     one at least on what a consumer so computed reads of it through a box load (`dense`). Global bytes:
     every element a box load reads of a tensor from outside the segment is loaded at least once, and a
     tensor only one stage loads is loaded per evaluation of each of its load nodes (loads under a
     select's branches left out: the printer may load one of them); the anchor stores its tile. Flops: a
     contraction's multiply-add per term (a GEMM or convolution computes per factor), and each operation
     of another stage's body (outside selects) per evaluation — counting no operation another stage of
-    the segment has too, indices aside (inlined, the printer may share one value)."""
+    the segment has too, indices aside (inlined, the printer may share one value). Math ops (`_math`: exp,
+    div, ... as the kernel IR's `Work.op_flops` counts them) are a part of the other flops the IR counts at
+    least as often."""
     recipe = _recipe(graph, segment, conns, regions.anchor)
     dense: dict[str, Box | None] = {}
     for s, reads in recipe.order:  # consumers before their producers
@@ -249,7 +257,7 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, regions
                     best = box
         dense[s] = best
     most: dict[str, int] = {}
-    macs = other = 0.0
+    macs = other = maths = 0.0
     for s, st, outside, mac, per_elem, ops, loads in recipe.stages:
         box = dense.get(s)
         if box is None:
@@ -263,14 +271,18 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, regions
         # the node depends on the reduce variables), an inlined one once per binding of the node's free
         # variables at least: its consumer's loops may hoist it out of a loop that does not bind them.
         own = s in recipe.own
-        other += sum(flops * _evaluations(st, box, v, own) for flops, v in ops)
+        for flops, v, math_op in ops:
+            n = flops * _evaluations(st, box, v, own)
+            other += n
+            maths += n if math_op else 0.0
         each: dict[str, int] = {}
         for t, v in loads:
             each[t] = each.get(t, 0) + _evaluations(st, box, v, own)
         for t, n in each.items():
             most[t] = max(most.get(t, 0), n)
     loads = sum(n * graph.specs[t].dtype.itemsize for t, n in most.items())
-    return float(loads + box_size(regions.stages.get(regions.anchor)) * recipe.store_itemsize), float(macs), float(other)
+    return (float(loads + box_size(regions.stages.get(regions.anchor)) * recipe.store_itemsize), float(macs),
+            float(other), float(maths))
 
 
 @dataclass(frozen=True)
@@ -279,7 +291,7 @@ class _Recipe:
 
     order: tuple  # (stage, None when not inlined else ((consumer, its Stage, box load index), ...))
     stages: tuple  # (stage, Stage, ((outside tensor, box load index), ...), macs and flops per element,
-    #                ((flops, free variables) per distinct operation), ((outside tensor only it loads,
+    #                ((flops, free variables, math op) per distinct operation), ((outside tensor only it loads,
     #                free variables) per distinct load))
     store_itemsize: int
     own: frozenset  # stages computed in a phase of their own (not inlined)
@@ -305,7 +317,7 @@ def _make_recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, ancho
     # only in their indices may become one value. Only what no other stage has, indices aside, counts.
     seen: dict = {}
     for s in names:
-        for k in {k for k, _, _ in nodes[s][0]}:
+        for k in {op[0] for op in nodes[s][0]}:
             seen[k] = seen.get(k, 0) + 1
     readers: dict[str, int] = {}
     for s in names:
@@ -322,10 +334,10 @@ def _make_recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, ancho
             stages.append((s, st, outside, mac if st.kind == StageKind.CONTRACTION else 0.0,
                            0.0 if st.kind == StageKind.CONTRACTION else mac, (), ()))
             continue
-        ops = tuple((flops, v) for k, flops, v in nodes[s][0] if seen[k] == 1)
+        ops = tuple((flops, v, math_op) for k, flops, v, math_op in nodes[s][0] if seen[k] == 1)
         if st.reduce:  # the combine, once per term of every distinct row the body reads
             used = frozenset().union(*(v for _, v in nodes[s][1]), *(v for _, v in nodes[s][0]))
-            ops += ((1, frozenset(f"r{k}" for k in range(len(st.reduce))) | {v for v in used if v[0] == "i"}),)
+            ops += ((1, frozenset(f"r{k}" for k in range(len(st.reduce))) | {v for v in used if v[0] == "i"}, False),)
         loads = tuple((t, v) for t, v in nodes[s][1] if t not in members and readers.get(t) == 1)
         stages.append((s, st, outside, 0.0, 0.0, ops, loads))
     own = frozenset(s for s, reads in order if reads is None)
@@ -365,7 +377,7 @@ def body_nodes(stage: Stage) -> tuple[tuple, tuple]:
     """(operations, loads) of `stage`'s body outside any select's branches (a select's condition
     included; operations on indices alone left out), each distinct node once with its free variables:
     operations as (index-erased key, flops,
-    variables), loads as (tensor, variables), padded loads left out (the kernel IR loads none of their
+    variables, whether the kernel IR counts it as a math op: `_math`), loads as (tensor, variables), padded loads left out (the kernel IR loads none of their
     out-of-range reads: a padded max pool's border tiles count fewer loads than its typical tile's).
     Memoised like `box_loads`."""
     key = ("nodes", id(stage.body), stage.name)
@@ -378,11 +390,17 @@ def body_nodes(stage: Stage) -> tuple[tuple, tuple]:
         # An operation on indices alone (a concatenation's `i0 == 3` arm conditions) is index arithmetic
         # the printer may fold per tile or row: the kernel IR's count may hold none of it (zoo-like lstm's
         # 32-arm concatenation of steps, on a host whose figures made it a segment of its own).
-        value = (tuple((_erased(n), E.op_flops(n), v) for n, v in ops.items()
+        value = (tuple((_erased(n), E.op_flops(n), v, _math(n)) for n, v in ops.items()
                        if any(isinstance(x, E.Load) for x in E.walk(n))),
                  tuple((n.tensor, v) for n, v in loads.items()))
         hit = table.put(key, (stage.body, value))
     return hit[1]
+
+
+def _math(n: E.Expr) -> bool:
+    """Whether the kernel IR counts node `n`'s flops as a math op's (`count.Work.op_flops`), which the host
+    model charges at its math rate."""
+    return isinstance(n, (E.Unary, E.Binary)) and n.op in E.OP_FLOPS and not E.small_pow(n)
 
 
 def _free(e: E.Expr, ops: dict, loads: dict, seen: dict, plain: bool) -> frozenset:

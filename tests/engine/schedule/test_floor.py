@@ -38,9 +38,10 @@ def _check_plan_segments(graph, plan, device) -> int:
             cost = estimate_group(graph, group.stages, conns, trial, device, segs=segs)
         except (CountBudgetError, PlanError):
             continue  # refused by the search's checks: never costed
-        glob, macs, other = work_floor(graph, seg, conns, use.regions)
+        glob, macs, other, maths = work_floor(graph, seg, conns, use.regions)
         assert glob <= use.global_bytes * (1 + SLACK) + SLACK, (seg, tile, glob, use.global_bytes)
         assert macs + other <= use.flops_fp32 * (1 + SLACK) + SLACK, (seg, tile, macs, other, use.flops_fp32)
+        assert maths <= min(other, use.flops_math) * (1 + SLACK) + SLACK, (seg, tile, maths, use.flops_math)
         if device.kind == "cpu" and len(segs) == 1 and serial_for_sure(graph, seg, conns, tile, use.regions):
             assert cost.serial_segments == 1, (group.name, tile)  # the floor charged it on one core
         local: dict = {}
@@ -76,6 +77,29 @@ def test_floor_is_tight_on_a_gemm_segment():
         ratios.append(floor_us(graph, group.stages, conns, group.segments, device, segs) / modeled)
     assert max(ratios) <= 1.0 + 1e-5  # modeled_us is rounded to 1e-4 us
     assert sum(r > 0.5 for r in ratios) >= len(ratios) // 2, ratios
+
+
+def test_floor_charges_math_ops_at_the_math_rate():
+    """On the host (two per-element rates) a lone tanh, exp or div kernel's floor is its modeled time: the
+    floor counts the math ops the kernel IR counts and charges them at the math rate, as the model does (at
+    the faster plain rate it was a fifth of it, and every tied candidate of such a segment was costed)."""
+    device = get_device("host")
+    assert device.plain_flops > device.elementwise_flops  # the host probe's two rates
+    root = Path(__file__).resolve().parents[3] / "samples"
+    checked = 0
+    for name in ("gelu_chain", "masked_softmax"):
+        graph, plan = plan_model(load_graph(root / f"{name}.onnx"), "unfused", device)
+        conns = {e.key: e.conn for e in plan.edges}
+        for group in plan.groups:
+            segs = segments_of(graph, group.stages, conns)
+            use = segment_use(graph, segs[0], conns, group.segments[0], device=device)
+            if not use.flops_math:
+                continue
+            assert work_floor(graph, segs[0], conns, use.regions)[3] == use.flops_math, group.name
+            modeled = estimate_group(graph, group.stages, conns, group.segments, device, segs=segs).modeled_us
+            assert floor_us(graph, group.stages, conns, group.segments, device, segs) == pytest.approx(modeled, rel=1e-5)
+            checked += 1
+    assert checked >= 2
 
 
 @pytest.mark.parametrize("policy", ["unfused", "welder"])

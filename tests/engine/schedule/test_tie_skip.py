@@ -77,7 +77,7 @@ def test_a_padded_pool_loads_no_more_than_its_count(tmp_path):
     pool = next(s.name for s in graph.stages if s.op == "maxpool")
     for tile in tiles.candidate_tiles(graph, [pool], pool, dev, "tiles"):
         use = segment_use(graph, [pool], {}, tile, device=dev)
-        glob, _, _ = floor.work_floor(graph, [pool], {}, use.regions)
+        glob, _, _, _ = floor.work_floor(graph, [pool], {}, use.regions)
         assert glob <= use.global_bytes * (1 + 1e-9), (tile, glob, use.global_bytes)
 
 
