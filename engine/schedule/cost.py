@@ -134,7 +134,47 @@ def segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
     key = (graph.structural_hash, tuple(segment), inner_edges(graph, segment, conns), tile, exact, device,
            tf32_allowed())
     return memo("cost.segment_use", 50000).lookup(
-        key, lambda: _segment_use(graph, segment, conns, tile, members, exact, device))
+        key, lambda: _alike_segment_use(graph, segment, conns, tile, members, exact, device))
+
+
+def _alike_segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members: set,
+                       exact: bool, device: Device | None) -> SegmentUse:
+    """`_segment_use`, shared by the segments of one structure in a graph: kept under the segment's
+    signature (`tiles.group_signature`: its stages, shapes, bodies and inner connections with the names
+    canonical, and which stages are read outside it) with the connections of its edges out, its tile on the
+    canonical anchor, and renamed to each segment's own names on the way out. A repeated layer's segments
+    then build and count one kernel per tile: bert12's first layer and the next grow groups of different
+    stages (the embeddings lead the first), so their group searches are not the same, but their segments
+    are (benchmarks/NOTES.md "alikeseg")."""
+    from engine.schedule.tiles import canonical_names, group_signature
+
+    names = canonical_names(graph, segment)
+    out = tuple((names[p], tuple(sorted(str(conns.get((p, c), Conn.KERNEL)) for c in graph.consumers.get(p, ())
+                                        if c not in members))) for p in segment)
+    key = (graph.structural_hash, group_signature(graph, segment, conns), out,
+           dataclasses.replace(tile, stage=names[tile.stage]), exact, device, tf32_allowed())
+    table = memo("cost.segment_use_alike", 50000)
+    hit = table.get(key)
+    if hit is not None:
+        return _renamed_use(hit, {v: k for k, v in names.items()})
+    use = _segment_use(graph, segment, conns, tile, members, exact, device)
+    table.put(key, _renamed_use(use, names))
+    return use
+
+
+def _renamed_use(use: SegmentUse, m: Mapping[str, str]) -> SegmentUse:
+    """`use` with its stage and tensor names mapped through `m` (names it does not hold kept)."""
+    def keys(d: Mapping) -> dict:
+        return {m.get(k, k): v for k, v in d.items()}
+
+    r = use.regions
+    work = use.work if use.work is None else dataclasses.replace(
+        use.work, evals=keys(use.work.evals), loop_flops=dict(use.work.loop_flops), op_flops=dict(use.work.op_flops))
+    return dataclasses.replace(
+        use, stages=tuple(m.get(s, s) for s in use.stages), tile=dataclasses.replace(use.tile, stage=m.get(use.tile.stage, use.tile.stage)),
+        regions=GroupRegions(m.get(r.anchor, r.anchor), keys(r.stages), keys(r.inputs), r.exact),
+        evaluations=keys(use.evaluations), read_lines=keys(use.read_lines), work=work,
+        completion=tuple(m.get(s, s) for s in use.completion), reach=keys(use.reach))
 
 
 def _segment_use(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: Tile, members,

@@ -172,3 +172,30 @@ def test_body_template_misses_for_a_changed_body(attn_graph):
         first = tiles._body_template(stage)
         assert tiles._body_template(other) != first
         assert tiles._body_template(stage) == first
+
+
+@pytest.mark.parametrize("policy", ["unfused", "welder"])
+def test_alike_segments_share_one_count_and_keep_their_names(policy, monkeypatch):
+    """Segments of one structure (a repeated layer's) build and count one kernel per tile: the second is served
+    from the first's entry renamed (`cost._alike_segment_use`), equal to its own count field by field."""
+    device = get_device("host")
+    with Caches("alike-plan").active():
+        graph, plan = plan_model(load_graph(SAMPLES / "zoo" / "bert.onnx"), policy, device)
+    conns = {e.key: e.conn for e in plan.edges}
+    work = [(seg, tile) for g in plan.groups for seg, tile in zip(segments_of(graph, g.stages, conns), g.segments)]
+    counted = []
+    inner = cost._segment_use
+
+    def watched(graph, segment, *a, **k):
+        counted.append(tuple(segment))
+        return inner(graph, segment, *a, **k)
+
+    monkeypatch.setattr(cost, "_segment_use", watched)
+    with Caches("alike").active():
+        got = [cost.segment_use(graph, seg, conns, tile, device=device) for seg, tile in work]
+    monkeypatch.setattr(cost, "_segment_use", inner)
+    for (seg, tile), use in zip(work, got):
+        assert use == inner(graph, seg, conns, tile, set(seg), False, device), seg
+        assert use.stages == tuple(seg) and use.tile == tile
+    if policy == "unfused":  # the second layer's stages are the first's
+        assert len(counted) < len(work) * 3 // 4, (len(counted), len(work))
