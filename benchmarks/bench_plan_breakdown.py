@@ -25,7 +25,9 @@ their pass's best, other than the first such (ties the rank breaks by traffic an
         [--variant base] [--variant cap=4] [--variant tree=/tmp/before] ... [--rounds 3]
 
 `--rounds N` plans each cell N times, the variants in turn (their order reversed every other round), and
-prints the run of median wall time (the counts are the same every run: the plan is deterministic).
+prints the run of median wall time, and the median CPU seconds of the planning process ("cpu s": less
+sensitive than the wall clock to other jobs on a shared machine; the counts are the same every run: the plan
+is deterministic).
 """
 
 from __future__ import annotations
@@ -133,10 +135,10 @@ elif variant != "base":
     raise SystemExit(f"unknown variant {variant!r}")
 
 device, graph = get_device(device_name), load_graph(model)
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 _, plan = plan_model(graph, "welder", device)
-wall = time.perf_counter() - t0
-print(json.dumps({"wall": wall, "spent": spent, "calls": calls, "kernels": len(plan.groups),
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps({"wall": wall, "cpu": cpu, "spent": spent, "calls": calls, "kernels": len(plan.groups),
                   "modeled_us": sum(g.cost.modeled_us for g in plan.groups if g.cost)}))
 """
 
@@ -182,25 +184,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     variants = args.variant or ["base"]
-    print("| model | device | variant | wall s | walk | stitch | rest | builds s | counts s | floors s | other s "
-          "| trials | passes | kernels built | floors | plan kernels | modeled us | speed vs first | costed | tied |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | device | variant | wall s | cpu s | walk | stitch | rest | builds s | counts s | floors s | other s "
+          "| trials | passes | kernels built | floors | plan kernels | modeled us | speed vs first | cpu vs first | costed | tied |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for model in models_of(args.models):
         for device in args.devices.split(","):
             runs: dict[str, list[dict]] = {v: [] for v in variants}
             for k in range(args.rounds):
                 for variant in (variants if k % 2 == 0 else variants[::-1]):
                     runs[variant].append(cell(model, device, variant))
-            base_wall = None
+            base_wall = base_cpu = None
             for variant in variants:
                 r = sorted(runs[variant], key=lambda x: x["wall"])[(len(runs[variant]) - 1) // 2]
+                cpu = sorted(x["cpu"] for x in runs[variant])[(len(runs[variant]) - 1) // 2]
                 s, c = r["spent"], r["calls"]
                 parts = s["build"] + s["count"] + s["floor"]
                 base_wall = r["wall"] if base_wall is None else base_wall
-                print(f"| {model.stem} | {device} | {variant} | {r['wall']:.2f} | {s['walk']:.2f} | {s['stitch']:.2f} | "
+                base_cpu = cpu if base_cpu is None else base_cpu
+                print(f"| {model.stem} | {device} | {variant} | {r['wall']:.2f} | {cpu:.2f} | {s['walk']:.2f} | {s['stitch']:.2f} | "
                       f"{r['wall'] - s['walk'] - s['stitch']:.2f} | {s['build']:.2f} | {s['count']:.2f} | "
                       f"{s['floor']:.2f} | {r['wall'] - parts:.2f} | {c['trials']} | {c['passes']} | {c['builds']} | "
-                      f"{c['floors']} | {r['kernels']} | {r['modeled_us']:.1f} | {base_wall / r['wall']:.2f}x | "
+                      f"{c['floors']} | {r['kernels']} | {r['modeled_us']:.1f} | {base_wall / r['wall']:.2f}x | {base_cpu / cpu:.2f}x | "
                       f"{c['costed']} | {c['tied']} |",
                       flush=True)
     return 0
