@@ -171,7 +171,8 @@ def _renamed_use(use: SegmentUse, m: Mapping[str, str]) -> SegmentUse:
     work = use.work if use.work is None else dataclasses.replace(
         use.work, evals=keys(use.work.evals), loop_flops=dict(use.work.loop_flops), op_flops=dict(use.work.op_flops))
     return dataclasses.replace(
-        use, stages=tuple(m.get(s, s) for s in use.stages), tile=dataclasses.replace(use.tile, stage=m.get(use.tile.stage, use.tile.stage)),
+        use, stages=tuple(m.get(s, s) for s in use.stages),
+        tile=dataclasses.replace(use.tile, stage=m.get(use.tile.stage, use.tile.stage)),
         regions=GroupRegions(m.get(r.anchor, r.anchor), keys(r.stages), keys(r.inputs), r.exact),
         evaluations=keys(use.evaluations), read_lines=keys(use.read_lines), work=work,
         completion=tuple(m.get(s, s) for s in use.completion), reach=keys(use.reach))

@@ -233,8 +233,8 @@ def flops_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping, tile: 
 def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
                regions: GroupRegions) -> tuple[float, float, float, float]:
     """(global bytes, contraction flops, other flops, the math ops' share of them) the kernel IR of one block
-    of `segment` counts at least, from its regions. A stage not inlined is computed on every element of its region; an inlined
-    one at least on what a consumer so computed reads of it through a box load (`dense`). Global bytes:
+    of `segment` counts at least, from its regions. A stage not inlined is computed on every element of its
+    region; an inlined one at least on what a consumer so computed reads of it through a box load (`dense`). Global bytes:
     every element a box load reads of a tensor from outside the segment is loaded at least once, and a
     tensor only one stage loads is loaded per evaluation of each of its load nodes (loads under a
     select's branches left out: the printer may load one of them); the anchor stores its tile. Flops: a
@@ -376,9 +376,9 @@ def _is_product(body: E.Expr) -> bool:
 def body_nodes(stage: Stage) -> tuple[tuple, tuple]:
     """(operations, loads) of `stage`'s body outside any select's branches (a select's condition
     included; operations on indices alone left out), each distinct node once with its free variables:
-    operations as (index-erased key, flops,
-    variables, whether the kernel IR counts it as a math op: `_math`), loads as (tensor, variables), padded loads left out (the kernel IR loads none of their
-    out-of-range reads: a padded max pool's border tiles count fewer loads than its typical tile's).
+    operations as (index-erased key, flops, variables, whether the kernel IR counts it as a math op: `_math`),
+    loads as (tensor, variables), padded loads left out (the kernel IR loads none of their out-of-range reads:
+    a padded max pool's border tiles count fewer loads than its typical tile's).
     Memoised like `box_loads`."""
     key = ("nodes", id(stage.body), stage.name)
     table = memo("floor.box_loads", 50000)
