@@ -80,11 +80,11 @@ def c_decisions(kernel: Kernel, lanes: int) -> Kernel:
     """The C printer's choices for `kernel` on a CPU with `lanes`-float vectors, recorded in its IR:
     `block_convs`, `split_chains`, `window_interiors`, `block_gemms`, `schedule_segments`, `cache_rows`,
     then `reciprocal_rows` (the row caches hold the terms as the bodies read before it), `cache_lines`
-    and `sum_columns` (on the bodies after it). Run after conv.conv_dot_products, whose convs keep their
+    and `sum_columns` (on the bodies after it), and last `split_ranges` (on the bodies as printed). Run after conv.conv_dot_products, whose convs keep their
     dot-product form."""
     kernel = window_interiors(split_chains(block_convs(kernel, lanes)))
     kernel = cache_rows(schedule_segments(block_gemms(kernel, lanes)))
-    return dataclasses.replace(sum_columns(cache_lines(reciprocal_rows(kernel))), c_lanes=lanes)
+    return dataclasses.replace(split_ranges(sum_columns(cache_lines(reciprocal_rows(kernel)))), c_lanes=lanes)
 
 
 def for_c(program: Program) -> Program:
@@ -633,6 +633,101 @@ def _line_values(body, var: str) -> list:
             continue
         stack.extend(E.children(e))
     return found
+
+
+# ---- index-set splitting --------------------------------------------------------------------------------
+
+MAX_PIECES = 8  # pieces one innermost loop is split into at most (each prints the loop body once)
+
+
+def split_ranges(kernel: Kernel) -> Kernel:
+    """Per element-wise phase whose body tests its innermost output variable alone (affine) — a concatenation
+    along that axis (its select), a bounds guard or padded load along it — the positions where such a test
+    changes value (`index_cuts`, Phase.splits), where there are fewer than MAX_PIECES pieces between them.
+    The C printer runs the innermost loop in those pieces, each printed with the tests folded: a
+    branch-free vector loop. Under `omp simd` an `if` or a ternary becomes a mask and both sides run on
+    every lane: zoo nerf's stitched concatenation of a GEMM's 128 columns, 3 view directions and 12 + 12
+    sin/cos features ran the cosine (and every guarded load) on all 155 columns of each row, where the
+    work count charges it on the 12 it is taken on (measured 6.6x its modeled time, benchmarks/NOTES.md
+    "splitranges")."""
+    bare = kernel.stripped()
+    segments = []
+    for seg, bseg in zip(kernel.segments, bare.segments):
+        phases = []
+        for p, bp in zip(seg.phases, bseg.phases):
+            r = bp.region.rank
+            if bp.gemm is None and bp.conv is None and bp.combine is None and not bp.region.flat and r \
+                    and not one_wide(bp.region, r - 1):
+                cuts = index_cuts(bare, bp.body, f"i{r - 1}", bp.region.shape[r - 1])
+                if cuts and len(cuts) < MAX_PIECES:
+                    p = dataclasses.replace(p, splits=cuts)
+            phases.append(p)
+        segments.append(dataclasses.replace(seg, phases=tuple(phases)))
+    return dataclasses.replace(kernel, segments=tuple(segments))
+
+
+def index_cuts(kernel: Kernel, body, var: str, n: int) -> tuple[int, ...]:
+    """The positions 0 < t < n where a test in `body` of `var` alone changes value between var = t - 1 and
+    var = t: an index comparison against a constant (E.Select's condition), a Guard's or InBounds' bounds,
+    a padded load's bounds — each of an affine index k * var + c."""
+    cuts: set[int] = set()
+    for x in kwalk(body):
+        for k, c, test in _var_tests(kernel, x, var):
+            for m in test.edges:  # k * t + c crosses m near t = (m - c) / k: the flip lies among these
+                base = (m - c) // k
+                for t in range(base - 1, base + 3):
+                    if 0 < t < n and test(k * (t - 1) + c) != test(k * t + c):
+                        cuts.add(t)
+    return tuple(sorted(cuts))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Test:
+    """A test of one integer value: `op` against `m` (E.COMPARE_OPS), or 0 <= value < m for "in"."""
+
+    op: str
+    m: int
+
+    @property
+    def edges(self) -> tuple[int, ...]:
+        return (0, self.m) if self.op == "in" else (self.m,)
+
+    def __call__(self, v: int) -> bool:
+        return {"in": lambda: 0 <= v < self.m, "lt": lambda: v < self.m, "le": lambda: v <= self.m,
+                "gt": lambda: v > self.m, "ge": lambda: v >= self.m, "eq": lambda: v == self.m,
+                "ne": lambda: v != self.m}[self.op]()
+
+
+_FLIPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def _var_tests(kernel: Kernel, x, var: str) -> list[tuple[int, int, _Test]]:
+    """(k, c, test) for each test node `x` makes of an index k * var + c (var alone, k != 0)."""
+    from engine.codegen.kexpr import InBounds
+
+    def alone(ix) -> tuple[int, int] | None:
+        if isinstance(ix, I.Lin) and len(ix.terms) == 1 and ix.terms[0][0] == I.Var(var) and ix.terms[0][1]:
+            return ix.terms[0][1], ix.const
+        return None
+
+    out = []
+    if isinstance(x, E.Select) and isinstance(x.cond, E.Binary) and x.cond.op in E.COMPARE_OPS:
+        a, b, op = x.cond.a, x.cond.b, x.cond.op
+        if isinstance(a, E.Imm) and isinstance(b, E.IndexVal):
+            a, b, op = b, a, _FLIPPED[op]
+        if isinstance(a, E.IndexVal) and isinstance(b, E.Imm) and isinstance(b.value, int) \
+                and not isinstance(b.value, bool) and (kc := alone(a.expr)) is not None:
+            out.append((*kc, _Test(op, b.value)))
+    bounded = []
+    if isinstance(x, (Guard, InBounds)):
+        cond = x.cond if isinstance(x, Guard) else x
+        bounded = list(zip(cond.index, cond.shape))
+    elif isinstance(x, E.Load) and x.pad is not None and x.index:
+        bounded = list(zip(x.index, kernel.buffer(x.tensor).shape))
+    for ix, size in bounded:
+        if (kc := alone(ix)) is not None:
+            out.append((*kc, _Test("in", size)))
+    return out
 
 
 # ---- column-wise sums -----------------------------------------------------------------------------------

@@ -362,6 +362,10 @@ class Phase:
     tile_lines: tuple[object, ...] = ()
     # C target (ctarget.sum_columns): inlined sums (kexpr.Reduce) run column-wise before the innermost loop
     column_sums: tuple[object, ...] = ()
+    # C target (ctarget.split_ranges): positions of the innermost output axis (absolute, 0 < t < its size)
+    # where a condition of the body on that variable alone changes value; the innermost loop runs in the
+    # pieces between them, each printed with those conditions folded
+    splits: tuple[int, ...] = ()
     # Where tiles' regions overlap (a halo, rows every column tile needs), the elements this tile writes
     # to GLOBAL buffers: each element by one tile only (affine spans; a flat region only stands for the
     # count of a sampled segment). None: the whole region.
@@ -723,7 +727,9 @@ def program_to_json(program: Program) -> dict:
                           **({"launch_lines": [f"{c.name}: {kformat(c.value)} over {c.var} {c.lo}..{c.hi - 1}"
                                                for c in s.launch_lines]} if s.launch_lines else {}),
                           **({"tile_lines": {p.stage: [kformat(v) for v in p.tile_lines] for p in s.phases
-                                             if p.tile_lines}} if any(p.tile_lines for p in s.phases) else {})}
+                                             if p.tile_lines}} if any(p.tile_lines for p in s.phases) else {}),
+                          **({"splits": {p.stage: list(p.splits) for p in s.phases if p.splits}}
+                             if any(p.splits for p in s.phases) else {})}
                          for s in k.segments],
             "gemms": [{"stage": p.stage, **p.gemm.params} for s in k.segments for p in s.phases if p.gemm],
         })

@@ -1071,6 +1071,10 @@ class BodyWriter:
         self.picks = 0  # pointer picks emitted (pick_pointer)
         self.pointers: dict = {}  # pick chain -> its pointer (BodyWriter.pick_pointer; gemm_operand hoists some)
         self.loops = 0  # loops emitted (reductions, nested ones included): a loop around these lines is not innermost
+        # Fold index tests `ranges` decide (a select on an index comparison takes one arm, a guard or padded
+        # load inside or outside its tensor everywhere drops its check): the C printer's split pieces
+        # (ctarget.split_ranges) set it.
+        self.fold = False
 
     def fresh(self) -> str:
         self.counter[0] += 1
@@ -1123,6 +1127,45 @@ class BodyWriter:
             text = term if not text else f"({text}) * {dims[d]} + {term}"
         return text
 
+    def covered(self, index: tuple[I.Lin, ...], shape: tuple[int, ...]) -> bool | None:
+        """Whether `index` lies inside `shape` everywhere over `ranges` (True), nowhere (False), or either."""
+        inside = True
+        for ix, n in zip(index, shape):
+            (lo, hi), _ = I.bounds(ix, self.ranges)
+            if hi < 0 or lo >= n:
+                return False
+            inside = inside and lo >= 0 and hi < n
+        return True if inside else None
+
+    def decided(self, cond) -> bool | None:
+        """The value of `cond` where `ranges` decide it — an index value compared with a constant — else None."""
+        if not (isinstance(cond, E.Binary) and cond.op in E.COMPARE_OPS):
+            return None
+        a, b = cond.a, cond.b
+        if not (isinstance(a, E.IndexVal) and isinstance(b, E.Imm) or isinstance(a, E.Imm) and isinstance(b, E.IndexVal)):
+            return None
+        ends = []
+        for v in (a, b):
+            if isinstance(v, E.Imm):
+                if not isinstance(v.value, int) or isinstance(v.value, bool):
+                    return None
+                ends.append((v.value, v.value))
+            else:
+                ends.append(I.bounds(v.expr, self.ranges)[0])
+        (alo, ahi), (blo, bhi) = ends
+        op = cond.op
+        if op in ("lt", "le", "gt", "ge"):
+            test = {"lt": lambda x, y: x < y, "le": lambda x, y: x <= y, "gt": lambda x, y: x > y,
+                    "ge": lambda x, y: x >= y}[op]
+            # monotone in each side: the test holds everywhere or nowhere where its extreme pairs agree
+            corners = {test(x, y) for x in (alo, ahi) for y in (blo, bhi)}
+            return corners.pop() if len(corners) == 1 else None
+        apart = ahi < blo or bhi < alo
+        same = alo == ahi == blo == bhi
+        if op == "eq":
+            return False if apart else True if same else None
+        return True if apart else False if same else None
+
     def inbounds(self, index: tuple[I.Lin, ...], shape: tuple[int, ...]) -> str:
         conds = []
         for ix, n in zip(index, shape):
@@ -1146,7 +1189,14 @@ class BodyWriter:
         hit = self.memo.get(e)
         if hit is not None:
             return hit
-        if isinstance(e, Guard):
+        if self.fold and isinstance(e, E.Select) and (taken := self.decided(e.cond)) is not None:
+            out = self.value(e.a if taken else e.b)
+        elif self.fold and isinstance(e, Guard) and (inside := self.covered(e.cond.index, e.cond.shape)) is not None:
+            out = self.value(e.x if inside else e.pad)
+        elif self.fold and isinstance(e, E.Load) and e.pad is not None \
+                and self.covered(e.index, self.kernel.buffer(e.tensor).shape) is False:
+            out = self.p.literal(e.pad, e.dtype)
+        elif isinstance(e, Guard):
             out = self._guard(e)
         elif isinstance(e, Reduce):
             out = self.reduction(e.body, e.vars, e.extents, e.combine, e.dtype)

@@ -1340,21 +1340,39 @@ class CPrinter(Printer):
             if d < r - 1:
                 lines.append(head)  # the innermost loop's head follows its body's values (its pragma)
             depth += "    "
-        value = ssa.memo[whole] if whole is not None and whole in ssa.memo else self.render_value(phase, ssa, keep=keep)
-        body = list(ssa.lines)
-        for name in phase.stores:
-            idx = tuple(I.var(f"i{d}") for d in range(r))
-            body.append(self.store(kernel, phase, name, ssa.offset(kernel.buffer(name), idx), value))
-        # Not over a pointer pick chosen in the body: under `omp simd` such a pointer is private to each
-        # lane (loads become gathers, lstm's y ran 3x slower). A row's picks are chosen before the loop.
-        if r and not single[-1] and not ssa.picks and not ssa.loops:
-            # Elements of a phase are independent (a stage never reads itself): the innermost,
-            # contiguous loop vectorises.
-            lines.append("    " * r + "#pragma omp simd")
-        if r:
-            lines.append(head)
-        lines += [depth + x for x in body]
-        for d in reversed(range(r)):
+        # The innermost loop whole, or in the pieces between the positions where the body's tests of its
+        # variable change value (ctarget.split_ranges), each with those tests folded (`BodyWriter.fold`).
+        pieces: list = [None]
+        if r and not single[-1] and phase.splits:
+            ends = (0, *phase.splits, phase.region.shape[-1])
+            pieces = list(zip(ends, ends[1:]))
+        for piece in pieces:
+            w = ssa
+            if piece is not None:
+                var = f"i{r - 1}"
+                w = BodyWriter(self, kernel, ssa.ranges | {var: (piece[0], piece[1] - 1)}, ssa.counter)
+                w.memo, w.pointers, w.fold = dict(ssa.memo), dict(ssa.pointers), True
+                lo = f"{tag}_lo{r - 1}" if piece[0] == 0 else f"({tag}_lo{r - 1} > {piece[0]} ? {tag}_lo{r - 1} : {piece[0]})"
+                hi = (f"{tag}_hi{r - 1}" if piece[1] == phase.region.shape[-1] else
+                      f"({tag}_hi{r - 1} < {piece[1]} ? {tag}_hi{r - 1} : {piece[1]})")
+                head = f"{'    ' * r}for (int {var} = {lo}; {var} < {hi}; ++{var}) {{"
+            value = w.memo[whole] if whole is not None and whole in w.memo else self.render_value(phase, w, keep=keep)
+            body = list(w.lines)
+            for name in phase.stores:
+                idx = tuple(I.var(f"i{d}") for d in range(r))
+                body.append(self.store(kernel, phase, name, w.offset(kernel.buffer(name), idx), value))
+            # Not over a pointer pick chosen in the body: under `omp simd` such a pointer is private to each
+            # lane (loads become gathers, lstm's y ran 3x slower). A row's picks are chosen before the loop.
+            if r and not single[-1] and not w.picks and not w.loops:
+                # Elements of a phase are independent (a stage never reads itself): the innermost,
+                # contiguous loop vectorises.
+                lines.append("    " * r + "#pragma omp simd")
+            if r:
+                lines.append(head)
+            lines += [depth + x for x in body]
+            if r:
+                lines.append("    " * r + "}")
+        for d in reversed(range(r - 1)):
             lines.append("    " * (d + 1) + "}")
         return lines + ["}"]
 
