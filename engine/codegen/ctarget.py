@@ -643,7 +643,7 @@ MAX_PIECES = 8  # pieces one innermost loop is split into at most (each prints t
 def split_ranges(kernel: Kernel) -> Kernel:
     """Per element-wise phase whose body tests its innermost output variable alone (affine) — a concatenation
     along that axis (its select), a bounds guard or padded load along it — the positions where such a test
-    changes value (`index_cuts`, Phase.splits), where there are fewer than MAX_PIECES pieces between them.
+    changes value (`index_cuts`, Phase.splits), where they make at most MAX_PIECES pieces.
     The C printer runs the innermost loop in those pieces, each printed with the tests folded: a
     branch-free vector loop. Under `omp simd` an `if` or a ternary becomes a mask and both sides run on
     every lane: zoo nerf's stitched concatenation of a GEMM's 128 columns, 3 view directions and 12 + 12
