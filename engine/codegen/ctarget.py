@@ -80,8 +80,8 @@ def c_decisions(kernel: Kernel, lanes: int) -> Kernel:
     """The C printer's choices for `kernel` on a CPU with `lanes`-float vectors, recorded in its IR:
     `block_convs`, `split_chains`, `window_interiors`, `block_gemms`, `schedule_segments`, `cache_rows`,
     then `reciprocal_rows` (the row caches hold the terms as the bodies read before it), `cache_lines`
-    and `sum_columns` (on the bodies after it), and last `split_ranges` (on the bodies as printed). Run after conv.conv_dot_products, whose convs keep their
-    dot-product form."""
+    and `sum_columns` (on the bodies after it), and last `split_ranges` (on the bodies as printed). Run
+    after conv.conv_dot_products, whose convs keep their dot-product form."""
     kernel = window_interiors(split_chains(block_convs(kernel, lanes)))
     kernel = cache_rows(schedule_segments(block_gemms(kernel, lanes)))
     return dataclasses.replace(split_ranges(sum_columns(cache_lines(reciprocal_rows(kernel)))), c_lanes=lanes)
