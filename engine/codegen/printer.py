@@ -142,6 +142,9 @@ class Printer:
     nan = "NAN"
     i64_type = "long long"  # 64-bit integers (OpenCL C: `long`; `long long` is reserved there)
     i64_suffix = "LL"  # ... and their literals' suffix
+    # A global tensor's offset whose row-major sum holds k * (x // k) + x % k (a reshape splitting an axis
+    # read as the axis itself: `BodyWriter.offset`) printed as the one flat affine offset, x in place of the pair
+    flat_offsets = False
 
     def __init__(self) -> None:
         self.helpers: set[str] = set()
@@ -1119,6 +1122,13 @@ class BodyWriter:
         if not index:
             return "0"
         dims = buf.region.extent if buf.scope == Scope.BLOCK else buf.shape
+        if self.p.flat_offsets and buf.scope != Scope.BLOCK:
+            flat = I.const(0)
+            for ix, n in zip(index, dims):
+                flat = flat * n + ix
+            joined = I.join_divmod(flat)
+            if joined != flat:
+                return self.lin(joined)
         text = ""
         for d, ix in enumerate(index):
             term = self.lin(ix)

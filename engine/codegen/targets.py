@@ -505,6 +505,9 @@ class CPrinter(Printer):
     # `unary` gives exp, log, tanh, erf, sigmoid, sin and cos inline helpers that vectorise (sinf / cosf were
     # such calls: without -ffast-math GCC does not use libmvec, and nerf's encoding kernels ran one lane).
     scalar_calls: frozenset = frozenset()
+    # bert's head merge [1, 4, 128, 32] -> [1, 128, 128] read `(i1 * 4 + i2 / 32) * 32 + i2 % 32` per element:
+    # a div and a mod per lane where the offset is `128 * i1 + i2`, a contiguous vector load
+    flat_offsets = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -409,6 +409,23 @@ def simplify(e: Lin, ranges: dict[str, Interval]) -> Lin:
     return out
 
 
+def join_divmod(e: Lin) -> Lin:
+    """`e` with each pair of terms c * k * (x // k) + c * (x % k) replaced by c * x (floor division and its
+    modulo: k * (x // k) + x % k == x for every integer x), repeated while pairs remain (a flat offset over
+    an axis split in two, then one of the parts in two again)."""
+    while True:
+        coeff = dict(e.terms)
+        for atom, c in e.terms:
+            if isinstance(atom, FloorDiv):
+                m = Mod(atom.x, atom.k)
+                if m in coeff and c == coeff[m] * atom.k:
+                    rest = [(a, k) for a, k in e.terms if a != atom and a != m]
+                    e = Lin.make(rest, e.const) + atom.x * coeff[m]
+                    break
+        else:
+            return e
+
+
 def substitute(e: Lin, mapping: dict[str, Lin]) -> Lin:
     """Replace variables by expressions (used to compose index maps when fusing layout stages)."""
     out = const(e.const)

@@ -126,3 +126,25 @@ def evaluate(e: I.Lin, env: dict[str, int]) -> int:
             raise TypeError(atom)
         total += k * v
     return total
+
+
+@settings(max_examples=80, deadline=None)
+@given(x=EXPRS, k=st.integers(2, 6), j=st.integers(2, 4), c=st.integers(-3, 3), rest=EXPRS)
+def test_join_divmod_keeps_the_value_and_joins_split_axes(x, k, j, c, rest):
+    """A flat row-major offset over an axis x split in two, (x // k, x % k), then the quotient split again by
+    j: join_divmod gives x back (times the coefficient), and any expression keeps its value everywhere."""
+    q = I.floordiv(x, k)
+    split = (I.floordiv(q, j) * j + I.mod(q, j)) * k + I.mod(x, k)
+    e = split * c + rest
+    joined = I.join_divmod(e)
+    box = {"i0": (-4, 4), "i1": (-3, 3), "i2": (0, 5)}
+    for p in itertools.product(*[range(lo, hi + 1) for lo, hi in box.values()]):
+        env = dict(zip(box, p))
+        assert evaluate(joined, env) == evaluate(e, env)
+    # Where x is as floordiv and mod leave it (coefficients and constant in [0, k): mod reduces them mod k,
+    # and the pair then names different expressions — still the same values), the split is joined away.
+    plain = all(isinstance(a, I.Var) and 0 < coef < k for a, coef in x.terms) and 0 <= x.const < k and x.terms
+    if c and plain and not any(isinstance(a, (I.FloorDiv, I.Mod)) for a, _ in rest.terms):
+        assert not any(isinstance(a, (I.FloorDiv, I.Mod)) for a, _ in joined.terms)
+        assert joined == x * c + rest
+    assert I.join_divmod(i2 + 3) == i2 + 3
