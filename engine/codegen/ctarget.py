@@ -693,12 +693,7 @@ class _Test:
         return (0, self.m) if self.op == "in" else (self.m,)
 
     def __call__(self, v: int) -> bool:
-        return {"in": lambda: 0 <= v < self.m, "lt": lambda: v < self.m, "le": lambda: v <= self.m,
-                "gt": lambda: v > self.m, "ge": lambda: v >= self.m, "eq": lambda: v == self.m,
-                "ne": lambda: v != self.m}[self.op]()
-
-
-_FLIPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+        return 0 <= v < self.m if self.op == "in" else E.COMPARE[self.op](v, self.m)
 
 
 def _var_tests(kernel: Kernel, x, var: str) -> list[tuple[int, int, _Test]]:
@@ -711,13 +706,9 @@ def _var_tests(kernel: Kernel, x, var: str) -> list[tuple[int, int, _Test]]:
         return None
 
     out = []
-    if isinstance(x, E.Select) and isinstance(x.cond, E.Binary) and x.cond.op in E.COMPARE_OPS:
-        a, b, op = x.cond.a, x.cond.b, x.cond.op
-        if isinstance(a, E.Imm) and isinstance(b, E.IndexVal):
-            a, b, op = b, a, _FLIPPED[op]
-        if isinstance(a, E.IndexVal) and isinstance(b, E.Imm) and isinstance(b.value, int) \
-                and not isinstance(b.value, bool) and (kc := alone(a.expr)) is not None:
-            out.append((*kc, _Test(op, b.value)))
+    if isinstance(x, E.Select) and (hit := E.index_comparison(x.cond)) is not None \
+            and (kc := alone(hit[0])) is not None:
+        out.append((*kc, _Test(hit[1], hit[2])))
     bounded = []
     if isinstance(x, (Guard, InBounds)):
         cond = x.cond if isinstance(x, Guard) else x

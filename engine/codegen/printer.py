@@ -1149,32 +1149,17 @@ class BodyWriter:
 
     def decided(self, cond) -> bool | None:
         """The value of `cond` where `ranges` decide it — an index value compared with a constant — else None."""
-        if not (isinstance(cond, E.Binary) and cond.op in E.COMPARE_OPS):
+        hit = E.index_comparison(cond)
+        if hit is None:
             return None
-        a, b = cond.a, cond.b
-        if not (isinstance(a, E.IndexVal) and isinstance(b, E.Imm) or isinstance(a, E.Imm) and isinstance(b, E.IndexVal)):
-            return None
-        ends = []
-        for v in (a, b):
-            if isinstance(v, E.Imm):
-                if not isinstance(v.value, int) or isinstance(v.value, bool):
-                    return None
-                ends.append((v.value, v.value))
-            else:
-                ends.append(I.bounds(v.expr, self.ranges)[0])
-        (alo, ahi), (blo, bhi) = ends
-        op = cond.op
-        if op in ("lt", "le", "gt", "ge"):
-            test = {"lt": lambda x, y: x < y, "le": lambda x, y: x <= y, "gt": lambda x, y: x > y,
-                    "ge": lambda x, y: x >= y}[op]
-            # monotone in each side: the test holds everywhere or nowhere where its extreme pairs agree
-            corners = {test(x, y) for x in (alo, ahi) for y in (blo, bhi)}
-            return corners.pop() if len(corners) == 1 else None
-        apart = ahi < blo or bhi < alo
-        same = alo == ahi == blo == bhi
-        if op == "eq":
-            return False if apart else True if same else None
-        return True if apart else False if same else None
+        ix, op, m = hit
+        (lo, hi), _ = I.bounds(ix, self.ranges)
+        if op in ("eq", "ne"):
+            held = False if m < lo or m > hi else True if lo == hi == m else None
+            return held if held is None or op == "eq" else not held
+        # an order test of an interval against a constant: decided where its two ends agree
+        at_lo, at_hi = E.COMPARE[op](lo, m), E.COMPARE[op](hi, m)
+        return at_lo if at_lo == at_hi else None
 
     def inbounds(self, index: tuple[I.Lin, ...], shape: tuple[int, ...]) -> str:
         conds = []

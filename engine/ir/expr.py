@@ -6,6 +6,7 @@ structural equality and hashing (caches and CSE key on them).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,6 +19,9 @@ UNARY_OPS = frozenset(
 )
 BINARY_OPS = frozenset("add sub mul div pow min max mod fmod eq ne lt le gt ge and or xor".split())
 COMPARE_OPS = frozenset("eq ne lt le gt ge".split())
+COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+           "ge": operator.ge}  # a comparison op on two Python values
+_MIRRORED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}  # a op b == b op' a
 LOGIC_OPS = frozenset("and or xor".split())
 # Rough cost in flops of one evaluation, for the cost model (transcendentals cost more).
 OP_FLOPS = {
@@ -240,3 +244,16 @@ _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!="
 
 
 hash_once(Load, Imm, IndexVal, Unary, Binary, Select, Cast)
+
+
+def index_comparison(cond) -> tuple[Lin, str, int] | None:
+    """(index, op, m) where `cond` compares an index value with an integer constant (either side; a
+    concatenation's or a pad's mask), as `index op m`; None for any other condition."""
+    if not (isinstance(cond, Binary) and cond.op in COMPARE_OPS):
+        return None
+    a, b, op = cond.a, cond.b, cond.op
+    if isinstance(a, Imm) and isinstance(b, IndexVal):
+        a, b, op = b, a, _MIRRORED[op]
+    if isinstance(a, IndexVal) and isinstance(b, Imm) and isinstance(b.value, int) and not isinstance(b.value, bool):
+        return a.expr, op, b.value
+    return None
