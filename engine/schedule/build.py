@@ -13,7 +13,7 @@ from engine.device import Device
 from engine.flags import debug
 from engine.ir.graph import PrimGraph, StageKind
 from engine.memo import memo
-from engine.schedule.cost import estimate_group
+from engine.schedule.cost import estimate_group, whole_graph_facts
 from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, components, kernel_name
 from engine.schedule.residency import with_l2_residency
 from engine.schedule.tiles import GroupSchedule, record_mappings, search_group
@@ -93,7 +93,8 @@ def _coarsened(plan: Plan, old: Group, graph: PrimGraph, device: Device, full: M
     names = canonical_names(graph, old.stages)
     key = (group_signature(graph, old.stages, full), tuple(dataclasses.replace(t, stage=names[t.stage])
                                                           for t in old.segments),
-           frozenset(names[a] for a in keep if a in names), device, recompute_bound(), tf32_allowed())
+           frozenset(names[a] for a in keep if a in names), device, recompute_bound(), tf32_allowed(),
+           whole_graph_facts(graph, device))
     table = memo("build.coarsened", 20000)
     hit = table.get(key)
     if hit is None:

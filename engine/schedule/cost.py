@@ -379,6 +379,13 @@ def _in_llc(graph: PrimGraph, device: Device) -> bool:
     return device.kind == "cpu" and graph.total_bytes <= device.l2_bytes
 
 
+def whole_graph_facts(graph: PrimGraph, device: Device) -> tuple:
+    """What a group's cost reads from the graph outside the group (`_in_llc`): memo keys built on a group's
+    signature, which sees only the group, carry it, so two models' groups of one structure share a cached
+    answer only where they would cost alike."""
+    return (_in_llc(graph, device),)
+
+
 def _read_dram(graph: PrimGraph, members: set[str], read_lines: Mapping[str, int], per_block: float,
                device: Device, in_llc: bool, seen: dict[str, int] | None = None,
                reach: Mapping[str, int] | None = None) -> int:

@@ -17,7 +17,7 @@ from engine.device import Device
 from engine.ir.graph import PrimGraph
 from engine.memo import memo
 from engine.schedule import cost as C
-from engine.schedule.cost import LINE, estimate_group, nbytes
+from engine.schedule.cost import LINE, estimate_group, nbytes, whole_graph_facts
 from engine.schedule.plan import Conn, Group, GroupCost, Plan
 from engine.tilegraph.tilegraph import segments_of
 
@@ -93,7 +93,8 @@ def _warm_cost(graph: PrimGraph, g: Group, conns: Mapping, device: Device, regs,
 
     names = canonical_names(graph, g.stages)
     key = (group_signature(graph, g.stages, conns), tuple(dataclasses.replace(t, stage=names[t.stage]) for t in g.segments),
-           frozenset(names.get(t, t) for t in warm), device, regs, recompute_bound(), tf32_allowed())
+           frozenset(names.get(t, t) for t in warm), device, regs, recompute_bound(), tf32_allowed(),
+           whole_graph_facts(graph, device))
     table = memo("residency.warm_costs", 20000)
     hit = table.get(key)
     if hit is None:

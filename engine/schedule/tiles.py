@@ -23,7 +23,7 @@ from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.memo import memo
-from engine.schedule.cost import estimate_group
+from engine.schedule.cost import estimate_group, whole_graph_facts
 from engine.schedule.floor import floor_us, score_floor
 from engine.schedule.plan import Candidate, GroupCost, Tile
 from engine.schedule.validate import (
@@ -314,7 +314,8 @@ def search_group(
     # Fixed tiles join the key with their anchors renamed (a GLOBAL_SYNC trial keeps each side's
     # tiles: the same structure one layer on hits the cache too).
     pinned = tuple(sorted((canon[s], replace(fixed[s], stage=canon[s])) for s in stages if s in fixed))
-    key = (group_signature(graph, stages, conns), pinned, recompute_bound(), tf32_allowed())
+    key = (group_signature(graph, stages, conns), pinned, recompute_bound(), tf32_allowed(),
+           whole_graph_facts(graph, device))
     # Only stitch's candidate pool differs, and only where a reduction may split its rows, so the other
     # modes share their searches, and stitch shares the rest: the Compare page's unfused plan finds the
     # one-stage searches the welder plan made before it, and welder's stitch plan (`at_least_stitch`)

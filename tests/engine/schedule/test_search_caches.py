@@ -199,3 +199,39 @@ def test_alike_segments_share_one_count_and_keep_their_names(policy, monkeypatch
         assert use.stages == tuple(seg) and use.tile == tile
     if policy == "unfused":  # the second layer's stages are the first's
         assert len(counted) < len(work) * 3 // 4, (len(counted), len(work))
+
+
+def _chain_model(big: int) -> Path:
+    """x[64, 256] -> Relu -> Exp, and beside it (when `big`) an unrelated Neg over `big` floats: the chain's
+    groups sign alike in both models, while only the first fits a host's last-level cache whole."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="r"), helper.make_node("Exp", ["r"], ["out"], name="e")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, [64, 256])]
+    if big:
+        nodes.append(helper.make_node("Neg", ["y"], ["z"], name="n"))
+        inputs.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [big]))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [big]))
+    model = helper.make_model(helper.make_graph(nodes, f"chain{big}", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    path = Path(tempfile.mkdtemp()) / f"chain{big}.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_search_answers_are_kept_apart_where_the_model_fits_the_llc_and_where_not():
+    """A group's host cost reads whether the whole model fits the last-level cache (`cost._in_llc`), which its
+    signature cannot see: a model planned after another with a group of the same structure gets the plan it
+    gets alone (the search cache keyed on the signature alone served swin's answers to mobilevit)."""
+    dev = get_device("host")
+    small, big = load_graph(_chain_model(0)), load_graph(_chain_model(dev.l2_bytes // 4 + 1))
+    assert cost._in_llc(small, dev) and not cost._in_llc(big, dev)
+    costs = {}
+    for order in (("small", "big"), ("big", "small")):
+        with Caches("order").active():
+            for name in order:
+                _, plan = plan_model({"small": small, "big": big}[name], "unfused", dev)
+                costs.setdefault(name, set()).add(next(g.cost.modeled_us for g in plan.groups if "r" in g.stages))
+    assert len(costs["small"]) == len(costs["big"]) == 1, costs  # the same plan whichever came first
+    assert costs["small"] != costs["big"]  # and the two do cost differently (not vacuous)
