@@ -7,6 +7,7 @@ Loop variables are named `i0, i1, ...` (output axes) and `r0, r1, ...` (reduce a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.ir.hashing import hash_once
@@ -339,6 +340,9 @@ def floordiv(x: Lin | int, k: int, ranges: dict[str, Interval] | None = None) ->
         (lo, hi), _ = bounds(rest, ranges)
         if 0 <= lo and hi < k:
             return Lin.make(outer, q)
+        g = _common_step(x, k, ranges)
+        if g > 1:  # x = g * y + s with s in [0, g) and g | k: x // k == y // (k / g)
+            return floordiv(_steps(x, g), k // g, ranges)
     if rest.is_const:
         return Lin.make(outer, q + rest.const // k)
     return Lin.make(outer + [(FloorDiv(rest, k), 1)], q)
@@ -359,7 +363,37 @@ def mod(x: Lin | int, k: int, ranges: dict[str, Interval] | None = None) -> Lin:
         (lo, hi), _ = bounds(rest, ranges)
         if 0 <= lo and hi < k:
             return rest
+        g = _common_step(rest, k, ranges)
+        if g > 1:  # x = g * y + s with s in [0, g) and g | k: x % k == g * (y % (k / g)) + s
+            return mod(_steps(rest, g), k // g, ranges) * g + _below(rest, g)
     return Lin(((Mod(rest, k), 1),), 0)
+
+
+def _common_step(x: Lin, k: int, ranges: dict[str, Interval]) -> int:
+    """The largest g (1 < g < k, g | k) that splits `x` as g * y + s with s = the terms whose coefficient g
+    does not divide, plus x's constant mod g, in [0, g) over `ranges`; 1 where there is none. Candidates are
+    gcd(k, the j largest coefficients), j = 1, 2, ... (a row-major offset's strides: `32 * i1 + i2` over
+    i2 < 32 is 32 * i1 + s, so its // 128 is i1 // 4, constant along i2)."""
+    g = k
+    for _, c in sorted(x.terms, key=lambda t: -abs(t[1])):
+        g = math.gcd(g, c)
+        if g == 1:
+            return 1
+        if g < k:
+            (lo, hi), _ = bounds(_below(x, g), ranges)
+            if 0 <= lo and hi < g:
+                return g  # the candidates only shrink: the first that splits is the largest
+    return 1
+
+
+def _steps(x: Lin, g: int) -> Lin:
+    """y of x = g * y + s (`_common_step`): the terms g divides, over g, and the constant's quotient."""
+    return Lin.make([(a, c // g) for a, c in x.terms if c % g == 0], x.const // g)
+
+
+def _below(x: Lin, g: int) -> Lin:
+    """s of x = g * y + s (`_common_step`): the terms g does not divide and the constant mod g."""
+    return Lin.make([(a, c) for a, c in x.terms if c % g != 0], x.const % g)
 
 
 def imin(a: Lin | int, b: Lin | int) -> Lin:

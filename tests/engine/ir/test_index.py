@@ -148,3 +148,32 @@ def test_join_divmod_keeps_the_value_and_joins_split_axes(x, k, j, c, rest):
         assert not any(isinstance(a, (I.FloorDiv, I.Mod)) for a, _ in joined.terms)
         assert joined == x * c + rest
     assert I.join_divmod(i2 + 3) == i2 + 3
+
+
+@settings(max_examples=120, deadline=None)
+@given(extents=st.lists(st.integers(1, 5), min_size=3, max_size=3), lows=st.lists(st.integers(-2, 2), min_size=3,
+       max_size=3), shift=st.integers(-40, 40), k_at=st.integers(0, 3), k_times=st.integers(1, 3),
+       sign=st.sampled_from([1, -1]))
+def test_common_step_rule_keeps_floordiv_and_mod_values(extents, lows, shift, k_at, k_times, sign):
+    """A row-major offset (strides the products of the inner extents) plus a constant, divided by a stride
+    times a small factor: floordiv and mod with ranges take the common step out (`(32 * i1 + i2) // 128` over
+    i2 < 32 is `i1 // 4`) and keep every value, for ranges that start below zero too and either sign."""
+    strides = [extents[1] * extents[2], extents[2], 1]
+    x = (i0 * strides[0] + i1 * strides[1] + i2 * strides[2]) * sign + shift
+    k = ([1] + strides[::-1] + [extents[0] * strides[0]])[k_at] * k_times + (k_at == 0)
+    ranges = {f"i{n}": (lo, lo + ext - 1) for n, (lo, ext) in enumerate(zip(lows, extents))}
+    q, r = I.floordiv(x, k, ranges), I.mod(x, k, ranges)
+    for p in itertools.product(*[range(lo, hi + 1) for lo, hi in ranges.values()]):
+        env = dict(zip(ranges, p))
+        assert evaluate(q, env) == evaluate(x, env) // k
+        assert evaluate(r, env) == evaluate(x, env) % k
+
+
+def test_common_step_rule_on_a_split_row_major_offset():
+    """swin's cyclic shift read a window index as `(32 * i1 + i2) // 128` with i2 < 32: constant along i2."""
+    ranges = {"i0": (0, 15), "i1": (0, 15), "i2": (0, 31)}
+    assert I.floordiv(i1 * 32 + i2, 128, ranges) == I.floordiv(i1, 4)
+    assert I.floordiv(i0 * 512 + i1 * 32 + i2, 2048, ranges) == I.floordiv(i0, 4)
+    assert I.mod(i1 * 32 + i2, 128, ranges) == I.mod(i1, 4) * 32 + i2
+    assert I.floordiv(i1 * 32 + i2, 128) != I.floordiv(i1, 4)  # without ranges i2 may pass 31
+    assert I.floordiv(i1 * 32 + i2 + 32, 128, {**ranges, "i2": (0, 32)}) == I.floordiv(i1 * 32 + i2 + 32, 128)
