@@ -54,10 +54,11 @@ def assemble(
         edges=edges, groups=tuple(groups), base_policy=base_policy, edits=tuple(edits),
         decisions=tuple(decisions), schedule_seconds=0.0, options=tuple(sorted((options or {}).items())),
     )
-    plan = with_l2_residency(plan, graph, device)  # GPU: inputs earlier kernels left in L2
     if device.kind == "cpu":  # kept groups were coarsened in their own plan
         anchors = {t.stage for g in groups if frozenset(g.stages) in kept for t in g.segments}
         plan = coarsen_plan(plan, graph, device, keep=(set(fixed or ()) if policy == "user" else set()) | anchors)
+    # Inputs earlier kernels left in the L2 (a CPU's LLC): after the coarsening, which compares cold costs.
+    plan = with_l2_residency(plan, graph, device)
     return dataclasses.replace(plan, schedule_seconds=round(time.perf_counter() - started, 4))
 
 

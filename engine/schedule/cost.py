@@ -479,7 +479,8 @@ def estimate_group(
     (`segs`: the group's segments when the caller has them already; `local` and `exact`: see
     `segment_use`). `registers`: (registers per thread, where from) of the compiled kernel, in place of
     the formula's estimate (`at_compiled_registers`). `warm`: tensors earlier kernels of the program left
-    whole in L2 (engine/schedule/residency.py; GPU only): this kernel reads them from L2, not DRAM."""
+    whole in L2 (engine/schedule/residency.py; a CPU's last-level cache where the model does not fit it
+    whole): this kernel reads them from there, not DRAM."""
     members = set(stages)
     segs = segs if segs is not None else segments_of(graph, stages, conns)
     if len(segs) != len(tiles):
@@ -491,7 +492,7 @@ def estimate_group(
     dram, l2, sh, fp32, tc, tc16, tiled, idle, maths = ([0.0] * n for _ in range(9))
     reads = 0
     read_bytes = kernel_read_bytes(graph, uses)
-    warm = frozenset(t for t in warm if t in read_bytes and t not in members) if device.kind != "cpu" else frozenset()
+    warm = frozenset(t for t in warm if t in read_bytes and t not in members)
     charged: set[str] = set(warm)  # an input's unread bytes come from DRAM once per kernel
     in_llc = _in_llc(graph, device)
     seen = {t: nbytes(graph, t) for t in warm}  # bytes of each outside input already charged (or in L2)

@@ -1,6 +1,6 @@
-"""Program-level L2 residency on a GPU: a Plan's kernels in launch order in, the tensors each kernel finds
-whole in L2 (left there by earlier kernels; LRU within the device's L2) out, and the plan re-costed with
-them (`GroupCost.l2_warm`): a warm input is read from L2, not DRAM.
+"""Program-level L2 residency: a Plan's kernels in launch order in, the tensors each kernel finds whole in
+L2 (a GPU's L2, a CPU's last-level cache; left there by earlier kernels; LRU within its size) out, and the
+plan re-costed with them (`GroupCost.l2_warm`): a warm input is read from L2, not DRAM.
 
 Without it every kernel's reads are costed as if caches were cold (as Nsight Compute replays one kernel,
 `--cache-control all`): the LSTM's 256 KB recurrent weight came from DRAM once per kernel over 32 steps
@@ -66,10 +66,10 @@ def warm_inputs(graph: PrimGraph, groups: Sequence[Group], conns: Mapping, devic
 
 
 def with_l2_residency(plan: Plan, graph: PrimGraph, device: Device) -> Plan:
-    """`plan` with each kernel costed with the inputs earlier kernels left whole in L2 (a GPU device; a
-    CPU plan is returned as it is: its model keeps a whole model resident in the last-level cache or none
-    of it). Groups whose warm inputs are unchanged keep their cost."""
-    if device.kind == "cpu" or not plan.groups:
+    """`plan` with each kernel costed with the inputs earlier kernels left whole in L2 (a GPU's L2; a CPU's
+    last-level cache, `device.l2_bytes`, where the model does not fit it whole — one that does is read from
+    it throughout, `cost._in_llc`). Groups whose warm inputs are unchanged keep their cost."""
+    if not plan.groups or C._in_llc(graph, device):
         return plan
     conns = {e.key: e.conn for e in plan.edges}
     groups = []
