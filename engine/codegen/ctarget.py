@@ -52,8 +52,12 @@ _EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "c
 GEMM_ROWS = 4
 GEMM_COLS = 16
 # Tiles of at most GEMV_ROWS rows with B contiguous along k run as dot products of GEMV_LANES
-# partial sums (several independent vector accumulators, so the FMA latency overlaps).
+# partial sums (several independent vector accumulators, so the FMA latency overlaps); so do tiles of at
+# most GEMV_COLS columns with A read in place along k too (the micro-kernel would pad them to GEMM_COLS:
+# nerf's one-column head did 16x its multiply-adds, 207 us against 47 modeled; benchmarks/NOTES.md
+# "skinnygemm").
 GEMV_ROWS = 4
+GEMV_COLS = 4
 GEMV_LANES = 32
 PANEL_BYTES = 4 << 20  # largest per-thread B panel a C GEMM keeps across tiles
 PREFETCH_CHANNELS = 4  # input channels ahead a direct conv prefetches rows read in place
@@ -314,7 +318,7 @@ def block_gemms(kernel: Kernel, lanes: int = 0) -> Kernel:
     widest of 4, 2, 1 x GEMM_COLS columns dividing the padded row), held in named `lanes`-float vectors
     where a chunk spans several (Gemm.c_vector; 0 lanes: float arrays), which factors are read in place
     (`in_place_strides`), dot products over k (GEMV) for tiles of at most GEMV_ROWS rows whose B is
-    contiguous along k, and per segment the GEMMs that keep B in per-thread panels (`panel_gemms`)."""
+    contiguous along k (or at most GEMV_COLS columns whose A is too), and per segment the GEMMs that keep B in per-thread panels (`panel_gemms`)."""
     if not kernel.gemms:
         return kernel
 
@@ -332,7 +336,10 @@ def block_gemms(kernel: Kernel, lanes: int = 0) -> Kernel:
         wide = next(c for c in (4 * GEMM_COLS, 2 * GEMM_COLS, GEMM_COLS) if ldb % c == 0)
         a_in, b_in = in_place_strides(bare, p, "a"), in_place_strides(bare, p, "b")
         gemv = 0
-        if b_in is not None and b_in[1] == 1 and g.bm <= GEMV_ROWS and g.bm * g.k <= MAX_LINE:
+        few_rows = g.bm <= GEMV_ROWS and g.bm * g.k <= MAX_LINE
+        # Few columns (nerf's sigma and RGB heads, 1 and 3): the micro-kernel pads them to GEMM_COLS.
+        few_cols = g.bn <= GEMV_COLS and g.k >= GEMV_LANES and a_in is not None and a_in[1] == 1
+        if b_in is not None and b_in[1] == 1 and (few_rows or few_cols):
             gemv = GEMV_LANES
         elif b_in is not None and (b_in[0] != 1 or (g.bm > GEMM_ROWS and _rows_share_sets(b_in[1], g.bk))):
             b_in = None

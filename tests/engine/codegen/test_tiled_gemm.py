@@ -293,6 +293,38 @@ def test_tiny_m_with_k_contiguous_b_runs_as_dot_products(tmp_path, m, k, n, tile
     assert f".entry {program.kernels[0].name}(" in compile_cuda(cuda, name=program.name, arch="sm_80").ptx
 
 
+@pytest.mark.parametrize("m,k,n,tile,dots", [
+    (96, 128, 1, (96, 1), True),  # nerf's sigma head: one column, A read in place along k
+    (40, 75, 3, (16, 3), True),  # its RGB head's three columns; k past the last 32 lanes; a partial row tile
+    (40, 16, 3, (40, 3), False),  # k under one 32-lane step: the micro-kernel
+    (40, 64, 5, (40, 5), False),  # five columns: the micro-kernel
+])
+def test_few_columns_with_k_contiguous_factors_run_as_dot_products(tmp_path, m, k, n, tile, dots):
+    """y = A @ W^T with W [n, k] and A read in place along k: a tile of at most GEMV_COLS columns runs as
+    dot products (the micro-kernel pads its columns to GEMM_COLS: one column did 16x the multiply-adds),
+    a wider one or a short k as the micro-kernel; either matches onnxruntime."""
+    rng = np.random.default_rng(19)
+    nodes = [helper.make_node("Transpose", ["W"], ["wt"], name="tw", perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "wt"], ["y"], name="mm")]
+    graph_proto = helper.make_graph(
+        nodes, "skinny", [helper.make_tensor_value_info("h", TensorProto.FLOAT, [m, k]),
+                          helper.make_tensor_value_info("W", TensorProto.FLOAT, [n, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])])
+    path = tmp_path / "skinny.onnx"
+    onnx.save(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    graph = load_graph(path)
+    blocks = int(np.prod([-(-s // t) for s, t in zip((m, n), tile)]))
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", tile, 64, blocks)})
+    program = generate(plan, graph)
+    (phase,) = _phases(program)
+    assert phase.gemm is not None
+    c = render_c(program)
+    assert ("float part[32];" in c and "arow = a_in + mm * " in c and "st_a" not in c) == dots
+    feeds = {"h": rng.standard_normal((m, k)).astype(np.float32), "W": rng.standard_normal((n, k)).astype(np.float32)}
+    result = run_model(graph, feeds, backend="cpu", plan=plan)
+    assert max_rel_error(result.outputs["y"], run_ort(path, feeds)["y"]) <= TOL
+
+
 def test_b_rows_that_crowd_one_cache_set_are_staged():
     """B's rows read in place 12 KiB apart (bert's [768, 3072] weight) all fall in one L1 set, so a
     tile with several row groups stages them; 1.5 KiB apart (a 384-wide B) they spread over 8 sets."""
