@@ -318,7 +318,8 @@ def block_gemms(kernel: Kernel, lanes: int = 0) -> Kernel:
     widest of 4, 2, 1 x GEMM_COLS columns dividing the padded row), held in named `lanes`-float vectors
     where a chunk spans several (Gemm.c_vector; 0 lanes: float arrays), which factors are read in place
     (`in_place_strides`), dot products over k (GEMV) for tiles of at most GEMV_ROWS rows whose B is
-    contiguous along k (or at most GEMV_COLS columns whose A is too), and per segment the GEMMs that keep B in per-thread panels (`panel_gemms`)."""
+    contiguous along k (or of at most GEMV_COLS columns whose A is too), and per segment the GEMMs that
+    keep B in per-thread panels (`panel_gemms`)."""
     if not kernel.gemms:
         return kernel
 

@@ -255,6 +255,32 @@ def test_plain_factors_are_read_in_place(tmp_path, a_shape, b_shape, tile):
     assert max_rel_error(result.outputs["y"], run_ort(path, feeds)["y"]) <= TOL
 
 
+def _a_times_w_transposed(path, m: int, k: int, n: int, tile, computed: bool = False):
+    """y = A @ W^T with W [n, k] an input (a constant's transpose would be folded: B contiguous along k),
+    A = h or sigmoid(h) (`computed`), planned as one kernel at `tile`: (path, graph, plan, program)."""
+    nodes = [helper.make_node("Transpose", ["W"], ["wt"], name="tw", perm=[1, 0])]
+    nodes += [helper.make_node("Sigmoid", ["h"], ["hs"], name="sig")] if computed else []
+    nodes += [helper.make_node("MatMul", ["hs" if computed else "h", "wt"], ["y"], name="mm")]
+    graph_proto = helper.make_graph(
+        nodes, "gemv", [helper.make_tensor_value_info("h", TensorProto.FLOAT, [m, k]),
+                        helper.make_tensor_value_info("W", TensorProto.FLOAT, [n, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])])
+    onnx.save(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    graph = load_graph(path)
+    blocks = int(np.prod([-(-s // t) for s, t in zip((m, n), tile)]))
+    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", tile, 64, blocks)})
+    program = generate(plan, graph)
+    (phase,) = _phases(program)
+    assert phase.gemm is not None
+    return path, graph, plan, program
+
+
+def _matches_onnxruntime(path, graph, plan, rng, m: int, k: int, n: int) -> None:
+    feeds = {"h": rng.standard_normal((m, k)).astype(np.float32), "W": rng.standard_normal((n, k)).astype(np.float32)}
+    result = run_model(graph, feeds, backend="cpu", plan=plan)
+    assert max_rel_error(result.outputs["y"], run_ort(path, feeds)["y"]) <= TOL
+
+
 @pytest.mark.parametrize("m,k,n,tile,computed", [
     (1, 256, 96, (1, 64), False),  # lstm's h @ R^T: k a multiple of the lanes; a partial column tile
     (3, 75, 40, (3, 16), False),  # k past the last 32 lanes; three rows
@@ -265,30 +291,12 @@ def test_tiny_m_with_k_contiguous_b_runs_as_dot_products(tmp_path, m, k, n, tile
     output is a dot product over the whole of k with 32 lane partial sums, B read in place (no
     staging, no k steps); the k order differs from onnxruntime's, and the result still matches it
     to 1e-4 relative (an error in the lanes or the k remainder would be of the order of the values)."""
-    rng = np.random.default_rng(17)
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    nodes = [helper.make_node("Transpose", ["W"], ["wt"], name="tw", perm=[1, 0])]
-    nodes += [helper.make_node("Sigmoid", ["h"], ["hs"], name="sig")] if computed else []
-    nodes += [helper.make_node("MatMul", ["hs" if computed else "h", "wt"], ["y"], name="mm")]
-    graph_proto = helper.make_graph(  # W an input: a constant's transpose would be folded
-        nodes, "gemv", [helper.make_tensor_value_info("h", TensorProto.FLOAT, [m, k]),
-                        helper.make_tensor_value_info("W", TensorProto.FLOAT, [n, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])])
-    path = tmp_path / "gemv.onnx"
-    onnx.save(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
-    graph = load_graph(path)
-    blocks = int(np.prod([-(-s // t) for s, t in zip((m, n), tile)]))
-    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", tile, 64, blocks)})
-    program = generate(plan, graph)
-    (phase,) = _phases(program)
-    assert phase.gemm is not None
+    path, graph, plan, program = _a_times_w_transposed(tmp_path / "gemv.onnx", m, k, n, tile, computed)
     c = render_c(program)
     assert "float part[32];" in c and "b_in + nn * " in c and "st_b" not in c and "k0 += 32" in c
     assert ("kf = 64; kf < 75" in c) == (k == 75)
     assert (f"float st_a[{tile[0] * k}];" in c) == computed
-    feeds = {"h": rng.standard_normal((m, k)).astype(np.float32), "W": w}
-    result = run_model(graph, feeds, backend="cpu", plan=plan)
-    assert max_rel_error(result.outputs["y"], run_ort(path, feeds)["y"]) <= TOL
+    _matches_onnxruntime(path, graph, plan, np.random.default_rng(17), m, k, n)
     cuda = render_cuda(program)
     assert f".entry {program.kernels[0].name}(" in compile_cuda(cuda, name=program.name, arch="sm_80").ptx
 
@@ -303,26 +311,10 @@ def test_few_columns_with_k_contiguous_factors_run_as_dot_products(tmp_path, m, 
     """y = A @ W^T with W [n, k] and A read in place along k: a tile of at most GEMV_COLS columns runs as
     dot products (the micro-kernel pads its columns to GEMM_COLS: one column did 16x the multiply-adds),
     a wider one or a short k as the micro-kernel; either matches onnxruntime."""
-    rng = np.random.default_rng(19)
-    nodes = [helper.make_node("Transpose", ["W"], ["wt"], name="tw", perm=[1, 0]),
-             helper.make_node("MatMul", ["h", "wt"], ["y"], name="mm")]
-    graph_proto = helper.make_graph(
-        nodes, "skinny", [helper.make_tensor_value_info("h", TensorProto.FLOAT, [m, k]),
-                          helper.make_tensor_value_info("W", TensorProto.FLOAT, [n, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])])
-    path = tmp_path / "skinny.onnx"
-    onnx.save(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
-    graph = load_graph(path)
-    blocks = int(np.prod([-(-s // t) for s, t in zip((m, n), tile)]))
-    plan = make_test_plan(graph, fuse_all(graph, reduce_conn=Conn.REGISTER), {"y": Tile("", tile, 64, blocks)})
-    program = generate(plan, graph)
-    (phase,) = _phases(program)
-    assert phase.gemm is not None
+    path, graph, plan, program = _a_times_w_transposed(tmp_path / "skinny.onnx", m, k, n, tile)
     c = render_c(program)
     assert ("float part[32];" in c and "arow = a_in + mm * " in c and "st_a" not in c) == dots
-    feeds = {"h": rng.standard_normal((m, k)).astype(np.float32), "W": rng.standard_normal((n, k)).astype(np.float32)}
-    result = run_model(graph, feeds, backend="cpu", plan=plan)
-    assert max_rel_error(result.outputs["y"], run_ort(path, feeds)["y"]) <= TOL
+    _matches_onnxruntime(path, graph, plan, np.random.default_rng(19), m, k, n)
 
 
 def test_b_rows_that_crowd_one_cache_set_are_staged():
