@@ -63,6 +63,31 @@ typedef float c0_v16 __attribute__((vector_size(64)));
 typedef float c0_u4 __attribute__((vector_size(16), aligned(4)));
 typedef float c0_u8 __attribute__((vector_size(32), aligned(4)));
 typedef float c0_u16 __attribute__((vector_size(64), aligned(4)));
+/* c0_evenN(p): p[0], p[2], ..., p[2n - 2] as one n-float vector (a conv's window row read in place at column
+   stride 2): two unaligned loads, p[0 .. n-1] and p[n-1 .. 2n-2] (never past the last float it uses, so a
+   row's last chunk stays inside the tensor), and one shuffle of their even lanes. Read lane by lane, GCC ran
+   the micro-kernel at 4 lanes with the sums in memory: a 1x1 stride-2 conv 4-5x its stride-1 time per
+   multiply-add (benchmarks/NOTES.md "evenlanes"). */
+typedef int c0_i4 __attribute__((vector_size(16)));
+typedef int c0_i8 __attribute__((vector_size(32)));
+typedef int c0_i16 __attribute__((vector_size(64)));
+#if defined(__clang__)
+#define C0_EVENS(t, lo, hi, ...) __builtin_shufflevector(lo, hi, __VA_ARGS__)
+#else
+#define C0_EVENS(t, lo, hi, ...) __builtin_shuffle(lo, hi, (t){__VA_ARGS__})
+#endif
+static inline __attribute__((always_inline)) c0_v4 c0_even4(const float* p) {
+    c0_v4 lo, hi; __builtin_memcpy(&lo, p, 16); __builtin_memcpy(&hi, p + 3, 16);
+    return C0_EVENS(c0_i4, lo, hi, 0, 2, 5, 7);
+}
+static inline __attribute__((always_inline)) c0_v8 c0_even8(const float* p) {
+    c0_v8 lo, hi; __builtin_memcpy(&lo, p, 32); __builtin_memcpy(&hi, p + 7, 32);
+    return C0_EVENS(c0_i8, lo, hi, 0, 2, 4, 6, 9, 11, 13, 15);
+}
+static inline __attribute__((always_inline)) c0_v16 c0_even16(const float* p) {
+    c0_v16 lo, hi; __builtin_memcpy(&lo, p, 64); __builtin_memcpy(&hi, p + 15, 64);
+    return C0_EVENS(c0_i16, lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31);
+}
 /* C0_PINn(v): keep n-float vector v in a register from here (an empty asm that takes and gives it back):
    GCC would otherwise fold a GEMM's B row into every FMA as a memory operand, one load per row of the
    register block, and the loads, not the FMAs, bound the micro-kernel (Zen 3: two 32-byte loads a cycle).
@@ -846,7 +871,7 @@ class CPrinter(Printer):
             body = [f"float* restrict arow{cc}_{rr} = acc + ((col + {cc}) * {oh} + oh + {rr}) * {owp} + q0;"
                     for cc, rr in sums]
             vw = c.lanes
-            if not var and mul == "q" and width % vw == 0:
+            if not var and mul in ("q", "q * 2") and width % vw == 0:
                 return vector_micro(nc, nr, width // vw, vw, body)
             body += [" ".join(f"float r{cc}_{rr}[{width}];" for cc, rr in sums), "#pragma omp simd",
                      f"for (int q = 0; q < {n}; ++q) {{"] + [f"    r{cc}_{rr}[q] = arow{cc}_{rr}[q];" for cc, rr in sums]
@@ -911,9 +936,13 @@ class CPrinter(Printer):
                             f"const {t} {a}{cc} = {{{', '.join([f's{a}{cc}'] * vw)}}};"]
                 for rr in range(nr):
                     out += xrow(rr, tap, x)
-                    out += [f"{t} {x}{rr}_{j}; __builtin_memcpy(&{x}{rr}_{j}, {x}{rr} + {j * vw}, {nb});" for j in range(nv)]
+                    if mul == "q":
+                        out += [f"{t} {x}{rr}_{j}; __builtin_memcpy(&{x}{rr}_{j}, {x}{rr} + {j * vw}, {nb});" for j in range(nv)]
+                    else:  # a row read in place at column stride 2: its even floats
+                        out += [f"const {t} {x}{rr}_{j} = c0_even{vw}({x}{rr} + {2 * j * vw});" for j in range(nv)]
                     if ahead:  # the same row PREFETCH_CHANNELS input channels on (no fault past the end)
-                        out += [f"__builtin_prefetch({x}{rr} + {ahead + j * 16}, 0, 3);" for j in range(-(-nv * vw // 16))]
+                        span = nv * vw * (1 if mul == "q" else 2)  # floats of the row the chunk reads
+                        out += [f"__builtin_prefetch({x}{rr} + {ahead + j * 16}, 0, 3);" for j in range(-(-span // 16))]
                 return out + [f"{r}{cc}_{rr}_{j} = {vfma(vw)}({a}{cc}, {x}{rr}_{j}, {r}{cc}_{rr}_{j});" for cc, rr, j in sums]
 
             body += [] if c.depthwise else ["for (int cl = 0; cl < c_k; ++cl)"]

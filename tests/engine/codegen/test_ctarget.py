@@ -598,6 +598,35 @@ def test_a_patch_conv_wider_than_stride_two_stages_its_window(tmp_path, stride, 
         assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_stride_two_row_read_in_place_loads_its_even_floats_as_vectors(tmp_path, k):
+    """An unpadded stride-2 conv reads its window rows in place; where a chunk is whole vectors, each operand
+    is the even floats of 2n - 1 read in place (c0_evenN: two loads and a shuffle, never past the row's last float
+    used) in named vector registers, not an `omp simd` lane loop over x[q * 2] (GCC ran that at 4 lanes, its
+    sums in memory: zoo resnet's 1x1 stride-2 shortcut convs 2.5-3.5x slower, benchmarks/NOTES.md
+    "evenlanes"). An odd input width puts the last chunk's last float on the row's last element. The C
+    matches NumPy at both widths of vector."""
+    rng = np.random.default_rng(80 + k)
+    ci, co, ow = 6, 8, 16
+    hw = 2 * (ow - 1) + k + (k == 1)  # 31 (1x1) or 33 (3x3): odd, the last column used the row's last
+    wt = rng.standard_normal((co, ci, k, k)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[k, k], strides=[2, 2])
+    path = _save(tmp_path / "s2.onnx", [node], [("x", (1, ci, hw, hw))], {"W": wt})
+    program, graph = _program(path, (1, co, 4, ow))
+    x = rng.standard_normal((1, ci, hw, hw)).astype(np.float32)
+    windows = np.lib.stride_tricks.sliding_window_view(x[0], (k, k), axis=(1, 2))[:, ::2, ::2]  # [c, oh, ow, kh, kw]
+    want = np.einsum("ocij,cyxij->oyx", wt, windows)[None]
+    assert want.shape == (1, co, ow, ow)
+    for lanes in (8, 16):
+        full = _with(program, lambda kern, lanes=lanes: c_decisions(kern, lanes))
+        (conv,) = [p.conv for p in _phases(full) if p.conv is not None]
+        assert conv.x_in_place and conv.chunk % lanes == 0
+        source = render_c(full)
+        assert f"= c0_even{lanes}(x0 + " in source  # the whole chunks (a narrower last one keeps the lane loop)
+        got = _run_c(full, graph, {"x": x})
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+
+
 def test_a_rows_pointer_pick_is_chosen_before_the_column_loop_and_the_loop_vectorises(tmp_path):
     """lstm's y (its 32 step outputs stacked) reads each row through a pointer picked by the row's step: the C
     target chooses that pointer once per row, before the `omp simd` column loop (in the loop, GCC made the choice
