@@ -601,14 +601,14 @@ def test_a_patch_conv_wider_than_stride_two_stages_its_window(tmp_path, stride, 
 @pytest.mark.parametrize("k", [1, 3])
 def test_a_stride_two_row_read_in_place_loads_its_even_floats_as_vectors(tmp_path, k):
     """An unpadded stride-2 conv reads its window rows in place; where a chunk is whole vectors, each operand
-    is the even floats of 2n - 1 read in place (c0_evenN: two loads and a shuffle, never past the row's last float
-    used) in named vector registers, not an `omp simd` lane loop over x[q * 2] (GCC ran that at 4 lanes, its
+    is the even floats of the 2n - 1 it reads in place (c0_evenN: two loads and a shuffle, never past the row's last
+    float used) in named vector registers, not an `omp simd` lane loop over x[q * 2] (GCC ran that at 4 lanes, its
     sums in memory: zoo resnet's 1x1 stride-2 shortcut convs 2.5-3.5x slower, benchmarks/NOTES.md
-    "evenlanes"). An odd input width puts the last chunk's last float on the row's last element. The C
+    "evenlanes"). The input's width puts the last chunk's last float on the row's last element. The C
     matches NumPy at both widths of vector."""
     rng = np.random.default_rng(80 + k)
     ci, co, ow = 6, 8, 16
-    hw = 2 * (ow - 1) + k + (k == 1)  # 31 (1x1) or 33 (3x3): odd, the last column used the row's last
+    hw = 2 * (ow - 1) + k  # 31 (1x1) or 33 (3x3): the last column the conv reads is the row's last
     wt = rng.standard_normal((co, ci, k, k)).astype(np.float32)
     node = helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[k, k], strides=[2, 2])
     path = _save(tmp_path / "s2.onnx", [node], [("x", (1, ci, hw, hw))], {"W": wt})
