@@ -136,8 +136,7 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         co, oh, ow = c.out
         v = conv_chunk(ow, lanes)
         nc = 1 if c.depthwise else conv_channels(v, co, lanes)
-        by_channel = (not c.depthwise and c.taps == (1, 1) and c.strides == (1, 1) and oh * ow < lanes <= co)
-        by_channel = by_channel or depthwise_by_channel(c, lanes)
+        by_channel = dense_by_channel(c, lanes) or depthwise_by_channel(c, lanes)
         blocking = depthwise_blocking if c.depthwise else by_channel_blocking
         groups, pixels = blocking(co // lanes, ow, lanes) if by_channel and co % lanes == 0 else (0, 0)
         # A depthwise conv by channel stages its window channels-last (never read in place).
@@ -159,6 +158,35 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
                 "w_channel_inner": one_chan and contiguous_along(bare, c.w, "i1", c.chan_vars[0])}
 
     return _map_phases(kernel, block) if kernel.convs else kernel
+
+
+def dense_by_channel(c, lanes: int) -> bool:
+    """Whether a window-form dense conv runs with its output channels in the vector lanes: a pointwise one
+    over fewer pixels than a vector (convnext's last stage, 2x2), or one with taps or strides whose tile
+    rows are narrower than a vector, whose tile channels fill whole vectors and which is one of:
+    - read in place: the window form ran its narrow lane loop, the sums in memory (a 1x1 stride-2 conv
+      over 8x8: 10.9 us, 3.4 by channel; a 2x2 stride-2 one 42-85, 10-21);
+    - staged over at least two vectors' worth of pixels with at least BY_CHANNEL_TERMS (input channel,
+      tap) terms per step: the window form ran half its lanes on padding (resnet's 3x3 convs over 4x4
+      maps: 33-68 us, 22-28 by channel; mobilevit's 40-channel one 26.8, 18.7). By channel, each tile
+      stages its weights transposed ([cl][kh][kw][col], strided loads) and moves each block's sums in and
+      out of the channel-major accumulator element by element: over 8 pixels (80 -> 80 channels 3x3, in
+      2x4 tiles: 43.7 us, 59.6 by channel) or 128 terms (convnext's 2x2 downsampling of 32 channels: 14.3,
+      18.5) that cost more than the padded lanes.
+    A 1x1 stride-1 conv over narrow rows keeps the window form: its rows are contiguous, the lane loop one
+    short vector, and by channel measured 1.2-1.5x slower (mobilenetv2's 24 -> 144 channels over 4x4).
+    benchmarks/NOTES.md narrowbychannel."""
+    co, oh, ow = c.out
+    if c.depthwise:
+        return False
+    if c.taps == (1, 1) and c.strides == (1, 1):
+        return oh * ow < lanes <= co
+    if not ow < lanes <= co or co % lanes:
+        return False
+    return _window_rows_in_place(c) or (oh * ow >= 2 * lanes and c.bc * c.taps[0] * c.taps[1] >= BY_CHANNEL_TERMS)
+
+
+BY_CHANNEL_TERMS = 256  # (input channel, tap) terms per step under which a staged narrow conv keeps the window form
 
 
 DW_BY_CHANNEL_COLS = 8  # output columns under which a depthwise conv runs with its channels in the lanes

@@ -836,10 +836,17 @@ class CPrinter(Printer):
         lines += [f"    float st_w[{co * step * kk}], acc[{co * oh * owp}];",
                   f"    for (int q = 0; q < c_n * {oh * owp}; ++q) acc[q] = 0.0f;"]
         window = self.conv_stage_window(kernel, phase, wwp)
-        # A pointwise conv over fewer pixels than a vector (ConvNeXt's last stage: 2x2) runs with the
-        # output channels in the vector lanes instead of the columns (weights staged [cl][col]).
+        # A conv over fewer pixels than a vector (ConvNeXt's last stage: 2x2), or whose tile rows are narrower
+        # than one (resnet's 4x4 maps), runs with the output channels in the vector lanes instead of the
+        # columns (weights staged [cl][kh][kw][col]).
         by_channel = c.by_channel and not c.depthwise
-        w_at = f"st_w[cl * {co} + col]" if by_channel else f"st_w[((col * {step} + cl) * {kh} + kh) * {kw} + kw]"
+        # Its edge tiles (fewer channels than the tile's) run the window form where the tile has at least a
+        # vector's worth of pixels (the per-pixel array form, its sums in memory, ran a 144 -> 24 channel 1x1
+        # conv over 4x4 pixels 2x slower), their weights staged for it; over fewer pixels, the array form.
+        columns_at_edges = by_channel and c.channel_vectors and oh * ow >= c.lanes
+        w_window = f"((col * {step} + cl) * {kh} + kh) * {kw} + kw"
+        w_at = (f"st_w[c_n == {co} ? {self.by_channel_weight(c)} + col : {w_window}]" if columns_at_edges
+                else f"st_w[{self.by_channel_weight(c)} + col]" if by_channel else f"st_w[{w_window}]")
         taps = [f"for (int kh = 0; kh < {kh}; ++kh) {{", f"    for (int kw = 0; kw < {kw}; ++kw) {{"]
         taps += ["        " + x for x in self.conv_tap_vars(phase) + w_lines + [f"{w_at} = {w_val};"]] + ["    }", "}"]
         if direct is None:
@@ -979,20 +986,17 @@ class CPrinter(Printer):
         if nc > 1:  # nc channels at a time, then one by one
             update += [f"for (; col + {nc} <= c_n; col += {nc}) {{"] + ["    " + x for x in rows_of(nc)] + ["}"]
         update += ["for (; col < c_n; ++col) {"] + ["    " + x for x in rows_of(1)] + ["}"]
-        if by_channel:  # per pixel: sums of every channel in a row, one vector FMA per input channel
+        if columns_at_edges:  # edge tiles: the window form
+            update = self.conv_by_channel(phase, direct, wh, wwp, owp) + ["else {"] + ["    " + x for x in update] + ["}"]
+        elif by_channel:  # per pixel: sums of every channel in a row, one vector FMA per input channel and tap
             update = self.conv_by_channel(phase, direct, wh, wwp, owp) + ["else"]  # edge tiles: the array form
             update += ["for (int oh = 0; oh < oh_n; ++oh)", "for (int q = 0; q < ow_n; ++q) {",
                       f"    float r[{co}];", "    #pragma omp simd",
-                      f"    for (int col = 0; col < c_n; ++col) r[col] = acc[(col * {oh} + oh) * {owp} + q];",
-                      "    for (int cl = 0; cl < c_k; ++cl) {"]
-            if direct is None:
-                update += [f"        const float x = st_x[(cl * {wh} + oh) * {wwp} + q];"]
-            else:  # the input read in place: this pixel of input channel c0 + cl
-                (h, w) = c.window_vars
-                update += ["        float x;", "        {"] + ["            " + x for x in self.conv_chan_vars(phase, "c0 + cl")]
-                update += [f"            const int {h} = oh_lo + oh, {w} = ow_lo + q;", f"            x = *({direct});", "        }"]
+                      f"    for (int col = 0; col < c_n; ++col) r[col] = acc[(col * {oh} + oh) * {owp} + q];"]
+            update += ["    " + x for x in self.by_channel_taps(c)]
+            update += ["        " + x for x in self.by_channel_input(phase, direct, wh, wwp, "x", "")]
             update += ["        #pragma omp simd",
-                      f"        for (int col = 0; col < c_n; ++col) r[col] = C0_FMA(st_w[cl * {co} + col], x, r[col]);",
+                      f"        for (int col = 0; col < c_n; ++col) r[col] = C0_FMA({w_at}, x, r[col]);",
                       "    }", "    #pragma omp simd",
                       f"    for (int col = 0; col < c_n; ++col) acc[(col * {oh} + oh) * {owp} + q] = r[col];", "}"]
         if direct is not None:
@@ -1019,30 +1023,41 @@ class CPrinter(Printer):
             if c.w_channel_inner:
                 lines += ["        for (int cl = 0; cl < c_k; ++cl) {"] + ["            " + x for x in chans]
                 lines += ["            for (int col = 0; col < c_n; ++col) {", "                const int i1 = c_lo + col;"]
+                lines += ["                " + x for x in taps]
+            elif by_channel and kk > 1:
+                # Staged [cl][kh][kw][col] with the output channel innermost: contiguous stores (with it
+                # outermost every store of a 64-channel 3x3 conv's 36 KiB of weights was a line of its own,
+                # 47 % of the conv over 4x4 pixels; benchmarks/NOTES.md narrowbychannel).
+                lines += ["        for (int cl = 0; cl < c_k; ++cl) {"] + ["            " + x for x in chans]
+                lines += [f"            for (int kh = 0; kh < {kh}; ++kh)", f"            for (int kw = 0; kw < {kw}; ++kw) {{"]
+                lines += ["                " + x for x in self.conv_tap_vars(phase) + [
+                    "for (int col = 0; col < c_n; ++col) {", "    const int i1 = c_lo + col;"] + [
+                    "    " + y for y in w_lines + [f"{w_at} = {w_val};"]] + ["}"]]
             else:
                 lines += ["        for (int col = 0; col < c_n; ++col) {",
                           "            const int i1 = c_lo + col;",
                           "            for (int cl = 0; cl < c_k; ++cl) {"] + ["                " + x for x in chans]
-            lines += ["                " + x for x in taps]
+                lines += ["                " + x for x in taps]
             lines += ["            }", "        }", "        {"] + ["            " + x for x in update] + ["        }", "    }"]
         return lines + self.conv_epilogue(kernel, phase, owp)
 
     def conv_by_channel(self, phase: Phase, direct: str | None, wh: int, wwp: int, owp: int) -> list[str]:
-        """A by-channel pointwise conv's update where the tile holds every output channel of the block
+        """A by-channel dense conv's update where the tile holds every output channel of the block
         (c_n == co; the caller prints the per-pixel array form after `else` for the rest): per group of
         Conv.channel_vectors (ng) vectors of channels, Conv.channel_pixels (npx) pixels of a row at a time
         (ctarget.by_channel_blocking; 0: the array form only), their partial sums in named vector
-        registers across the step's input channels — each staged weight vector loaded once for the npx
-        pixels, each pixel's input broadcast once for the ng vectors. A float array of sums GCC kept in
+        registers across the step's input channels and taps — each staged weight vector loaded once for
+        the npx pixels, each pixel's input broadcast once for the ng vectors. A float array of sums GCC kept in
         memory across the channel loop: every FMA a load and a store (convnext's last MLP segments, 1x4
-        pixels x 64 channels). Each sum adds its input channels in the same order as the array form."""
+        pixels x 64 channels). Each sum adds its (input channel, tap row, tap column) terms in the order the
+        window form does."""
         c = phase.conv
         co, oh, vw = c.out[0], c.out[1], c.lanes
         ng, npx = c.channel_vectors, c.channel_pixels
         if not ng:
             return ["if (0) {}"]
         t, nb = f"c0_v{vw}", vw * 4
-        (h, w) = c.window_vars
+        weights = self.by_channel_weight(c)
 
         def block(n: int) -> list[str]:
             sums = [(p, j) for p in range(n) for j in range(ng)]
@@ -1052,14 +1067,10 @@ class CPrinter(Printer):
                 out += [f"{t} r{p}_{j};", "{", f"    float t_[{vw}];",
                         f"    for (int l_ = 0; l_ < {vw}; ++l_) t_[l_] = acc[{at.format(j=j, p=p)}];",
                         f"    __builtin_memcpy(&r{p}_{j}, t_, {nb});", "}"]
-            out += ["for (int cl = 0; cl < c_k; ++cl) {"]
-            out += [f"    {t} w{j}; __builtin_memcpy(&w{j}, st_w + cl * {co} + cg + {j * vw}, {nb});" for j in range(ng)]
+            out += self.by_channel_taps(c)
+            out += [f"    {t} w{j}; __builtin_memcpy(&w{j}, st_w + {weights} + cg + {j * vw}, {nb});" for j in range(ng)]
             for p in range(n):
-                if direct is None:
-                    out += [f"    const float s{p} = st_x[(cl * {wh} + oh) * {wwp} + q + {p}];"]
-                else:  # the input read in place: this pixel of input channel c0 + cl
-                    out += [f"    float s{p};", "    {"] + ["        " + x for x in self.conv_chan_vars(phase, "c0 + cl")]
-                    out += [f"        const int {h} = oh_lo + oh, {w} = ow_lo + q + {p};", f"        s{p} = *({direct});", "    }"]
+                out += ["    " + x for x in self.by_channel_input(phase, direct, wh, wwp, f"s{p}", f" + {p}")]
                 out += [f"    const {t} x{p} = {{{', '.join([f's{p}'] * vw)}}};"]
             out += [f"    r{p}_{j} = {vfma(vw)}(w{j}, x{p}, r{p}_{j});" for p, j in sums] + ["}"]
             for p, j in sums:
@@ -1073,6 +1084,41 @@ class CPrinter(Printer):
             lines += [f"        for (; q + {npx} <= ow_n; q += {npx})"] + ["        " + x for x in block(npx)]
         lines += ["        for (; q < ow_n; ++q)"] + ["        " + x for x in block(1)]
         return lines + ["    }", "}"]
+
+    @staticmethod
+    def by_channel_weight(c) -> str:
+        """Offset of the weights of (cl, kh, kw) in a by-channel conv's staged st_w[cl][kh][kw][col]."""
+        kh, kw = c.taps
+        return f"cl * {c.out[0]}" if (kh, kw) == (1, 1) else f"((cl * {kh} + kh) * {kw} + kw) * {c.out[0]}"
+
+    @staticmethod
+    def by_channel_taps(c) -> list[str]:
+        """The loops of a by-channel conv's update over the step's input channels and taps, ending in the
+        open brace of their body (its lines indented four spaces, closed by one "}")."""
+        kh, kw = c.taps
+        if (kh, kw) == (1, 1):
+            return ["for (int cl = 0; cl < c_k; ++cl) {"]
+        return ["for (int cl = 0; cl < c_k; ++cl)", f"for (int kh = 0; kh < {kh}; ++kh)",
+                f"for (int kw = 0; kw < {kw}; ++kw) {{"]
+
+    def by_channel_input(self, phase: Phase, direct: str | None, wh: int, wwp: int, name: str, plus: str) -> list[str]:
+        """`const float name`: input channel c0 + cl at the window position tap (kh, kw) of output pixel
+        (oh, q`plus`) reads — from the staged window (a column-stride-sw window is stored as sw column phases
+        of wwp / sw each) or the tensor itself where its rows are read in place."""
+        c = phase.conv
+        (sh, sw), (kh, kw), (dh, dw) = c.strides, c.taps, c.dilations
+        tap_h = "" if kh == 1 else (" + kh" if dh == 1 else f" + kh * {dh}")
+        tap_w = "" if kw == 1 else ("kw" if dw == 1 else f"kw * {dw}")
+        if direct is None:
+            row = ("oh" if sh == 1 else f"oh * {sh}") + tap_h
+            col = f"q{plus}" if not tap_w else (f"{tap_w} + q{plus}" if sw == 1 else
+                                                f"({tap_w}) % {sw} * {wwp // sw} + ({tap_w}) / {sw} + q{plus}")
+            return [f"const float {name} = st_x[(cl * {wh} + {row}) * {wwp} + {col}];"]
+        (h, w) = c.window_vars
+        hv = ("oh_lo + oh" if sh == 1 else f"(oh_lo + oh) * {sh}") + tap_h
+        wv = (f"ow_lo + q{plus}" if sw == 1 else f"(ow_lo + q{plus}) * {sw}") + (f" + {tap_w}" if tap_w else "")
+        return [f"float {name};", "{"] + ["    " + x for x in self.conv_chan_vars(phase, "c0 + cl")] + [
+            f"    const int {h} = {hv}, {w} = {wv};", f"    {name} = *({direct});", "}"]
 
     def conv_depthwise_by_channel(self, kernel: Kernel, phase: Phase, owp: int) -> list[str]:
         """A depthwise conv marked by channel (ctarget.depthwise_by_channel) over a tile holding all of its

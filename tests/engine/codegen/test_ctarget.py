@@ -125,12 +125,12 @@ def test_block_convs_from_the_lanes(tmp_path, lanes):
 
 
 def test_pointwise_conv_over_fewer_pixels_than_a_vector_puts_channels_in_the_lanes(tmp_path):
-    """A 1x1 conv over 2x3 pixels per tile and 16 output channels: at 8 and 16 lanes the channels go in
-    the vector lanes (6 pixels < lanes <= 16 channels); at 4 lanes the pixels fill a vector."""
+    """A 1x1 conv over 1x6 pixels per tile and 16 output channels: at 8 and 16 lanes the channels go in
+    the vector lanes (6 pixels < lanes <= 16 channels); at 4 lanes a row of the tile fills a vector."""
     rng = np.random.default_rng(22)
     w = rng.standard_normal((16, 12, 1, 1)).astype(np.float32)
     path = _save(tmp_path / "pw.onnx", [helper.make_node("Conv", ["x", "W"], ["y"])], [("x", (1, 12, 4, 6))], {"W": w})
-    program, graph = _program(path, (1, 16, 2, 3))
+    program, graph = _program(path, (1, 16, 1, 6))
     x = rng.standard_normal((1, 12, 4, 6)).astype(np.float32)
     want = np.einsum("ci,ihw->chw", w[:, :, 0, 0], x[0])[None]
     for lanes, by_channel in ((16, True), (8, True), (4, False)):
@@ -140,6 +140,72 @@ def test_pointwise_conv_over_fewer_pixels_than_a_vector_puts_channels_in_the_lan
         assert conv.x_in_place and conv.step == 12  # unpadded: rows read in place, every channel in one step
         got = _run_c(blocked, graph, {"x": x})
         assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+
+
+def _direct_conv(x, w, stride: int, pad: int, dilation: int) -> np.ndarray:
+    """NumPy's reference of an NCHW conv (batch 1): each tap's strided window times its weights."""
+    k, co = w.shape[-1], w.shape[0]
+    xp = np.pad(x[0], ((0, 0), (pad, pad), (pad, pad)))
+    span = (k - 1) * dilation + 1
+    oh = (xp.shape[1] - span) // stride + 1
+    ow = (xp.shape[2] - span) // stride + 1
+    out = np.zeros((co, oh, ow), np.float64)
+    for i in range(k):
+        for j in range(k):
+            win = xp[:, i * dilation:i * dilation + (oh - 1) * stride + 1:stride,
+                     j * dilation:j * dilation + (ow - 1) * stride + 1:stride]
+            out += np.einsum("oc,chw->ohw", w[:, :, i, j].astype(np.float64), win)
+    return out[None].astype(np.float32)
+
+
+@pytest.mark.parametrize("case", [(3, 1, 1, 1, 4), (3, 2, 0, 1, 9), (1, 2, 0, 1, 8), (3, 1, 2, 2, 4)],
+                         ids=["3x3-padded", "3x3-stride2-in-place", "1x1-stride2-in-place", "3x3-dilated"])
+def test_a_dense_conv_whose_tile_rows_are_narrower_than_a_vector_puts_channels_in_the_lanes(tmp_path, case):
+    """A dense conv of 32 input channels over a 4x4 map, in tiles of 16 of its 24 output channels x 4x4
+    pixels: a row of 4 columns never fills a chunk of 8 or 16 (staged, the micro-kernel ran half its lanes on
+    padding; read in place, the lane loop with its sums in memory: zoo resnet's late 3x3 convs 1.8x their
+    model, benchmarks/NOTES.md narrowbychannel), so at 8 and 16 lanes the output channels go in the vector
+    lanes, with every tap, stride and dilation (`dense_by_channel`: read in place, at 8 and 16 lanes; staged,
+    at 8 lanes — 16 pixels, two vectors' worth, and 288 terms a step — not at 16); the last tile's 8 channels
+    keep the window form. Each output adds its (channel, tap row, tap column) terms in the window form's
+    order: the same floats as that form, and NumPy's within rounding."""
+    k, stride, pad, dilation, hw = case
+    rng = np.random.default_rng(90 + k * 10 + stride + dilation)
+    ci, co = 32, 24
+    wt = rng.standard_normal((co, ci, k, k)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[k, k], strides=[stride] * 2,
+                            pads=[pad] * 4, dilations=[dilation] * 2)
+    path = _save(tmp_path / "narrow.onnx", [node], [("x", (1, ci, hw, hw))], {"W": wt})
+    program, graph = _program(path, (1, 16, 4, 4))
+    x = rng.standard_normal((1, ci, hw, hw)).astype(np.float32)
+    want = _direct_conv(x, wt, stride, pad, dilation)
+    assert want.shape == (1, co, 4, 4)
+    window = {"by_channel": False, "channel_vectors": 0, "channel_pixels": 0}
+    for lanes in (8, 16):
+        full = _with(program, lambda kern, lanes=lanes: c_decisions(kern, lanes))
+        (conv,) = [p.conv for p in _phases(full) if p.conv is not None]
+        assert conv.x_in_place == (pad == 0) and conv.by_channel == (pad == 0 or lanes == 8)
+        assert conv.channel_vectors * lanes == (16 if conv.by_channel else 0)
+        got = _run_c(full, graph, {"x": x})
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+        columns = _with(full, lambda kern: _map_phases(kern, lambda bare, ph: window if ph.conv is not None else None))
+        np.testing.assert_array_equal(got, _run_c(columns, graph, {"x": x}))
+
+
+def test_a_narrow_conv_staged_with_few_terms_a_step_keeps_the_window_form(tmp_path):
+    """`dense_by_channel` keeps the window form for a staged conv over narrow rows whose step holds fewer than
+    BY_CHANNEL_TERMS (channel, tap) terms (per tile its transposed weights and the sums moved in and out of
+    the accumulator cost more than the padded lanes: convnext's 2x2 downsampling 1.3x slower by channel) or
+    whose tile has fewer pixels than two vectors; a 1x1 stride-1 conv over narrow rows keeps it too."""
+    rng = np.random.default_rng(95)
+    for ci, k, pad, tile, by_channel in ((8, 3, 1, (1, 16, 4, 4), False), (32, 3, 1, (1, 16, 2, 4), False),
+                                         (32, 3, 1, (1, 16, 4, 4), True), (32, 1, 0, (1, 16, 4, 4), False)):
+        wt = rng.standard_normal((16, ci, k, k)).astype(np.float32)
+        node = helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[k, k], pads=[pad] * 4)
+        path = _save(tmp_path / f"few{ci}_{k}_{tile[2]}.onnx", [node], [("x", (1, ci, 4, 4))], {"W": wt})
+        program, _ = _program(path, tile)
+        (conv,) = [p.conv for p in _phases(_with(program, lambda kern: c_decisions(kern, 8))) if p.conv is not None]
+        assert conv.by_channel == by_channel, (ci, k, tile)
 
 
 @pytest.mark.parametrize("lanes", [8, 16])
