@@ -1043,7 +1043,8 @@ class CPrinter(Printer):
 
     def conv_by_channel(self, phase: Phase, direct: str | None, wh: int, wwp: int, owp: int) -> list[str]:
         """A by-channel dense conv's update where the tile holds every output channel of the block
-        (c_n == co; the caller prints the per-pixel array form after `else` for the rest): per group of
+        (c_n == co; the caller prints the rest after `else`: the window form, or over fewer pixels than a
+        vector the per-pixel array form): per group of
         Conv.channel_vectors (ng) vectors of channels, Conv.channel_pixels (npx) pixels of a row at a time
         (ctarget.by_channel_blocking; 0: the array form only), their partial sums in named vector
         registers across the step's input channels and taps — each staged weight vector loaded once for
