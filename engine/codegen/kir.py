@@ -251,9 +251,9 @@ class Conv:
     # C target, the window form (ctarget.block_convs): `lanes`-float vector registers; output columns in
     # chunks of `chunk`; `chunk_channels` output channels x `chunk_rows` output rows per register block
     # (the channels left over one at a time over `lone_rows` rows); `by_channel`: output channels in the
-    # vector lanes instead (a pointwise conv over fewer pixels than a vector, or a dense conv whose tile rows
-    # are narrower than a vector: ctarget.dense_by_channel; a depthwise one: depthwise_by_channel), where the output channels
-    # fill whole vectors in groups of `channel_vectors` vectors, `channel_pixels` pixels of a row at a
+    # vector lanes instead (ctarget.dense_by_channel: a pointwise conv over fewer pixels than a vector, or a
+    # conv with taps or strides over tile rows narrower than a vector; depthwise_by_channel), where the
+    # output channels fill whole vectors in groups of `channel_vectors` vectors, `channel_pixels` pixels of a row at a
     # time (ctarget.by_channel_blocking; 0: per pixel, the sums in an array).
     lanes: int = 0
     chunk: int = 0
