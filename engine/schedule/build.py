@@ -193,7 +193,7 @@ def trial_conns(graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level:
 def can_connect(
     graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level: Conn, device: Device, mode: str,
     groups: Callable[[str], set[str]] | None = None, keep_tiles: bool = False,
-    kept: Mapping[str, Tile] | None = None, beat: float = math.inf,
+    kept: Mapping[str, Tile] | None = None, beat: float = math.inf, standing: dict | None = None,
 ) -> tuple[Decision, dict[Edge, Conn]]:
     """Is `edge` at `level` legal, and does it not make the modeled time worse? The Decision's
     score is the merged group's modeled µs; the trial connections come back for the caller to keep.
@@ -205,7 +205,8 @@ def can_connect(
     costed at them and keeps them, not searched afresh. `beat`: the score another level of this edge
     reached already (the walk keeps a level only when it models faster): the merged group's tile search
     is bounded by it and by the sides' figure (`search_group`'s `bound`), and a merge no tile brings under
-    the bound is refused as such, without the figure of its best tile."""
+    the bound is refused as such, without the figure of its best tile. `standing`: the walk's schedules of its
+    groups as they stand (`_as_it_stands`), keyed by their stages, filled here."""
     groups = groups or (lambda s: component_of(graph, conns, s))
     if not level.fused:
         return Decision(True, "separate kernels"), trial_conns(graph, conns, edge, level)
@@ -219,7 +220,7 @@ def can_connect(
     stages = sorted(merged, key=order.__getitem__)
     fixed = None
     sides = [sorted(g, key=order.__getitem__) for g in ([gp] if gp == gc else [gp, gc])]
-    now = [_as_it_stands(graph, g, conns, device, mode, kept) for g in sides]
+    now = [_standing(graph, g, conns, device, mode, kept, standing) for g in sides]
     if keep_tiles:
         fixed = {t.stage: t for sched in now for t in sched.tiles}
     else:
@@ -248,6 +249,20 @@ def can_connect(
                     sched.cost.extra_evaluations == 0 and not sched.cost.serial_segments), trial
 
 
+def _standing(graph, stages, conns, device, mode, kept: Mapping[str, Tile] | None, standing: dict | None) -> GroupSchedule:
+    """`_as_it_stands`, answered again from `standing` (the walk's, keyed by the group's stages) without the
+    search's keys: a group's stages, its inner connections and the tiles its last merge kept change only by a
+    merge, which makes a new group (the subgraph cache answers too, but each ask builds its signature and
+    renames its answer: 10 % of bert12's cold plan on host)."""
+    key = frozenset(stages)
+    if standing is not None and key in standing:
+        return standing[key]
+    sched = _as_it_stands(graph, stages, conns, device, mode, kept)
+    if standing is not None:
+        standing[key] = sched
+    return sched
+
+
 def _as_it_stands(graph, stages, conns, device, mode, kept: Mapping[str, Tile] | None) -> GroupSchedule:
     """A group's schedule as the walk has it: at the tiles its last merge kept where `kept` holds one
     for every segment (the plan is assembled with them), else its own search."""
@@ -262,7 +277,7 @@ LevelChoice = Callable[[PrimGraph, Edge], Sequence[tuple[Conn, str]]]
 
 
 def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str, group_of_stage, kept=None,
-               beat: float = math.inf):
+               beat: float = math.inf, standing: dict | None = None):
     if level == Conn.GLOBAL_SYNC:
         merged = group_of_stage[edge[0]] | group_of_stage[edge[1]]
         segs = len(segments_of(graph, sorted(merged), trial_conns(graph, conns, edge, level, set(merged))))
@@ -270,7 +285,7 @@ def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str,
             return Decision(False, f"global_sync: the kernel would have {segs} grid-barrier segments "
                             f"(the greedy walk stops at {MAX_SEGMENTS})"), conns
     return can_connect(graph, conns, edge, level, device, mode, group_of_stage.__getitem__,
-                       keep_tiles=level == Conn.GLOBAL_SYNC, kept=kept, beat=beat)
+                       keep_tiles=level == Conn.GLOBAL_SYNC, kept=kept, beat=beat, standing=standing)
 
 
 MAX_SEGMENTS = 6  # grid-barrier segments per kernel a greedy walk may build (bounds the work of every
@@ -311,6 +326,7 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
     log: list[str] = []
     group_of_stage: dict[str, set[str]] = {s.name: {s.name} for s in graph.stages}
     kept: dict[str, Tile] = {}  # segment anchor -> tile, for groups whose last merge kept tiles
+    standing: dict = {}  # frozenset(group) -> its schedule as it stands (`_as_it_stands`)
     for edge in graph.edges:
         if conns[edge].fused:
             log.append(f"{edge[0]} -> {edge[1]}: {conns[edge].value} (kept: fused with its group)")
@@ -325,7 +341,8 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
                     noes.append(STAGING_SAVES_NOTHING)
                     continue
                 beat = best[0].score if best is not None else math.inf
-                decision, trial = _try_level(graph, conns, edge, level, device, mode, group_of_stage, kept, beat)
+                decision, trial = _try_level(graph, conns, edge, level, device, mode, group_of_stage, kept, beat,
+                                             standing)
                 if not decision.ok:
                     noes.append(decision.reason)
                 elif best is None or decision.score < best[0].score - 1e-9:
