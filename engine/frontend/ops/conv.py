@@ -1,14 +1,18 @@
 """Conv (1-D/2-D/3-D, groups, strides, dilations, explicit and auto pads) -> one contraction stage over
-(input channel of the group, kernel taps) with halo loads reading 0, plus a bias epilogue stage."""
+(input channel of the group, kernel taps) with halo loads reading 0, plus a bias epilogue stage.
+ConvTranspose -> one such conv stage per output residue class (the taps that reach it, none of the
+inserted zeros) and a layout stage interleaving them."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 from engine.frontend.context import LowerCtx, OnnxNode, register
 from engine.ir import expr as E
 from engine.ir import index as I
+from engine.ir.dtypes import DType
 from engine.ir.graph import Combine, StageKind
 
 
@@ -106,3 +110,136 @@ def convert_conv(ctx: LowerCtx, node: OnnxNode) -> None:
         # A separate elementwise stage, so it can fuse as the contraction's epilogue.
         y = E.add(ctx.load(target, ivars), ctx.load(node.inputs[2], (ivars[1],)))
         ctx.elementwise(out, out_shape, ctx.dtype(x), y, op="bias_add")
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """One output residue class of a transposed conv along one axis: the kernel taps that reach it, in
+    the order the phase conv runs them, and the input offset of its first tap."""
+
+    taps: tuple[int, ...]  # kernel positions, last-reaching first (the phase conv's tap 0 reads the lowest input)
+    offset: int  # input position read by phase output 0 at phase tap 0
+    step: int  # input positions between consecutive phase taps (the phase conv's dilation)
+
+
+def transposed_phases(stride: int, dilation: int, kernel: int, pad_begin: int) -> list[_Phase]:
+    """Per output residue r (output o = stride*q + r): a transposed conv adds x[i] * w[k] into
+    o = stride*i + dilation*k - pad_begin, so o's residue is reached by the taps k with
+    (r + pad_begin - dilation*k) divisible by stride, each from input i = q + (r + pad_begin - dilation*k) / stride.
+    Run with those taps reversed, each residue class is a plain (correlation) conv over q with stride 1,
+    dilation dilation/gcd and a constant offset: no multiply-add by an inserted zero."""
+    out = []
+    for r in range(stride):
+        taps = [k for k in range(kernel) if (r + pad_begin - dilation * k) % stride == 0]
+        taps.reverse()
+        offset = (r + pad_begin - dilation * taps[0]) // stride if taps else 0
+        out.append(_Phase(tuple(taps), offset, dilation // math.gcd(stride, dilation)))
+    return out
+
+
+@register("ConvTranspose")
+def convert_conv_transpose(ctx: LowerCtx, node: OnnxNode) -> None:
+    """ConvTranspose (1-D/2-D/3-D, groups, strides, dilations, pads, output_padding, output_shape, auto_pad)
+    -> per output residue class (stride_h x stride_w ... of them) one plain conv stage over the taps that reach
+    it (`transposed_phases`: the weight read in place through its index, reversed along the taps), and one
+    layout stage interleaving them; a bias is its own epilogue stage, as Conv's."""
+    x, wname = node.inputs[0], node.inputs[1]
+    xs, ws = ctx.shape(x), ctx.shape(wname)
+    if len(xs) < 3 or len(ws) != len(xs):
+        raise ctx.unsupported(f"input of shape {xs} with weight of shape {ws}")
+    n, c_in = xs[0], xs[1]
+    spatial = tuple(xs[2:])
+    nd = len(spatial)
+    groups = int(ctx.attr(node, "group", 1))
+    og = ws[1]
+    kernel = tuple(int(k) for k in ctx.attr(node, "kernel_shape", ws[2:]))
+    if ws[0] != c_in or c_in % groups or kernel != tuple(ws[2:]):
+        raise ctx.unsupported(f"group={groups} and kernel_shape {list(kernel)} with {c_in} input channels and "
+                              f"weight {ws} (want [C_in, C_out/group, k...])")
+    cg, c_out = c_in // groups, og * groups
+    strides = tuple(int(s) for s in ctx.attr(node, "strides", [1] * nd))
+    dil = tuple(int(d) for d in ctx.attr(node, "dilations", [1] * nd))
+    extra = tuple(int(p) for p in ctx.attr(node, "output_padding", [0] * nd))
+    if any(e >= max(s, d) for e, s, d in zip(extra, strides, dil)) or min(strides + dil) < 1:
+        raise ctx.unsupported(f"strides {list(strides)}, dilations {list(dil)} with output_padding {list(extra)}")
+    full = [s * (i - 1) + e + (k - 1) * d + 1 for s, i, e, k, d in zip(strides, spatial, extra, kernel, dil)]
+    auto = ctx.attr(node, "auto_pad", "NOTSET")
+    wanted = ctx.attr(node, "output_shape", None)
+    if wanted is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        target = [int(v) for v in wanted][-nd:] if wanted is not None else [i * s for i, s in zip(spatial, strides)]
+        # ONNX: the padding that gives that shape (negative: rows past the full output, reading zeros), split
+        # with the odd one at the end for SAME_UPPER, at the beginning otherwise.
+        total = [f - t for f, t in zip(full, target)]
+        upper = auto == "SAME_UPPER"
+        begin = [t // 2 if upper else t - t // 2 for t in total]
+        end = [t - b for t, b in zip(total, begin)]
+    elif auto == "VALID":
+        begin = end = [0] * nd
+    elif auto in ("NOTSET", ""):
+        pads = [int(p) for p in ctx.attr(node, "pads", [0] * (2 * nd))]
+        begin, end = pads[:nd], pads[nd:]
+    else:
+        raise ctx.unsupported(f"auto_pad={auto}")
+    out_sp = tuple(f - b - e for f, b, e in zip(full, begin, end))
+    if min(out_sp) < 1:
+        raise ctx.unsupported(f"pads {begin + end} that leave an output of {list(out_sp)}")
+    phases = [transposed_phases(s, d, k, b) for s, d, k, b in zip(strides, dil, kernel, begin)]
+    qs = tuple(-(-o // s) for o, s in zip(out_sp, strides))  # phase outputs: every residue's rows, at most
+    out = node.outputs[0]
+    dtype = ctx.dtype(x)
+    ivars = I.out_vars(2 + nd)
+    made: dict[tuple[int, ...], E.Expr] = {}
+    has_bias = ctx.has(node, 2)
+    target = ctx.tmp(out, "convt") if has_bias else out
+    alone = all(s == 1 for s in strides)  # one residue class: its conv is the output
+    for residues in itertools.product(*[range(min(s, o)) for s, o in zip(strides, out_sp)]):
+        ph = [phases[k][r] for k, r in enumerate(residues)]
+        if any(not p.taps for p in ph):
+            continue  # no tap reaches this residue class: zeros (plus the bias)
+        rv = I.red_vars(1 + nd)
+        taps = tuple(len(p.taps) for p in ph)
+        # Output channel o = group g, channel oo in it; input channel g*cg + c. Weight [C_in, C_out/g, k...].
+        gi = I.floordiv(ivars[1], og) if groups > 1 else I.const(0)
+        chan = gi * cg + rv[0] if groups > 1 else rv[0]
+        wch = I.mod(ivars[1], og) if groups > 1 else ivars[1]
+        xidx = [ivars[0], chan]
+        widx = [chan, wch]
+        halo = False
+        for k, p in enumerate(ph):
+            t = rv[1 + k]
+            xidx.append(ivars[2 + k] + t * p.step + p.offset)
+            last = (qs[k] - 1) + (len(p.taps) - 1) * p.step + p.offset
+            halo = halo or p.offset < 0 or last >= spatial[k]
+            # Tap j of the phase is kernel position taps[j] = taps[0] - j * (kernel step between them).
+            kstep = (p.taps[0] - p.taps[1]) if len(p.taps) > 1 else 0
+            widx.append(t * (-kstep) + p.taps[0])
+        body = E.mul(ctx.load(x, tuple(xidx), pad=0.0 if halo else None), ctx.load(wname, tuple(widx)))
+        name = target if alone else ctx.tmp(out, "phase" + "".join(map(str, residues)))
+        ctx.emit(name, (n, c_out) + qs, dtype, body, kind=StageKind.CONTRACTION, op="conv",
+                 reduce=(cg,) + taps, combine=Combine.SUM)
+        made[residues] = ctx.load(name, (ivars[0], ivars[1]) + tuple(
+            I.floordiv(ivars[2 + k], s) if s > 1 else ivars[2 + k] for k, s in enumerate(strides)))
+    zero = E.imm(0.0, dtype)
+    if not alone:
+        body = _interleave(made, strides, out_sp, ivars, zero) if made else zero
+        ctx.emit(target, (n, c_out) + out_sp, dtype, body, kind=StageKind.LAYOUT, op="conv_transpose")
+    if has_bias:
+        y = E.add(ctx.load(target, ivars), ctx.load(node.inputs[2], (ivars[1],)))
+        ctx.elementwise(out, (n, c_out) + out_sp, dtype, y, op="bias_add")
+
+
+def _interleave(made: dict, strides: tuple[int, ...], out_sp: tuple[int, ...], ivars, zero: E.Expr,
+                prefix: tuple[int, ...] = ()) -> E.Expr:
+    """The phase an output element belongs to, chosen axis by axis by its residue (a select chain)."""
+    k = len(prefix)
+    if k == len(strides):
+        return made.get(prefix, zero)
+    s = strides[k]
+    arms = [_interleave(made, strides, out_sp, ivars, zero, prefix + (r,)) for r in range(min(s, out_sp[k]))]
+    if len(arms) == 1:
+        return arms[0]
+    residue = E.index_val(I.mod(ivars[2 + k], s))
+    body = arms[-1]
+    for r in range(len(arms) - 2, -1, -1):
+        body = E.select(E.binary("eq", residue, E.imm(r, DType.I64)), arms[r], body)
+    return body
