@@ -224,6 +224,49 @@ def build_decoder_kv(gen):
                "past_v": torch.randn(*shape, generator=gen)}
 
 
+class UNet(nn.Module):
+    """U-Net for segmentation (Ronneberger et al.; the layout of the widely used Pytorch-UNet): double 3x3
+    conv blocks with BatchNorm, three 2x2 max-pool downsamplings, and back up two ways — learned 2x2
+    stride-2 transposed convs on the two deep levels, bilinear upsampling (align_corners, as Pytorch-UNet's
+    bilinear variant) then a 3x3 conv on the last — each concatenated with its skip, then a 1x1 head."""
+
+    def __init__(self, classes: int = 4, width: int = 12):
+        super().__init__()
+
+        def block(ci, co):
+            return nn.Sequential(nn.Conv2d(ci, co, 3, padding=1, bias=False), nn.BatchNorm2d(co), nn.ReLU(),
+                                 nn.Conv2d(co, co, 3, padding=1, bias=False), nn.BatchNorm2d(co), nn.ReLU())
+
+        w = width
+        self.enc = nn.ModuleList([block(3, w), block(w, 2 * w), block(2 * w, 4 * w)])
+        self.bottom = block(4 * w, 8 * w)
+        self.pool = nn.MaxPool2d(2)
+        self.up3 = nn.ConvTranspose2d(8 * w, 4 * w, 2, stride=2)
+        self.dec3 = block(8 * w, 4 * w)
+        self.up2 = nn.ConvTranspose2d(4 * w, 2 * w, 2, stride=2)
+        self.dec2 = block(4 * w, 2 * w)
+        self.up1 = nn.Sequential(nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True),
+                                 nn.Conv2d(2 * w, w, 3, padding=1))
+        self.dec1 = block(2 * w, w)
+        self.head = nn.Conv2d(w, classes, 1)
+
+    def forward(self, x):
+        skips = []
+        for enc in self.enc:
+            x = enc(x)
+            skips.append(x)
+            x = self.pool(x)
+        x = self.bottom(x)
+        for up, dec, skip in ((self.up3, self.dec3, skips[2]), (self.up2, self.dec2, skips[1]),
+                              (self.up1, self.dec1, skips[0])):
+            x = dec(torch.cat([skip, up(x)], dim=1))
+        return self.head(x)
+
+
+def build_unet(gen):
+    return UNet(), _image(gen, 64)
+
+
 ZOO = (
     ZooModel("bert", "BERT", "BertModel: 2 layers, hidden 128, 4 heads, FFN 512, seq 128 with 16 padded tokens "
              "(attention mask from the input), eager attention, pooler.", build_bert,
@@ -261,4 +304,8 @@ ZOO = (
              "KV cache: RMSNorm, rotary embeddings, the new k/v concatenated onto 63 cached positions, one "
              "query row (GEMV-shaped projections and attention), SiLU-gated MLP; outputs the hidden state "
              "and the updated caches.", build_decoder_kv, ("hidden", "present_k", "present_v")),
+    ZooModel("unet", "U-Net", "U-Net for segmentation on a 64x64 image: double 3x3 conv + BatchNorm + ReLU blocks "
+             "at widths 12/24/48/96, 2x2 max pools, up by 2x2 stride-2 ConvTranspose twice and by bilinear "
+             "Upsample (align_corners) + 3x3 conv once, skip concats, 1x1 head to 4 classes.", build_unet,
+             ("logits",)),
 )

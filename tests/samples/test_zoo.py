@@ -44,7 +44,7 @@ KNOWN_FAILURES: dict[tuple[str, str], tuple[type[Exception], str]] = {}
 DEFAULT_CELLS = {
     ("bert", "stitch"), ("vit", "elementwise"), ("swin", "stitch"), ("mobilenetv2", "unfused"),
     ("resnet", "welder"), ("convnext", "stitch"), ("lstm", "unfused"), ("nerf", "welder"),
-    ("gpt2", "welder"), ("efficientnet", "welder"), ("decoder_kv", "stitch"),
+    ("gpt2", "welder"), ("efficientnet", "welder"), ("decoder_kv", "stitch"), ("unet", "welder"),
 }
 
 
@@ -150,7 +150,7 @@ def test_cpu_backend_matches_onnxruntime(name, policy):
 
 
 # Welder plans that schedule in a few seconds (the others take 10-45 s each: `slow`).
-FAST_WELDER = {"resnet", "nerf", "decoder_kv"}
+FAST_WELDER = {"resnet", "nerf", "decoder_kv", "unet"}
 
 
 def _floor_cell(name: str, policy: str):
