@@ -42,13 +42,7 @@ def window_of(ctx: LowerCtx, node: OnnxNode, spatial: tuple[int, ...], kernel: t
         big = [t - t // 2 for t in total]
         begin, end = (small, big) if auto == "SAME_UPPER" else (big, small)
         return Window(out, tuple(begin), tuple(end), strides, dil)
-    if auto == "VALID":
-        begin = end = [0] * nd
-    elif auto in ("NOTSET", ""):
-        pads = [int(p) for p in ctx.attr(node, "pads", [0] * (2 * nd))]
-        begin, end = pads[:nd], pads[nd:]
-    else:
-        raise ctx.unsupported(f"auto_pad={auto}")
+    begin, end = explicit_pads(ctx, node, nd)
     out = []
     for k in range(nd):
         room = spatial[k] + begin[k] + end[k] - span[k]
@@ -60,6 +54,17 @@ def window_of(ctx: LowerCtx, node: OnnxNode, spatial: tuple[int, ...], kernel: t
             o -= 1  # the last window must start inside the input or its begin padding
         out.append(o)
     return Window(tuple(out), tuple(begin), tuple(end), strides, dil)
+
+
+def explicit_pads(ctx: LowerCtx, node: OnnxNode, nd: int) -> tuple[list[int], list[int]]:
+    """(begin, end) padding per spatial axis where auto_pad is VALID, NOTSET or absent (the `pads` attribute)."""
+    auto = ctx.attr(node, "auto_pad", "NOTSET")
+    if auto == "VALID":
+        return [0] * nd, [0] * nd
+    if auto not in ("NOTSET", ""):
+        raise ctx.unsupported(f"auto_pad={auto}")
+    pads = [int(p) for p in ctx.attr(node, "pads", [0] * (2 * nd))]
+    return pads[:nd], pads[nd:]
 
 
 def tap_index(w: Window, k: int, out_var: I.Lin, tap_var: I.Lin) -> I.Lin:
@@ -173,13 +178,8 @@ def convert_conv_transpose(ctx: LowerCtx, node: OnnxNode) -> None:
         upper = auto == "SAME_UPPER"
         begin = [t // 2 if upper else t - t // 2 for t in total]
         end = [t - b for t, b in zip(total, begin)]
-    elif auto == "VALID":
-        begin = end = [0] * nd
-    elif auto in ("NOTSET", ""):
-        pads = [int(p) for p in ctx.attr(node, "pads", [0] * (2 * nd))]
-        begin, end = pads[:nd], pads[nd:]
     else:
-        raise ctx.unsupported(f"auto_pad={auto}")
+        begin, end = explicit_pads(ctx, node, nd)
     out_sp = tuple(f - b - e for f, b, e in zip(full, begin, end))
     if min(out_sp) < 1:
         raise ctx.unsupported(f"pads {begin + end} that leave an output of {list(out_sp)}")
