@@ -1,4 +1,5 @@
-"""Resize (opsets 10-19) and the older Upsample -> one layout stage. Per resized axis the importer works out,
+"""Resize (opsets 10-19) and the older Upsample -> a layout stage per axis with several taps (innermost first),
+the one-tap axes in the first (nearest: one stage). Per resized axis the importer works out,
 for every output position, which input positions it reads and with what weights (the ONNX reference's own
 rules: coordinate transformation, nearest rounding, linear and cubic coefficients, edge padding,
 exclude_outside); the stage sums the products of the axes' weights times the input read there. A position
@@ -186,6 +187,32 @@ def lower_resize(ctx: LowerCtx, node: OnnxNode, x: str, out_shape: tuple[int, ..
     dtype = ctx.dtype(x)
     if not dtype.is_float and any(w is not None for axis in axes for _, w in axis):
         raise ctx.unsupported(f"mode={mode} on {dtype.value} data")
+    filtered = [k for k, taps in enumerate(axes) if len(taps) > 1]
+    if len(filtered) > 1 and not (inside and extrapolation != 0.0):
+        # Separable, as the ONNX reference computes it: one stage per axis with several taps, innermost first
+        # (its gathered reads on the smaller tensor; the next axis reads whole rows), the one-tap axes with
+        # the first. 2 + 2 taps instead of 4 products of 3 factors, and the outer axis's reads contiguous.
+        src, shape = x, list(in_shape)
+        for j, k in enumerate(reversed(filtered)):
+            now = [k] + ([a for a in range(len(axes)) if a not in filtered] if j == 0 else [])
+            for a in now:
+                shape[a] = out_shape[a]
+            parts = [axes[a] if a in now else [(ivars[a], None)] for a in range(len(axes))]
+            name = out if j == len(filtered) - 1 else ctx.tmp(out, f"resize{k}")
+            ctx.emit(name, tuple(shape), dtype, _sum_of_taps(ctx, src, parts), kind=StageKind.LAYOUT, op="resize")
+            src = name
+        return
+    body = _sum_of_taps(ctx, x, axes)
+    if inside and extrapolation != 0.0:  # outside the input on some axis: the extrapolation value
+        every = inside[0]
+        for v in inside[1:]:
+            every = E.mul(every, v)
+        body = E.add(body, E.mul(E.sub(E.imm(1.0, dtype), every), E.imm(extrapolation, dtype)))
+    ctx.emit(out, out_shape, dtype, body, kind=StageKind.LAYOUT, op="resize")
+
+
+def _sum_of_taps(ctx: LowerCtx, x: str, axes: list) -> E.Expr:
+    """Sum over every combination of the axes' taps of the input read there times the taps' weights."""
     body = None
     for combo in itertools.product(*axes):
         term = ctx.load(x, tuple(index for index, _ in combo))
@@ -193,12 +220,7 @@ def lower_resize(ctx: LowerCtx, node: OnnxNode, x: str, out_shape: tuple[int, ..
             if w is not None:
                 term = E.mul(term, w)
         body = term if body is None else E.add(body, term)
-    if inside and extrapolation != 0.0:  # outside the input on some axis: the extrapolation value
-        every = inside[0]
-        for v in inside[1:]:
-            every = E.mul(every, v)
-        body = E.add(body, E.mul(E.sub(E.imm(1.0, dtype), every), E.imm(extrapolation, dtype)))
-    ctx.emit(out, out_shape, dtype, body, kind=StageKind.LAYOUT, op="resize")
+    return body
 
 
 @register("Resize")
