@@ -81,14 +81,20 @@ def has_halo(w: Window, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> bo
     return False
 
 
-@register("Conv")
-def convert_conv(ctx: LowerCtx, node: OnnxNode) -> None:
+def _operands(ctx: LowerCtx, node: OnnxNode) -> tuple[str, str, tuple[int, ...], tuple[int, ...]]:
+    """(input, weight, their shapes) of a Conv or ConvTranspose: a batch, channels and a spatial axis at least,
+    and a weight of the same rank."""
     x, wname = node.inputs[0], node.inputs[1]
     xs, ws = ctx.shape(x), ctx.shape(wname)
     if len(xs) < 3 or len(ws) != len(xs):
         raise ctx.unsupported(f"input of shape {xs} with weight of shape {ws}")
-    n, c_in = xs[0], xs[1]
-    spatial = tuple(xs[2:])
+    return x, wname, xs, ws
+
+
+@register("Conv")
+def convert_conv(ctx: LowerCtx, node: OnnxNode) -> None:
+    x, wname, xs, ws = _operands(ctx, node)
+    n, c_in, spatial = xs[0], xs[1], tuple(xs[2:])
     c_out, cg = ws[0], ws[1]
     kernel = tuple(ws[2:])
     groups = int(ctx.attr(node, "group", 1))
@@ -148,12 +154,8 @@ def convert_conv_transpose(ctx: LowerCtx, node: OnnxNode) -> None:
     -> per output residue class (stride_h x stride_w ... of them) one plain conv stage over the taps that reach
     it (`transposed_phases`: the weight read in place through its index, reversed along the taps), and one
     layout stage interleaving them; a bias is its own epilogue stage, as Conv's."""
-    x, wname = node.inputs[0], node.inputs[1]
-    xs, ws = ctx.shape(x), ctx.shape(wname)
-    if len(xs) < 3 or len(ws) != len(xs):
-        raise ctx.unsupported(f"input of shape {xs} with weight of shape {ws}")
-    n, c_in = xs[0], xs[1]
-    spatial = tuple(xs[2:])
+    x, wname, xs, ws = _operands(ctx, node)
+    n, c_in, spatial = xs[0], xs[1], tuple(xs[2:])
     nd = len(spatial)
     groups = int(ctx.attr(node, "group", 1))
     og = ws[1]
