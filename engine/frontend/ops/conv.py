@@ -194,16 +194,15 @@ def convert_conv_transpose(ctx: LowerCtx, node: OnnxNode) -> None:
     has_bias = ctx.has(node, 2)
     target = ctx.tmp(out, "convt") if has_bias else out
     alone = all(s == 1 for s in strides)  # one residue class: its conv is the output
+    rv = I.red_vars(1 + nd)
+    # Output channel o = group g, channel oo in it; input channel g*cg + c. Weight [C_in, C_out/g, k...].
+    chan = I.floordiv(ivars[1], og) * cg + rv[0] if groups > 1 else rv[0]
+    wch = I.mod(ivars[1], og) if groups > 1 else ivars[1]
     for residues in itertools.product(*[range(min(s, o)) for s, o in zip(strides, out_sp)]):
         ph = [phases[k][r] for k, r in enumerate(residues)]
         if any(not p.taps for p in ph):
             continue  # no tap reaches this residue class: zeros (plus the bias)
-        rv = I.red_vars(1 + nd)
         taps = tuple(len(p.taps) for p in ph)
-        # Output channel o = group g, channel oo in it; input channel g*cg + c. Weight [C_in, C_out/g, k...].
-        gi = I.floordiv(ivars[1], og) if groups > 1 else I.const(0)
-        chan = gi * cg + rv[0] if groups > 1 else rv[0]
-        wch = I.mod(ivars[1], og) if groups > 1 else ivars[1]
         xidx = [ivars[0], chan]
         widx = [chan, wch]
         halo = False

@@ -126,8 +126,8 @@ def affine_index(table: np.ndarray, n_in: int, var: I.Lin) -> I.Lin | None:
 def lower_resize(ctx: LowerCtx, node: OnnxNode, x: str, out_shape: tuple[int, ...], mode: str, coord: str,
                  rounding: str, cubic_a: float, exclude_outside: bool, scales: list[float], antialias: bool = False,
                  roi: list[float] | None = None, extrapolation: float = 0.0) -> None:
-    """The layout stage of a Resize; `roi` (tf_crop_and_resize): per axis (start, end) of the crop, positions
-    whose coordinate falls outside the input reading `extrapolation`."""
+    """The layout stages of a Resize (one per axis with several taps, else one); `roi` (tf_crop_and_resize): per
+    axis (start, end) of the crop, positions whose coordinate falls outside the input reading `extrapolation`."""
     in_shape = ctx.shape(x)
     ivars = I.out_vars(len(out_shape))
     out = node.outputs[0]
