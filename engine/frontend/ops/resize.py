@@ -20,6 +20,10 @@ from engine.ir import index as I
 from engine.ir.dtypes import DType
 from engine.ir.graph import StageKind
 
+# A Resize with several taps on more than one axis: one stage per such axis (False: one stage summing every
+# combination of taps, kept for benchmarks/bench_resize.py's comparison; 3.3x slower on unet's upsampling).
+SEPARABLE = True
+
 COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
@@ -188,7 +192,7 @@ def lower_resize(ctx: LowerCtx, node: OnnxNode, x: str, out_shape: tuple[int, ..
     if not dtype.is_float and any(w is not None for axis in axes for _, w in axis):
         raise ctx.unsupported(f"mode={mode} on {dtype.value} data")
     filtered = [k for k, taps in enumerate(axes) if len(taps) > 1]
-    if len(filtered) > 1 and not (inside and extrapolation != 0.0):
+    if SEPARABLE and len(filtered) > 1 and not (inside and extrapolation != 0.0):
         # Separable, as the ONNX reference computes it: one stage per axis with several taps, innermost first
         # (its gathered reads on the smaller tensor; the next axis reads whole rows), the one-tap axes with
         # the first. 2 + 2 taps instead of 4 products of 3 factors, and the outer axis's reads contiguous.
