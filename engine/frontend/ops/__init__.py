@@ -1,4 +1,17 @@
 """ONNX op converters, one small function per op (or family), registered in one table
 (`engine.frontend.context.CONVERTERS`). Importing this package registers them all."""
 
-from engine.frontend.ops import conv, einsum, elementwise, layout, nn, norm, pool, reduce, resize, rnn, shape  # noqa: F401
+from engine.frontend.ops import (  # noqa: F401
+    attention,
+    conv,
+    einsum,
+    elementwise,
+    layout,
+    nn,
+    norm,
+    pool,
+    reduce,
+    resize,
+    rnn,
+    shape,
+)
