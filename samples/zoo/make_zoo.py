@@ -54,7 +54,8 @@ def export(entry: ZooModel, model: torch.nn.Module, inputs: dict[str, torch.Tens
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                program = torch.onnx.export(model, args, dynamo=True, verbose=False, **names)
+                opset = {"opset_version": entry.opset} if entry.opset else {}
+                program = torch.onnx.export(model, args, dynamo=True, verbose=False, **names, **opset)
             proto = program.model_proto
             ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
             return proto, "dynamo", ""

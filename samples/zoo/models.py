@@ -17,6 +17,7 @@ class ZooModel:
     description: str
     build: Callable[[torch.Generator], tuple[nn.Module, dict[str, torch.Tensor]]]
     outputs: tuple[str, ...]
+    opset: int | None = None  # the dynamo exporter's default (20 with torch 2.13) when None
 
 
 def _image(gen: torch.Generator, size: int) -> dict[str, torch.Tensor]:
@@ -267,6 +268,18 @@ def build_unet(gen):
     return UNet(), _image(gen, 64)
 
 
+def build_llama(gen):
+    """Exported at opset 23, where torch writes scaled_dot_product_attention as one Attention node and
+    nn.RMSNorm as RMSNormalization (the ops modern decoder exports carry)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, use_cache=False,
+                      attn_implementation="sdpa")
+    ids = torch.randint(0, cfg.vocab_size, (1, 32), generator=gen)
+    return _hf(LlamaModel, cfg, {"input_ids": ids}, ("last_hidden_state",))
+
+
 ZOO = (
     ZooModel("bert", "BERT", "BertModel: 2 layers, hidden 128, 4 heads, FFN 512, seq 128 with 16 padded tokens "
              "(attention mask from the input), eager attention, pooler.", build_bert,
@@ -308,4 +321,8 @@ ZOO = (
              "at widths 12/24/48/96, 2x2 max pools, up by 2x2 stride-2 ConvTranspose twice and by bilinear "
              "Upsample (align_corners) + 3x3 conv once, skip concats, 1x1 head to 4 classes.", build_unet,
              ("logits",)),
+    ZooModel("llama", "LLaMA (opset 23)", "LlamaModel (prefill): 2 layers, hidden 64, 4 query heads over 2 KV heads "
+             "(grouped-query), 32 tokens, rotary embeddings, SiLU-gated MLP; exported at opset 23, so attention "
+             "is one Attention node (causal) and each RMSNorm one RMSNormalization node.", build_llama,
+             ("last_hidden_state",), opset=23),
 )
