@@ -212,3 +212,45 @@ def convert_gather(ctx: LowerCtx, node: OnnxNode) -> None:
     index = tuple(ivars[:axis]) + (sel,) + tuple(ivars[axis + len(ishape):])
     ctx.emit(node.outputs[0], out_shape, ctx.dtype(data), ctx.load(data, index), kind=StageKind.LAYOUT,
              op="gather")
+
+
+@register("DepthToSpace", "SpaceToDepth")
+def convert_depth_space(ctx: LowerCtx, node: OnnxNode) -> None:
+    """Pixel shuffle and unshuffle as one index map each: DepthToSpace moves blocksize^2 channel groups into
+    blocksize x blocksize spatial blocks (DCR: the block offset is the channel's high part; CRD: its low
+    part), SpaceToDepth the reverse."""
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    if len(shape) != 4:
+        raise ctx.unsupported(f"an input of rank {len(shape)} (NCHW expected)")
+    b = int(node.attrs.get("blocksize", 0))
+    mode = ctx.attr(node, "mode", "DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if b < 1 or mode not in ("DCR", "CRD"):
+        raise ctx.unsupported(f"blocksize {b} with mode {mode} (a blocksize of at least 1, DCR or CRD)")
+    n, c, h, w = shape
+    if node.op_type == "DepthToSpace":
+        if c % (b * b):
+            raise ctx.unsupported(f"{c} channels for blocksize {b} (a multiple of {b * b} expected)")
+        out_shape = (n, c // (b * b), h * b, w * b)
+    else:
+        if h % b or w % b:
+            raise ctx.unsupported(f"spatial size {h}x{w} for blocksize {b} (multiples of it expected)")
+        out_shape = (n, c * b * b, h // b, w // b)
+    o = I.out_vars(4)
+    ranges = {f"i{k}": (0, d - 1) for k, d in enumerate(out_shape)}
+    fd = lambda e, k: I.floordiv(e, k, ranges)  # noqa: E731
+    md = lambda e, k: I.mod(e, k, ranges)  # noqa: E731
+    if node.op_type == "DepthToSpace":
+        cout = out_shape[1]
+        bh, bw = md(o[2], b), md(o[3], b)
+        chan = (bh * b + bw) * cout + o[1] if mode == "DCR" else o[1] * (b * b) + bh * b + bw
+        index = (o[0], chan, fd(o[2], b), fd(o[3], b))
+    else:
+        if mode == "DCR":
+            blk, chan = fd(o[1], c), md(o[1], c)
+        else:
+            blk, chan = md(o[1], b * b), fd(o[1], b * b)
+        index = (o[0], chan, o[2] * b + fd(blk, b), o[3] * b + md(blk, b))
+    ctx.emit(node.outputs[0], out_shape, ctx.dtype(x), ctx.load(x, index), kind=StageKind.LAYOUT,
+             op=node.op_type.lower())

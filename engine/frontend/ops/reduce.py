@@ -121,3 +121,28 @@ def convert_argmax(ctx: LowerCtx, node: OnnxNode) -> None:
     oshape = ctx.shape(pos)
     ctx.elementwise(out, oshape, DType.I64,
                     E.sub(E.imm(n - 1, DType.I64), ctx.load(pos, I.out_vars(len(oshape)))), op="argpos")
+
+
+@register("CumSum")
+def convert_cumsum(ctx: LowerCtx, node: OnnxNode) -> None:
+    """A reduction over the whole axis whose term k counts where k <= i (k < i with `exclusive`; k >= i or
+    k > i with `reverse`): one stage, n terms per output along the axis (n^2 along it: position ids and
+    prefix sums of short axes, as exporters write them)."""
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    axes = ctx.require_const(node.inputs[1], "axis").ravel()
+    if axes.size != 1 or not -rank <= int(axes[0]) < rank:
+        raise ctx.unsupported(f"axis {axes.tolist()} for a rank-{rank} input (one axis in [-{rank}, {rank}))")
+    axis = int(axes[0]) % rank
+    exclusive, reverse = bool(int(ctx.attr(node, "exclusive", 0))), bool(int(ctx.attr(node, "reverse", 0)))
+    ivars = I.out_vars(rank)
+    k = I.var("r0")
+    index = tuple(k if d == axis else v for d, v in enumerate(ivars))
+    term = ctx.load(x, index)
+    # The term counts when (k - i) compares to 0 as: k <= i, k < i, k >= i, k > i.
+    op = {(False, False): "le", (True, False): "lt", (False, True): "ge", (True, True): "gt"}[(exclusive, reverse)]
+    keep = E.binary(op, E.index_val(k - ivars[axis]), E.imm(0, DType.I64))
+    body = E.select(keep, term, E.imm(0, term.dtype))
+    ctx.emit(node.outputs[0], shape, ctx.dtype(x), body, kind=StageKind.REDUCE, op="cumsum", reduce=(shape[axis],),
+             combine=Combine.SUM)

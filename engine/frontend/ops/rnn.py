@@ -1,6 +1,8 @@
-"""LSTM unrolled over its (static) sequence into primitives: one batched input projection per
-direction (X @ Wᵀ for all steps), then per step a recurrent contraction (h_{t-1} @ Rᵀ), a cell stage
-(c_t from the i, f, g gates) and a hidden stage (h_t from the o gate); Y, Y_h, Y_c gather the steps."""
+"""LSTM, GRU and RNN unrolled over their (static) sequence into primitives: one batched input projection
+per direction (X @ Wᵀ for all steps), then per step a recurrent contraction (h_{t-1} @ Rᵀ) and the gate
+stages — LSTM: a cell stage (c_t from the i, f, g gates) and a hidden stage (h_t from the o gate); GRU: the
+hidden stage from the z, r, h gates (with linear_before_reset 0, r ⊙ h_{t-1} first, then its own
+contraction); RNN: the hidden stage — and Y, Y_h (Y_c) gather the steps."""
 
 from __future__ import annotations
 
@@ -42,21 +44,35 @@ def _activate(name: str, x: E.Expr, ctx: LowerCtx) -> E.Expr:
     raise ctx.unsupported(f"activation {name}")
 
 
-def _gate(ctx: LowerCtx, p: _Lstm, g: str, t: int, hr: str | None, c: E.Expr | None) -> E.Expr:
-    """Pre-activation of gate g at step t over the (batch=i0, hidden=i1) grid."""
+def _clip(x: E.Expr, clip: float | None, dtype: DType) -> E.Expr:
+    if clip is None:
+        return x
+    return E.binary("min", E.binary("max", x, E.imm(-clip, dtype)), E.imm(clip, dtype))
+
+
+def _input_part(ctx: LowerCtx, p, k: int, ngates: int, t: int, input_bias: bool = True,
+                recurrent_bias: bool = True) -> E.Expr:
+    """Gate row block k of step t's input projection over the (batch=i0, hidden=i1) grid, plus the biases
+    asked for (ONNX packs B as the input biases of every gate, then the recurrent ones)."""
     b, h = I.out_vars(2)
-    row = h + GATES[g] * p.hidden
+    row = h + k * p.hidden
     x = ctx.load(p.xw, (b + t * p.batch, row))
+    if p.bias is not None and input_bias:
+        x = E.add(x, ctx.load(p.bias, (I.const(p.d), row)))
+    if p.bias is not None and recurrent_bias:
+        x = E.add(x, ctx.load(p.bias, (I.const(p.d), row + ngates * p.hidden)))
+    return x
+
+
+def _gate(ctx: LowerCtx, p: _Lstm, g: str, t: int, hr: str | None, c: E.Expr | None) -> E.Expr:
+    """Pre-activation of LSTM gate g at step t over the (batch=i0, hidden=i1) grid."""
+    b, h = I.out_vars(2)
+    x = _input_part(ctx, p, GATES[g], 4, t)
     if hr is not None:
-        x = E.add(x, ctx.load(hr, (b, row)))
-    if p.bias is not None:
-        x = E.add(x, E.add(ctx.load(p.bias, (I.const(p.d), row)),
-                           ctx.load(p.bias, (I.const(p.d), row + 4 * p.hidden))))
+        x = E.add(x, ctx.load(hr, (b, h + GATES[g] * p.hidden)))
     if p.peep is not None and c is not None and g in PEEPHOLES:
         x = E.add(x, E.mul(ctx.load(p.peep, (I.const(p.d), h + PEEPHOLES[g] * p.hidden)), c))
-    if p.clip is not None:
-        x = E.binary("min", E.binary("max", x, E.imm(-p.clip, p.dtype)), E.imm(p.clip, p.dtype))
-    return x
+    return _clip(x, p.clip, p.dtype)
 
 
 def _direction(ctx: LowerCtx, node: OnnxNode, p: _Lstm, steps: list[int], batch: int, h0, c0,
@@ -64,16 +80,11 @@ def _direction(ctx: LowerCtx, node: OnnxNode, p: _Lstm, steps: list[int], batch:
     """Emit the steps of one direction in execution order; returns step -> h stage, c stage."""
     hs, cs = {}, {}
     b, h = I.out_vars(2)
-    r = I.var("r0")
     h_prev, c_prev = h0, c0  # loads over (b, k) / (b, h), or None for zeros
     H = p.hidden
     for t in steps:
         tag = f"d{p.d}.t{t}"
-        hr = None
-        if h_prev is not None:
-            body = E.mul(h_prev(b, r), ctx.load(p.w_r, (I.const(p.d), h, r)))
-            hr = ctx.emit(ctx.tmp(out, f"{tag}.hr"), (batch, 4 * H), p.dtype, body,
-                          kind=StageKind.CONTRACTION, op="lstm.recurrent", reduce=(H,), combine=Combine.SUM)
+        hr = _recurrent(ctx, p, h_prev, 4 * H, ctx.tmp(out, f"{tag}.hr"), "lstm.recurrent")
         cp = c_prev(b, h) if c_prev is not None else None
         f_act, g_act, h_act = p.acts
         i_g = _activate(f_act, _gate(ctx, p, "i", t, hr, cp), ctx)
@@ -88,8 +99,7 @@ def _direction(ctx: LowerCtx, node: OnnxNode, p: _Lstm, steps: list[int], batch:
         h_name = ctx.elementwise(ctx.tmp(out, f"{tag}.h"), (batch, H), p.dtype,
                                  E.mul(o_g, _activate(h_act, c_new, ctx)), op="lstm.hidden")
         hs[t], cs[t] = h_name, c_name
-        h_prev = (lambda hn: lambda bb, kk: ctx.load(hn, (bb, kk)))(h_name)
-        c_prev = (lambda cn: lambda bb, kk: ctx.load(cn, (bb, kk)))(c_name)
+        h_prev, c_prev = _loader(h_name, ctx), _loader(c_name, ctx)
     return hs, cs
 
 
@@ -105,40 +115,42 @@ def _pick(choices: list[tuple[list[tuple[I.Lin, int]], E.Expr]]) -> E.Expr:
     return body
 
 
-@register("LSTM")
-def convert_lstm(ctx: LowerCtx, node: OnnxNode) -> None:
+def _unroll(ctx: LowerCtx, node: OnnxNode, ngates: int, acts_per_dir: list[str], steps_of, cell: bool) -> None:
+    """What LSTM, GRU and RNN share: the attributes, each direction's input projection and initial
+    state, its steps (`steps_of(p, steps, h0, c0, out)` -> step -> h stage, and -> c stage where `cell`) and
+    the outputs Y, Y_h and (LSTM) Y_c gathered from the steps."""
     x, w, r = node.inputs[:3]
     inp = list(node.inputs) + [""] * 8
     layout = int(ctx.attr(node, "layout", 0))
     xs = ctx.shape(x)
     seq, batch = (xs[0], xs[1]) if layout == 0 else (xs[1], xs[0])
-    ndir, four_h, isz = ctx.shape(w)
-    H = int(ctx.attr(node, "hidden_size", four_h // 4))
+    ndir, gates_h, isz = ctx.shape(w)
+    H = int(ctx.attr(node, "hidden_size", gates_h // ngates))
     direction = ctx.attr(node, "direction", "forward")
-    if int(ctx.attr(node, "input_forget", 0)):
-        raise ctx.unsupported("input_forget=1")
     if ctx.has(node, 4):
         lens = ctx.require_const(inp[4], "sequence_lens")
         if (lens != seq).any():
             raise ctx.unsupported("sequence_lens shorter than the sequence")
-    acts = list(ctx.attr(node, "activations", ["Sigmoid", "Tanh", "Tanh"] * ndir))
+    acts = list(ctx.attr(node, "activations", acts_per_dir * ndir))
     clip = ctx.attr(node, "clip", None)
     dt = ctx.dtype(x)
     out = next(o for o in node.outputs if o)
     rv = I.var("r0")
     hs_all, cs_all = {}, {}
     for d in range(ndir):
-        # The input projection of every step at once, as one (seq * batch) x 4H GEMM (row t * batch
-        # + b): a 2-D contraction tiles as a GEMM, a (seq, batch, 4H) one as seq products of a
+        # The input projection of every step at once, as one (seq * batch) x gates*H GEMM (row t * batch
+        # + b): a 2-D contraction tiles as a GEMM, a (seq, batch, gates*H) one as seq products of a
         # batch-row matrix (one-row dot products at batch 1).
         j, g = I.out_vars(2)
         step, row = (I.floordiv(j, batch), I.mod(j, batch)) if batch > 1 else (j, I.const(0))
         xidx = (step, row, rv) if layout == 0 else (row, step, rv)
-        xw = ctx.emit(ctx.tmp(out, f"d{d}.xw"), (seq * batch, 4 * H), dt,
+        xw = ctx.emit(ctx.tmp(out, f"d{d}.xw"), (seq * batch, ngates * H), dt,
                       E.mul(ctx.load(x, xidx), ctx.load(w, (I.const(d), g, rv))),
-                      kind=StageKind.CONTRACTION, op="lstm.input", reduce=(isz,), combine=Combine.SUM)
-        p = _Lstm(d, H, xw, r, inp[3] or None, inp[7] or None, None if clip is None else float(clip),
-                  tuple(acts[3 * d:3 * d + 3]), dt, batch)
+                      kind=StageKind.CONTRACTION, op=f"{node.op_type.lower()}.input", reduce=(isz,),
+                      combine=Combine.SUM)
+        k = len(acts_per_dir)
+        p = _Lstm(d, H, xw, r, inp[3] or None, inp[7] or None if cell else None,
+                  None if clip is None else float(clip), tuple(acts[k * d:k * d + k]), dt, batch)
 
         def init(name: str, d: int = d):
             if not name:
@@ -147,7 +159,8 @@ def convert_lstm(ctx: LowerCtx, node: OnnxNode) -> None:
 
         reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
         steps = list(range(seq))[::-1] if reverse else list(range(seq))
-        hs, cs = _direction(ctx, node, p, steps, batch, init(inp[5]), init(inp[6]), out)
+        got = steps_of(p, steps, init(inp[5]), init(inp[6]) if cell else None, out)
+        hs, cs = got if cell else (got, {})
         hs_all[d], cs_all[d] = (hs, cs, steps[-1]), cs
     outs = list(node.outputs) + ["", "", ""]
     if outs[0]:
@@ -156,11 +169,109 @@ def convert_lstm(ctx: LowerCtx, node: OnnxNode) -> None:
         choices = [([(t_var, t), (d_var, d)], ctx.load(hs_all[d][0][t], (bvar, hvar)))
                    for d in range(ndir) for t in range(seq)]
         shape = (seq, ndir, batch, H) if layout == 0 else (batch, seq, ndir, H)
-        ctx.emit(outs[0], shape, dt, _pick(choices), kind=StageKind.LAYOUT, op="lstm.y")
+        ctx.emit(outs[0], shape, dt, _pick(choices), kind=StageKind.LAYOUT, op=f"{node.op_type.lower()}.y")
     for k, table in ((1, {d: hs_all[d][0] for d in hs_all}), (2, cs_all)):
         if outs[k]:
             v = I.out_vars(3)
             d_var, bvar, hvar = (v[0], v[1], v[2]) if layout == 0 else (v[1], v[0], v[2])
             choices = [([(d_var, d)], ctx.load(table[d][hs_all[d][2]], (bvar, hvar))) for d in range(ndir)]
             shape = (ndir, batch, H) if layout == 0 else (batch, ndir, H)
-            ctx.emit(outs[k], shape, dt, _pick(choices), kind=StageKind.LAYOUT, op="lstm.state")
+            ctx.emit(outs[k], shape, dt, _pick(choices), kind=StageKind.LAYOUT,
+                     op=f"{node.op_type.lower()}.state")
+
+
+def _recurrent(ctx: LowerCtx, p: _Lstm, h_prev, rows: int, name: str, op: str, offset: int = 0) -> str | None:
+    """h_{t-1} @ Rᵀ over `rows` gate rows from `offset`, (batch, rows); None while h_{t-1} is zeros."""
+    if h_prev is None:
+        return None
+    b, h = I.out_vars(2)
+    r = I.var("r0")
+    body = E.mul(h_prev(b, r), ctx.load(p.w_r, (I.const(p.d), h + offset, r)))
+    return ctx.emit(name, (p.batch, rows), p.dtype, body, kind=StageKind.CONTRACTION, op=op, reduce=(p.hidden,),
+                    combine=Combine.SUM)
+
+
+def _gru_gate(ctx: LowerCtx, p: _Lstm, k: int, t: int, hr: str | None, act: str) -> E.Expr:
+    """GRU gate k (0: update z, 1: reset r) at step t, activated."""
+    b, h = I.out_vars(2)
+    x = _input_part(ctx, p, k, 3, t)
+    if hr is not None:
+        x = E.add(x, ctx.load(hr, (b, h + k * p.hidden)))
+    return _activate(act, _clip(x, p.clip, p.dtype), ctx)
+
+
+def _loader(name: str, ctx: LowerCtx):
+    return lambda bb, kk: ctx.load(name, (bb, kk))
+
+
+@register("LSTM")
+def convert_lstm(ctx: LowerCtx, node: OnnxNode) -> None:
+    if int(ctx.attr(node, "input_forget", 0)):
+        raise ctx.unsupported("input_forget=1")
+
+    def steps_of(p, steps, h0, c0, out):
+        return _direction(ctx, node, p, steps, p.batch, h0, c0, out)
+
+    _unroll(ctx, node, 4, ["Sigmoid", "Tanh", "Tanh"], steps_of, cell=True)
+
+
+@register("GRU")
+def convert_gru(ctx: LowerCtx, node: OnnxNode) -> None:
+    """Gates z, r, h (ONNX's packing): z and r from the input and recurrent projections, the candidate
+    h~ = g(x Wh + (r ⊙ h_{t-1}) Rh + biases) — or with linear_before_reset, g(x Wh + Wbh + r ⊙ (h_{t-1} Rh +
+    Rbh)) — and h_t = (1 - z) ⊙ h~ + z ⊙ h_{t-1}."""
+    before = bool(int(ctx.attr(node, "linear_before_reset", 0)))
+
+    def steps_of(p, steps, h0, _c0, out):
+        b, h = I.out_vars(2)
+        hs, h_prev = {}, h0
+        f_act, g_act = p.acts
+        H = p.hidden
+        for t in steps:
+            tag = f"d{p.d}.t{t}"
+            hr = _recurrent(ctx, p, h_prev, 3 * H if before else 2 * H, ctx.tmp(out, f"{tag}.hr"), "gru.recurrent")
+
+            z, rg = (_gru_gate(ctx, p, k, t, hr, f_act) for k in (0, 1))
+            cand = _input_part(ctx, p, 2, 3, t, recurrent_bias=not before)
+            if before:  # r ⊙ (h_{t-1} Rhᵀ + Rbh)
+                rec = [ctx.load(hr, (b, h + 2 * H))] if hr is not None else []
+                if p.bias is not None:
+                    rec.append(ctx.load(p.bias, (I.const(p.d), h + 5 * H)))
+                if rec:
+                    cand = E.add(cand, E.mul(rg, rec[0] if len(rec) == 1 else E.add(*rec)))
+            elif h_prev is not None:  # (r ⊙ h_{t-1}) Rhᵀ: the reset applied before the product
+                gated = ctx.elementwise(ctx.tmp(out, f"{tag}.rh"), (p.batch, H), p.dtype,
+                                        E.mul(rg, h_prev(b, h)), op="gru.reset")
+                rh = _recurrent(ctx, p, _loader(gated, ctx), H, ctx.tmp(out, f"{tag}.rhr"), "gru.recurrent",
+                                offset=2 * H)
+                cand = E.add(cand, ctx.load(rh, (b, h)))
+            cand = _activate(g_act, _clip(cand, p.clip, p.dtype), ctx)
+            new = E.mul(E.sub(E.imm(1.0, p.dtype), z), cand)
+            if h_prev is not None:
+                new = E.add(new, E.mul(z, h_prev(b, h)))
+            hs[t] = ctx.elementwise(ctx.tmp(out, f"{tag}.h"), (p.batch, H), p.dtype, new, op="gru.hidden")
+            h_prev = _loader(hs[t], ctx)
+        return hs
+
+    _unroll(ctx, node, 3, ["Sigmoid", "Tanh"], steps_of, cell=False)
+
+
+@register("RNN")
+def convert_rnn(ctx: LowerCtx, node: OnnxNode) -> None:
+    """h_t = f(x Wᵀ + h_{t-1} Rᵀ + Wb + Rb)."""
+
+    def steps_of(p, steps, h0, _c0, out):
+        b, h = I.out_vars(2)
+        hs, h_prev = {}, h0
+        for t in steps:
+            tag = f"d{p.d}.t{t}"
+            hr = _recurrent(ctx, p, h_prev, p.hidden, ctx.tmp(out, f"{tag}.hr"), "rnn.recurrent")
+            x = _input_part(ctx, p, 0, 1, t)
+            if hr is not None:
+                x = E.add(x, ctx.load(hr, (b, h)))
+            hs[t] = ctx.elementwise(ctx.tmp(out, f"{tag}.h"), (p.batch, p.hidden), p.dtype,
+                                    _activate(p.acts[0], _clip(x, p.clip, p.dtype), ctx), op="rnn.hidden")
+            h_prev = _loader(hs[t], ctx)
+        return hs
+
+    _unroll(ctx, node, 1, ["Tanh"], steps_of, cell=False)
