@@ -371,7 +371,7 @@ def search_group(
         chosen[:] = record_mappings(graph, segs, conns, chosen, device)
     try:
         cost = estimate_group(graph, stages, conns, chosen, device, segs=segs, local=local, exact=True)
-    except CountBudgetError:
+    except (CountBudgetError, PlanError):
         if not violations:
             raise
         cost = None  # refused already (the violations say why): nothing to cost
@@ -469,6 +469,10 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
                 cost = estimate_group(graph, stages, conns, trial, device, segs=segs, local=local)
             except CountBudgetError:
                 continue  # refused by check_group (rule 9) already; a lone candidate is kept below anyway
+            except PlanError:
+                if not bad:
+                    raise
+                continue  # a kernel codegen cannot build, refused by check_group (its segment_sink rule) already
             traffic = cost.traffic_bytes["dram"] + cost.traffic_bytes["l2"]
             scored.append(((traffic + 1) * cost.waves, cost.modeled_us, t, cost, traffic, i))
         if not scored:

@@ -285,7 +285,7 @@ def _check_tile(graph, seg, conns, tile: Tile, device: Device, name: str) -> lis
     except CountBudgetError as err:
         return out + [Violation("recompute", subject, str(err))]
     except PlanError as err:
-        return out + [Violation("segment_sink", subject, err.message)]
+        return out + [Violation("segment_sink", subject, str(err))]
     if use.shared_bytes > device.max_smem_per_block_bytes:
         out.append(Violation("footprint", subject, f"needs {use.shared_bytes} B of shared memory per block, "
                              f"device has {device.max_smem_per_block_bytes} B (use a smaller tile)"))
