@@ -26,7 +26,11 @@ def _catalog():
     import transformers as T
 
     def ids(n: int = 16):
-        return {"input_ids": torch.randint(0, 100, (1, n), generator=torch.Generator().manual_seed(1))}
+        # Two sequences, the second padded at its end: the mask goes through the graph into the attention.
+        mask = torch.ones(2, n, dtype=torch.int64)
+        mask[1, n - 5:] = 0
+        return {"input_ids": torch.randint(0, 100, (2, n), generator=torch.Generator().manual_seed(1)),
+                "attention_mask": mask}
 
     def img(size: int = 32):
         return {"pixel_values": torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1))}
