@@ -151,7 +151,7 @@ ZOO = Path(__file__).resolve().parents[4] / "samples" / "zoo"
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "vit", "mobilevit", "swin", "convnext", "gpt2", "resnet", "efficientnet",
-                                  "mobilenetv2", "lstm", "nerf", "decoder_kv"])
+                                  "mobilenetv2", "lstm", "nerf", "decoder_kv", "unet", "llama"])
 def test_zoo_welder_cuda_matches_onnxruntime_with_zero_findings(name: str) -> None:
     """The real exports' welder CUDA programs at their real launches (bert's was 5e-2 off with no finding
     until a precedence bug in the thread-per-row GEMM path was fixed: a wrong value, not a bad access)."""
