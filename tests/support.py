@@ -29,6 +29,27 @@ def run_ort(model: str | Path, feeds: dict[str, np.ndarray]) -> dict[str, np.nda
     return dict(zip(names, sess.run(names, feeds)))
 
 
+def graph_model(nodes, inputs: dict, consts: dict, outs=("y",), opset: int = 23) -> onnx.ModelProto:
+    """A one-graph model of `nodes` (default domain at `opset`, IR 10): graph inputs typed and shaped as the
+    arrays in `inputs`, initializers from `consts`, float outputs named `outs`, shapes inferred."""
+    from onnx import numpy_helper
+
+    g = helper.make_graph(
+        nodes, "t", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                     for n, v in inputs.items()],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnxruntime (CPU) outputs of an in-memory model, in graph output order."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
 def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
     """max |got - want| relative to max |want| (near-zero entries judged on the output's scale)."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)

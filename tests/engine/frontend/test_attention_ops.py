@@ -11,11 +11,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from support import max_rel_error  # noqa: E402
+from support import graph_model, max_rel_error, ort_outputs  # noqa: E402
 
 from engine.api import load_graph  # noqa: E402
 from engine.errors import UnsupportedOpError  # noqa: E402
@@ -24,21 +24,12 @@ from engine.ir.graph import StageKind  # noqa: E402
 from engine.runtime.execute import run_model  # noqa: E402
 from engine.runtime.reference import run_reference  # noqa: E402
 
-_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
-          np.dtype(np.bool_): TensorProto.BOOL}
-
 
 def _model(nodes, inputs: dict, consts: dict, outs=("y",), opset: int = 23):
-    g = helper.make_graph(
-        nodes, "t", [helper.make_tensor_value_info(n, _TYPES[v.dtype], v.shape) for n, v in inputs.items()],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
-        [numpy_helper.from_array(v, n) for n, v in consts.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    return onnx.shape_inference.infer_shapes(m)
+    return graph_model(nodes, inputs, consts, outs, opset)
 
 
-def _ort(model, feeds):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+_ort = ort_outputs
 
 
 # name: (Q, K, V shapes, past length or 0, attributes, mask: None | "float" | "bool" | "short", nonpad lengths)

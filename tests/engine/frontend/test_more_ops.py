@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from support import max_rel_error  # noqa: E402
+from support import graph_model, max_rel_error, ort_outputs  # noqa: E402
 
 from engine.api import load_graph  # noqa: E402
 from engine.errors import UnsupportedOpError  # noqa: E402
@@ -26,16 +26,10 @@ from engine.runtime.reference import run_reference  # noqa: E402
 
 
 def _model(nodes, inputs: dict, consts: dict, outs=("y",), opset: int = 22):
-    g = helper.make_graph(
-        nodes, "t", [helper.make_tensor_value_info(n, TensorProto.FLOAT, v.shape) for n, v in inputs.items()],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
-        [numpy_helper.from_array(v, n) for n, v in consts.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    return onnx.shape_inference.infer_shapes(m)
+    return graph_model(nodes, inputs, consts, outs, opset)
 
 
-def _ort(model, feeds):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+_ort = ort_outputs
 
 
 # name: (op, seq, batch, input, hidden, directions, attributes, with bias, with initial state, layout)
