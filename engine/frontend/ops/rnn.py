@@ -50,26 +50,27 @@ def _clip(x: E.Expr, clip: float | None, dtype: DType) -> E.Expr:
     return E.binary("min", E.binary("max", x, E.imm(-clip, dtype)), E.imm(clip, dtype))
 
 
-def _input_part(ctx: LowerCtx, p, k: int, ngates: int, t: int, input_bias: bool = True,
+def _input_part(ctx: LowerCtx, p, k: int, ngates: int, t: int, hr: str | None = None, input_bias: bool = True,
                 recurrent_bias: bool = True) -> E.Expr:
-    """Gate row block k of step t's input projection over the (batch=i0, hidden=i1) grid, plus the biases
-    asked for (ONNX packs B as the input biases of every gate, then the recurrent ones)."""
+    """Gate row block k of step t's input projection over the (batch=i0, hidden=i1) grid, plus the same rows
+    of the recurrent product `hr` where given, plus the biases asked for (ONNX packs B as the input biases of
+    every gate, then the recurrent ones; both: added as one sum)."""
     b, h = I.out_vars(2)
     row = h + k * p.hidden
     x = ctx.load(p.xw, (b + t * p.batch, row))
-    if p.bias is not None and input_bias:
-        x = E.add(x, ctx.load(p.bias, (I.const(p.d), row)))
-    if p.bias is not None and recurrent_bias:
-        x = E.add(x, ctx.load(p.bias, (I.const(p.d), row + ngates * p.hidden)))
+    if hr is not None:
+        x = E.add(x, ctx.load(hr, (b, row)))
+    biases = [ctx.load(p.bias, (I.const(p.d), row + off)) for off, want in
+              ((0, input_bias), (ngates * p.hidden, recurrent_bias)) if want and p.bias is not None]
+    if biases:
+        x = E.add(x, biases[0] if len(biases) == 1 else E.add(*biases))
     return x
 
 
 def _gate(ctx: LowerCtx, p: _Lstm, g: str, t: int, hr: str | None, c: E.Expr | None) -> E.Expr:
     """Pre-activation of LSTM gate g at step t over the (batch=i0, hidden=i1) grid."""
     b, h = I.out_vars(2)
-    x = _input_part(ctx, p, GATES[g], 4, t)
-    if hr is not None:
-        x = E.add(x, ctx.load(hr, (b, h + GATES[g] * p.hidden)))
+    x = _input_part(ctx, p, GATES[g], 4, t, hr)
     if p.peep is not None and c is not None and g in PEEPHOLES:
         x = E.add(x, E.mul(ctx.load(p.peep, (I.const(p.d), h + PEEPHOLES[g] * p.hidden)), c))
     return _clip(x, p.clip, p.dtype)
@@ -193,11 +194,7 @@ def _recurrent(ctx: LowerCtx, p: _Lstm, h_prev, rows: int, name: str, op: str, o
 
 def _gru_gate(ctx: LowerCtx, p: _Lstm, k: int, t: int, hr: str | None, act: str) -> E.Expr:
     """GRU gate k (0: update z, 1: reset r) at step t, activated."""
-    b, h = I.out_vars(2)
-    x = _input_part(ctx, p, k, 3, t)
-    if hr is not None:
-        x = E.add(x, ctx.load(hr, (b, h + k * p.hidden)))
-    return _activate(act, _clip(x, p.clip, p.dtype), ctx)
+    return _activate(act, _clip(_input_part(ctx, p, k, 3, t, hr), p.clip, p.dtype), ctx)
 
 
 def _loader(name: str, ctx: LowerCtx):
@@ -261,14 +258,11 @@ def convert_rnn(ctx: LowerCtx, node: OnnxNode) -> None:
     """h_t = f(x Wᵀ + h_{t-1} Rᵀ + Wb + Rb)."""
 
     def steps_of(p, steps, h0, _c0, out):
-        b, h = I.out_vars(2)
         hs, h_prev = {}, h0
         for t in steps:
             tag = f"d{p.d}.t{t}"
             hr = _recurrent(ctx, p, h_prev, p.hidden, ctx.tmp(out, f"{tag}.hr"), "rnn.recurrent")
-            x = _input_part(ctx, p, 0, 1, t)
-            if hr is not None:
-                x = E.add(x, ctx.load(hr, (b, h)))
+            x = _input_part(ctx, p, 0, 1, t, hr)
             hs[t] = ctx.elementwise(ctx.tmp(out, f"{tag}.h"), (p.batch, p.hidden), p.dtype,
                                     _activate(p.acts[0], _clip(x, p.clip, p.dtype), ctx), op="rnn.hidden")
             h_prev = _loader(hs[t], ctx)
