@@ -156,7 +156,8 @@ def convert_attention(ctx: LowerCtx, node: OnnxNode) -> None:
     bias from attn_mask (additive, or boolean: False masks; padded with masked keys where shorter than the
     keys), is_causal (a query attends keys up to its own position, offset by the past or by
     nonpad_kv_seqlen), the sliding window and nonpad_kv_seqlen (keys past a batch's length masked).
-    qk_matmul_output_mode 0-3 selects which logits the fourth output holds."""
+    qk_matmul_output_mode 0-3 selects which logits the fourth output holds; softmax_precision the dtype the
+    softmax runs in."""
     q_in, k_in, v_in = node.inputs[:3]
     opt = lambda k: node.inputs[k] if ctx.has(node, k) else None  # noqa: E731
     mask, past_k, past_v, nonpad = opt(3), opt(4), opt(5), opt(6)
@@ -209,12 +210,14 @@ def convert_attention(ctx: LowerCtx, node: OnnxNode) -> None:
                       ctx.shape(past_k)[2] if past_k is not None else 0)
     if keep is not None:
         x = E.select(keep, x, E.imm(_NEG_INF, dt))
-    logits = ctx.elementwise(ctx.tmp(out, "logits"), shape, dt, x, op="attention.logits")
-    probs = _guarded_softmax(ctx, ctx.tmp(out, "probs") if mode != 3 or not outs[3] else outs[3], logits)
+    # softmax_precision: the biased logits cast to it for the softmax, the probabilities cast back (reference).
+    sdt = _precision(ctx, node, dt)
+    logits = ctx.elementwise(ctx.tmp(out, "logits"), shape, sdt, E.cast(x, sdt), op="attention.logits")
+    probs = _guarded_softmax(ctx, ctx.tmp(out, "probs") if mode != 3 or not outs[3] else outs[3], logits, dt)
     if outs[3] and mode in (0, 1):
         ctx.elementwise(outs[3], shape, dt, capped, op="attention.qk_out")
     elif outs[3] and mode == 2:
-        ctx.elementwise(outs[3], shape, dt, ctx.load(logits, iv), op="attention.qk_out")
+        ctx.elementwise(outs[3], shape, dt, x if sdt != dt else ctx.load(logits, iv), op="attention.qk_out")
     yshape = (bsz, hq, sq, dv)
     yv = I.out_vars(4)
     yranges = {f"i{n}": (0, m - 1) for n, m in enumerate(yshape)}
@@ -286,9 +289,22 @@ def _masked(ctx: LowerCtx, x: E.Expr, iv, shape, mask: str | None, causal: bool,
     return x, cond
 
 
-def _guarded_softmax(ctx: LowerCtx, out: str, x: str) -> str:
+def _precision(ctx: LowerCtx, node: OnnxNode, dt: DType) -> DType:
+    """The softmax's dtype: softmax_precision where given (a float type), else the inputs'."""
+    code = ctx.attr(node, "softmax_precision", None)
+    if code is None:
+        return dt
+    from engine.frontend.importer import dtype_of_onnx
+
+    sdt = dtype_of_onnx(int(code))
+    if not sdt.is_float:
+        raise ctx.unsupported(f"softmax_precision {int(code)} ({sdt.value}; a float type expected)")
+    return sdt
+
+
+def _guarded_softmax(ctx: LowerCtx, out: str, x: str, out_dtype: DType | None = None) -> str:
     """Softmax over the last axis that gives 0 on a row whose every logit is -inf (every key masked), as the
-    reference does: the max taken as 0 there, the sum as 1."""
+    reference does: the max taken as 0 there, the sum as 1. Computed in `x`'s dtype, stored as `out_dtype`."""
     shape = ctx.shape(x)
     dt = ctx.dtype(x)
     m = reduce_into(ctx, ctx.tmp(out, "max"), x, (len(shape) - 1,), True, Combine.MAX, op="softmax.max")
@@ -298,4 +314,5 @@ def _guarded_softmax(ctx: LowerCtx, out: str, x: str) -> str:
     s = reduce_into(ctx, ctx.tmp(out, "sum"), e, (len(shape) - 1,), True, Combine.SUM, op="softmax.sum")
     ss = ctx.bload(s, shape)
     total = E.select(E.binary("eq", ss, E.imm(0.0, dt)), E.imm(1.0, dt), ss)
-    return ctx.elementwise(out, shape, dt, E.div(ctx.bload(e, shape), total), op="softmax")
+    out_dtype = out_dtype or dt
+    return ctx.elementwise(out, shape, out_dtype, E.cast(E.div(ctx.bload(e, shape), total), out_dtype), op="softmax")

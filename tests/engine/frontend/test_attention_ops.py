@@ -209,3 +209,21 @@ def test_what_they_do_not_do_is_refused_in_one_line(node, inputs, match):
     with pytest.raises(UnsupportedOpError, match=match) as err:
         lower(import_onnx(model))
     assert "\n" not in str(err.value)
+
+
+def test_softmax_precision_is_the_dtype_the_softmax_runs_in():
+    """softmax_precision float16 on float32 inputs: the softmax rounds to half precision (as the reference
+    computes it), visibly apart from the float32 softmax; float32 itself changes nothing."""
+    rng = np.random.default_rng(12)
+    feeds = {n: rng.standard_normal((1, 2, 5, 8)).astype(np.float32) for n in ("q", "k", "v")}
+
+    def run(**attrs):
+        model = _model([helper.make_node("Attention", ["q", "k", "v"], ["y"], **attrs)], feeds, {})
+        return run_reference(lower(import_onnx(model)), feeds)["y"], model
+
+    plain, _ = run()
+    same, _ = run(softmax_precision=TensorProto.FLOAT)
+    half, model = run(softmax_precision=TensorProto.FLOAT16)
+    np.testing.assert_array_equal(same, plain)
+    np.testing.assert_allclose(half, ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-3, atol=1e-4)
+    assert np.abs(half - plain).max() > 1e-5
