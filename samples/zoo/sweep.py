@@ -129,12 +129,21 @@ def check(folder: Path) -> int:
               file=sys.stderr)
         return 2
     for path in paths:
-        io = np.load(path.with_suffix(".io.npz"))
+        data = path.with_suffix(".io.npz")
+        if not data.exists():
+            print(f"{path.stem:18s} FAIL no {data.name} beside it (export writes one per model)")
+            bad += 1
+            continue
+        io = np.load(data)
         try:
             graph = load_graph(path)
             got = run_reference(graph, {s.name: io[s.name] for s in graph.inputs})[graph.output_names[0]]
         except TileweaveError as err:
             print(f"{path.stem:18s} FAIL {err}")
+            bad += 1
+            continue
+        except Exception as err:  # a bug in tileweave: reported as such, and the sweep goes on
+            print(f"{path.stem:18s} FAIL internal error {type(err).__name__}: {str(err).splitlines()[0][:200]}")
             bad += 1
             continue
         want = io["y"]
