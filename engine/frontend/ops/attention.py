@@ -11,6 +11,7 @@ row every key of which is masked gives zeros, not NaN."""
 from __future__ import annotations
 
 from engine.frontend.context import LowerCtx, OnnxNode, register
+from engine.frontend.ops.nn import softmax_into
 from engine.frontend.ops.reduce import reduce_into
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -213,7 +214,8 @@ def convert_attention(ctx: LowerCtx, node: OnnxNode) -> None:
     # softmax_precision: the biased logits cast to it for the softmax, the probabilities cast back (reference).
     sdt = _precision(ctx, node, dt)
     logits = ctx.elementwise(ctx.tmp(out, "logits"), shape, sdt, E.cast(x, sdt), op="attention.logits")
-    probs = _guarded_softmax(ctx, ctx.tmp(out, "probs") if mode != 3 or not outs[3] else outs[3], logits, dt)
+    probs = softmax_into(ctx, ctx.tmp(out, "probs") if mode != 3 or not outs[3] else outs[3], logits, len(shape) - 1,
+                         guarded=True, out_dtype=dt)
     if outs[3] and mode in (0, 1):
         ctx.elementwise(outs[3], shape, dt, capped, op="attention.qk_out")
     elif outs[3] and mode == 2:
@@ -300,19 +302,3 @@ def _precision(ctx: LowerCtx, node: OnnxNode, dt: DType) -> DType:
     if not sdt.is_float:
         raise ctx.unsupported(f"softmax_precision {int(code)} ({sdt.value}; a float type expected)")
     return sdt
-
-
-def _guarded_softmax(ctx: LowerCtx, out: str, x: str, out_dtype: DType | None = None) -> str:
-    """Softmax over the last axis that gives 0 on a row whose every logit is -inf (every key masked), as the
-    reference does: the max taken as 0 there, the sum as 1. Computed in `x`'s dtype, stored as `out_dtype`."""
-    shape = ctx.shape(x)
-    dt = ctx.dtype(x)
-    m = reduce_into(ctx, ctx.tmp(out, "max"), x, (len(shape) - 1,), True, Combine.MAX, op="softmax.max")
-    ms = ctx.bload(m, shape)
-    safe = E.select(E.binary("eq", ms, E.imm(_NEG_INF, dt)), E.imm(0.0, dt), ms)
-    e = ctx.elementwise(ctx.tmp(out, "exp"), shape, dt, E.unary("exp", E.sub(ctx.bload(x, shape), safe)), op="exp")
-    s = reduce_into(ctx, ctx.tmp(out, "sum"), e, (len(shape) - 1,), True, Combine.SUM, op="softmax.sum")
-    ss = ctx.bload(s, shape)
-    total = E.select(E.binary("eq", ss, E.imm(0.0, dt)), E.imm(1.0, dt), ss)
-    out_dtype = out_dtype or dt
-    return ctx.elementwise(out, shape, out_dtype, E.cast(E.div(ctx.bload(e, shape), total), out_dtype), op="softmax")

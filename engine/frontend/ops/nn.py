@@ -61,12 +61,17 @@ def convert_matmul(ctx: LowerCtx, node: OnnxNode) -> None:
     matmul_into(ctx, node.outputs[0], node.inputs[0], node.inputs[1])
 
 
-def softmax_into(ctx: LowerCtx, out: str, x: str, axis: int, *, log: bool = False) -> str:
-    """max -> exp(x - max) -> sum -> divide (or x - max - log(sum) for LogSoftmax)."""
+def softmax_into(ctx: LowerCtx, out: str, x: str, axis: int, *, log: bool = False, guarded: bool = False,
+                 out_dtype=None) -> str:
+    """max -> exp(x - max) -> sum -> divide (or x - max - log(sum) for LogSoftmax). `guarded` (Attention's
+    softmax, as the ONNX reference computes it): a row whose every value is -inf gives 0, not NaN — its max
+    taken as 0, its sum as 1. `out_dtype`: the result cast to it (default `x`'s dtype, in which it runs)."""
     shape = ctx.shape(x)
     dt = ctx.dtype(x)
     m = reduce_into(ctx, ctx.tmp(out, "max"), x, (axis,), True, Combine.MAX, op="softmax.max")
     xs, ms = ctx.bload(x, shape), ctx.bload(m, shape)
+    if guarded:
+        ms = E.select(E.binary("eq", ms, E.imm(float("-inf"), dt)), E.imm(0.0, dt), ms)
     if log:
         e = ctx.elementwise(ctx.tmp(out, "exp"), shape, dt, E.unary("exp", E.sub(xs, ms)), op="exp")
         s = reduce_into(ctx, ctx.tmp(out, "sum"), e, (axis,), True, Combine.SUM, op="logsoftmax.sum")
@@ -74,7 +79,11 @@ def softmax_into(ctx: LowerCtx, out: str, x: str, axis: int, *, log: bool = Fals
         return ctx.elementwise(out, shape, dt, body, op="logsoftmax")
     e = ctx.elementwise(ctx.tmp(out, "exp"), shape, dt, E.unary("exp", E.sub(xs, ms)), op="exp")
     s = reduce_into(ctx, ctx.tmp(out, "sum"), e, (axis,), True, Combine.SUM, op="softmax.sum")
-    return ctx.elementwise(out, shape, dt, E.div(ctx.bload(e, shape), ctx.bload(s, shape)), op="softmax")
+    total = ctx.bload(s, shape)
+    if guarded:
+        total = E.select(E.binary("eq", total, E.imm(0.0, dt)), E.imm(1.0, dt), total)
+    out_dtype = out_dtype or dt
+    return ctx.elementwise(out, shape, out_dtype, E.cast(E.div(ctx.bload(e, shape), total), out_dtype), op="softmax")
 
 
 @register("Softmax", "LogSoftmax")
