@@ -336,7 +336,7 @@ def _make_recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, ancho
             continue
         ops = tuple((flops, v, math_op) for k, flops, v, math_op in nodes[s][0] if seen[k] == 1)
         if st.reduce:  # the combine, once per term of every distinct row the body reads
-            used = frozenset().union(*(v for _, v in nodes[s][1]), *(v for _, v in nodes[s][0]))
+            used = frozenset().union(*(v for _, v in nodes[s][1]), *(v for _, _, v, _ in nodes[s][0]))
             ops += ((1, frozenset(f"r{k}" for k in range(len(st.reduce))) | {v for v in used if v[0] == "i"}, False),)
         loads = tuple((t, v) for t, v in nodes[s][1] if t not in members and readers.get(t) == 1)
         stages.append((s, st, outside, 0.0, 0.0, ops, loads))

@@ -192,3 +192,16 @@ def test_position_ids_computed_in_graph_plan_and_run_under_every_policy(tmp_path
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
     got = run_model(load_graph(path), {"ids": ids}, backend="cpu", policy=policy).outputs["y"]
     assert max_rel_error(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("policy", ["unfused", "stitch", "welder"])
+@pytest.mark.parametrize("op", ["ReduceL1", "ReduceLogSumExp", "ReduceSumSquare"])
+def test_reductions_computing_their_terms_plan_and_run_under_every_policy(tmp_path, op, policy):
+    """A reduction whose terms are computed (ReduceL1's abs) made the tile search's floor fail to unpack its
+    body's operations (a ValueError planning any such graph): each reduction with a body, costed and run."""
+    x = np.random.default_rng(3).standard_normal((64, 300)).astype(np.float32)
+    model = _model([helper.make_node(op, ["x", "a"], ["y"], keepdims=0)], {"x": x}, {"a": np.asarray([1], np.int64)},
+                   opset=18)
+    onnx.save(model, tmp_path / "r.onnx")
+    got = run_model(load_graph(tmp_path / "r.onnx"), {"x": x}, backend="cpu", policy=policy).outputs["y"]
+    assert max_rel_error(got, _ort(model, {"x": x})[0]) < 1e-5
