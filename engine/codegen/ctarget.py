@@ -19,6 +19,7 @@ from engine.device import Device
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
+from engine.ir.expr import LIBM_CALLS
 from engine.ir.graph import Combine
 
 # ---- OpenMP: which segments get a team ------------------------------------------------------------
@@ -36,7 +37,7 @@ STREAM_WORK = 1 << 17  # element-steps from which a weight-streaming GEMV segmen
 # microseconds of work, against which a claim is noise.
 CLAIM_WORK = 1 << 14
 TRANSCENDENTAL_STEPS = 8  # element-steps one exp/tanh/erf/log/pow/sqrt/... counts for
-_EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos"}
+_EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "sin", "cos", *LIBM_CALLS}
 
 # ---- the GEMM micro-kernel -------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from engine.codegen.kir import Buffer, Kernel, Phase, Program, Region, Scope, Se
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
+from engine.ir.expr import LIBM_CALLS
 from engine.ir.graph import Combine
 
 
@@ -909,6 +910,7 @@ class Printer:
             "ceil": f"ceilf({x})", "floor": f"floorf({x})", "round": f"rintf({x})", "sin": f"sinf({x})",
             "cos": f"cosf({x})", "isnan": f"isnan({x})",
             "sign": f"(float)(({x} > 0.0f) - ({x} < 0.0f))",
+            **{name: f"{name}f({x})" for name in LIBM_CALLS},
         }[op]
 
     def binary(self, op: str, a: str, b: str, dtype: DType) -> str:

@@ -13,6 +13,7 @@ from engine.codegen.printer import BodyWriter, Printer, invariant_picks, invaria
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
+from engine.ir.expr import LIBM_CALLS
 from engine.ir.graph import Combine
 
 # no-trapping-math: nothing reads floating-point exception flags, and it lets GCC if-convert the
@@ -526,10 +527,11 @@ class CPrinter(Printer):
     locals_in_kernel_scope = False
     header = C_HEADER
     f16_type = "_Float16"
-    # Float ops printed as a scalar libm call: one lane per call (the host cost model reads this). None now:
-    # `unary` gives exp, log, tanh, erf, sigmoid, sin and cos inline helpers that vectorise (sinf / cosf were
-    # such calls: without -ffast-math GCC does not use libmvec, and nerf's encoding kernels ran one lane).
-    scalar_calls: frozenset = frozenset()
+    # Float ops printed as a scalar libm call: one lane per call (the host cost model reads this). `unary` gives
+    # exp, log, tanh, erf, sigmoid, sin and cos inline helpers that vectorise (sinf / cosf were such calls:
+    # without -ffast-math GCC does not use libmvec, and nerf's encoding kernels ran one lane); the inverse and
+    # hyperbolic trigonometric functions (ONNX Tan, Asin, ..., Atanh: rare in models) stay libm calls.
+    scalar_calls: frozenset = frozenset(LIBM_CALLS)
     # bert's head merge [1, 4, 128, 32] -> [1, 128, 128] read `(i1 * 4 + i2 / 32) * 32 + i2 % 32` per element:
     # a div and a mod per lane where the offset is `128 * i1 + i2`, a contiguous vector load
     flat_offsets = True

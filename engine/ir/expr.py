@@ -14,8 +14,11 @@ from engine.ir.dtypes import DType
 from engine.ir.hashing import hash_once
 from engine.ir.index import Lin, as_lin
 
+# Unary ops every target prints as the C math library's float function of the same name (tanf, asinf, ...:
+# CUDA and OpenCL have them too); the C target's are scalar calls, one vector lane each (CPrinter.scalar_calls).
+LIBM_CALLS = ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
 UNARY_OPS = frozenset(
-    "neg abs exp log sqrt rsqrt recip tanh erf sigmoid ceil floor round not sin cos isnan sign".split()
+    "neg abs exp log sqrt rsqrt recip tanh erf sigmoid ceil floor round not sin cos isnan sign".split() + list(LIBM_CALLS)
 )
 BINARY_OPS = frozenset("add sub mul div pow min max mod fmod eq ne lt le gt ge and or xor".split())
 COMPARE_OPS = frozenset("eq ne lt le gt ge".split())
@@ -27,6 +30,7 @@ LOGIC_OPS = frozenset("and or xor".split())
 OP_FLOPS = {
     "exp": 4, "log": 4, "sqrt": 2, "rsqrt": 2, "recip": 1, "tanh": 6, "erf": 8, "sigmoid": 5, "pow": 8,
     "sin": 6, "cos": 6, "div": 1,
+    "tan": 8, "asin": 8, "acos": 8, "atan": 8, "sinh": 8, "cosh": 8, "asinh": 8, "acosh": 8, "atanh": 8,
 }
 
 

@@ -341,7 +341,9 @@ _UNARY = {
     "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
     "rsqrt": lambda x: 1.0 / np.sqrt(x), "recip": lambda x: 1.0 / x, "tanh": np.tanh, "erf": _erf_np,
     "sigmoid": _sigmoid, "ceil": np.ceil, "floor": np.floor, "round": np.rint, "not": np.logical_not,
-    "sin": np.sin, "cos": np.cos, "isnan": np.isnan, "sign": np.sign,
+    "sin": np.sin, "cos": np.cos, "isnan": np.isnan, "sign": np.sign, "tan": np.tan, "asin": np.arcsin,
+    "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh,
+    "atanh": np.arctanh,
 }
 _BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _trunc_div, "pow": _pow,

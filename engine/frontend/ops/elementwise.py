@@ -11,7 +11,9 @@ _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow",
            "And": "and", "Or": "or", "Xor": "xor"}
 _UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Reciprocal": "recip",
           "Tanh": "tanh", "Erf": "erf", "Sigmoid": "sigmoid", "Ceil": "ceil", "Floor": "floor",
-          "Round": "round", "Not": "not", "Sin": "sin", "Cos": "cos", "IsNaN": "isnan", "Sign": "sign"}
+          "Round": "round", "Not": "not", "Sin": "sin", "Cos": "cos", "IsNaN": "isnan", "Sign": "sign",
+          "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh",
+          "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh"}
 
 
 def _operands(ctx: LowerCtx, node: OnnxNode, names=None):
