@@ -102,7 +102,10 @@ def check_group(
         out.extend(_checked_tile(graph, seg, conns, tile, device, name, local))
     inner = [(p, c) for p in stages for c in graph.consumers.get(p, ()) if c in seg_of]
     out.extend(_edge_violations(conns, inner, seg_of))
-    if any(conns.get(e) == Conn.GLOBAL_SYNC for e in inner) and not any(v.rule == "recompute" for v in out):
+    # The wave rule costs every segment's kernel: not where one is refused as unbuildable or too dear already
+    # (a gather through indices its own segment computes: building it raises, zoo-like MoE routing on a100).
+    if any(conns.get(e) == Conn.GLOBAL_SYNC for e in inner) and not any(
+            v.rule in ("recompute", "segment_sink") for v in out):
         out.extend(_check_wave(graph, segs, conns, tiles, device, name, local))
     return out
 

@@ -146,3 +146,49 @@ def convert_cumsum(ctx: LowerCtx, node: OnnxNode) -> None:
     body = E.select(keep, term, E.imm(0, term.dtype))
     ctx.emit(node.outputs[0], shape, ctx.dtype(x), body, kind=StageKind.REDUCE, op="cumsum", reduce=(shape[axis],),
              combine=Combine.SUM)
+
+
+@register("TopK")
+def convert_topk(ctx: LowerCtx, node: OnnxNode) -> None:
+    """The k largest (or smallest) along an axis, sorted, ties to the lower index (the ONNX order), without a
+    sort: each element's rank is a reduction over its axis — how many elements come before it in that order —
+    the indices a reduction picking the position of rank j for output j, and the values a gather through them.
+    The rank costs n terms per element (n^2 along the axis): fine for the short axes models take a top-k of
+    (experts, classes, boxes), quadratic on a vocabulary."""
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    axis = ctx.axis(node, rank, -1)
+    if ctx.opset >= 10:
+        ks = ctx.require_const(node.inputs[1], "K").ravel()
+        if ks.size != 1:
+            raise ctx.unsupported(f"K of {ks.size} values (one value expected)")
+        k = int(ks[0])
+    else:
+        k = int(ctx.attr(node, "k", 0))
+    n = shape[axis]
+    if not 0 <= k <= n:
+        raise ctx.unsupported(f"K={k} along an axis of {n} (0 <= K <= {n} expected)")
+    largest = bool(int(ctx.attr(node, "largest", 1)))
+    values, indices = node.outputs[0], node.outputs[1] if len(node.outputs) > 1 else ""
+    ivars = I.out_vars(rank)
+    m = I.var("r0")
+    other = ctx.load(x, tuple(m if d == axis else v for d, v in enumerate(ivars)))
+    mine = ctx.load(x, ivars)
+    # Element m comes before element i: it is larger (smaller), or equal at a lower index.
+    before = E.binary("or", E.binary("gt" if largest else "lt", other, mine),
+                      E.binary("and", E.binary("eq", other, mine),
+                               E.binary("lt", E.index_val(m - ivars[axis]), E.imm(0, DType.I64))))
+    order = ctx.emit(ctx.tmp(values or indices, "rank"), shape, DType.I64,
+                     E.select(before, E.imm(1, DType.I64), E.imm(0, DType.I64)), kind=StageKind.REDUCE, op="topk.rank",
+                     reduce=(n,), combine=Combine.SUM)
+    out_shape = tuple(k if d == axis else s for d, s in enumerate(shape))
+    at = ctx.load(order, tuple(m if d == axis else v for d, v in enumerate(ivars)))
+    picked = E.select(E.binary("eq", at, E.index_val(ivars[axis])), E.index_val(m), E.imm(-1, DType.I64))
+    where = indices or ctx.tmp(values, "indices")
+    ctx.emit(where, out_shape, DType.I64, picked, kind=StageKind.REDUCE, op="topk.indices", reduce=(n,),
+             combine=Combine.MAX)
+    if values:
+        sel = I.as_lin(I.Indirect(ctx.resolve(where), tuple(ivars), n))
+        ctx.emit(values, out_shape, ctx.dtype(x), ctx.load(x, tuple(sel if d == axis else v for d, v in enumerate(ivars))),
+                 kind=StageKind.LAYOUT, op="topk.values")
