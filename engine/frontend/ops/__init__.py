@@ -13,5 +13,6 @@ from engine.frontend.ops import (  # noqa: F401
     reduce,
     resize,
     rnn,
+    scatter,
     shape,
 )
