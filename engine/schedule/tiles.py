@@ -265,7 +265,7 @@ def _tile_pool(graph: PrimGraph, segment: Sequence[str], anchor: str, device: De
                 if elems > (16384 if gemm else most if bn == n else 8192) or (elems < 256 and not full) or (
                         bc > 1 and elems < 256 and bc < channels):
                     continue
-                shape = (1,) * max(0, rank - 2) + ((bm, bn) if rank >= 2 else (bn,))
+                shape = (1,) * max(0, rank - 2) + ((bm, bn) if rank >= 2 else (bn,) if rank else ())
                 if bc > 1:
                     shape = (1, bc, bm, bn)
                 options = (min(256, _r32(elems // 8)),) if gemm else sorted({min(256, _r32(elems)), min(1024, _r32(elems // 4))})

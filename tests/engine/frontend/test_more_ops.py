@@ -205,3 +205,17 @@ def test_reductions_computing_their_terms_plan_and_run_under_every_policy(tmp_pa
     onnx.save(model, tmp_path / "r.onnx")
     got = run_model(load_graph(tmp_path / "r.onnx"), {"x": x}, backend="cpu", policy=policy).outputs["y"]
     assert max_rel_error(got, _ort(model, {"x": x})[0]) < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda-sim"])
+@pytest.mark.parametrize("policy", ["unfused", "stitch", "welder"])
+def test_a_scalar_computed_after_a_full_reduction_plans_and_runs(tmp_path, policy, backend):
+    """A rank-0 elementwise stage (a loss or a scale computed from a whole tensor) got a rank-1 tile from the
+    tile search, which codegen refused: planning any such graph failed."""
+    x = np.random.default_rng(8).standard_normal((4, 5)).astype(np.float32)
+    model = _model([helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0), helper.make_node("Mul", ["s", "two"], ["y"])],
+                   {"x": x}, {"two": np.asarray(2, np.float32)}, opset=13)
+    onnx.save(model, tmp_path / "s.onnx")
+    got = run_model(load_graph(tmp_path / "s.onnx"), {"x": x}, backend=backend, policy=policy).outputs["y"]
+    assert got.shape == ()
+    assert max_rel_error(got, _ort(model, {"x": x})[0]) < 1e-6
