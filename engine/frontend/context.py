@@ -24,6 +24,10 @@ class OnnxNode:
     inputs: tuple[str, ...]  # "" marks an omitted optional input
     outputs: tuple[str, ...]
     attrs: dict = field(compare=False, hash=False)
+    # A node of an ONNX function's body (engine/frontend/functions.py): the opset the body is written for (0: the
+    # model's) and the function op it stands in for.
+    opset: int = field(default=0, compare=False)
+    within: str = field(default="", compare=False)
 
 
 Converter = Callable[["LowerCtx", OnnxNode], None]

@@ -19,9 +19,11 @@ import numpy as np
 from engine.errors import ModelError, ShapeError, UnsupportedOpError
 from engine.flags import debug
 from engine.frontend.context import CONVERTERS, LowerCtx, OnnxNode
+from engine.frontend.functions import function_ops, nodes_of, tensor_type
 from engine.frontend.schema import check_node_types, check_opset
 from engine.ir.dtypes import ONNX_TO_DTYPE, DType
 from engine.ir.graph import PrimGraph, StageKind, TensorSpec
+from engine.memo import memo
 
 FOLD_MAX_ELEMENTS = 1 << 20  # constant results larger than this stay runtime stages
 
@@ -42,8 +44,14 @@ class Graph:
 
 
 def supported_ops() -> list[str]:
+    """Ops a converter handles, and those without one that ONNX defines by a function (expanded at import:
+    engine/frontend/functions.py; they import where their bodies' ops do)."""
     _ensure_ops()
-    return sorted(CONVERTERS)
+    return sorted(set(CONVERTERS) | set(_function_ops()))
+
+
+def _function_ops() -> list[str]:
+    return memo("importer.function_ops", 4).lookup(len(CONVERTERS), lambda: function_ops(set(CONVERTERS)))
 
 
 def _ensure_ops() -> None:
@@ -152,11 +160,17 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None) -> Gra
 
     kept: list[OnnxNode] = []
     histogram: Counter = Counter()
+    def type_of(value: str):
+        return tensor_type(ctx.spec(value).dtype, ctx.spec(value).shape) if ctx.resolve(value) in ctx.specs else None
+
+    def make(proto, k: int, node_opset: int, within: str) -> OnnxNode:
+        return _node(proto, k, numpy_helper, 0 if node_opset == opset else node_opset, within)
+
     for k, proto in enumerate(g.node):
-        node = _node(proto, k, numpy_helper)
-        histogram[node.op_type] += 1
-        if _run_node(ctx, node, fold=True):
-            kept.append(node)
+        histogram[proto.op_type] += 1
+        for node in nodes_of(proto, k, opset, CONVERTERS, type_of, make):  # a function op: its body's nodes
+            if _run_node(ctx, node, fold=True):
+                kept.append(node)
 
     outputs = tuple(o.name for o in g.output)
     for o in outputs:
@@ -238,19 +252,25 @@ def _run_node(ctx: LowerCtx, node: OnnxNode, *, fold: bool) -> bool:
         )
     conv = CONVERTERS.get(node.op_type)
     if conv is None:
+        within = f" in the body of ONNX function {node.within}" if node.within else ""
         raise UnsupportedOpError(
-            f"op {node.op_type} (node '{node.name}') is not supported",
-            hint=f"supported ops are listed in docs/onnx-conformance.md ({len(CONVERTERS)} ops)",
+            f"op {node.op_type} (node '{node.name}'{within}) is not supported",
+            hint=f"supported ops are listed in docs/onnx-conformance.md ({len(supported_ops())} ops)",
         )
     for name in node.inputs:
         if name and ctx.resolve(name) not in ctx.specs:
             raise ModelError(f"node '{node.name}' reads '{name}', which nothing produces")
-    if fold:  # the import pass: check each node against its schema once, before converting it
-        check_node_types(node.op_type, node.domain, node.name, ctx.opset, node.inputs,
-                         [ctx.spec(i).dtype if i else None for i in node.inputs])
-    ctx.node = node
-    first = len(ctx.stages)
-    conv(ctx, node)
+    model_opset = ctx.opset
+    ctx.opset = node.opset or model_opset  # a function body's node: the opset its body is written for
+    try:
+        if fold:  # the import pass: check each node against its schema once, before converting it
+            check_node_types(node.op_type, node.domain, node.name, ctx.opset, node.inputs,
+                             [ctx.spec(i).dtype if i else None for i in node.inputs])
+        ctx.node = node
+        first = len(ctx.stages)
+        conv(ctx, node)
+    finally:
+        ctx.opset = model_opset
     new = ctx.stages[first:]
     outs = [o for o in node.outputs if o]
     for o in outs:
@@ -333,7 +353,7 @@ def _input_spec(vi, bound: tuple[int, ...] | None) -> TensorSpec:
     return TensorSpec(vi.name, tuple(dims), dtype)
 
 
-def _node(proto, k: int, numpy_helper) -> OnnxNode:
+def _node(proto, k: int, numpy_helper, opset: int = 0, within: str = "") -> OnnxNode:
     import onnx
 
     attrs = {}
@@ -347,7 +367,7 @@ def _node(proto, k: int, numpy_helper) -> OnnxNode:
             v = [x.decode() for x in v]
         attrs[a.name] = v
     name = proto.name or f"{proto.op_type}_{k}"
-    return OnnxNode(name, proto.op_type, proto.domain, tuple(proto.input), tuple(proto.output), attrs)
+    return OnnxNode(name, proto.op_type, proto.domain, tuple(proto.input), tuple(proto.output), attrs, opset, within)
 
 
 def dtype_of_onnx(code: int) -> DType:
