@@ -10,6 +10,7 @@ from engine.frontend.ops import (  # noqa: F401
     nn,
     norm,
     pool,
+    quant,
     reduce,
     resize,
     rnn,

@@ -1,5 +1,6 @@
 """Channel normalizations: BatchNormalization (inference; constant statistics fold into one per-channel
-scale/shift stage), InstanceNormalization and GroupNormalization (mean, variance, normalize)."""
+scale/shift stage), InstanceNormalization and GroupNormalization (mean, variance, normalize); LpNormalization,
+LRN (local response normalization across channels) and Hardmax."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import numpy as np
 from engine.frontend.context import LowerCtx, OnnxNode, register
 from engine.frontend.ops.layout import reshape_to
 from engine.frontend.ops.nn import normalize_into
+from engine.frontend.ops.reduce import reduce_into
 from engine.ir import expr as E
 from engine.ir import index as I
+from engine.ir.dtypes import DType
+from engine.ir.graph import Combine, StageKind
 
 
 @register("BatchNormalization")
@@ -73,3 +77,65 @@ def convert_group_norm(ctx: LowerCtx, node: OnnxNode) -> None:
     y = E.add(E.mul(ctx.load(y4, i), ctx.load(scale, pidx)), ctx.load(bias, pidx))
     scaled = ctx.elementwise(ctx.tmp(out, "affine"), (n, groups, cg, spatial), dt, y, op="groupnorm.affine")
     reshape_to(ctx, out, scaled, shape)
+
+
+@register("LpNormalization")
+def convert_lp_normalization(ctx: LowerCtx, node: OnnxNode) -> None:
+    """x / ||x||_p along the axis (p 1 or 2; no epsilon: a zero norm gives 0, as the ONNX reference has it)."""
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    axis = ctx.axis(node, len(shape), -1)
+    p = int(ctx.attr(node, "p", 2))
+    if p not in (1, 2):
+        raise ctx.unsupported(f"p={p} (1 or 2)")
+    out = node.outputs[0]
+    terms = (lambda v: E.unary("abs", v)) if p == 1 else (lambda v: E.mul(v, v))
+    total = reduce_into(ctx, ctx.tmp(out, "sum"), x, (axis,), True, Combine.SUM, terms, op=f"l{p}")
+    dt = ctx.dtype(x)
+    norm = ctx.bload(total, shape)
+    scaled = E.div(ctx.bload(x, shape), E.unary("sqrt", norm) if p == 2 else norm)
+    ctx.elementwise(out, shape, dt, E.select(E.binary("eq", norm, E.imm(0, dt)), E.imm(0, dt), scaled),
+                    op="lp_normalize")
+
+
+@register("LRN")
+def convert_lrn(ctx: LowerCtx, node: OnnxNode) -> None:
+    """y = x / (bias + alpha / size * sum of x^2 over the `size` channels around each)^beta: the window sum a
+    reduction over its taps (channels outside the tensor read 0), then one elementwise stage."""
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    size = int(ctx.attr(node, "size", 0))
+    if len(shape) < 3 or size < 1:
+        raise ctx.unsupported(f"an input of rank {len(shape)} with size {size} (N x C x spatial, size >= 1)")
+    alpha, beta, bias = (float(ctx.attr(node, k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    out, dt = node.outputs[0], ctx.dtype(x)
+    ivars = I.out_vars(len(shape))
+    tap = I.var("r0")
+    c = ivars[1] + tap - (size - 1) // 2
+    v = ctx.load(x, (ivars[0], c) + tuple(ivars[2:]), pad=0.0)
+    total = ctx.emit(ctx.tmp(out, "square_sum"), shape, dt, E.mul(v, v), kind=StageKind.REDUCE, op="lrn.sum",
+                     reduce=(size,), combine=Combine.SUM)
+    scale = E.add(E.imm(bias, dt), E.mul(E.imm(alpha / size, dt), ctx.load(total, ivars)))
+    ctx.elementwise(out, shape, dt, E.div(ctx.load(x, ivars), E.binary("pow", scale, E.imm(beta, dt))), op="lrn")
+
+
+@register("Hardmax")
+def convert_hardmax(ctx: LowerCtx, node: OnnxNode) -> None:
+    """1 at the first largest element along the axis, 0 elsewhere (before opset 13 over the input flattened to
+    2-D at the axis, as Softmax then was)."""
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    axis = ctx.axis(node, len(shape), -1 if ctx.opset >= 13 else 1)
+    out, dt = node.outputs[0], ctx.dtype(x)
+    src, work = x, tuple(shape)
+    if ctx.opset < 13 and len(shape) > 2:
+        work = (int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64)))
+        src, axis = reshape_to(ctx, ctx.tmp(out, "2d"), x, work), 1
+    first = reduce_into(ctx, ctx.tmp(out, "argmax"), src, (axis,), True, Combine.ARGMAX, op="hardmax.argmax",
+                        dtype=DType.I64)
+    ivars = I.out_vars(len(work))
+    hit = E.binary("eq", E.index_val(ivars[axis]), ctx.bload(first, work))
+    target = out if work == tuple(shape) else ctx.tmp(out, "flat")
+    ctx.elementwise(target, work, dt, E.select(hit, E.imm(1, dt), E.imm(0, dt)), op="hardmax")
+    if target != out:
+        reshape_to(ctx, out, target, tuple(shape))

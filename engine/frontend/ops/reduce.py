@@ -123,11 +123,11 @@ def convert_argmax(ctx: LowerCtx, node: OnnxNode) -> None:
                     E.sub(E.imm(n - 1, DType.I64), ctx.load(pos, I.out_vars(len(oshape)))), op="argpos")
 
 
-@register("CumSum")
+@register("CumSum", "CumProd")
 def convert_cumsum(ctx: LowerCtx, node: OnnxNode) -> None:
     """A reduction over the whole axis whose term k counts where k <= i (k < i with `exclusive`; k >= i or
-    k > i with `reverse`): one stage, n terms per output along the axis (n^2 along it: position ids and
-    prefix sums of short axes, as exporters write them)."""
+    k > i with `reverse`; a term that does not count is the combine's identity, 0 or 1): one stage, n terms per
+    output along the axis (n^2 along it: position ids and prefix sums of short axes, as exporters write them)."""
     x = node.inputs[0]
     shape = ctx.shape(x)
     rank = len(shape)
@@ -143,9 +143,10 @@ def convert_cumsum(ctx: LowerCtx, node: OnnxNode) -> None:
     # The term counts when (k - i) compares to 0 as: k <= i, k < i, k >= i, k > i.
     op = {(False, False): "le", (True, False): "lt", (False, True): "ge", (True, True): "gt"}[(exclusive, reverse)]
     keep = E.binary(op, E.index_val(k - ivars[axis]), E.imm(0, DType.I64))
-    body = E.select(keep, term, E.imm(0, term.dtype))
-    ctx.emit(node.outputs[0], shape, ctx.dtype(x), body, kind=StageKind.REDUCE, op="cumsum", reduce=(shape[axis],),
-             combine=Combine.SUM)
+    prod = node.op_type == "CumProd"
+    body = E.select(keep, term, E.imm(1 if prod else 0, term.dtype))
+    ctx.emit(node.outputs[0], shape, ctx.dtype(x), body, kind=StageKind.REDUCE, op=node.op_type.lower(),
+             reduce=(shape[axis],), combine=Combine.PROD if prod else Combine.SUM)
 
 
 @register("TopK")

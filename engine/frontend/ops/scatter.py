@@ -137,3 +137,32 @@ def convert_scatter_nd(ctx: LowerCtx, node: OnnxNode) -> None:
 
 def _zero(dtype: DType):
     return False if dtype == DType.BOOL else (0.0 if dtype.is_float else 0)
+
+
+@register("TensorScatter")
+def convert_tensor_scatter(ctx: LowerCtx, node: OnnxNode) -> None:
+    """A KV cache's update (opset 24): along the sequence axis, position s of batch entry b takes update step
+    s - w[b] where that lies in [0, update length) (w: write_indices, 0 when omitted; modulo the cache length
+    with mode="circular"), else keeps the past cache's value."""
+    past, update = node.inputs[:2]
+    shape, ushape = ctx.shape(past), ctx.shape(update)
+    rank = len(shape)
+    axis = ctx.axis(node, rank, -2)
+    mode = ctx.attr(node, "mode", "linear")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in ("linear", "circular") or axis == 0 or len(ushape) != rank or any(
+            u != n for d, (u, n) in enumerate(zip(ushape, shape)) if d != axis) or ushape[axis] > shape[axis]:
+        raise ctx.unsupported(f"mode {mode!r}, axis {axis}, update {list(ushape)} into a cache {list(shape)} (linear "
+                              "or circular; a non-batch axis; the cache's shape but a sequence no longer than it)")
+    ivars = I.out_vars(rank)
+    size, steps = shape[axis], ushape[axis]
+    step = ivars[axis]
+    if ctx.has(node, 2):
+        step = step - I.as_lin(I.Indirect(ctx.resolve(node.inputs[2]), (ivars[0],), size))
+    if mode == "circular":
+        step = I.mod(step + size, size)
+    dt = ctx.dtype(past)
+    value = ctx.load(update, tuple(step if d == axis else v for d, v in enumerate(ivars)), pad=_zero(dt))
+    inside = E.binary("and", E.binary("ge", E.index_val(step), E.imm(0, DType.I64)),
+                      E.binary("lt", E.index_val(step), E.imm(steps, DType.I64)))
+    ctx.elementwise(node.outputs[0], shape, dt, E.select(inside, value, ctx.load(past, ivars)), op="tensor_scatter")

@@ -1,5 +1,5 @@
 """Index-remap ops with shape parameters: Expand, Tile, Slice, Split, Pad, GatherElements, GatherND, Trilu,
-and the value generators that fold at import (ConstantOfShape, Range)."""
+ReverseSequence, OneHot, and the value generators that fold at import (ConstantOfShape, Range, EyeLike)."""
 
 from __future__ import annotations
 
@@ -203,3 +203,67 @@ def convert_range(ctx: LowerCtx, node: OnnxNode) -> None:
     ctx.check_const_size(node, (count,), start.dtype)
     # ONNX defines Range by repeated addition in the input type, which arange matches.
     ctx.set_const(node.outputs[0], (start + np.arange(count, dtype=start.dtype) * delta).astype(start.dtype))
+
+
+@register("EyeLike")
+def convert_eye_like(ctx: LowerCtx, node: OnnxNode) -> None:
+    """Ones on the k-th diagonal of a 2-D shape: a constant (shapes are static)."""
+    shape = ctx.shape(node.inputs[0])
+    if len(shape) != 2:
+        raise ctx.unsupported(f"an input of rank {len(shape)} (2-D expected)")
+    code = node.attrs.get("dtype")
+    from engine.frontend.importer import dtype_of_onnx
+
+    dt = dtype_of_onnx(int(code)) if code is not None else ctx.dtype(node.inputs[0])
+    ctx.check_const_size(node, shape, dt.np)
+    ctx.set_const(node.outputs[0], np.eye(shape[0], shape[1], k=int(ctx.attr(node, "k", 0)), dtype=dt.np))
+
+
+@register("OneHot")
+def convert_one_hot(ctx: LowerCtx, node: OnnxNode) -> None:
+    """values[1] where the new axis' position equals the index (negative indices count from depth), values[0]
+    elsewhere; indices of a float type are truncated to integers, as ONNX casts them."""
+    idx, depth_name, values = node.inputs[:3]
+    ishape = ctx.shape(idx)
+    depth = ctx.require_const(depth_name, "depth").ravel()
+    if depth.size != 1 or int(depth[0]) < 1:
+        raise ctx.unsupported(f"depth {depth.tolist()} (one positive value)")
+    n = int(depth[0])
+    if ctx.shape(values) != (2,):
+        raise ctx.unsupported(f"values of shape {list(ctx.shape(values))} ([off, on] expected)")
+    rank = len(ishape) + 1
+    axis = ctx.axis(node, rank, -1)
+    ivars = I.out_vars(rank)
+    at = ctx.load(idx, tuple(v for d, v in enumerate(ivars) if d != axis))
+    if at.dtype != DType.I64:
+        at = E.cast(at, DType.I64)
+    here = E.index_val(ivars[axis])
+    hot = E.binary("or", E.binary("eq", at, here), E.binary("eq", at, E.index_val(ivars[axis] - n)))
+    dt = ctx.dtype(values)
+    shape = tuple(ishape[:axis]) + (n,) + tuple(ishape[axis:])
+    ctx.elementwise(node.outputs[0], shape, dt, E.select(hot, ctx.load(values, (I.const(1),)),
+                                                         ctx.load(values, (I.const(0),))), op="one_hot")
+
+
+@register("ReverseSequence")
+def convert_reverse_sequence(ctx: LowerCtx, node: OnnxNode) -> None:
+    """Each batch entry's first sequence_lens[b] steps reversed along the time axis, the rest kept: a gather
+    whose time index is len[b] - 1 - t where t < len[b]."""
+    x, lens = node.inputs[:2]
+    shape = ctx.shape(x)
+    b_axis, t_axis = int(ctx.attr(node, "batch_axis", 1)), int(ctx.attr(node, "time_axis", 0))
+    if len(shape) < 2 or {b_axis, t_axis} != {0, 1}:
+        raise ctx.unsupported(f"batch_axis {b_axis} and time_axis {t_axis} of a rank-{len(shape)} input "
+                              "(0 and 1 in some order)")
+    ivars = I.out_vars(len(shape))
+    steps = shape[t_axis]
+    length = I.as_lin(I.Indirect(ctx.resolve(lens), (ivars[b_axis],), steps + 1))
+    back = length - 1 - ivars[t_axis]
+    flipped = ctx.load(x, tuple(back if d == t_axis else v for d, v in enumerate(ivars)), pad=_zero(ctx.dtype(x)))
+    inside = E.binary("lt", E.index_val(ivars[t_axis]), ctx.load(lens, (ivars[b_axis],)))
+    ctx.elementwise(node.outputs[0], shape, ctx.dtype(x), E.select(inside, flipped, ctx.load(x, ivars)),
+                    op="reverse_sequence")
+
+
+def _zero(dtype: DType):
+    return False if dtype == DType.BOOL else (0.0 if dtype.is_float else 0)
