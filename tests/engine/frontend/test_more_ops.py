@@ -219,3 +219,16 @@ def test_a_scalar_computed_after_a_full_reduction_plans_and_runs(tmp_path, polic
     got = run_model(load_graph(tmp_path / "s.onnx"), {"x": x}, backend=backend, policy=policy).outputs["y"]
     assert got.shape == ()
     assert max_rel_error(got, _ort(model, {"x": x})[0]) < 1e-6
+
+
+def test_isnan_cuda_runs_under_the_simt_emulator(tmp_path):
+    """IsNaN prints CUDA's global isnan, which the emulator's C++ (whose <cmath> declares it in std) did not
+    have: every export guarding a softmax against NaN rows (OPT, Mixtral at opset 20) failed to compile there."""
+    x = np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32)
+    x[1, 3] = x[2, 0] = np.nan
+    model = _model([helper.make_node("IsNaN", ["x"], ["m"]), helper.make_node("Where", ["m", "zero", "x"], ["y"])],
+                   {"x": x}, {"zero": np.asarray(0.0, np.float32)})
+    onnx.save(model, tmp_path / "n.onnx")
+    result = run_model(load_graph(tmp_path / "n.onnx"), {"x": x}, backend="cuda-sim", policy="welder")
+    np.testing.assert_array_equal(result.outputs["y"], np.where(np.isnan(x), 0.0, x))
+    assert not result.sim.findings, result.sim.findings

@@ -340,6 +340,8 @@ inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 inline float exp10f(float x) { return powf(10.0f, x); }
+using std::isinf;  // CUDA declares isnan and isinf globally; C++'s <cmath> in namespace std
+using std::isnan;
 template <class T>
 inline tw::plain_t<T> __ldg(const tw::ptr<T>& p) { return p[0]; }
 
