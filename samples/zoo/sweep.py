@@ -4,11 +4,13 @@ executor against onnxruntime on each. The zoo holds what the tests and benchmark
 user's next export would hit (an op the frontend lacks, a pattern it lowers wrong).
 
     /work/genvenv/bin/python samples/zoo/sweep.py export DIR [--only t5enc,qwen2]   # generation venv
-    .venv/bin/python samples/zoo/sweep.py check DIR                                # tileweave's venv
+    .venv/bin/python samples/zoo/sweep.py check DIR [--backends reference,cpu,cuda-sim]   # tileweave's venv
 
 `export` writes DIR/<name>_o<opset>.onnx and .io.npz (inputs and onnxruntime's output `y`) and prints
-each export's ops, or why the exporter failed; `check` prints OK/BAD/FAIL per model with the relative error
-or the one-line error tileweave gave, and exits 1 when any model it could load is BAD or FAIL.
+each export's ops, or why the exporter failed; `check` prints OK/BAD/FAIL per model (and per backend: the
+reference executor by default; cpu and cuda-sim run the welder plan, the C code and the CUDA code under the
+SIMT emulator) with the relative error or the one-line error tileweave gave, and exits 1 when any is BAD or
+FAIL.
 """
 
 from __future__ import annotations
@@ -47,6 +49,18 @@ def _catalog():
         "qwen2": lambda: (T.Qwen2Model(T.Qwen2Config(num_key_value_heads=2, **lm)), ids()),
         "mistral": lambda: (T.MistralModel(T.MistralConfig(num_key_value_heads=2, sliding_window=8, **lm)), ids()),
         "phi": lambda: (T.PhiModel(T.PhiConfig(**lm)), ids()),
+        # mixture-of-experts routing: a top-k of the router's softmax, each token's experts' weights gathered
+        # (the batched_mm experts: the default grouped_mm is a custom op the exporter cannot translate)
+        "mixtral": lambda: (T.MixtralModel(T.MixtralConfig(num_key_value_heads=2, num_local_experts=4,
+                                                           num_experts_per_tok=2, experts_implementation="batched_mm",
+                                                           **lm)), ids()),
+        "qwen2moe": lambda: (T.Qwen2MoeModel(T.Qwen2MoeConfig(num_key_value_heads=2, num_experts=4,
+                                                              num_experts_per_tok=2, moe_intermediate_size=32,
+                                                              shared_expert_intermediate_size=32,
+                                                              experts_implementation="batched_mm", **lm)), ids()),
+        "opt": lambda: (T.OPTModel(T.OPTConfig(vocab_size=100, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                               num_attention_heads=4, word_embed_proj_dim=32)), ids()),
+        "bloom": lambda: (T.BloomModel(T.BloomConfig(vocab_size=100, hidden_size=32, n_layer=2, n_head=4)), ids()),
         "t5enc": lambda: (T.T5EncoderModel(T.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                                       num_heads=4)), ids()),
         "wav2vec2": lambda: (T.Wav2Vec2Model(T.Wav2Vec2Config(conv_dim=(16, 16), conv_stride=(5, 2),
@@ -115,12 +129,21 @@ def export(out: Path, only: list[str]) -> int:
     return 0
 
 
-def check(folder: Path) -> int:
+BACKENDS = ("reference", "cpu", "cuda-sim")
+
+
+def check(folder: Path, backends: tuple[str, ...] = ("reference",)) -> int:
     import numpy as np
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from engine.api import load_graph, run_reference
     from engine.errors import TileweaveError
+    from engine.runtime.execute import run_model
+
+    def outputs(graph, feeds: dict, backend: str) -> dict:
+        if backend == "reference":
+            return run_reference(graph, feeds)
+        return run_model(graph, feeds, backend=backend, policy="welder").outputs
 
     bad = 0
     paths = sorted(folder.glob("*.onnx"))
@@ -135,23 +158,34 @@ def check(folder: Path) -> int:
             bad += 1
             continue
         io = np.load(data)
-        try:
-            graph = load_graph(path)
-            got = run_reference(graph, {s.name: io[s.name] for s in graph.inputs})[graph.output_names[0]]
-        except TileweaveError as err:
-            print(f"{path.stem:18s} FAIL {err}")
-            bad += 1
-            continue
-        except Exception as err:  # a bug in tileweave: reported as such, and the sweep goes on
-            print(f"{path.stem:18s} FAIL internal error {type(err).__name__}: {str(err).splitlines()[0][:200]}")
-            bad += 1
-            continue
-        want = io["y"]
-        err = float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-30))
-        ok = err < 1e-4
-        bad += not ok
-        print(f"{path.stem:18s} {'OK ' if ok else 'BAD'}  max rel err {err:.1e}", flush=True)
+        for backend in backends:
+            label = f"{path.stem:18s}" + (f" {backend:9s}" if tuple(backends) != ("reference",) else "")
+            try:
+                graph = load_graph(path)
+                got = outputs(graph, {s.name: io[s.name] for s in graph.inputs}, backend)[graph.output_names[0]]
+            except TileweaveError as err:
+                print(f"{label} FAIL {err}")
+                bad += 1
+                continue
+            except Exception as err:  # a bug in tileweave: reported as such, and the sweep goes on
+                print(f"{label} FAIL internal error {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+                bad += 1
+                continue
+            want = io["y"]
+            err = float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-30))
+            ok = err < 1e-4
+            bad += not ok
+            print(f"{label} {'OK ' if ok else 'BAD'}  max rel err {err:.1e}", flush=True)
     return 1 if bad else 0
+
+
+def _backends(text: str) -> tuple[str, ...]:
+    names = [b for b in text.split(",") if b]
+    unknown = sorted(set(names) - set(BACKENDS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown backend(s) {', '.join(unknown) or '(none given)'}: use "
+                                         f"{', '.join(BACKENDS)}, comma-separated")
+    return tuple(names)
 
 
 def main(argv=None) -> int:
@@ -162,10 +196,12 @@ def main(argv=None) -> int:
     e.add_argument("--only", default="", help="comma-separated model names (default: all)")
     c = sub.add_parser("check", help="check tileweave against onnxruntime on every exported model")
     c.add_argument("dir", type=Path)
+    c.add_argument("--backends", type=_backends, default=("reference",),
+                   help="comma-separated: reference (default), cpu, cuda-sim (the welder plan)")
     args = ap.parse_args(argv)
     if args.cmd == "export":
         return export(args.dir, [n for n in args.only.split(",") if n])
-    return check(args.dir)
+    return check(args.dir, args.backends)
 
 
 if __name__ == "__main__":

@@ -42,3 +42,18 @@ def test_an_empty_folder_is_a_one_line_error(tmp_path, capsys):
     assert sweep.main(["check", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: no .onnx files") and "\n" not in err
+
+
+def test_check_runs_each_backend_it_is_given(tmp_path, capsys):
+    _export(tmp_path, "good_o23")
+    assert sweep.main(["check", str(tmp_path), "--backends", "reference,cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in lines] == [["good_o23", "reference", "OK"], ["good_o23", "cpu", "OK"]]
+
+
+def test_an_unknown_backend_is_a_usage_error(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as stop:
+        sweep.main(["check", str(tmp_path), "--backends", "cpu,gpu"])
+    assert stop.value.code == 2 and "unknown backend(s) gpu" in capsys.readouterr().err
