@@ -6,6 +6,7 @@ from engine.frontend.ops import (  # noqa: F401
     conv,
     einsum,
     elementwise,
+    grid_sample,
     layout,
     nn,
     norm,
