@@ -50,6 +50,23 @@ def ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
+def assert_runs_like_onnxruntime(path: str | Path, feeds: dict[str, np.ndarray], *, backend: str = "cpu",
+                                 policy: str = "welder", tol: float = 1e-5) -> None:
+    """Run the model at `path` on `backend` under `policy` and hold every graph output to onnxruntime's (max
+    relative error under `tol`); under the SIMT emulator (cuda-sim) also that it found no race or stray access."""
+    from engine.api import load_graph
+    from engine.runtime.execute import run_model
+
+    model = onnx.load(path)
+    want = ort_outputs(model, feeds)
+    result = run_model(load_graph(path), feeds, backend=backend, policy=policy)
+    for out, w in zip(model.graph.output, want):
+        err = max_rel_error(result.outputs[out.name], w)
+        assert err < tol, f"{out.name} on {backend} under {policy}: max rel err {err:.2g}"
+    if backend == "cuda-sim":
+        assert not result.sim.findings, result.sim.findings
+
+
 def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
     """max |got - want| relative to max |want| (near-zero entries judged on the output's scale)."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)

@@ -14,13 +14,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from support import max_rel_error, ort_outputs  # noqa: E402
+from support import assert_runs_like_onnxruntime, max_rel_error, ort_outputs  # noqa: E402
 
-from engine.api import load_graph, supported_ops  # noqa: E402
+from engine.api import supported_ops  # noqa: E402
 from engine.errors import UnsupportedOpError  # noqa: E402
 from engine.frontend.context import CONVERTERS  # noqa: E402
 from engine.frontend.importer import import_onnx, lower  # noqa: E402
-from engine.runtime.execute import run_model  # noqa: E402
 from engine.runtime.reference import run_reference  # noqa: E402
 
 
@@ -90,19 +89,11 @@ def _loss_feeds() -> dict:
 
 @pytest.mark.parametrize("policy", ["unfused", "stitch", "welder"])
 def test_a_loss_imports_as_its_body_and_runs_on_the_c_backend_under_every_policy(tmp_path, policy):
-    path = _loss(tmp_path / "loss.onnx")
-    want = ort_outputs(onnx.load(path), _loss_feeds())
-    got = run_model(load_graph(path), _loss_feeds(), backend="cpu", policy=policy).outputs
-    assert max_rel_error(got["loss"], want[0]) < 1e-5
-    assert max_rel_error(got["y"], want[1]) < 1e-5
+    assert_runs_like_onnxruntime(_loss(tmp_path / "loss.onnx"), _loss_feeds(), policy=policy)
 
 
 def test_a_loss_cuda_runs_under_the_simt_emulator(tmp_path):
-    path = _loss(tmp_path / "loss.onnx")
-    want = ort_outputs(onnx.load(path), _loss_feeds())
-    result = run_model(load_graph(path), _loss_feeds(), backend="cuda-sim", policy="welder")
-    assert max_rel_error(result.outputs["loss"], want[0]) < 1e-5
-    assert not result.sim.findings, result.sim.findings
+    assert_runs_like_onnxruntime(_loss(tmp_path / "loss.onnx"), _loss_feeds(), backend="cuda-sim")
 
 
 def test_the_graph_keeps_the_models_op_names():

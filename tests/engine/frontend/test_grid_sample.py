@@ -13,12 +13,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from support import max_rel_error, ort_outputs  # noqa: E402
+from support import assert_runs_like_onnxruntime, max_rel_error, ort_outputs  # noqa: E402
 
-from engine.api import load_graph  # noqa: E402
 from engine.errors import UnsupportedOpError  # noqa: E402
 from engine.frontend.importer import import_onnx, lower  # noqa: E402
-from engine.runtime.execute import run_model  # noqa: E402
 from engine.runtime.reference import run_reference  # noqa: E402
 
 
@@ -82,22 +80,17 @@ def _warp(path: Path) -> Path:
     return path
 
 
+def _warp_feeds() -> dict:
+    return {"x": np.random.default_rng(6).standard_normal((1, 3, 6, 8)).astype(np.float32)}
+
+
 @pytest.mark.parametrize("policy", ["unfused", "stitch", "welder"])
 def test_flow_warping_runs_on_the_c_backend_under_every_policy(tmp_path, policy):
-    path = _warp(tmp_path / "warp.onnx")
-    x = np.random.default_rng(6).standard_normal((1, 3, 6, 8)).astype(np.float32)
-    want = ort_outputs(onnx.load(path), {"x": x})[0]
-    got = run_model(load_graph(path), {"x": x}, backend="cpu", policy=policy).outputs["y"]
-    assert max_rel_error(got, want) < 1e-5
+    assert_runs_like_onnxruntime(_warp(tmp_path / "warp.onnx"), _warp_feeds(), policy=policy)
 
 
 def test_flow_warping_cuda_runs_under_the_simt_emulator(tmp_path):
-    path = _warp(tmp_path / "warp.onnx")
-    x = np.random.default_rng(6).standard_normal((1, 3, 6, 8)).astype(np.float32)
-    want = ort_outputs(onnx.load(path), {"x": x})[0]
-    result = run_model(load_graph(path), {"x": x}, backend="cuda-sim", policy="welder")
-    assert max_rel_error(result.outputs["y"], want) < 1e-5
-    assert not result.sim.findings, result.sim.findings
+    assert_runs_like_onnxruntime(_warp(tmp_path / "warp.onnx"), _warp_feeds(), backend="cuda-sim")
 
 
 def test_a_grid_of_the_wrong_shape_is_refused_in_one_line():

@@ -14,12 +14,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from support import max_rel_error, ort_outputs  # noqa: E402
+from support import assert_runs_like_onnxruntime, max_rel_error, ort_outputs  # noqa: E402
 
-from engine.api import load_graph  # noqa: E402
 from engine.errors import UnsupportedOpError  # noqa: E402
 from engine.frontend.importer import import_onnx, lower  # noqa: E402
-from engine.runtime.execute import run_model  # noqa: E402
 from engine.runtime.reference import run_reference  # noqa: E402
 
 
@@ -170,22 +168,17 @@ def _qdq_conv(path: Path) -> Path:
     return path
 
 
+def _qdq_feeds() -> dict:
+    return {"x": np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+
+
 @pytest.mark.parametrize("policy", ["unfused", "stitch", "welder"])
 def test_qdq_conv_block_runs_on_the_c_backend_under_every_policy(tmp_path, policy):
-    path = _qdq_conv(tmp_path / "qdq.onnx")
-    x = np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32)
-    want = ort_outputs(onnx.load(path), {"x": x})[0]
-    got = run_model(load_graph(path), {"x": x}, backend="cpu", policy=policy).outputs["y"]
-    assert max_rel_error(got, want) < 1e-5
+    assert_runs_like_onnxruntime(_qdq_conv(tmp_path / "qdq.onnx"), _qdq_feeds(), policy=policy)
 
 
 def test_qdq_conv_block_cuda_runs_under_the_simt_emulator(tmp_path):
-    path = _qdq_conv(tmp_path / "qdq.onnx")
-    x = np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32)
-    want = ort_outputs(onnx.load(path), {"x": x})[0]
-    result = run_model(load_graph(path), {"x": x}, backend="cuda-sim", policy="welder")
-    assert max_rel_error(result.outputs["y"], want) < 1e-5
-    assert not result.sim.findings, result.sim.findings
+    assert_runs_like_onnxruntime(_qdq_conv(tmp_path / "qdq.onnx"), _qdq_feeds(), backend="cuda-sim")
 
 
 @pytest.mark.parametrize(("node", "consts", "match"), [

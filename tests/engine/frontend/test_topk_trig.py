@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from support import graph_model, max_rel_error, ort_outputs  # noqa: E402
+from support import assert_runs_like_onnxruntime, graph_model, max_rel_error, ort_outputs  # noqa: E402
 
 from engine.api import load_graph  # noqa: E402
 from engine.errors import UnsupportedOpError  # noqa: E402
@@ -102,22 +102,17 @@ def _routing(path: Path) -> Path:
     return path
 
 
+def _routing_feeds() -> dict:
+    return {"x": np.random.default_rng(7).standard_normal((10, 16)).astype(np.float32)}
+
+
 @pytest.mark.parametrize("policy", ["unfused", "stitch", "welder"])
 def test_moe_routing_plans_and_runs_on_the_c_backend_under_every_policy(tmp_path, policy):
-    path = _routing(tmp_path / "route.onnx")
-    x = np.random.default_rng(7).standard_normal((10, 16)).astype(np.float32)
-    want = ort_outputs(onnx.load(path), {"x": x})[0]
-    got = run_model(load_graph(path), {"x": x}, backend="cpu", policy=policy).outputs["y"]
-    assert max_rel_error(got, want) < 1e-5
+    assert_runs_like_onnxruntime(_routing(tmp_path / "route.onnx"), _routing_feeds(), policy=policy)
 
 
 def test_moe_routing_cuda_runs_under_the_simt_emulator(tmp_path):
-    path = _routing(tmp_path / "route.onnx")
-    x = np.random.default_rng(7).standard_normal((10, 16)).astype(np.float32)
-    want = ort_outputs(onnx.load(path), {"x": x})[0]
-    result = run_model(load_graph(path), {"x": x}, backend="cuda-sim", policy="welder")
-    assert max_rel_error(result.outputs["y"], want) < 1e-5
-    assert not result.sim.findings, result.sim.findings
+    assert_runs_like_onnxruntime(_routing(tmp_path / "route.onnx"), _routing_feeds(), backend="cuda-sim")
 
 
 @pytest.mark.parametrize(("k", "match"), [(7, "K=7 along an axis of 5"), (-1, "K=-1")])
