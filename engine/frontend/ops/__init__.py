@@ -12,6 +12,7 @@ from engine.frontend.ops import (  # noqa: F401
     norm,
     pool,
     quant,
+    quant_integer,
     reduce,
     resize,
     rnn,
