@@ -376,9 +376,10 @@ def test_scalar_calls_are_the_ops_the_c_printer_prints_as_libm_calls():
     renders as a libm call; the others it renders inline (helpers, operators or instructions)."""
     from engine.codegen.targets import CPrinter
     from engine.ir.dtypes import DType
-    from engine.ir.expr import UNARY_OPS
+    from engine.ir.expr import LIBM_CALLS, UNARY_OPS
 
-    libm = {"sin": "sinf", "cos": "cosf", "exp": "expf", "log": "logf", "tanh": "tanhf", "erf": "erff"}
+    libm = {"sin": "sinf", "cos": "cosf", "exp": "expf", "log": "logf", "tanh": "tanhf", "erf": "erff",
+            **{op: f"{op}f" for op in LIBM_CALLS}}
     called = {op for op in UNARY_OPS if op in libm and CPrinter().unary(op, "x", DType.F32).startswith(libm[op] + "(")}
     assert called == set(CPrinter.scalar_calls)
 
