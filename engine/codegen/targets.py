@@ -1475,8 +1475,7 @@ class CPrinter(Printer):
             ranges = ssa.ranges | {v: (0, n - 1) for v, n in zip(node.vars, node.extents)}
             outer = BodyWriter(self, kernel, ranges, ssa.counter)
             outer.memo = dict(ssa.memo)
-            for x in invariant_values(node.body, {var}, known=set(outer.memo)):
-                outer.value(x)
+            outer.hoist_invariants(node.body, {var})
             inner = BodyWriter(self, kernel, ranges, ssa.counter)
             inner.memo = dict(outer.memo)
             v = inner.value(node.body)
