@@ -57,6 +57,9 @@ class LowerCtx:
         self.stages: list[Stage] = []
         self._names: set[str] = set()
         self.node: OnnxNode | None = None
+        # What a converter learned about a value that a later one may use (MaxPool's Indices: the window they
+        # index, so MaxUnpool searches only the inputs whose windows cover an output).
+        self.facts: dict = {}
 
     # ---- lookups ------------------------------------------------------------------------
     def resolve(self, name: str) -> str:

@@ -36,17 +36,51 @@ def _window_load(ctx: LowerCtx, x: str, spatial, kernel, w: Window, pad) -> E.Ex
 
 @register("MaxPool")
 def convert_max_pool(ctx: LowerCtx, node: OnnxNode) -> None:
+    """The window's maximum; its Indices output (where a model asks for it: SegNet-style MaxUnpool) the least
+    row-major flat input index among the window's in-range taps holding that maximum — the first in scan order,
+    as onnxruntime reports it."""
     x = node.inputs[0]
-    if len([o for o in node.outputs if o]) > 1:
-        raise ctx.unsupported("the Indices output")
-    if int(ctx.attr(node, "storage_order", 0)):
-        raise ctx.unsupported("storage_order=1")
+    indices = node.outputs[1] if len(node.outputs) > 1 else ""
+    column_major = bool(int(ctx.attr(node, "storage_order", 0)))
     spatial, kernel, w = _pool_window(ctx, node, x)
     dt = ctx.dtype(x)
     lowest = float("-inf") if dt.is_float else (False if dt == DType.BOOL else int(np.iinfo(dt.np).min))
     body = _window_load(ctx, x, spatial, kernel, w, lowest)
-    ctx.emit(node.outputs[0], ctx.shape(x)[:2] + w.out, dt, body, kind=StageKind.REDUCE, op="maxpool",
-             reduce=kernel, combine=Combine.MAX)
+    out_shape = ctx.shape(x)[:2] + w.out
+    values = node.outputs[0] or ctx.tmp(indices, "max")
+    ctx.emit(values, out_shape, dt, body, kind=StageKind.REDUCE, op="maxpool", reduce=kernel, combine=Combine.MAX)
+    if not indices:
+        return
+    ivars, rvars = I.out_vars(len(out_shape)), I.red_vars(len(spatial))
+    taps = [tap_index(w, k, ivars[2 + k], rvars[k]) for k in range(len(spatial))]
+    flat, inside = ivars[0] * ctx.shape(x)[1] + ivars[1], None
+    for tap, n in zip(taps, spatial):
+        flat = flat * n + tap
+        ok = E.binary("and", E.binary("ge", E.index_val(tap), E.imm(0, DType.I64)),
+                      E.binary("lt", E.index_val(tap), E.imm(n, DType.I64)))
+        inside = ok if inside is None else E.binary("and", inside, ok)
+    hit = E.binary("and", inside, E.binary("eq", body, ctx.load(values, ivars)))
+    biggest = int(np.iinfo(np.int64).max)
+    if not column_major:
+        ctx.facts[("maxpool-indices", ctx.resolve(indices) if indices in ctx.aliases else indices)] = (
+            tuple(kernel), w, tuple(spatial))
+    first = indices if not column_major else ctx.tmp(indices, "row_major")
+    ctx.emit(first, out_shape, DType.I64, E.select(hit, E.index_val(flat), E.imm(biggest, DType.I64)),
+             kind=StageKind.REDUCE, op="maxpool.indices", reduce=kernel, combine=Combine.MIN)
+    if column_major:
+        # The same element (the first in row-major scan order), its spatial position numbered column-major.
+        size = int(np.prod(spatial, dtype=np.int64))
+        at = ctx.load(first, ivars)
+        rest, coords = E.binary("mod", at, E.imm(size, DType.I64)), []
+        for n in reversed(spatial):
+            coords.append(E.binary("mod", rest, E.imm(n, DType.I64)))
+            rest = E.binary("div", rest, E.imm(n, DType.I64))
+        coords.reverse()  # row-major coordinates, outermost first
+        spot = E.imm(0, DType.I64)
+        for c, n in zip(reversed(coords), reversed(spatial)):
+            spot = E.add(E.mul(spot, E.imm(n, DType.I64)), c)
+        base = E.sub(at, E.binary("mod", at, E.imm(size, DType.I64)))
+        ctx.elementwise(indices, out_shape, DType.I64, E.add(base, spot), op="maxpool.column_major")
 
 
 def _tap_count(w: Window, k: int, n: int, kernel: int, out_var: I.Lin, include_pad: bool) -> I.Lin:
@@ -105,3 +139,68 @@ def convert_global_pool(ctx: LowerCtx, node: OnnxNode) -> None:
     inv = E.imm(1.0 / count, dt)
     reduce_into(ctx, node.outputs[0], x, axes, True, Combine.SUM, body_fn=lambda v: E.mul(v, inv),
                 op="globalavgpool")
+
+
+@register("MaxUnpool")
+def convert_max_unpool(ctx: LowerCtx, node: OnnxNode) -> None:
+    """Each pooled value written back at its index (row-major over the whole output), zeros elsewhere: per output
+    element the last input position whose index names it (a reduction) and the value gathered there. Where the
+    indices are a MaxPool's of the same window in this graph, only the inputs whose windows cover the element
+    are searched (ceil(kernel / stride) per axis); other indices, any position of the element's plane."""
+    from engine.frontend.ops.layout import reshape_to
+
+    x, idx = node.inputs[:2]
+    xs = ctx.shape(x)
+    if len(xs) < 3 or ctx.shape(idx) != xs:
+        raise ctx.unsupported(f"values {list(xs)} with indices {list(ctx.shape(idx))} (the same N x C x spatial shape)")
+    spatial_in = tuple(xs[2:])
+    r = len(spatial_in)
+    kernel = tuple(int(k) for k in node.attrs.get("kernel_shape", ()))
+    strides = tuple(int(v) for v in node.attrs.get("strides", (1,) * r))
+    pads = tuple(int(v) for v in node.attrs.get("pads", (0,) * (2 * r)))
+    if len(kernel) != r or len(strides) != r or len(pads) != 2 * r:
+        raise ctx.unsupported(f"kernel_shape {list(kernel)}, strides {list(strides)}, pads {list(pads)} for "
+                              f"{r} spatial axes")
+    if ctx.has(node, 2):
+        out_shape = tuple(int(v) for v in ctx.require_const(node.inputs[2], "output_shape").ravel())
+        if len(out_shape) != len(xs) or out_shape[:2] != xs[:2]:
+            raise ctx.unsupported(f"output_shape {list(out_shape)} for values {list(xs)}")
+    else:
+        out_shape = xs[:2] + tuple((n - 1) * s + k - pads[d] - pads[d + r]
+                                   for d, (n, s, k) in enumerate(zip(spatial_in, strides, kernel)))
+    out, dt = node.outputs[0], ctx.dtype(x)
+    plane = int(np.prod(spatial_in, dtype=np.int64))
+    flat_x = reshape_to(ctx, ctx.tmp(out, "values"), x, xs[:2] + (plane,))
+    flat_i = reshape_to(ctx, ctx.tmp(out, "indices"), idx, xs[:2] + (plane,))
+    ivars = I.out_vars(len(out_shape))
+    spatial_out = out_shape[2:]
+    here = ivars[0] * out_shape[1] + ivars[1]
+    for d in range(r):
+        here = here * spatial_out[d] + ivars[2 + d]
+    window = ctx.facts.get(("maxpool-indices", ctx.resolve(idx)))
+    same = window is not None and window[0] == kernel and window[1].strides == strides and \
+        window[1].pad_begin == pads[:r] and window[2] == spatial_out
+    if same:
+        counts = tuple(-(-k // s) for k, s in zip(kernel, strides))
+        tvars = I.red_vars(r)
+        qs = [I.floordiv(ivars[2 + d] + pads[d], strides[d]) - tvars[d] for d in range(r)]
+        pos, ok = I.const(0), None
+        for d, q in enumerate(qs):
+            pos = pos * spatial_in[d] + q
+            inside = E.binary("and", E.binary("ge", E.index_val(q), E.imm(0, DType.I64)),
+                              E.binary("lt", E.index_val(q), E.imm(spatial_in[d], DType.I64)))
+            ok = inside if ok is None else E.binary("and", ok, inside)
+        named = ctx.load(idx, (ivars[0], ivars[1]) + tuple(qs), pad=-1)
+        match = E.binary("and", ok, E.binary("eq", named, E.index_val(here)))
+        reduce = counts
+    else:
+        j = I.var("r0")
+        pos = j
+        match = E.binary("eq", ctx.load(flat_i, (ivars[0], ivars[1], j)), E.index_val(here))
+        reduce = (plane,)
+    hit = ctx.emit(ctx.tmp(out, "hit"), out_shape, DType.I64, E.select(match, E.index_val(pos), E.imm(-1, DType.I64)),
+                   kind=StageKind.REDUCE, op="maxunpool.match", reduce=reduce, combine=Combine.MAX)
+    value = ctx.load(flat_x, (ivars[0], ivars[1], I.as_lin(I.Indirect(ctx.resolve(hit), tuple(ivars), plane))))
+    found = E.binary("ge", ctx.load(hit, ivars), E.imm(0, DType.I64))
+    zero = E.imm(0.0 if dt.is_float else 0, dt)
+    ctx.elementwise(out, out_shape, dt, E.select(found, value, zero), op="maxunpool")
