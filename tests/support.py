@@ -31,13 +31,15 @@ def run_ort(model: str | Path, feeds: dict[str, np.ndarray]) -> dict[str, np.nda
 
 def graph_model(nodes, inputs: dict, consts: dict, outs=("y",), opset: int = 23) -> onnx.ModelProto:
     """A one-graph model of `nodes` (default domain at `opset`, IR 10): graph inputs typed and shaped as the
-    arrays in `inputs`, initializers from `consts`, float outputs named `outs`, shapes inferred."""
+    arrays in `inputs`, initializers from `consts`, outputs named `outs` (float; or a mapping of name to its
+    TensorProto type), shapes inferred."""
     from onnx import numpy_helper
 
+    types = dict(outs) if isinstance(outs, dict) else {o: TensorProto.FLOAT for o in outs}
     g = helper.make_graph(
         nodes, "t", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
                      for n, v in inputs.items()],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+        [helper.make_tensor_value_info(o, t, None) for o, t in types.items()],
         [numpy_helper.from_array(v, n) for n, v in consts.items()])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     return onnx.shape_inference.infer_shapes(m)

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from support import assert_runs_like_onnxruntime, max_rel_error, ort_outputs  # noqa: E402
+from support import assert_runs_like_onnxruntime, graph_model, max_rel_error, ort_outputs  # noqa: E402
 
 from engine.api import supported_ops  # noqa: E402
 from engine.errors import UnsupportedOpError  # noqa: E402
@@ -24,11 +24,7 @@ from engine.runtime.reference import run_reference  # noqa: E402
 
 
 def _model(nodes, inputs: dict, consts: dict, outs: dict, opset: int) -> onnx.ModelProto:
-    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype),
-                                                                     v.shape) for n, v in inputs.items()],
-                          [helper.make_tensor_value_info(n, t, None) for n, t in outs.items()],
-                          [numpy_helper.from_array(v, n) for n, v in consts.items()])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+    return graph_model(nodes, inputs, consts, outs, opset)
 
 
 def test_function_ops_are_claimed_beside_the_converted_ones():

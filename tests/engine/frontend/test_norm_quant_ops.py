@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from support import assert_runs_like_onnxruntime, max_rel_error, ort_outputs  # noqa: E402
+from support import assert_runs_like_onnxruntime, graph_model, max_rel_error, ort_outputs  # noqa: E402
 
 from engine.errors import UnsupportedOpError  # noqa: E402
 from engine.frontend.importer import import_onnx, lower  # noqa: E402
@@ -22,12 +22,7 @@ from engine.runtime.reference import run_reference  # noqa: E402
 
 
 def _model(nodes, inputs: dict, consts: dict, outs: dict, opset: int = 21) -> onnx.ModelProto:
-    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype),
-                                                                     v.shape) for n, v in inputs.items()],
-                          [helper.make_tensor_value_info(n, t, None) for n, t in outs.items()],
-                          [numpy_helper.from_array(v, n) for n, v in consts.items()])
-    return onnx.shape_inference.infer_shapes(
-        helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9))
+    return graph_model(nodes, inputs, consts, outs, opset)
 
 
 def _check(model: onnx.ModelProto, feeds: dict, exact: bool = False) -> None:

@@ -12,22 +12,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from support import assert_runs_like_onnxruntime, ort_outputs  # noqa: E402
+from support import assert_runs_like_onnxruntime, graph_model, ort_outputs  # noqa: E402
 
 from engine.frontend.importer import import_onnx, lower  # noqa: E402
 from engine.runtime.reference import run_reference  # noqa: E402
 
 
 def _model(nodes, inputs: dict, consts: dict, outs: dict, opset: int = 22) -> onnx.ModelProto:
-    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype),
-                                                                     v.shape) for n, v in inputs.items()],
-                          [helper.make_tensor_value_info(n, t, None) for n, t in outs.items()],
-                          [numpy_helper.from_array(v, n) for n, v in consts.items()])
-    return onnx.shape_inference.infer_shapes(
-        helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9))
+    return graph_model(nodes, inputs, consts, outs, opset)
 
 
 POOLS = [((1, 2, 6, 7), {"kernel_shape": [2, 2], "strides": [2, 2]}),
