@@ -18,4 +18,5 @@ from engine.frontend.ops import (  # noqa: F401
     rnn,
     scatter,
     shape,
+    spectral,
 )
