@@ -1,5 +1,6 @@
-"""Pooling -> reduce stages over the window taps: MaxPool (halo reads -inf), AveragePool (sum, then
-divide by the tap count, computed from index expressions when padding is excluded), and the global pools."""
+"""Pooling -> reduce stages over the window taps: MaxPool (halo reads -inf; its Indices output), AveragePool (sum,
+then divide by the tap count, computed from index expressions when padding is excluded), LpPool, the global pools;
+and MaxUnpool, which gathers each output's value back from the pooled map."""
 
 from __future__ import annotations
 
@@ -139,6 +140,43 @@ def convert_global_pool(ctx: LowerCtx, node: OnnxNode) -> None:
     inv = E.imm(1.0 / count, dt)
     reduce_into(ctx, node.outputs[0], x, axes, True, Combine.SUM, body_fn=lambda v: E.mul(v, inv),
                 op="globalavgpool")
+
+
+def _lp_terms(v: E.Expr, p: int) -> E.Expr:
+    """|v|^p: a product for p 1 and 2 (exact; no pow), pow otherwise."""
+    a = E.unary("abs", v)
+    if p == 1:
+        return a
+    if p == 2:
+        return E.mul(v, v)
+    return E.binary("pow", a, E.imm(float(p), v.dtype))
+
+
+def _lp_root(v: E.Expr, p: int) -> E.Expr:
+    return v if p == 1 else E.unary("sqrt", v) if p == 2 else E.binary("pow", v, E.imm(1.0 / p, v.dtype))
+
+
+@register("LpPool", "GlobalLpPool")
+def convert_lp_pool(ctx: LowerCtx, node: OnnxNode) -> None:
+    """(sum over the window of |x|^p)^(1/p): the window's sum a reduction over its taps (padding reads 0), the
+    root an elementwise stage."""
+    x = node.inputs[0]
+    p = int(ctx.attr(node, "p", 2))
+    if p < 1:
+        raise ctx.unsupported(f"p={p} (1 or more)")
+    dt = ctx.dtype(x)
+    out = node.outputs[0]
+    if node.op_type == "GlobalLpPool":
+        xs = ctx.shape(x)
+        total = reduce_into(ctx, ctx.tmp(out, "sum"), x, tuple(range(2, len(xs))), True, Combine.SUM,
+                            body_fn=lambda v: _lp_terms(v, p), op="lppool.sum")
+    else:
+        spatial, kernel, w = _pool_window(ctx, node, x)
+        total = ctx.emit(ctx.tmp(out, "sum"), ctx.shape(x)[:2] + w.out, dt,
+                         _lp_terms(_window_load(ctx, x, spatial, kernel, w, 0.0), p), kind=StageKind.REDUCE,
+                         op="lppool.sum", reduce=kernel, combine=Combine.SUM)
+    shape = ctx.shape(total)
+    ctx.elementwise(out, shape, dt, _lp_root(ctx.load(total, I.out_vars(len(shape))), p), op="lppool")
 
 
 @register("MaxUnpool")

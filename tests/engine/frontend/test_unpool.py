@@ -1,4 +1,5 @@
-"""MaxPool's Indices output and MaxUnpool (engine/frontend/ops/pool.py) against onnxruntime: ties (the first in scan
+"""LpPool and GlobalLpPool, MaxPool's Indices output and MaxUnpool (engine/frontend/ops/pool.py) against onnxruntime;
+for the last two: ties (the first in scan
 order), padding, strides, dilations, 3-D, column-major indices; MaxUnpool with and without output_shape (indices
 flat over the output, as onnxruntime and PyTorch read them; the ONNX reference decodes them over the unpadded
 size), searching only the covering windows where the indices are a MaxPool's of the same window; a SegNet-style
@@ -91,3 +92,34 @@ def test_segnet_step_runs_on_the_c_backend_under_every_policy(tmp_path, policy):
 
 def test_segnet_step_cuda_runs_under_the_simt_emulator(tmp_path):
     assert_runs_like_onnxruntime(_segnet(tmp_path / "segnet.onnx"), _segnet_feeds(), backend="cuda-sim")
+
+
+
+@pytest.mark.parametrize(("op", "attrs"), [
+    ("LpPool", {"kernel_shape": [3, 3], "p": 1}), ("LpPool", {"kernel_shape": [2, 3], "strides": [2, 1], "p": 2}),
+    ("LpPool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "p": 3}), ("GlobalLpPool", {"p": 2}),
+    ("GlobalLpPool", {"p": 3})])
+def test_lp_pools_match_onnxruntime(op, attrs):
+    x = np.random.default_rng(7).standard_normal((2, 3, 6, 7)).astype(np.float32)
+    model = _model([helper.make_node(op, ["x"], ["y"], **attrs)], {"x": x}, {}, {"y": TensorProto.FLOAT},
+                   opset=18)  # onnxruntime has no GlobalLpPool at 22
+    got = run_reference(lower(import_onnx(model)), {"x": x})["y"]
+    want = ort_outputs(model, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+
+
+def _lp_block(path: Path) -> Path:
+    """A conv, an L2 pool over 2x2 windows, a global L3 pool: the pools' sums and roots fused behind the conv."""
+    w = (np.random.default_rng(8).standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("LpPool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2], p=2),
+             helper.make_node("GlobalLpPool", ["p"], ["y"], p=3)]
+    onnx.save(_model(nodes, {"x": np.zeros((1, 3, 8, 8), np.float32)}, {"w": w}, {"y": TensorProto.FLOAT}, opset=18),
+              path)
+    return path
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda-sim"])
+def test_lp_pool_block_runs_on_the_c_backend_and_under_the_simt_emulator(tmp_path, backend):
+    feeds = {"x": np.random.default_rng(9).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    assert_runs_like_onnxruntime(_lp_block(tmp_path / "lp.onnx"), feeds, backend=backend)
