@@ -209,6 +209,11 @@ class LowerCtx:
         return self.emit(out, shape, dtype, body, kind=StageKind.ELEMENTWISE, op=op)
 
 
+def zero_of(dtype: DType) -> bool | float | int:
+    """`dtype`'s zero as a Python value: what a padded load reads outside its tensor, a select's empty arm."""
+    return False if dtype == DType.BOOL else (0.0 if dtype.is_float else 0)
+
+
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     """NumPy's broadcasting rule in Python ints (np.broadcast_shapes refuses dims past 2**63 / array size)."""
     from engine.errors import ShapeError

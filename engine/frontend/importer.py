@@ -160,6 +160,7 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None) -> Gra
 
     kept: list[OnnxNode] = []
     histogram: Counter = Counter()
+
     def type_of(value: str):
         return tensor_type(ctx.spec(value).dtype, ctx.spec(value).shape) if ctx.resolve(value) in ctx.specs else None
 

@@ -9,7 +9,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from engine.frontend.context import LowerCtx, OnnxNode, register
+from engine.frontend.context import LowerCtx, OnnxNode, register, zero_of
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
@@ -110,7 +110,7 @@ def convert_conv(ctx: LowerCtx, node: OnnxNode) -> None:
     # Channel read by output channel o at reduce step c: the group's slice of the input channels.
     chan = rvars[0] if groups == 1 else I.floordiv(ivars[1], og) * cg + rvars[0]
     xidx = (ivars[0], chan) + tuple(tap_index(w, k, ivars[2 + k], rvars[1 + k]) for k in range(nd))
-    pad = (0.0 if ctx.dtype(x).is_float else 0) if has_halo(w, spatial, kernel) else None
+    pad = zero_of(ctx.dtype(x)) if has_halo(w, spatial, kernel) else None
     body = E.mul(ctx.load(x, xidx, pad=pad), ctx.load(wname, (ivars[1],) + tuple(rvars)))
     out = node.outputs[0]
     has_bias = ctx.has(node, 2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.errors import ModelError
-from engine.frontend.context import LowerCtx, OnnxNode, register
+from engine.frontend.context import LowerCtx, OnnxNode, register, zero_of
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
@@ -178,17 +178,13 @@ def convert_concat(ctx: LowerCtx, node: OnnxNode) -> None:
     dtype = ctx.dtype(names[0])
     for n, off in reversed(list(zip(names, offsets))):
         index = tuple(v - off if d == axis else v for d, v in enumerate(ivars))
-        ld = ctx.load(n, index, pad=_zero(dtype)) if len(names) > 1 else ctx.load(n, index)
+        ld = ctx.load(n, index, pad=zero_of(dtype)) if len(names) > 1 else ctx.load(n, index)
         if body is None:
             body = ld
         else:
             cond = E.binary("lt", E.index_val(ivars[axis]), E.imm(offsets[names.index(n) + 1], DType.I64))
             body = E.select(cond, ld, body)
     ctx.emit(node.outputs[0], tuple(shape), dtype, body, kind=StageKind.LAYOUT, op="concat")
-
-
-def _zero(dtype: DType):
-    return False if dtype == DType.BOOL else (0.0 if dtype.is_float else 0)
 
 
 @register("Gather")

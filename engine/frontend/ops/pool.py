@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.frontend.context import LowerCtx, OnnxNode, register
+from engine.frontend.context import LowerCtx, OnnxNode, register, zero_of
 from engine.frontend.ops.conv import Window, has_halo, tap_index, window_of
 from engine.frontend.ops.reduce import reduce_into
 from engine.ir import expr as E
@@ -63,7 +63,7 @@ def convert_max_pool(ctx: LowerCtx, node: OnnxNode) -> None:
     hit = E.binary("and", inside, E.binary("eq", body, ctx.load(values, ivars)))
     biggest = int(np.iinfo(np.int64).max)
     if not column_major:
-        ctx.facts[("maxpool-indices", ctx.resolve(indices) if indices in ctx.aliases else indices)] = (
+        ctx.facts[("maxpool-indices", ctx.resolve(indices))] = (
             tuple(kernel), w, tuple(spatial))
     first = indices if not column_major else ctx.tmp(indices, "row_major")
     ctx.emit(first, out_shape, DType.I64, E.select(hit, E.index_val(flat), E.imm(biggest, DType.I64)),
@@ -240,5 +240,4 @@ def convert_max_unpool(ctx: LowerCtx, node: OnnxNode) -> None:
                    kind=StageKind.REDUCE, op="maxunpool.match", reduce=reduce, combine=Combine.MAX)
     value = ctx.load(flat_x, (ivars[0], ivars[1], I.as_lin(I.Indirect(ctx.resolve(hit), tuple(ivars), plane))))
     found = E.binary("ge", ctx.load(hit, ivars), E.imm(0, DType.I64))
-    zero = E.imm(0.0 if dt.is_float else 0, dt)
-    ctx.elementwise(out, out_shape, dt, E.select(found, value, zero), op="maxunpool")
+    ctx.elementwise(out, out_shape, dt, E.select(found, value, E.imm(zero_of(dt), dt)), op="maxunpool")

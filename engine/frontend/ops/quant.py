@@ -74,10 +74,17 @@ def convert_quantize(ctx: LowerCtx, node: OnnxNode) -> None:
         out_dt = DType.U8
     if out_dt not in _INTEGER:
         raise ctx.unsupported(f"quantizing to {out_dt.value} (int8, uint8, int16 or uint16)")
-    q = E.unary("round", E.div(E.cast(ctx.load(x, ivars), DType.F32),
-                               E.cast(_param(ctx, node, scale, shape, ivars), DType.F32)))
-    if ctx.has(node, 2):
-        q = E.add(q, E.cast(_param(ctx, node, node.inputs[2], shape, ivars), DType.F32))
-    info = np.iinfo(out_dt.np)
+    scaled = E.div(E.cast(ctx.load(x, ivars), DType.F32), E.cast(_param(ctx, node, scale, shape, ivars), DType.F32))
+    zero = E.cast(_param(ctx, node, node.inputs[2], shape, ivars), DType.F32) if ctx.has(node, 2) else None
+    ctx.elementwise(node.outputs[0], shape, out_dt, saturated(scaled, zero, out_dt), op="quantize")
+
+
+def saturated(scaled: E.Expr, zero: E.Expr | None, dtype: DType) -> E.Expr:
+    """`scaled` (fp32) rounded half to even, plus `zero` (fp32; none: 0), clamped to `dtype`'s range and cast to
+    it: QuantizeLinear's and the QLinear ops' requantization, as onnxruntime computes it."""
+    q = E.unary("round", scaled)
+    if zero is not None:
+        q = E.add(q, zero)
+    info = np.iinfo(dtype.np)
     q = E.binary("min", E.binary("max", q, E.imm(float(info.min), DType.F32)), E.imm(float(info.max), DType.F32))
-    ctx.elementwise(node.outputs[0], shape, out_dt, E.cast(q, out_dt), op="quantize")
+    return E.cast(q, dtype)

@@ -12,6 +12,7 @@ import numpy as np
 
 from engine.frontend.context import CONVERTERS, LowerCtx, OnnxNode, register
 from engine.frontend.ops.nn import matmul_into
+from engine.frontend.ops.quant import saturated
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
@@ -79,12 +80,10 @@ def _requantize(ctx: LowerCtx, out: str, acc: str, scale: E.Expr, zero: str) -> 
     ivars = I.out_vars(len(shape))
     if int(np.prod(ctx.shape(zero), dtype=np.int64)) != 1:
         raise ctx.unsupported(f"an output zero point of shape {list(ctx.shape(zero))} (one value)")
-    q = E.unary("round", E.mul(E.cast(ctx.load(acc, ivars), DType.F32), scale))
-    q = E.add(q, E.cast(ctx.load(zero, tuple(I.const(0) for _ in ctx.shape(zero))), DType.F32))
     dt = ctx.dtype(zero)
-    info = np.iinfo(dt.np)
-    q = E.binary("min", E.binary("max", q, E.imm(float(info.min), DType.F32)), E.imm(float(info.max), DType.F32))
-    ctx.elementwise(out, shape, dt, E.cast(q, dt), op="requantize")
+    z = E.cast(ctx.load(zero, tuple(I.const(0) for _ in ctx.shape(zero))), DType.F32)
+    ctx.elementwise(out, shape, dt, saturated(E.mul(E.cast(ctx.load(acc, ivars), DType.F32), scale), z, dt),
+                    op="requantize")
 
 
 @register("QLinearConv")

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from engine.frontend.context import LowerCtx, OnnxNode, register
+from engine.frontend.context import LowerCtx, OnnxNode, register, zero_of
 from engine.frontend.ops.layout import reshape_to
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -84,11 +84,11 @@ def convert_scatter_elements(ctx: LowerCtx, node: OnnxNode) -> None:
                        E.select(lands, E.index_val(r), E.imm(-1, DType.I64)), kind=StageKind.REDUCE,
                        op="scatter.match", reduce=(ishape[axis],), combine=Combine.MAX)
         sel = I.as_lin(I.Indirect(ctx.resolve(hit), tuple(ivars), ishape[axis]))
-        update = ctx.load(upd, tuple(sel if d == axis else v for d, v in enumerate(ivars)), pad=_zero(dt))
+        update = ctx.load(upd, tuple(sel if d == axis else v for d, v in enumerate(ivars)), pad=zero_of(dt))
         found = E.binary("ge", ctx.load(hit, ivars), E.imm(0, DType.I64))
         ctx.elementwise(out, dshape, dt, E.select(found, update, ctx.load(data, ivars)), op="scatter")
         return
-    found = ctx.emit(ctx.tmp(out, mode), dshape, dt, E.select(lands, ctx.load(upd, at, pad=_zero(dt)),
+    found = ctx.emit(ctx.tmp(out, mode), dshape, dt, E.select(lands, ctx.load(upd, at, pad=zero_of(dt)),
                                                                _identity(mode, dt)),
                      kind=StageKind.REDUCE, op=f"scatter.{mode}", reduce=(ishape[axis],), combine=_COMBINE[mode])
     _combine_into(ctx, out, data, dshape, mode, found, "scatter")
@@ -135,10 +135,6 @@ def convert_scatter_nd(ctx: LowerCtx, node: OnnxNode) -> None:
     _combine_into(ctx, out, data, dshape, mode, found, "scatter_nd")
 
 
-def _zero(dtype: DType):
-    return False if dtype == DType.BOOL else (0.0 if dtype.is_float else 0)
-
-
 @register("TensorScatter")
 def convert_tensor_scatter(ctx: LowerCtx, node: OnnxNode) -> None:
     """A KV cache's update (opset 24): along the sequence axis, position s of batch entry b takes update step
@@ -162,7 +158,7 @@ def convert_tensor_scatter(ctx: LowerCtx, node: OnnxNode) -> None:
     if mode == "circular":
         step = I.mod(step + size, size)
     dt = ctx.dtype(past)
-    value = ctx.load(update, tuple(step if d == axis else v for d, v in enumerate(ivars)), pad=_zero(dt))
+    value = ctx.load(update, tuple(step if d == axis else v for d, v in enumerate(ivars)), pad=zero_of(dt))
     inside = E.binary("and", E.binary("ge", E.index_val(step), E.imm(0, DType.I64)),
                       E.binary("lt", E.index_val(step), E.imm(steps, DType.I64)))
     ctx.elementwise(node.outputs[0], shape, dt, E.select(inside, value, ctx.load(past, ivars)), op="tensor_scatter")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.errors import ModelError
-from engine.frontend.context import LowerCtx, OnnxNode, broadcast_shapes, register
+from engine.frontend.context import LowerCtx, OnnxNode, broadcast_shapes, register, zero_of
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
@@ -259,11 +259,7 @@ def convert_reverse_sequence(ctx: LowerCtx, node: OnnxNode) -> None:
     steps = shape[t_axis]
     length = I.as_lin(I.Indirect(ctx.resolve(lens), (ivars[b_axis],), steps + 1))
     back = length - 1 - ivars[t_axis]
-    flipped = ctx.load(x, tuple(back if d == t_axis else v for d, v in enumerate(ivars)), pad=_zero(ctx.dtype(x)))
+    flipped = ctx.load(x, tuple(back if d == t_axis else v for d, v in enumerate(ivars)), pad=zero_of(ctx.dtype(x)))
     inside = E.binary("lt", E.index_val(ivars[t_axis]), ctx.load(lens, (ivars[b_axis],)))
     ctx.elementwise(node.outputs[0], shape, ctx.dtype(x), E.select(inside, flipped, ctx.load(x, ivars)),
                     op="reverse_sequence")
-
-
-def _zero(dtype: DType):
-    return False if dtype == DType.BOOL else (0.0 if dtype.is_float else 0)
