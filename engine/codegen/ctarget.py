@@ -135,13 +135,15 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         if c is None or c.dot_lanes:
             return None
         co, oh, ow = c.out
-        v = conv_chunk(ow, lanes)
-        nc = 1 if c.depthwise else conv_channels(v, co, lanes)
         by_channel = dense_by_channel(c, lanes) or depthwise_by_channel(c, lanes)
         blocking = depthwise_blocking if c.depthwise else by_channel_blocking
         groups, pixels = blocking(co // lanes, ow, lanes) if by_channel and co % lanes == 0 else (0, 0)
         # A depthwise conv by channel stages its window channels-last (never read in place).
         in_place = _window_rows_in_place(c) and not (c.depthwise and by_channel)
+        flat = not by_channel and in_place and flat_pixels(bare, p)
+        run = oh * ow if flat else ow  # output columns one register-blocked row runs along
+        v = conv_chunk(run, lanes)
+        nc = 1 if c.depthwise else conv_channels(v, co, lanes)
         taps = c.taps[0] * c.taps[1]
         step = 1 if c.depthwise else c.bc
         if in_place and not c.depthwise and co * c.channels * taps <= MAX_LINE:
@@ -150,15 +152,38 @@ def block_convs(kernel: Kernel, lanes: int) -> Kernel:
         # the hardware's stride prefetchers, so each (channel, row) load would miss to L2/L3.
         chan = flat_stride(bare, c.x, c.chan_vars[-1]) if in_place and c.chan_vars else None
         one_chan = len(c.chan_vars) == 1
-        return {"lanes": lanes, "chunk": v, "tails": conv_tails(v, lanes) if in_place else (),
-                "chunk_channels": nc, "chunk_rows": conv_rows(v, oh, nc, lanes),
-                "lone_rows": conv_rows(v, oh, 1, lanes), "by_channel": by_channel,
+        tails = conv_tails(v, lanes) if in_place else ()
+        if flat:  # whole vectors down to one, then the last few pixels (fewer than a vector) as one (c0_loadnN)
+            tails = tuple(t for t in tails if t % lanes == 0) + ((lanes,) if v > lanes and lanes not in tails else ())
+        return {"lanes": lanes, "chunk": v, "tails": tails,
+                "chunk_channels": nc, "chunk_rows": 1 if flat else conv_rows(v, oh, nc, lanes),
+                "lone_rows": 1 if flat else conv_rows(v, oh, 1, lanes), "by_channel": by_channel, "flat": flat,
                 "channel_vectors": groups, "channel_pixels": pixels, "x_in_place": in_place,
                 "step": step, "prefetch": PREFETCH_CHANNELS * chan if chan and chan * 4 > 1024 else 0,
                 "x_channels_last": one_chan and contiguous_along(bare, c.x, c.chan_vars[0], c.window_vars[1]),
                 "w_channel_inner": one_chan and contiguous_along(bare, c.w, "i1", c.chan_vars[0])}
 
     return _map_phases(kernel, block) if kernel.convs else kernel
+
+
+def flat_pixels(kernel: Kernel, p: Phase) -> bool:
+    """Whether a pointwise stride-1 conv whose input rows are read in place runs its tile's pixels as one
+    run (Conv.flat): every tile spans whole output rows (the width axis one tile, unclamped, from 0) and
+    the input is indexed by the output row and column alone in a tensor of the same width, so the tile's
+    rows follow one another in memory in the input and in the accumulator alike. Row by row a 7- or 14-wide
+    row runs one short lane loop with its sums in memory: resnet50's 1x1 convs over 7x7 and 14x14 maps
+    measured 2-4x their model (benchmarks/NOTES.md flatpixels)."""
+    c = p.conv
+    if c.depthwise or c.taps != (1, 1) or c.strides != (1, 1) or not p.region.spans or p.region.rank != 4:
+        return False
+    width = p.region.shape[3]
+    span = p.region.spans[3]
+    if span.base != 0 or span.ext != width or any(span.coeffs):
+        return False
+    (h, w), x = c.window_vars, c.x
+    if len(x.index) < 2 or x.index[-2] != I.Lin(((I.Var(h), 1),)) or x.index[-1] != I.Lin(((I.Var(w), 1),)):
+        return False
+    return kernel.buffer(x.tensor).shape[-1] == width
 
 
 def dense_by_channel(c, lanes: int) -> bool:

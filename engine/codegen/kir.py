@@ -257,6 +257,7 @@ class Conv:
     # time (ctarget.by_channel_blocking; 0: per pixel, the sums in an array).
     lanes: int = 0
     chunk: int = 0
+    flat: bool = False  # the tile's rows run as one run of pixels (ctarget.flat_pixels; rows then 1)
     chunk_channels: int = 0
     chunk_rows: int = 0
     lone_rows: int = 0

@@ -55,6 +55,14 @@ HELPERS = {
     "c0_fmaf": "float c0_fmaf(float a, float b, float c) {\n#ifdef FP_FAST_FMAF\n    return fmaf(a, b, c);\n"
                "#else\n    return a * b + c;\n#endif\n}",
     "c0_f2bits": "int c0_f2bits(float f) { int i; __builtin_memcpy(&i, &f, 4); return i; }",
+    # c0_loadnN(p, n): p[0 .. n-1] in the first n lanes of an N-float vector (C target: the direct convolutions'
+    # vector types), zeros in the rest, reading nothing past p[n - 1] (a flat conv run's last pixels end the
+    # tensor): AVX-512's masked load where GCC targets it, else lane by lane.
+    "c0_loadn4": "c0_v4 c0_loadn4(const float* p, int n) { c0_v4 v = {0}; for (int i = 0; i < n; ++i) v[i] = p[i]; return v; }",
+    "c0_loadn8": "c0_v8 c0_loadn8(const float* p, int n) { c0_v8 v = {0}; for (int i = 0; i < n; ++i) v[i] = p[i]; return v; }",
+    "c0_loadn16": ("c0_v16 c0_loadn16(const float* p, int n) {\n#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)\n"
+                   "    return __builtin_ia32_loadups512_mask(p, (c0_v16){0}, (unsigned short)((1u << n) - 1u));\n#else\n"
+                   "    c0_v16 v = {0}; for (int i = 0; i < n; ++i) v[i] = p[i]; return v;\n#endif\n}"),
     "c0_expf": (
         "float c0_expf(float x) { const float c = x < -87.33654f ? -87.33654f : (x > 89.0f ? 89.0f : x); "
         "const float fx = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; const int n = (int)fx; "

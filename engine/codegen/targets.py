@@ -825,7 +825,12 @@ class CPrinter(Printer):
         wh, ww = c.window
         co, oh, ow = c.out
         v = c.chunk
-        owp = -(-ow // v) * v
+        # Flat (ctarget.flat_pixels): the tile's whole rows run as one run of oh_n * ow_n pixels, in the input
+        # read in place and in acc alike, so acc's rows are not padded (whole chunks stop at the run's end).
+        owp = ow if c.flat else -(-ow // v) * v
+        # A flat block's channel planes are padded to whole vectors: its last few pixels run as one vector whose
+        # input lanes past the run load zeros (c0_loadnN) and whose sums land in the padding.
+        plane = -(-oh * ow // c.lanes) * c.lanes if c.flat else oh * owp
         wwp = max(ww, (owp - 1) * sw + (kw - 1) * dw + 1)  # chunks past the last column read zeros
         wwp = -(-wwp // sw) * sw  # a staged row is stored as sw column phases of wwp / sw each
         kk = kh * kw
@@ -835,8 +840,8 @@ class CPrinter(Printer):
         step = c.step
         if direct is None:  # the staging loop zeroes each row's columns past the window (read by whole chunks)
             lines += [f"    float st_x[{step * wh * wwp}];"]
-        lines += [f"    float st_w[{co * step * kk}], acc[{co * oh * owp}];",
-                  f"    for (int q = 0; q < c_n * {oh * owp}; ++q) acc[q] = 0.0f;"]
+        lines += [f"    float st_w[{co * step * kk}], acc[{co * plane}];",
+                  f"    for (int q = 0; q < c_n * {plane}; ++q) acc[q] = 0.0f;"]
         window = self.conv_stage_window(kernel, phase, wwp)
         # A conv over fewer pixels than a vector (ConvNeXt's last stage: 2x2), or whose tile rows are narrower
         # than one (resnet's 4x4 maps), runs with the output channels in the vector lanes instead of the
@@ -877,9 +882,12 @@ class CPrinter(Printer):
             reads only the qn live columns (memory-resident sums: the narrow tail)."""
             n = "qn" if var else str(width)
             sums = [(cc, rr) for cc in range(nc) for rr in range(nr)]
-            body = [f"float* restrict arow{cc}_{rr} = acc + ((col + {cc}) * {oh} + oh + {rr}) * {owp} + q0;"
+            body = [f"float* restrict arow{cc}_{rr} = acc + (col + {cc}) * {plane} + q0;" if c.flat else
+                    f"float* restrict arow{cc}_{rr} = acc + ((col + {cc}) * {oh} + oh + {rr}) * {owp} + q0;"
                     for cc, rr in sums]
             vw = c.lanes
+            if c.flat and var:  # the run's last qn < vw pixels: one vector, its input loaded lane by lane
+                return vector_micro(nc, nr, 1, vw, body, masked=True)
             if not var and mul in ("q", "q * 2") and width % vw == 0:
                 return vector_micro(nc, nr, width // vw, vw, body)
             body += [" ".join(f"float r{cc}_{rr}[{width}];" for cc, rr in sums), "#pragma omp simd",
@@ -929,10 +937,11 @@ class CPrinter(Printer):
         # the hardware's stride prefetchers, so each (channel, row) load would miss to L2/L3.
         ahead = c.prefetch
 
-        def vector_micro(nc: int, nr: int, nv: int, vw: int, body: list[str]) -> list[str]:
+        def vector_micro(nc: int, nr: int, nv: int, vw: int, body: list[str], masked: bool = False) -> list[str]:
             """micro's whole-chunk form in GCC vector types: nc x nr x nv named vector registers (an
             array of sums may stay in memory across the loop: measured spilled), window vectors
-            loaded once and used by every channel; r = C0_VFMA(a, x, r): one vector FMA per step."""
+            loaded once and used by every channel; r = C0_VFMA(a, x, r): one vector FMA per step.
+            `masked`: a flat run's last qn pixels, their window vector's lanes past qn zeros."""
             t, nb = f"c0_v{vw}", vw * 4
             sums = [(cc, rr, j) for cc in range(nc) for rr in range(nr) for j in range(nv)]
             body += [f"{t} r{cc}_{rr}_{j}; __builtin_memcpy(&r{cc}_{rr}_{j}, arow{cc}_{rr} + {j * vw}, {nb});"
@@ -945,7 +954,10 @@ class CPrinter(Printer):
                             f"const {t} {a}{cc} = {{{', '.join([f's{a}{cc}'] * vw)}}};"]
                 for rr in range(nr):
                     out += xrow(rr, tap, x)
-                    if mul == "q":
+                    if masked:
+                        self.helpers.add(f"c0_loadn{vw}")
+                        out += [f"const {t} {x}{rr}_0 = c0_loadn{vw}({x}{rr}, qn);"]
+                    elif mul == "q":
                         out += [f"{t} {x}{rr}_{j}; __builtin_memcpy(&{x}{rr}_{j}, {x}{rr} + {j * vw}, {nb});" for j in range(nv)]
                     else:  # a row read in place at column stride 2: its even floats
                         out += [f"const {t} {x}{rr}_{j} = c0_even{vw}({x}{rr} + {2 * j * vw});" for j in range(nv)]
@@ -962,22 +974,26 @@ class CPrinter(Printer):
             body += [f"__builtin_memcpy(arow{cc}_{rr} + {j * vw}, &r{cc}_{rr}_{j}, {nb});" for cc, rr, j in sums]
             return ["{"] + ["    " + x for x in body] + ["}"]
 
+        run = "fl_n" if c.flat else "ow_n"  # the columns a row of the block runs along
+
         def chunks(nc: int, nr: int) -> list[str]:
             if direct is None:  # the staged window is padded: whole chunks are safe to read
                 return [f"for (int q0 = 0; q0 < ow_n; q0 += {v})"] + micro(nc, nr, v)
             # The tensor is not: whole chunks, then the tails (ctarget.conv_tails: once each, the
             # narrowest as a loop), then the last few live columns at the narrowest width.
-            out = ["int q0 = 0;", f"for (; q0 + {v} <= ow_n; q0 += {v})"] + micro(nc, nr, v)
+            out = ["int q0 = 0;", f"for (; q0 + {v} <= {run}; q0 += {v})"] + micro(nc, nr, v)
             for t in c.tails[:-1]:
-                out += [f"if (q0 + {t} <= ow_n) {{"] + ["    " + x for x in micro(nc, nr, t)] + [f"    q0 += {t};", "}"]
+                out += [f"if (q0 + {t} <= {run}) {{"] + ["    " + x for x in micro(nc, nr, t)] + [f"    q0 += {t};", "}"]
             for t in c.tails[-1:]:
-                out += [f"for (; q0 + {t} <= ow_n; q0 += {t})"] + micro(nc, nr, t)
+                out += [f"for (; q0 + {t} <= {run}; q0 += {t})"] + micro(nc, nr, t)
             narrow = (c.tails or (v,))[-1]
-            return out + ["if (q0 < ow_n) {", "    const int qn = ow_n - q0;"] + ["    " + x for x in micro(nc, nr, narrow, True)] + ["}"]
+            return out + [f"if (q0 < {run}) {{", f"    const int qn = {run} - q0;"] + ["    " + x for x in micro(nc, nr, narrow, True)] + ["}"]
 
         mul = "q" if sw == 1 or direct is None else f"q * {sw}"  # a staged window is split by column phase
 
         def rows_of(nc: int) -> list[str]:
+            if c.flat:  # one row: the block's rows one after another (from row oh_lo, column 0)
+                return ["{", "    const int oh = 0, fl_n = oh_n * ow_n;"] + ["    " + x for x in chunks(nc, 1)] + ["}"]
             nr = c.chunk_rows if nc == c.chunk_channels else c.lone_rows
             out = ["int oh = 0;"]
             if nr > 1:
@@ -1041,7 +1057,7 @@ class CPrinter(Printer):
                           "            for (int cl = 0; cl < c_k; ++cl) {"] + ["                " + x for x in chans]
                 lines += ["                " + x for x in taps]
             lines += ["            }", "        }", "        {"] + ["            " + x for x in update] + ["        }", "    }"]
-        return lines + self.conv_epilogue(kernel, phase, owp)
+        return lines + self.conv_epilogue(kernel, phase, owp, plane if c.flat else 0)
 
     def conv_by_channel(self, phase: Phase, direct: str | None, wh: int, wwp: int, owp: int) -> list[str]:
         """A by-channel dense conv's update where the tile holds every output channel of the block
@@ -1191,10 +1207,12 @@ class CPrinter(Printer):
         lines += ["    for (; q < ow_n; ++q)"] + ["    " + x for x in block(1)]
         return lines + ["}"]
 
-    def conv_epilogue(self, kernel: Kernel, phase: Phase, owp: int) -> list[str]:
-        """The GEMM epilogue over the block's accumulator acc[channel][row][owp columns], closing the phase."""
+    def conv_epilogue(self, kernel: Kernel, phase: Phase, owp: int, plane: int = 0) -> list[str]:
+        """The GEMM epilogue over the block's accumulator acc[channel][row][owp columns] (`plane`: each
+        channel's rows `plane` floats apart instead), closing the phase."""
         oh = phase.conv.out[1]
-        epilogue, loops = self.epilogue_lines(kernel, phase, f"acc[(col * {oh} + oh) * {owp} + q]")
+        at = f"acc[col * {plane} + oh * {owp} + q]" if plane else f"acc[(col * {oh} + oh) * {owp} + q]"
+        epilogue, loops = self.epilogue_lines(kernel, phase, at)
         lines = ["    for (int col = 0; col < c_n; ++col) {",
                  "        const int i1 = c_lo + col;",
                  "        for (int oh = 0; oh < oh_n; ++oh) {",

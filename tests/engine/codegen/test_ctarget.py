@@ -612,11 +612,15 @@ def test_window_interiors_alone_records_the_unchecked_window(tmp_path, seed):
 
 
 @pytest.mark.parametrize("lanes", [8, 16])
-def test_conv_tails_alone_on_a_conv_read_in_place(tmp_path, lanes):
+def test_conv_tails_alone_on_a_conv_read_in_place(tmp_path, lanes, monkeypatch):
     """conv_tails: the whole-chunk tails after the chunk loop (one AVX-512 vector, then chunks of 8);
-    on an unpadded 1x1 conv of random width, read in place, Conv.tails is what conv_tails gives, the C
-    prints those tails, and the output matches NumPy with them and with none (the live columns then
-    run at the chunk's width)."""
+    on an unpadded 1x1 conv of random width, read in place row by row (its tiles span whole rows, so the
+    flat form is turned off here: `test_a_pointwise_conv_over_whole_rows_runs_its_pixels_flat`), Conv.tails
+    is what conv_tails gives, the C prints those tails, and the output matches NumPy with them and with
+    none (the live columns then run at the chunk's width)."""
+    import engine.codegen.ctarget as ctarget
+
+    monkeypatch.setattr(ctarget, "flat_pixels", lambda kernel, p: False)
     assert conv_tails(32, 16) == (16, 8) and conv_tails(32, 8) == (8,) and conv_tails(16, 16) == (8,)
     assert conv_tails(8, 16) == () and conv_tails(24, 8) == (8,)
     rng = np.random.default_rng(50 + lanes)
@@ -637,6 +641,35 @@ def test_conv_tails_alone_on_a_conv_read_in_place(tmp_path, lanes):
     bare = _with(full, lambda k: _map_convs(k, tails=()))
     for prog in (full, bare):
         got = _run_c(prog, graph, {"x": x})
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+def test_a_pointwise_conv_over_whole_rows_runs_its_pixels_flat(tmp_path, lanes):
+    """A 1x1 stride-1 conv read in place whose tiles span whole rows runs each tile's rows as one run of
+    pixels (Conv.flat): whole vectors, then the last few pixels as one vector loaded lane by lane up to the
+    run's end (c0_loadnN), the sums in registers — row by row, a 7-wide row ran one short lane loop with its
+    sums in memory (resnet50's 1x1 convs over 7x7 maps 4.4x their model, benchmarks/NOTES.md flatpixels).
+    Random widths and row counts, tiles of several rows with a shorter last one; a tile narrower than the
+    rows keeps the row-by-row form. The C matches NumPy either way."""
+    rng = np.random.default_rng(90 + lanes)
+    ci, co = int(rng.integers(3, 40)), int(rng.integers(2, 20))
+    h, w = int(rng.integers(6, 12)), int(rng.integers(6, 17))
+    rows = int(rng.integers(3, h))  # h % rows may leave a shorter last tile; at least a vector of pixels a tile
+    wt = rng.standard_normal((co, ci, 1, 1)).astype(np.float32)
+    path = _save(tmp_path / "pw.onnx", [helper.make_node("Conv", ["x", "W"], ["y"])], [("x", (1, ci, h, w))], {"W": wt})
+    x = rng.standard_normal((1, ci, h, w)).astype(np.float32)
+    want = np.einsum("ci,ihw->chw", wt[:, :, 0, 0], x[0])[None]
+    for tile, flat in (((1, co, rows, w), True), ((1, co, rows, max(1, w - 2)), False)):
+        program, graph = _program(path, tile)
+        full = _with(program, lambda k: c_decisions(k, lanes))
+        (conv,) = [p.conv for p in _phases(full) if p.conv is not None]
+        assert conv.x_in_place and not conv.by_channel and conv.flat == flat, (tile, conv.by_channel)
+        source = render_c(full)
+        assert ("fl_n = oh_n * ow_n" in source) == flat
+        if flat and (rows * w) % lanes:
+            assert f"c0_loadn{lanes}(x0, qn)" in source
+        got = _run_c(full, graph, {"x": x})
         assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < TOL
 
 
