@@ -400,8 +400,9 @@ def block_gemms(kernel: Kernel, lanes: int = 0) -> Kernel:
             b_in = None
         r = p.region.rank
         rows_inner = contiguous_along(bare, g.a, f"i{r - 2}", g.vars[-1])
+        krun = k_run(g.k, g.bk, b_in[1]) if a_in is not None and b_in is not None and not gemv else 0
         return {"c_rows": GEMM_ROWS, "c_cols": GEMM_COLS, "c_wide": wide, "c_vector": vector,
-                "a_in": a_in or (), "b_in": b_in or (),
+                "a_in": a_in or (), "b_in": b_in or (), "c_krun": krun if krun > g.bk else 0,
                 "gemv": gemv, "b_k_inner": contiguous_along(bare, g.b, g.vars[-1], f"i{r - 1}"),
                 "a_rows_inner": rows_inner,
                 "a_row_picks": not a_in and not rows_inner and bool(invariant_picks(bare, g.a, set(g.vars)))}
@@ -443,6 +444,23 @@ def in_place_strides(kernel: Kernel, phase: Phase, which: str) -> tuple[int, int
             return None
         inner *= n
     return outer, strides[-1]
+
+
+K_RUN_MOST = 256  # k steps a micro-kernel runs with its sums in registers, both factors read in place
+
+
+def k_run(k: int, bk: int, b_stride: int) -> int:
+    """k steps the C micro-kernel runs between loading and storing its partial sums where A and B are both read
+    in place: the staging step `bk` doubled while B's rows `b_stride` floats apart still do not crowd L1's sets
+    (`_rows_share_sets`, the rule that lets B be read in place), up to k and K_RUN_MOST. The step is the
+    staging budget's (48 KiB of a bk x tile panel: 8 for bert-base's 32 x 768 LayerNorm tiles of its FFN down
+    projection), which nothing staged here needs; every 8 steps the block's 96 KiB of sums went out to L2 and
+    back: 4.9 ms for the kernel against 2.8 at 16 (benchmarks/NOTES.md krun). Each sum still adds its k terms
+    in order."""
+    run = max(1, bk)
+    while run * 2 <= min(k, K_RUN_MOST) and not _rows_share_sets(b_stride, run * 2):
+        run *= 2
+    return run
 
 
 def _rows_share_sets(stride: int, bk: int) -> bool:

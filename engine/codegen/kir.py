@@ -145,6 +145,9 @@ class Gemm:
     b_in: tuple[int, ...] = ()
     gemv: int = 0
     panel: bool = False
+    # `c_krun` > 0: with both factors read in place (nothing staged per k step) the micro-kernel keeps its sums
+    # in registers over this many k (ctarget.k_run) instead of the bk of a staging step
+    c_krun: int = 0
     # staging loop orders (C): B staged with k innermost in bands of c_cols columns (B contiguous along k);
     # A staged with its rows innermost (A contiguous along its rows)
     b_k_inner: bool = False
@@ -188,7 +191,8 @@ class Gemm:
                 **({"mma": self.mma, "warps_m": self.warps_m, "warps_n": self.warps_n} if self.mma else {}),
                 **({"c_rows": self.c_rows, "c_cols": self.c_cols, "c_wide": self.c_wide, "a_in": list(self.a_in),
                     "b_in": list(self.b_in), "gemv": self.gemv, "panel": self.panel, "b_k_inner": self.b_k_inner,
-                    "a_rows_inner": self.a_rows_inner, "a_row_picks": self.a_row_picks, "c_vector": self.c_vector}
+                    "a_rows_inner": self.a_rows_inner, "a_row_picks": self.a_row_picks, "c_vector": self.c_vector,
+                    "c_krun": self.c_krun}
                    if self.c_cols else {})}
 
     def describe_c(self) -> str:
@@ -201,7 +205,8 @@ class Gemm:
             return f"; C: dot products over k in {self.gemv} partial sums{where}"
         panel = ", B panel per column tile" if self.panel else ""
         vectors = f" in {self.c_vector}-float vectors" if self.c_vector and self.c_cols > self.c_vector else ""
-        return f"; C: {self.c_rows}x{self.c_cols} register block{vectors} (tail rows {self.c_wide} wide){where}{panel}"
+        run = f", k run {self.c_krun}" if self.c_krun else ""
+        return f"; C: {self.c_rows}x{self.c_cols} register block{vectors} (tail rows {self.c_wide} wide){where}{panel}{run}"
 
     def describe(self) -> str:
         over = f" (rows over {self.rows} axes)" if self.rows > 1 else ""

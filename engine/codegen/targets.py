@@ -683,8 +683,9 @@ class CPrinter(Printer):
             lines += ["    // columns past n_n stay zero: chunks read them, their sums are never stored",
                       f"    for (int kk = 0; kk < {g.bk}; ++kk)",
                       f"        for (int nn = n_n; nn < {ldb}; ++nn) st_b[kk * {ldb} + nn] = 0.0f;"]
-        lines += [f"    for (int k0 = 0; k0 < {g.k}; k0 += {g.bk}) {{",
-                  f"        const int k_n = {g.k} - k0 < {g.bk} ? {g.k} - k0 : {g.bk};"]
+        krun = g.c_krun if g.c_krun and a_in is not None and b_in is not None else g.bk  # nothing staged per step
+        lines += [f"    for (int k0 = 0; k0 < {g.k}; k0 += {krun}) {{",
+                  f"        const int k_n = {g.k} - k0 < {krun} ? {g.k} - k0 : {krun};"]
         a_col = ["for (int kk = 0; kk < k_n; ++kk) {"] + ["    " + x for x in self._gemm_k_head(phase)]
         b_col = ["for (int nn = 0; nn < n_n; ++nn) {", f"    const int {n} = n_lo + nn;"]
         store_b = b_lines + [f"st_b[kk * {ldb} + nn] = {b_val};"]

@@ -22,6 +22,7 @@ from engine.codegen.ccompile import compiler_lanes  # noqa: E402
 from engine.codegen.ctarget import (  # noqa: E402
     CLAIM_WORK,
     GEMV_LANES,
+    K_RUN_MOST,
     SERIAL_WORK,
     STAGE_STEPS,
     STREAM_WORK,
@@ -37,6 +38,7 @@ from engine.codegen.ctarget import (  # noqa: E402
     depthwise_blocking,
     depthwise_by_channel,
     for_c,
+    k_run,
     reciprocal_rows,
     schedule_segments,
     segment_work,
@@ -278,6 +280,36 @@ def test_block_gemms_register_block_and_operands_in_place(tmp_path, lanes):
     source = render_c(blocked)
     assert "const float* restrict a_in = " in source and "const float* restrict b_in = " in source
     assert np.max(np.abs(_run_c(blocked, graph, feeds) - want)) / np.max(np.abs(want)) < TOL
+
+
+def test_k_run_doubles_the_step_while_b_rows_keep_clear_of_l1_sets():
+    """k_run: the staging step doubled while the rows of B read in place still fit L1's sets
+    (`_rows_share_sets`), up to k and K_RUN_MOST: rows 768 floats (3 KiB) apart share 4 sets, so 16; rows
+    48 floats apart spread over 64, so the whole k up to the cap; rows 4 KiB apart one set, so the step."""
+    assert k_run(3072, 8, 768) == 16
+    assert k_run(64, 32, 48) == 64 and k_run(4096, 32, 48) == K_RUN_MOST
+    assert k_run(3072, 8, 1024) == 8
+    assert k_run(200, 8, 768) == 16 and k_run(12, 8, 48) == 8
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_a_gemm_reading_both_factors_in_place_runs_its_sums_over_the_k_run(tmp_path, lanes):
+    """Whole rows of a 768-wide product (a LayerNorm's tile: bert-base's FFN down projection) stage a k step of
+    8 under the staging budget, but A and B are read in place: the micro-kernel keeps its sums in registers over
+    k_run's 16 steps (Gemm.c_krun) rather than storing the block's sums every 8; k = 200 leaves a short last run.
+    The C matches NumPy."""
+    rng = np.random.default_rng(24)
+    w = rng.standard_normal((200, 768)).astype(np.float32)
+    path = _save(tmp_path / "mm.onnx", [helper.make_node("MatMul", ["a", "W"], ["y"])], [("a", (16, 200))], {"W": w})
+    program, graph = _program(path, (8, 768), threads=256)
+    a = rng.standard_normal((16, 200)).astype(np.float32)
+    blocked = _with(program, lambda k: c_decisions(k, lanes))
+    (g,) = [p.gemm for p in _phases(blocked) if p.gemm is not None]
+    assert g.a_in and g.b_in and g.bk == 8 and g.c_krun == k_run(200, 8, 768) == 16
+    source = render_c(blocked)
+    assert "k0 += 16" in source and "k run 16" in json.dumps(program_to_json(blocked))
+    want = a @ w
+    assert np.max(np.abs(_run_c(blocked, graph, {"a": a}) - want)) / np.max(np.abs(want)) < TOL
 
 
 @pytest.mark.parametrize("transposed", [False, True])
