@@ -174,9 +174,35 @@ class PrimGraph:
 
     @property
     def min_dram_bytes(self) -> int:
-        """Inputs + weights read once + outputs written once: the floor for any schedule."""
+        """Inputs + weights read once + outputs written once: the floor for any schedule. A weight read only
+        through gathered indices (an embedding table) counts the slices its index tensors can pick at most,
+        where that is less than the whole (`gathered_bytes`)."""
         outs = {self.specs[o].name: self.specs[o].nbytes for o in self.outputs}
-        return sum(t.nbytes for t in self.inputs) + self.param_bytes + sum(outs.values())
+        weights = sum(min(t.nbytes, self.gathered_bytes.get(t.name, t.nbytes)) for t in self.constants)
+        return sum(t.nbytes for t in self.inputs) + weights + sum(outs.values())
+
+    @cached_property
+    def gathered_bytes(self) -> dict[str, int]:
+        """tensor -> bytes at most read of it, for each tensor every load of which indexes an axis through
+        gathered indices (Gather's: `index.Indirect`): per load, as many slices of that axis as its index
+        tensors have elements (a 30522-row embedding table read by 128 token ids: 128 rows)."""
+        from engine.ir import expr as E
+
+        found: dict[str, int] = {}
+        whole: set[str] = set()
+        for st in self.stages:
+            for node in E.walk(st.body):
+                if not isinstance(node, E.Load) or node.tensor not in self.specs:
+                    continue
+                spec = self.specs[node.tensor]
+                picks = [(d, ix.indirect_tensors()) for d, ix in enumerate(node.index) if ix.indirect_tensors()]
+                if not picks or any(q not in self.specs for _, qs in picks for q in qs):
+                    whole.add(node.tensor)
+                    continue
+                d, sources = picks[0]
+                slices = sum(self.specs[q].size for q in sources)
+                found[node.tensor] = found.get(node.tensor, 0) + slices * (spec.nbytes // max(1, spec.shape[d]))
+        return {t: b for t, b in found.items() if t not in whole}
 
     # ---- hashing ------------------------------------------------------------------------
     @cached_property

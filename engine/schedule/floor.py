@@ -91,7 +91,7 @@ def _segment_work(graph: PrimGraph, members: set, seg: Sequence[str], conns: Map
     and the regions they come from. `earlier`: inputs an earlier segment of the kernel reads (no DRAM here)."""
     regions = C.segment_regions(graph, seg, conns, tile)
     per_block = tile.blocks / max(1, tile.row_split)
-    dram = C._read_dram(graph, members, C._read_lines(graph, regions), per_block, device, in_llc,
+    dram = C._read_dram(graph, members, C._read_lines(graph, regions, seg), per_block, device, in_llc,
                         dict(earlier) if earlier else None)  # _read_dram adds to it
     glob, macs, other, maths = work_floor(graph, seg, conns, regions) if tile.row_split == 1 else (0.0,) * 4
     # A contraction may run on tensor cores (the plan option tf32, fp16 operands: codegen/mma.py):

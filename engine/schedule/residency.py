@@ -30,7 +30,7 @@ def kernel_touches(graph: PrimGraph, group: Group, conns: Mapping) -> tuple[dict
     read: dict[str, int] = {}
     for seg, tile in zip(segs, group.segments):  # the regions `estimate_group` reads, without the kernel IR
         per_block = tile.blocks / max(1, tile.row_split)
-        for t, lines in C._read_lines(graph, C.segment_regions(graph, seg, conns, tile)).items():
+        for t, lines in C._read_lines(graph, C.segment_regions(graph, seg, conns, tile), seg).items():
             if t not in members:
                 read[t] = min(nbytes(graph, t), read.get(t, 0) + int(lines * LINE * per_block))
     written = {s for s in group.stages

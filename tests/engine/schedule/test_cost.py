@@ -341,3 +341,35 @@ def test_blocks_in_another_arm_of_a_concat_are_charged_for_what_they_read(tmp_pa
         tile = make_tile(anchor, shape, 128)
         cost = estimate_group(graph, stages, conns, [tile], a100)
         assert cost.traffic_bytes["dram"] >= least, (shape, cost.traffic_bytes, least)
+
+
+def test_a_gathered_table_costs_the_rows_its_ids_pick_not_the_table(tmp_path):
+    """An embedding lookup (Gather of a 20000 x 64 table by 24 ids, plus a bias): the table's axis 0 is indexed
+    through the ids, so its box spans all of it, but a block reads at most as many rows as it reads ids (the
+    cost model charged the whole table: bert-base's embedding kernel modeled 5.3 ms of DRAM reads, measured 67
+    us). The plan's DRAM is the ids' rows, not the table's 5 MB; the floor (inputs, weights, outputs once)
+    counts the table the same way and stays under every plan."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+    from support import graph_model
+
+    from engine.api import load_graph
+    from engine.device import get_device
+    from engine.schedule.pipeline import plan_model
+
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((20000, 64)).astype(np.float32)
+    bias = rng.standard_normal(64).astype(np.float32)
+    ids = rng.integers(0, 20000, (1, 24)).astype(np.int64)
+    model = graph_model([helper.make_node("Gather", ["T", "ids"], ["e"]), helper.make_node("Add", ["e", "b"], ["y"])],
+                        {"ids": ids}, {"T": table, "b": bias})
+    onnx.save(model, tmp_path / "emb.onnx")
+    graph = load_graph(tmp_path / "emb.onnx")
+    rows = 24 * 64 * 4
+    assert graph.gathered_bytes == {"T": rows}
+    assert graph.min_dram_bytes == ids.nbytes + rows + bias.nbytes + rows  # ids, rows, bias in; y out
+    for policy in ("unfused", "welder"):
+        planned, plan = plan_model(graph, policy, get_device("a100"))
+        assert planned.min_dram_bytes <= plan.dram_bytes < 4 * planned.min_dram_bytes, (policy, plan.dram_bytes)
+        assert plan.dram_bytes < table.nbytes / 10
