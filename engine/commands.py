@@ -53,7 +53,9 @@ def add_models_args(p: argparse.ArgumentParser, nargs: str = "+") -> None:
     """MODEL... and --shape bound in every MODEL: what the many-model commands take (bench, tune)."""
     p.add_argument("models", nargs=nargs, metavar="MODEL", help="paths to .onnx files")
     p.add_argument("--shape", action="append", metavar="NAME=d0,d1,...",
-                   help="bind the shape of an input with dynamic dimensions, in every MODEL (repeatable)")
+                   help="bind the shape of an input with dynamic dimensions, in every MODEL where it has them "
+                        "(repeatable); dimensions left unbound take the shapes of the arrays in the model's "
+                        ".io.npz beside it, where it has one")
 
 
 def add_plan_args(p: argparse.ArgumentParser, policy_help: str = "fusion policy") -> None:
@@ -123,7 +125,7 @@ def planned_model(args: argparse.Namespace):
     from engine.frontend.importer import load_graph
     from engine.schedule.pipeline import load_plan, plan_model
 
-    graph = load_graph(args.model, parse_shapes(args.shape))
+    graph = load_graph(args.model, getattr(args, "bound_shapes", None) or parse_shapes(args.shape))
     if args.plan_in:
         given = [flag for flag, on in (("--tune", args.tune is not None), ("--tf32", getattr(args, "tf32", False))) if on]
         if given:
@@ -286,7 +288,8 @@ def add_run_command(sub) -> None:
                         "races (any finding: exit 1); opencl: the CUDA program's kernels printed as OpenCL C, "
                         "run on the first OpenCL device (a GPU, else e.g. PoCL on the CPU; needs pyopencl)")
     p.add_argument("--inputs", metavar="IN.npz",
-                   help="input arrays keyed by graph input name (arrays named like outputs are ignored)")
+                   help="input arrays keyed by graph input name (arrays named like outputs are ignored); an "
+                        "input's dynamic dimensions --shape leaves unbound take its array's shape")
     p.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default 0)")
     p.add_argument("--outputs", required=True, metavar="OUT.npz", help="where to write the outputs")
     p.add_argument("--sim-grid-cap", type=int, default=None, metavar="N",
@@ -317,7 +320,7 @@ def add_run_command(sub) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.flags import time_limit_s
-    from engine.frontend.importer import load_graph
+    from engine.frontend.importer import bind_from_arrays, load_graph
     from engine.runtime.budget import check_graph_memory, memory_budget
     from engine.runtime.inputs import complete_inputs
 
@@ -330,9 +333,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     out_path = check_output(args.outputs, "--outputs", inputs=(args.model, args.inputs, args.plan_in), kind="zip")
     args.budget = memory_budget(args.memory_budget, backend=args.backend,
                                 device=default_device(args) if args.backend in ("cuda", "cuda-sim") else None)
-    graph = load_graph(args.model, parse_shapes(args.shape))
-    check_graph_memory(graph, args.budget, args.backend)  # before generating inputs or running anything
     given = read_npz(args.inputs) if args.inputs else {}
+    # Dynamic dimensions --shape leaves unbound take the --inputs arrays' shapes (planned_model's too).
+    args.bound_shapes = bind_from_arrays(args.model, parse_shapes(args.shape), given)
+    graph = load_graph(args.model, args.bound_shapes)
+    check_graph_memory(graph, args.budget, args.backend)  # before generating inputs or running anything
     # Arrays named like graph outputs are ignored, so a samples/*.io.npz file works as --inputs.
     given = {k: v for k, v in given.items() if k not in graph.output_names or k in {s.name for s in graph.inputs}}
     inputs = complete_inputs(graph, given, seed=args.seed)

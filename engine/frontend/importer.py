@@ -235,6 +235,48 @@ def lower(graph: Graph, *, passes: bool = True) -> PrimGraph:
     return pg
 
 
+def input_names(path) -> list[str] | None:
+    """The graph inputs (initializers left out) a model file declares, read without its weights; None where the
+    file does not parse (`load_model` says why when it is imported)."""
+    declared = declared_inputs(path)
+    return None if declared is None else list(declared)
+
+
+def declared_inputs(path) -> dict[str, tuple[int | None, ...] | None] | None:
+    """name -> declared dims (None for a dynamic one; None for no shape) of each graph input of a model file."""
+    import onnx
+
+    try:
+        model = onnx.load_model_from_string(Path(path).read_bytes())
+    except Exception:  # unreadable or not ONNX: import_onnx reports it in one line
+        return None
+    init = {t.name for t in model.graph.initializer}
+    out: dict[str, tuple[int | None, ...] | None] = {}
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        tt = vi.type.tensor_type
+        out[vi.name] = (tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                              for d in tt.shape.dim) if tt.HasField("shape") else None)
+    return out
+
+
+def bind_from_arrays(path, shapes: dict[str, tuple[int, ...]] | None, arrays) -> dict[str, tuple[int, ...]]:
+    """`shapes` (--shape), and for each graph input with a dynamic dimension they leave unbound whose array
+    `arrays` holds (an --inputs file, a model's .io.npz: what it is about to run on), that array's shape,
+    where it has the input's rank and its fixed dimensions. bert-base exported with dynamic batch and
+    sequence axes then runs on its ids without --shape."""
+    out = dict(shapes or {})
+    declared = declared_inputs(path) or {}
+    for name, dims in declared.items():
+        if name in out or name not in arrays or dims is None or None not in dims:
+            continue
+        shape = tuple(int(n) for n in np.shape(arrays[name]))
+        if len(shape) == len(dims) and all(d is None or d == n for d, n in zip(dims, shape)) and all(shape):
+            out[name] = shape
+    return out
+
+
 def load_graph(path, shapes: dict[str, tuple[int, ...]] | None = None) -> PrimGraph:
     """import_onnx + lower: the PrimGraph of a model file."""
     return lower(import_onnx(path, shapes))

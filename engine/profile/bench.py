@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.errors import PlanError, TileweaveError
+from engine.errors import PlanError, ShapeError, TileweaveError
 from engine.limits import WorkerTimeout, run_worker, worker_env
 
 POLICIES = ("unfused", "elementwise", "stitch", "welder")
@@ -53,7 +53,7 @@ def check_args(models: list[str], policies: list[str], device: str, runs: int, t
                shapes: dict | None = None) -> None:
     """Every bad argument as one TileweaveError line, before any model runs."""
     from engine.device import get_device
-    from engine.frontend.importer import import_onnx
+    from engine.frontend.importer import import_onnx, input_names
 
     if not models:
         raise TileweaveError("no model given", hint="tileweave bench MODEL.onnx [MODEL.onnx ...]")
@@ -66,8 +66,34 @@ def check_args(models: list[str], policies: list[str], device: str, runs: int, t
     if timeout <= 0:
         raise TileweaveError(f"--timeout {timeout:g} must be positive (seconds)")
     get_device(device)
+    named = [input_names(m) for m in models]
+    unknown = sorted(set(shapes or {}) - {n for names in named if names is not None for n in names})
+    if unknown and all(names is not None for names in named):
+        raise ShapeError(f"--shape names {', '.join(unknown)}, an input of none of the models",
+                         hint="the models' inputs are: " + "; ".join(f"{Path(m).name}: {', '.join(n)}" for m, n in zip(models, named)))
     for m in models:
-        import_onnx(m, shapes)  # a missing, unreadable or unsupported model: one line now, not per policy
+        import_onnx(m, model_shapes(m, shapes))  # a missing, unreadable or unsupported model: one line now
+
+
+def model_shapes(model: str, shapes: dict | None) -> dict:
+    """The --shape bindings of `model`'s inputs with a dynamic dimension (bench binds a name in every model
+    where it is one: a static input of the same name in another model keeps its shape), and for its other
+    dynamic dimensions the shapes of the arrays its .io.npz holds (the inputs it is timed on)."""
+    from engine.frontend.importer import bind_from_arrays, declared_inputs
+
+    declared = declared_inputs(model)
+    own = {k: v for k, v in (shapes or {}).items()
+           if declared is None or (k in declared and (declared[k] is None or None in declared[k]))}
+    io = Path(model).with_name(Path(model).stem + ".io.npz")
+    if not io.is_file():
+        return own
+    from engine.runtime.npz import read_npz_arrays
+
+    try:
+        arrays = read_npz_arrays(io)
+    except TileweaveError:
+        return own  # the worker reports the unreadable file where it reads the inputs
+    return bind_from_arrays(model, own, arrays)
 
 
 def _run(job: dict, threads: int, timeout: float) -> dict:
@@ -144,18 +170,19 @@ def bench_models(models: list[str], policies: list[str] | None = None, *, device
               "models": []}
     for model in models:
         cells: dict[str, dict] = {}
+        own = model_shapes(model, shapes)
         with tempfile.TemporaryDirectory(prefix="tileweave-bench-") as tmp:
             plans = {}
             for k, policy in enumerate(policies):
                 if progress:
                     progress(f"{Path(model).stem} {policy}")
                 plan_out = Path(tmp) / f"plan{k}.json"
-                cells[policy] = prepare_cell(model, policy, device, threads, timeout, plan_out, shapes, tune or 3)
+                cells[policy] = prepare_cell(model, policy, device, threads, timeout, plan_out, own, tune or 3)
                 if not cells[policy].get("timeout") and not cells[policy].get("error"):
                     plans[policy] = plan_out
             if progress:
                 progress(f"{Path(model).stem}: onnxruntime and {len(plans)} plans in the same rounds")
-            timed = time_cells(model, plans, device, runs, threads, timeout * (1 + len(plans)), shapes)
+            timed = time_cells(model, plans, device, runs, threads, timeout * (1 + len(plans)), own)
         result["models"].append(_model_row(model, cells, plans, timed))
     return result
 

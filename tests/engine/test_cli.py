@@ -190,6 +190,20 @@ def test_dynamic_dim_without_binding(capsys, save_model):
     assert_one_line_error(code, err, "'x'", "batch", "--shape x=N,5")
 
 
+def test_run_binds_dynamic_dims_from_the_inputs_given(capsys, tmp_path, save_model):
+    """`run --inputs` binds a dynamic dimension --shape leaves unbound to its array's shape (an exported
+    bert-base's batch and sequence axes); an array of the wrong rank leaves it unbound, and the error says so."""
+    path = save_model(tiny_model("Relu", ("batch", 5)))
+    x = np.random.default_rng(3).standard_normal((4, 5)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    code, _, _ = run_cli(capsys, "run", path, "--inputs", tmp_path / "in.npz", "--outputs", tmp_path / "o.npz")
+    assert code == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["y"], np.maximum(x, 0))
+    np.savez(tmp_path / "bad.npz", x=x[None])
+    code, _, err = run_cli(capsys, "run", path, "--inputs", tmp_path / "bad.npz", "--outputs", tmp_path / "o.npz")
+    assert_one_line_error(code, err, "'x'", "batch", "--shape x=N,5")
+
+
 def test_external_data_outside_folder_refused(capsys, tmp_path, save_model):
     (tmp_path / "secret.bin").write_bytes(np.ones(6, np.float32).tobytes())
     path = save_model(external_data_model("../secret.bin"), "model/m.onnx")

@@ -76,6 +76,28 @@ def test_shape_binds_dynamic_dimensions(capsys):
     assert cell["ms"] > 0 and cell["max_rel_err"] <= 1e-4
 
 
+def test_dynamic_dimensions_bind_from_the_inputs_beside_and_shape_binds_where_dynamic(capsys, tmp_path):
+    """A --shape binds the input in every model where it has a dynamic dimension (here the MLP's batch axis; the
+    GELU sample's x is static and keeps its shape), a model's .io.npz binds the dimensions --shape leaves
+    unbound (the arrays it is timed on), and a name no model has is one line naming each model's inputs."""
+    import shutil
+
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        shutil.copy(TEST_DATA / "torch" / "mlp_ln_gelu.onnx", tmp_path / sub / "mlp.onnx")  # dynamic batch axis
+    assert main(["bench", str(tmp_path / "a" / "mlp.onnx"), GELU, "--shape", "x=5,32", "--policy", "unfused",
+                 "--runs", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["models"]
+    assert len(rows) == 2 and all(row["policies"]["unfused"]["ms"] > 0 for row in rows)
+    x = np.random.default_rng(4).standard_normal((3, 32)).astype(np.float32)
+    np.savez(tmp_path / "b" / "mlp.io.npz", x=x)
+    assert main(["bench", str(tmp_path / "b" / "mlp.onnx"), "--policy", "unfused", "--runs", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["models"][0]["policies"]["unfused"]["max_rel_err"] <= 1e-4
+    assert main(["bench", str(tmp_path / "a" / "mlp.onnx"), GELU, "--shape", "nope=1", "--runs", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "nope" in err and "mlp.onnx: x" in err
+
+
 def test_text_table_names_timeouts_and_errors():
     cell = {"ms": 2.0, "ratio": 4.0, "max_rel_err": 1e-6, "kernels": 3, "modeled_us": 12.5, "schedule_s": 0.1,
             "timeout": False}
