@@ -15,6 +15,7 @@ from collections.abc import Callable
 from engine.codegen.conv import flat_stride, window_interior
 from engine.codegen.kexpr import Guard, Reduce, free_vars, kchildren, kmap, kwalk, substitute_body
 from engine.codegen.kir import Kernel, LineCache, Phase, Program, RowCache, Segment
+from engine.codegen.micro import C_STAGE_BYTES
 from engine.device import Device
 from engine.ir import expr as E
 from engine.ir import index as I
@@ -400,7 +401,9 @@ def block_gemms(kernel: Kernel, lanes: int = 0) -> Kernel:
             b_in = None
         r = p.region.rank
         rows_inner = contiguous_along(bare, g.a, f"i{r - 2}", g.vars[-1])
-        krun = k_run(g.k, g.bk, b_in[1]) if a_in is not None and b_in is not None and not gemv else 0
+        # With A staged its panel (bm x run floats) stays within the staging budget the step was chosen for.
+        most = K_RUN_MOST if a_in is not None else max(1, C_STAGE_BYTES // (4 * g.bm))
+        krun = k_run(g.k, g.bk, b_in[1], most) if b_in is not None and not gemv else 0
         return {"c_rows": GEMM_ROWS, "c_cols": GEMM_COLS, "c_wide": wide, "c_vector": vector,
                 "a_in": a_in or (), "b_in": b_in or (), "c_krun": krun if krun > g.bk else 0,
                 "gemv": gemv, "b_k_inner": contiguous_along(bare, g.b, g.vars[-1], f"i{r - 1}"),
@@ -449,16 +452,16 @@ def in_place_strides(kernel: Kernel, phase: Phase, which: str) -> tuple[int, int
 K_RUN_MOST = 256  # k steps a micro-kernel runs with its sums in registers, both factors read in place
 
 
-def k_run(k: int, bk: int, b_stride: int) -> int:
-    """k steps the C micro-kernel runs between loading and storing its partial sums where A and B are both read
-    in place: the staging step `bk` doubled while B's rows `b_stride` floats apart still do not crowd L1's sets
-    (`_rows_share_sets`, the rule that lets B be read in place), up to k and K_RUN_MOST. The step is the
-    staging budget's (48 KiB of a bk x tile panel: 8 for bert-base's 32 x 768 LayerNorm tiles of its FFN down
-    projection), which nothing staged here needs; every 8 steps the block's 96 KiB of sums went out to L2 and
-    back: 4.9 ms for the kernel against 2.8 at 16 (benchmarks/NOTES.md krun). Each sum still adds its k terms
-    in order."""
+def k_run(k: int, bk: int, b_stride: int, most: int = K_RUN_MOST) -> int:
+    """k steps the C micro-kernel runs between loading and storing its partial sums where B is read in place:
+    the staging step `bk` doubled while B's rows `b_stride` floats apart still do not crowd L1's sets
+    (`_rows_share_sets`, the rule that lets B be read in place), up to k and `most` (K_RUN_MOST; with A staged,
+    the run its panel fits the staging budget in). The step is the staging budget's for both panels (48 KiB of
+    a bk x tile panel: 8 for bert-base's 32 x 768 LayerNorm tiles of its FFN down projection), which B read in
+    place does not need; every 8 steps the block's 96 KiB of sums went out to L2 and back: 4.9 ms for the
+    kernel against 2.8 at 16 (benchmarks/NOTES.md krun). Each sum still adds its k terms in order."""
     run = max(1, bk)
-    while run * 2 <= min(k, K_RUN_MOST) and not _rows_share_sets(b_stride, run * 2):
+    while run * 2 <= min(k, most) and not _rows_share_sets(b_stride, run * 2):
         run *= 2
     return run
 

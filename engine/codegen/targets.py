@@ -673,7 +673,8 @@ class CPrinter(Printer):
         _, b_lines, b_val = self.gemm_operand(kernel, phase, "b")
         b_k_inner = g.b_k_inner
         lines += ["    " + x for x in (a_in.lines if a_in else ()) + (b_in.lines if b_in else ())]
-        staged = ([f"st_a[{g.bm * g.bk}]"] if a_in is None else []) + \
+        krun = g.c_krun if g.c_krun and b_in is not None else g.bk  # B not staged per step: ctarget.k_run
+        staged = ([f"st_a[{g.bm * krun}]"] if a_in is None else []) + \
             ([f"st_b[{g.bk * ldb}]"] if b_in is None and panel is None else [])
         lines += [f"    float {', '.join(staged + [f'acc[{g.bm * ldb}]'])};",
                   f"    for (int q = 0; q < m_n * {ldb}; ++q) acc[q] = 0.0f;"]
@@ -683,7 +684,6 @@ class CPrinter(Printer):
             lines += ["    // columns past n_n stay zero: chunks read them, their sums are never stored",
                       f"    for (int kk = 0; kk < {g.bk}; ++kk)",
                       f"        for (int nn = n_n; nn < {ldb}; ++nn) st_b[kk * {ldb} + nn] = 0.0f;"]
-        krun = g.c_krun if g.c_krun and a_in is not None and b_in is not None else g.bk  # nothing staged per step
         lines += [f"    for (int k0 = 0; k0 < {g.k}; k0 += {krun}) {{",
                   f"        const int k_n = {g.k} - k0 < {krun} ? {g.k} - k0 : {krun};"]
         a_col = ["for (int kk = 0; kk < k_n; ++kk) {"] + ["    " + x for x in self._gemm_k_head(phase)]
@@ -704,7 +704,7 @@ class CPrinter(Printer):
             stage_b += ["            " + x for x in store_b] + ["        }", "    }", "}"]
         else:
             stage_b = a_col + ["    " + x for x in b_col] + ["        " + x for x in store_b] + ["    }", "}"]
-        stage_a = [] if a_in is not None else self._gemm_stage_a(kernel, phase, g.bk)
+        stage_a = [] if a_in is not None else self._gemm_stage_a(kernel, phase, krun)
         lines += ["        " + x for x in stage_a + stage_b]
         self.helpers.add("c0_fmaf")
         if b_in is not None:
@@ -716,7 +716,7 @@ class CPrinter(Printer):
         if a_in is not None:
             a_at = f"a_in[(mm + {{q}}) * {a_in.outer} + (k0 + kk) * {a_in.k}]"
         else:
-            a_at = f"st_a[(mm + {{q}}) * {g.bk} + kk]"
+            a_at = f"st_a[(mm + {{q}}) * {krun} + kk]"
         tail = b_in is not None
         lines += ["        " + x for x in _gemm_micro_kernel(g.c_rows, cols, ldb, f"mm = 0; mm + {g.c_rows} <= m_n; mm += {g.c_rows}",
                                                             brow, a_at, tail, g.c_vector)]

@@ -292,24 +292,29 @@ def test_k_run_doubles_the_step_while_b_rows_keep_clear_of_l1_sets():
     assert k_run(200, 8, 768) == 16 and k_run(12, 8, 48) == 8
 
 
+@pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("lanes", [8, 16])
-def test_a_gemm_reading_both_factors_in_place_runs_its_sums_over_the_k_run(tmp_path, lanes):
+def test_a_gemm_reading_b_in_place_runs_its_sums_over_the_k_run(tmp_path, lanes, staged):
     """Whole rows of a 768-wide product (a LayerNorm's tile: bert-base's FFN down projection) stage a k step of
-    8 under the staging budget, but A and B are read in place: the micro-kernel keeps its sums in registers over
-    k_run's 16 steps (Gemm.c_krun) rather than storing the block's sums every 8; k = 200 leaves a short last run.
-    The C matches NumPy."""
+    8 under the staging budget for both panels, but B is read in place: the micro-kernel keeps its sums in
+    registers over k_run's 16 steps (Gemm.c_krun) rather than storing the block's sums every 8, A read in place
+    or (`staged`: a computed operand, GPT-2's GELU into its down projection) staged 16 columns at a time;
+    k = 200 leaves a short last run. The C matches NumPy."""
     rng = np.random.default_rng(24)
     w = rng.standard_normal((200, 768)).astype(np.float32)
-    path = _save(tmp_path / "mm.onnx", [helper.make_node("MatMul", ["a", "W"], ["y"])], [("a", (16, 200))], {"W": w})
+    nodes = [helper.make_node("Relu", ["x"], ["a"])] if staged else [helper.make_node("Identity", ["x"], ["a"])]
+    path = _save(tmp_path / "mm.onnx", nodes + [helper.make_node("MatMul", ["a", "W"], ["y"])], [("x", (16, 200))],
+                 {"W": w})
     program, graph = _program(path, (8, 768), threads=256)
-    a = rng.standard_normal((16, 200)).astype(np.float32)
+    x = rng.standard_normal((16, 200)).astype(np.float32)
     blocked = _with(program, lambda k: c_decisions(k, lanes))
     (g,) = [p.gemm for p in _phases(blocked) if p.gemm is not None]
-    assert g.a_in and g.b_in and g.bk == 8 and g.c_krun == k_run(200, 8, 768) == 16
+    assert bool(g.a_in) != staged and g.b_in and g.bk == 8 and g.c_krun == k_run(200, 8, 768) == 16
     source = render_c(blocked)
     assert "k0 += 16" in source and "k run 16" in json.dumps(program_to_json(blocked))
-    want = a @ w
-    assert np.max(np.abs(_run_c(blocked, graph, {"a": a}) - want)) / np.max(np.abs(want)) < TOL
+    assert ("st_a[128]" in source) == staged  # 8 rows x the run
+    want = (np.maximum(x, 0) if staged else x) @ w
+    assert np.max(np.abs(_run_c(blocked, graph, {"x": x}) - want)) / np.max(np.abs(want)) < TOL
 
 
 @pytest.mark.parametrize("transposed", [False, True])
