@@ -449,7 +449,7 @@ def in_place_strides(kernel: Kernel, phase: Phase, which: str) -> tuple[int, int
     return outer, strides[-1]
 
 
-K_RUN_MOST = 256  # k steps a micro-kernel runs with its sums in registers, both factors read in place
+K_RUN_MOST = 256  # k steps a micro-kernel runs with its sums in registers, B read in place (ctarget.k_run)
 
 
 def k_run(k: int, bk: int, b_stride: int, most: int = K_RUN_MOST) -> int:

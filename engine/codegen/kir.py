@@ -145,8 +145,8 @@ class Gemm:
     b_in: tuple[int, ...] = ()
     gemv: int = 0
     panel: bool = False
-    # `c_krun` > 0: with both factors read in place (nothing staged per k step) the micro-kernel keeps its sums
-    # in registers over this many k (ctarget.k_run) instead of the bk of a staging step
+    # `c_krun` > 0: with B read in place the micro-kernel keeps its sums in registers over this many k
+    # (ctarget.k_run), a staged A staged as many columns at a time, instead of the IR's step bk
     c_krun: int = 0
     # staging loop orders (C): B staged with k innermost in bands of c_cols columns (B contiguous along k);
     # A staged with its rows innermost (A contiguous along its rows)
