@@ -402,7 +402,7 @@ def block_gemms(kernel: Kernel, lanes: int = 0) -> Kernel:
         r = p.region.rank
         rows_inner = contiguous_along(bare, g.a, f"i{r - 2}", g.vars[-1])
         # With A staged its panel (bm x run floats) stays within the staging budget the step was chosen for.
-        most = K_RUN_MOST if a_in is not None else max(1, C_STAGE_BYTES // (4 * g.bm))
+        most = K_RUN_MOST if a_in is not None else max(1, C_STAGE_BYTES // (4 * max(1, g.bm)))
         krun = k_run(g.k, g.bk, b_in[1], most) if b_in is not None and not gemv else 0
         return {"c_rows": GEMM_ROWS, "c_cols": GEMM_COLS, "c_wide": wide, "c_vector": vector,
                 "a_in": a_in or (), "b_in": b_in or (), "c_krun": krun if krun > g.bk else 0,
