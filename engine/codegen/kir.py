@@ -327,6 +327,9 @@ class Conv:
             blocks = (f", {self.channel_vectors} vectors x {self.channel_pixels} pixels per block"
                       if self.channel_vectors else "")
             return f"; C: {self.lanes}-lane vectors over output channels{blocks}"
+        if self.flat:
+            return (f"; C: {self.lanes}-lane vectors, the tile's rows as one run of pixels in {self.chunk}-pixel "
+                    f"chunks, {self.chunk_channels} channels per block")
         return (f"; C: {self.lanes}-lane vectors, {self.chunk}-column chunks, {self.chunk_channels} channels x "
                 f"{self.chunk_rows} rows per block ({self.lone_rows} rows for one channel)")
 
@@ -337,7 +340,7 @@ class Conv:
         if self.dot_lanes:
             out |= {"dot_lanes": self.dot_lanes, "dot_channels": self.dot_channels, "dot_pixels": self.dot_pixels}
         if self.lanes:
-            out |= {"lanes": self.lanes, "chunk": self.chunk, "chunk_channels": self.chunk_channels,
+            out |= {"lanes": self.lanes, "chunk": self.chunk, "flat": self.flat, "chunk_channels": self.chunk_channels,
                     "chunk_rows": self.chunk_rows, "lone_rows": self.lone_rows, "by_channel": self.by_channel,
                     "channel_vectors": self.channel_vectors, "channel_pixels": self.channel_pixels,
                     "x_in_place": self.x_in_place, "step": self.step, "prefetch": self.prefetch,

@@ -704,6 +704,7 @@ def test_a_pointwise_conv_over_whole_rows_runs_its_pixels_flat(tmp_path, lanes):
         assert conv.x_in_place and not conv.by_channel and conv.flat == flat, (tile, conv.by_channel)
         source = render_c(full)
         assert ("fl_n = oh_n * ow_n" in source) == flat
+        assert ("one run of pixels" in json.dumps(program_to_json(full))) == flat  # program.json says which
         if flat and (rows * w) % lanes:
             assert f"c0_loadn{lanes}(x0, qn)" in source
         got = _run_c(full, graph, {"x": x})
