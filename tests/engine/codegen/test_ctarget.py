@@ -786,3 +786,22 @@ def test_a_rows_pointer_pick_is_chosen_before_the_column_loop_and_the_loop_vecto
     want = run_model(graph, inputs, backend="reference").outputs
     for name, value in want.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_a_gemm_phase_of_no_rows_in_a_fused_kernel_prints(tmp_path):
+    """The slow fuzz profile's find: a MatMul feeding a depthwise 1x1 stride-2 conv padded above only, fused into
+    one kernel, leaves the MatMul's GEMM phase a tile of no rows (the conv's first output row reads padding
+    alone); `k_run`'s bound on a staged A divided by those rows (ZeroDivisionError in block_gemms). The C runs
+    and matches onnxruntime under every policy."""
+    from support import assert_runs_like_onnxruntime, graph_model
+
+    rng = np.random.default_rng(51)
+    x = rng.standard_normal((1, 13, 1, 13)).astype(np.float32)
+    w0 = rng.standard_normal((13, 1)).astype(np.float32)
+    w1 = rng.standard_normal((13, 1, 1, 1)).astype(np.float32)
+    model = graph_model([helper.make_node("MatMul", ["x", "w0"], ["m"]),
+                         helper.make_node("Conv", ["m", "w1"], ["y"], group=13, kernel_shape=[1, 1],
+                                          pads=[1, 0, 0, 0], strides=[2, 2])], {"x": x}, {"w0": w0, "w1": w1}, opset=17)
+    onnx.save(model, tmp_path / "m.onnx")
+    for policy in ("unfused", "stitch", "welder"):
+        assert_runs_like_onnxruntime(tmp_path / "m.onnx", {"x": x}, backend="cpu", policy=policy)
