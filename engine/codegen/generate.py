@@ -619,8 +619,8 @@ def _owned(stage: Stage, region: Region, boxes: list[Box], ntiles: int, sample) 
     if sample:
         live = float(np.prod(region_extents(region), axis=1).sum())
         return Region(stage.shape, region.tiles, flat=-(-size // ntiles)) if live > size else None
-    if sum(math.prod(hi - lo for lo, hi in b) for b in boxes) <= size:
-        return None
+    if sum(math.prod(hi - lo for lo, hi in b) for b in boxes) <= size or not stage.shape:
+        return None  # no overlap; or a scalar, which every tile stores (the same value: no box says "none of it")
     covered = np.zeros(stage.shape, dtype=bool)
     owned = []
     for b in boxes:

@@ -221,3 +221,18 @@ def test_reduction_read_one_to_many_is_refused_at_register_and_computed_once_at_
     got, _ = run_cpu(compile_program_c(program), graph.specs, inputs, graph.weights)
     want = run_reference(graph, inputs)
     assert np.max(np.abs(got["y"] - want["y"])) <= 1e-4 * np.max(np.abs(want["y"]))
+
+
+def test_a_scalar_stored_by_every_tile_owns_no_box():
+    """`_owned` where a scalar (a full reduction read outside its segment) is computed by each of two tiles: a
+    box of rank 0 is the one element, so no tile can own "none of it"; every tile stores the same value (None),
+    as where the owned parts are not boxes. The property test of others_refused found it raising TypeError
+    (numpy indexes a rank-0 array to a scalar, not a view)."""
+    from engine.codegen.generate import _owned
+    from engine.codegen.kir import Region
+    from engine.ir.dtypes import DType
+    from engine.ir.expr import Load
+    from engine.ir.graph import Combine, Stage, StageKind
+
+    stage = Stage("s", StageKind.REDUCE, (), DType.F32, Load("x", (), DType.F32), reduce=(2,), combine=Combine.SUM)
+    assert _owned(stage, Region((), (2, 1, 1)), [(), ()], 2, False) is None
