@@ -235,13 +235,6 @@ def lower(graph: Graph, *, passes: bool = True) -> PrimGraph:
     return pg
 
 
-def input_names(path) -> list[str] | None:
-    """The graph inputs (initializers left out) a model file declares, read without its weights; None where the
-    file does not parse (`load_model` says why when it is imported)."""
-    declared = declared_inputs(path)
-    return None if declared is None else list(declared)
-
-
 def declared_inputs(path) -> dict[str, tuple[int | None, ...] | None] | None:
     """name -> declared dims (None for a dynamic one; None for no shape) of each graph input of a model file."""
     import onnx

@@ -53,7 +53,7 @@ def check_args(models: list[str], policies: list[str], device: str, runs: int, t
                shapes: dict | None = None) -> None:
     """Every bad argument as one TileweaveError line, before any model runs."""
     from engine.device import get_device
-    from engine.frontend.importer import import_onnx, input_names
+    from engine.frontend.importer import declared_inputs, import_onnx
 
     if not models:
         raise TileweaveError("no model given", hint="tileweave bench MODEL.onnx [MODEL.onnx ...]")
@@ -66,7 +66,7 @@ def check_args(models: list[str], policies: list[str], device: str, runs: int, t
     if timeout <= 0:
         raise TileweaveError(f"--timeout {timeout:g} must be positive (seconds)")
     get_device(device)
-    named = [input_names(m) for m in models]
+    named = [declared_inputs(m) for m in models]  # name -> dims per model; None where it does not parse
     unknown = sorted(set(shapes or {}) - {n for names in named if names is not None for n in names})
     if unknown and all(names is not None for names in named):
         raise ShapeError(f"--shape names {', '.join(unknown)}, an input of none of the models",
