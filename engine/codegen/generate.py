@@ -538,7 +538,9 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
                 rlo, rhi = region[s]
                 ok = np.all(rhi > rlo, axis=1)[:, None]
                 arrays[s] = (np.where(ok, rlo, 0), np.where(ok, rhi, 0))
-        listed = names if sample else [s for s in names if needs_global[s]]
+        # Per-tile boxes as tuples, for the stages `_covers` and `_owned` look at (not the anchor: its tiles
+        # cover it, and it feeds nothing in the segment) — a large grid makes thousands of them.
+        listed = names if sample else [s for s in names if needs_global[s] and (s != anchor.name or local_cons[s])]
         tables = {s: [tuple(zip(a, b)) for a, b in zip(arrays[s][0].tolist(), arrays[s][1].tolist())] for s in listed}
 
     if sample:  # one box stands for every tile of the grid
@@ -897,6 +899,7 @@ def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: d
         return hit
 
     body = kmap(stage.body, expand)
+    expand = None  # noqa: F841 -- it named itself: the cycle left for the garbage collector (policies.gc_paused)
     # The inlined reductions' loop variables (one name may serve reductions of different extents:
     # bounds cover the widest).
     for n in kwalk(body):

@@ -203,10 +203,14 @@ def _element_steps(graph: PrimGraph, name: str, inline: frozenset) -> int:
                     red, exp = red + r, exp + x
                 hit = seen[id(e)] = (red, exp)
             return hit
-        return node(stage.body)
+        try:
+            return node(stage.body)
+        finally:
+            node = None  # noqa: F841 -- it names itself: no cycle left for the garbage collector
 
     stage = graph.stage(name)
     red, exp = stage_steps(stage)
+    stage_steps = None  # noqa: F841 -- likewise
     return element_steps((math.prod(stage.reduce) if stage.reduce else 1) + red, exp)
 
 

@@ -37,6 +37,14 @@ def plan_model(graph: PrimGraph, policy: str, device: Device | str, *, batching:
     batching decisions; generate and run the returned graph, not the one passed in. `tune` K: the top-K
     tile candidates of each kernel (and for welder the other policies' groupings) are timed on the device
     and the fastest kept (engine/schedule/tune.py)."""
+    from engine.schedule.policies import gc_paused
+
+    with gc_paused():
+        return _plan_model(graph, policy, device, batching, edits, options, tune)
+
+
+def _plan_model(graph: PrimGraph, policy: str, device: Device | str, batching: bool | None, edits: Sequence[Edit],
+                options: Mapping | None, tune: int | None) -> tuple[PrimGraph, Plan]:
     from engine.codegen.generate import check_index_range
     from engine.schedule.policies import make_plan
 

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from engine.device import Device
 from engine.errors import PlanError
@@ -13,6 +16,37 @@ from engine.ir.graph import PrimGraph
 from engine.schedule.plan import Edit, Plan
 
 POLICIES = ("unfused", "elementwise", "stitch", "welder")
+
+
+_GC = {"planning": 0, "resume": False}
+_GC_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector held off while a plan is made, and restored (as it was) when the
+    last plan under way in the process ends. Planning grows the memo tables by hundreds of thousands of
+    objects, and each collection of the older generations walks all of them: 12-17 % of a cold welder plan
+    (bert12 0.3 of 1.95 s, zoo swin 1.9 of 11.5 s; benchmarks/NOTES.md gcpause). What planning frees is freed
+    by reference counting as before. At the end the objects it made join the oldest generation without a
+    walk (`gc.freeze` then `gc.unfreeze`): they are mostly the memo tables' entries, which live on, and the
+    next collection of young objects would otherwise walk every one of them (0.6 s after swin's plan); any
+    cycle among them is freed by the next full collection. Counted across threads: the workbench plans for
+    several sessions at once."""
+    with _GC_LOCK:
+        if _GC["planning"] == 0:
+            _GC["resume"] = gc.isenabled()
+            gc.disable()
+        _GC["planning"] += 1
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _GC["planning"] -= 1
+            if _GC["planning"] == 0 and _GC["resume"]:
+                gc.freeze()
+                gc.unfreeze()
+                gc.enable()
 
 
 def make_plan(graph: PrimGraph, policy: str, device: Device | str, *, edits: Sequence[Edit] = (),
@@ -38,7 +72,7 @@ def make_plan(graph: PrimGraph, policy: str, device: Device | str, *, edits: Seq
     from engine.schedule.validate import bounded
 
     started = time.perf_counter()
-    with bounded(options):
+    with bounded(options), gc_paused():
         plan = fns[policy](graph, device, options or {}, started)
     debug(1, f"{policy} on {device.name}: {plan.kernels} kernels, DRAM {plan.dram_bytes} B, "
              f"modeled {plan.modeled_us:.1f} us, scheduled in {plan.schedule_seconds:.2f} s")
