@@ -134,35 +134,43 @@ def serial_for_sure(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: 
     outside whose tiles do not cover it, also completed in flat chunks with every other stage inlined —
     its elements times `ctarget.element_steps` (its reduction plus the reductions inlined into it, weighed by
     its transcendentals), each inlined read counted (generate shares repeated ones),
-    times the tiles. Never for a segment with a contraction or a sum of products (a GEMM or convolution
-    phase: staged windows, weight streaming, matrix-vector rows), a row split, or a stage read through an
-    index (gathers)."""
-    from engine.codegen.ctarget import SERIAL_WORK
+    times the tiles. A GEMM phase counts as any other (its elements times its k), so a segment with a
+    contraction or a sum of products is claimed too, with two exceptions `segment_loop` makes: a direct
+    convolution's staged input window (a rank-4 stage beside one: never claimed), and a GEMM of at most
+    ctarget.GEMV_ROWS rows per block streaming its weight, which splits statically from ctarget.STREAM_WORK
+    (claimed above that only where every phase of its own has more rows and no completion phase may be one).
+    Never for a row split, or a stage read through an index (gathers)."""
+    from engine.codegen.ctarget import GEMV_ROWS, SERIAL_WORK, STREAM_WORK
 
     recipe = _serial_recipe(graph, seg, conns, tile.stage)
     if recipe is None or tile.row_split != 1:
         return False
-    own, completed = recipe
+    own, completed, gemm = recipe
     ntiles = math.prod(-(-n // t) for n, t in zip(graph.stage(tile.stage).shape, tile.shape))
     total = sum(box_size(regions.stages[s]) * w for s, w in own if s in regions.stages)
     for s, size, w in completed:
         if s not in regions.stages or box_size(regions.stages[s]) * ntiles < size:
             total += -(-size // ntiles) * w
-    return total * ntiles < SERIAL_WORK
+    total *= ntiles
+    if total >= SERIAL_WORK:
+        return False
+    if not gemm or total < STREAM_WORK:
+        return True
+    return not completed and all(box_size(regions.stages[s][:-1]) > GEMV_ROWS for s, _ in own if s in regions.stages)
 
 
 def _serial_recipe(graph: PrimGraph, seg: Sequence[str], conns: Mapping, anchor: str):
     """What `serial_for_sure` needs of a segment besides its regions, once per segment: ((stage, element-steps
     per element) per phase of its own, (stage, size, element-steps per element) per stage read outside it
-    that a completion phase may finish), or None where no bound is claimed."""
+    that a completion phase may finish, whether a stage is a contraction or sum of products), or None where
+    no bound is claimed."""
     key = (graph.structural_hash, tuple(seg), inner_edges(graph, seg, conns), anchor)
     return memo("floor.serial_recipes", 20000).lookup(key, lambda: _make_serial_recipe(graph, seg, conns, anchor))
 
 
 def _make_serial_recipe(graph: PrimGraph, seg: Sequence[str], conns: Mapping, anchor: str):
     members = set(seg)
-    if any(_gemm_like(graph.stage(s)) for s in seg):
-        return None
+    gemms = [s for s in seg if _gemm_like(graph.stage(s))]
     for s in seg:
         for n in E.walk(graph.stage(s).body):
             index = n.index if isinstance(n, E.Load) else (n.expr,) if isinstance(n, E.IndexVal) else ()
@@ -175,7 +183,35 @@ def _make_serial_recipe(graph: PrimGraph, seg: Sequence[str], conns: Mapping, an
     own = tuple((s, _element_steps(graph, s, inline)) for s in seg if s not in inline)
     completed = tuple((s, graph.stage(s).size, _element_steps(graph, s, members - {s}))
                       for s in seg if s != anchor and s in outside)
-    return own, completed
+    if gemms and any(len(graph.stage(s).shape) == 4 for s in seg) and (
+            completed or any(g in inline or _weighs(graph.stage(g)) for g in gemms)):
+        return None  # a direct convolution's phase may stage its input window (ctarget.STAGE_STEPS)
+    return own, completed, bool(gemms)
+
+
+def _weighs(st: Stage) -> bool:
+    """Whether a sum of products `st` of rank 4 may be a direct convolution (`codegen.conv.conv_of`): one
+    factor reads no output position but the channel (a weight: free of i0, i2 and i3). A phase of its own
+    then keeps these factors; inlined, or completed with others inlined, it takes its consumer's indices and
+    `serial_for_sure` claims nothing (its caller's test)."""
+    body = st.body
+    while isinstance(body, E.Cast):
+        body = body.x
+    if len(st.shape) != 4 or not _is_product(body):
+        return False
+    return any(not (_index_vars(f) & {"i0", "i2", "i3"}) for f in (body.a, body.b))
+
+
+def _index_vars(e: E.Expr) -> set:
+    """Output and reduce variables the loads and index values of `e` read."""
+    out: set = set()
+    for n in E.walk(e):
+        if isinstance(n, E.Load):
+            for ix in n.index:
+                out |= ix.vars()
+        elif isinstance(n, E.IndexVal):
+            out |= n.expr.vars()
+    return out
 
 
 def _element_steps(graph: PrimGraph, name: str, inline: frozenset) -> int:

@@ -131,3 +131,29 @@ def test_serial_claims_hold_and_raise_the_floor(name, policy):
                 raised += floor > floor_us(graph, group.stages, conns, trial, device, segs) + 1e-9
     if policy == "unfused":  # lone stages: some run serially on the host
         assert claimed and raised, (claimed, raised)
+
+
+def test_serial_claims_reach_gemm_segments():
+    """A segment with a contraction is claimed too where its GEMM phase's elements times its k stay under
+    ctarget.SERIAL_WORK (no direct convolution can form, no weight-streaming GEMV can split statically):
+    every such claim is costed as serial, and some are made (zoo-like attention's small batched matmuls)."""
+    from engine.schedule.floor import _gemm_like
+
+    device = get_device("host")
+    root = Path(__file__).resolve().parents[3] / "samples"
+    claimed = 0
+    for name in ("vit_block", "bert_layer", "masked_softmax"):
+        graph, plan = plan_model(load_graph(root / f"{name}.onnx"), "unfused", device)
+        conns = {e.key: e.conn for e in plan.edges}
+        for group, segs, seg, tile, trial in candidate_trials(graph, plan, device):
+            if len(segs) != 1 or not any(_gemm_like(graph.stage(s)) for s in seg):
+                continue
+            try:
+                use = segment_use(graph, seg, conns, tile, device=device)
+                cost = estimate_group(graph, group.stages, conns, trial, device, segs=segs)
+            except (CountBudgetError, PlanError):
+                continue
+            if serial_for_sure(graph, seg, conns, tile, use.regions):
+                claimed += 1
+                assert cost.serial_segments == 1, (name, group.name, tile)
+    assert claimed, "no contraction segment claimed serial"
