@@ -9,6 +9,7 @@ import dataclasses
 import time
 
 from engine.device import Device
+from engine.flags import debug
 from engine.ir.graph import PrimGraph, StageKind
 from engine.schedule.build import assemble, connect_greedy
 from engine.schedule.cost import estimate_group
@@ -41,7 +42,28 @@ WALK_MARGIN = 0.05  # how much faster the stitch plan must model to replace the 
 
 
 def plan_welder(graph: PrimGraph, device: Device, options: dict, started: float) -> Plan:
-    return at_least_stitch(graph, device, options, welder_walk(graph, device, options, started), started)
+    beside = _stitch_beside(graph, device, options)
+    try:
+        walk = welder_walk(graph, device, options, started)
+    except BaseException:
+        if beside is not None:
+            beside.cancel()
+        raise
+    return at_least_stitch(graph, device, options, walk, started, beside)
+
+
+def _stitch_beside(graph: PrimGraph, device: Device, options: dict):
+    """The stitch plan `at_least_stitch` may hold the walk's against, planned by a forked child while the walk
+    runs, where a core is spare (engine/schedule/forked.py); None: planned after the walk, if needed."""
+    from engine.schedule.forked import MIN_STAGES, Forked, can_fork, fork_enabled
+    from engine.schedule.policies.stitch import plan_stitch
+    from engine.schedule.schedcache import TABLES
+    from engine.schedule.tiles import SEARCH_TABLE_LIMIT
+
+    if not fork_enabled() or len(graph.stages) < MIN_STAGES or not can_fork():  # a bad flag value: its error
+        return None
+    return Forked(lambda: plan_stitch(graph, device, options, time.perf_counter()),
+                  {name: SEARCH_TABLE_LIMIT for name in TABLES})
 
 
 def welder_walk(graph: PrimGraph, device: Device, options: dict, started: float) -> Plan:
@@ -109,7 +131,8 @@ def _between_floor(graph: PrimGraph, device: Device) -> float:
     return parts * device.launch_overhead_s * 1e6 + memory * 1e6
 
 
-def at_least_stitch(graph: PrimGraph, device: Device, options: dict, plan: Plan, started: float) -> Plan:
+def at_least_stitch(graph: PrimGraph, device: Device, options: dict, plan: Plan, started: float,
+                    beside=None) -> Plan:
     """The walk's plan, or the stitch policy's plan where that models faster. The walk is greedy: one
     pass over the edges in topological order, each merge kept when it does not model slower there and
     then, before the plan-level terms (L2 residency across kernels on a GPU, the C target's coarsening on
@@ -120,17 +143,24 @@ def at_least_stitch(graph: PrimGraph, device: Device, options: dict, plan: Plan,
     not be clearly worse than another one by the model it plans with. The stitch plan is taken only when
     it models faster by more than WALK_MARGIN: below that the two are a tie at the model's resolution, and
     the walk's plan (the welder fusion a user asked for) stays (at most WALK_MARGIN slower by the model). The choice and both figures open the
-    decision log."""
+    decision log. `beside`: the stitch plan in the making in a forked child (`_stitch_beside`), taken from it
+    where needed (else planned here)."""
     from engine.schedule.policies.stitch import plan_stitch
 
     least = stitch_floor(graph, device)
     if least >= plan.modeled_us * (1 - WALK_MARGIN):
+        if beside is not None:
+            beside.cancel()
         why = (f"welder: the walk's plan models {plan.modeled_us:.1f} us, the stitch policy's at least {least:.1f} us "
                f"(its contraction kernels, the launches and stores between them): the walk's kept (the stitch plan, "
                f"not {WALK_MARGIN:.0%} faster, not made)")
         return dataclasses.replace(plan, decisions=(why,) + plan.decisions,
                                    schedule_seconds=round(time.perf_counter() - started, 4))
-    other = plan_stitch(graph, device, options, time.perf_counter())
+    other = beside.result() if beside is not None else None
+    if other is None:
+        other = plan_stitch(graph, device, options, time.perf_counter())
+    else:
+        debug(1, f"welder: the stitch plan from a forked child (planned in {other.schedule_seconds:.2f} s beside the walk)")
     spent = round(time.perf_counter() - started, 4)
     if other.modeled_us >= plan.modeled_us * (1 - WALK_MARGIN):
         why = (f"welder: the walk's plan models {plan.modeled_us:.1f} us, the stitch policy's "
