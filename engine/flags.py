@@ -4,8 +4,8 @@ DEBUG=1 plan summary, 2 per-kernel numbers and the memo tables' hits and misses 
 3 every decision with its reason, 4 generated source, 5 IR after each stage. DUMP_DIR=path writes graph, plans, kernels, profile and a repro.sh.
 TILEWEAVE_CACHE=path overrides the compile cache folder (default: ~/.cache/tileweave).
 TILEWEAVE_SCHEDULE_CACHE=off plans without the schedule cache on disk (engine/schedule/schedcache.py; on by default).
-TILEWEAVE_PLAN_FORK=off plans welder's stitch plan after its walk rather than in a forked child beside it
-(engine/schedule/forked.py; on by default where a core is spare and the process has one thread).
+TILEWEAVE_PLAN_FORK=off plans welder in-process only, with no forked child beside its walk (engine/schedule/forked.py;
+on by default where a core is spare and the process has one thread).
 TILEWEAVE_TUNE_DB=file is the tuning database (default: tune/tune.sqlite in the cache folder; tunedb.py).
 UPDATE_GOLDEN=1 rewrites tests/golden/.
 TILEWEAVE_SIM_STACK=KiB sets the stack of each emulated CUDA thread in cuda-sim (default 256).

@@ -12,8 +12,8 @@ import pytest
 # Planning starts cold in every test process (tests count the tile search's builds); the schedule cache's
 # own tests turn it on in a folder of their own (tests/engine/schedule/test_schedcache.py).
 os.environ["TILEWEAVE_SCHEDULE_CACHE"] = "off"
-# The welder policy's stitch plan is made in-process: xdist already runs a test process per core, and a forked
-# child beside each big plan would only compete with them (tests/engine/schedule/test_forked.py turns it on).
+# The welder policy plans in-process: xdist already runs a test process per core, and a forked child beside
+# each big plan would only compete with them (tests/engine/schedule/test_forked.py turns it on).
 os.environ.setdefault("TILEWEAVE_PLAN_FORK", "off")
 
 

@@ -314,12 +314,16 @@ def staging_saves_nothing(graph: PrimGraph, edge: Edge, kept: Decision, trial: M
 
 
 def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelChoice,
-                   fallback: LevelChoice | None = None):
+                   fallback: LevelChoice | None = None, start: int = 0,
+                   pause: Mapping[int, Callable[[], object]] | None = None):
     """Walk edges in topological order; per edge try each allowed level (with why it is allowed),
     keep the legal one with the lowest modeled time (ties go to the closer level). When none is
     kept, the `fallback` levels get the same test. Returns (conns, reasons, scores, log, kept): `kept`
     holds the tiles of groups whose last merge kept some segments' tiles instead of searching them
-    again — pass them to `assemble` as `fixed` so the plan has the tiles the decision was made with."""
+    again — pass them to `assemble` as `fixed` so the plan has the tiles the decision was made with.
+    `start`: the walk begins at that edge, the ones before left apart (a forked child warming the tile
+    searches of a graph's later part: `welder._beside`); `pause`: edge index -> a call made before that edge
+    is tried (the walk takes the child's searches there)."""
     conns: dict[Edge, Conn] = {e: Conn.KERNEL for e in graph.edges}
     reasons: dict[Edge, str] = {}
     scores: dict[Edge, float | None] = {}
@@ -327,7 +331,11 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
     group_of_stage: dict[str, set[str]] = {s.name: {s.name} for s in graph.stages}
     kept: dict[str, Tile] = {}  # segment anchor -> tile, for groups whose last merge kept tiles
     standing: dict = {}  # frozenset(group) -> its schedule as it stands (`_as_it_stands`)
-    for edge in graph.edges:
+    for index, edge in enumerate(graph.edges):
+        if index < start:
+            continue
+        if pause and index in pause:
+            pause[index]()
         if conns[edge].fused:
             log.append(f"{edge[0]} -> {edge[1]}: {conns[edge].value} (kept: fused with its group)")
             continue

@@ -1,17 +1,21 @@
-"""A plan made beside the caller's work in a forked child process, on a machine with a core to spare.
+"""Planning work done beside the caller's in a forked child process, on a machine with a core to spare.
 
-The welder policy holds its walk's plan against the stitch policy's (`welder.at_least_stitch`), and the
-stitch plan does not depend on the walk: on a host of several cores a child forked before the walk plans it
-while the walk runs (1.1 s of zoo mobilevit's 7.3 s cold plan on host, 0.9 of vit's 3.2; benchmarks/NOTES.md
-forkstitch). Planning is a pure function of the graph, the device and the options, so the child's plan is the
-one the caller would make; the caller takes it through a pipe, with the tile searches the child added to the
-schedule tables (`schedcache.TABLES`: kept on disk after the plan, as an in-process plan would leave them).
+The welder walk runs on one core. Two things it needs do not depend on its decisions so far, and a child forked
+before it does them on another core (`welder._beside`, benchmarks/NOTES.md forkstitch, forksplit):
+- on a graph whose later half is mostly stages unlike the earlier half's, the tile searches of the later half:
+  the child walks the graph from its middle edge (the edges before it apart) and sends the searches that made;
+  the walk takes them when it reaches that edge — it waits for them there, so what it finds never depends on
+  timing — and away from the split its groups are the child's, so their searches are hits (zoo swin 9.5 -> 5.4 s);
+- the stitch plan the walk's is held against (`welder.at_least_stitch`), sent next.
+Tile searches are pure functions of their keys and planning of the graph, the device and the options, so the
+plan is the one the caller would make alone; the searches the child added come back with each message into the
+caller's tables (`schedcache.TABLES`, kept on disk after the plan as an in-process plan leaves them).
 
 A child is forked only where that is safe and useful: a POSIX `os.fork`, one Python thread in the process (a
 fork copies no other thread: the workbench, Ray and test runners hold several, and plan in-process), two or
 more cores this process may run on, and TILEWEAVE_PLAN_FORK not off. Anything that goes wrong in the child —
-an exception, a result that does not come back — makes the caller plan in-process as before: the fork can make
-planning faster, never make it fail or differ."""
+an exception, a message that does not come — makes the caller do that work itself: the fork can make planning
+faster, never make it fail or differ."""
 
 from __future__ import annotations
 
@@ -37,8 +41,8 @@ def fork_enabled() -> bool:
     if raw in ("off", "0"):
         return False
     raise TileweaveError(f"TILEWEAVE_PLAN_FORK={raw!r} is not on or off",
-                         hint="use on or off (off: the welder policy plans the stitch plan it is held against "
-                              "after its walk, in-process), or unset it")
+                         hint="use on or off (off: the welder policy plans in-process only, no forked child "
+                              "beside its walk), or unset it")
 
 
 def can_fork() -> bool:
@@ -53,46 +57,52 @@ def can_fork() -> bool:
 
 
 class Forked:
-    """`fn()` running in a forked child: `result()` waits for its value (None where the child failed: the
-    caller computes it itself), `cancel()` ends the child unheard. `tables`: memo table name -> its limit, whose
-    entries the child adds come back with the value."""
+    """`fn(send)` running in a forked child, each `send(value)` a message: `result()` waits for the next one's
+    value (None where the child failed or ended first: the caller computes it itself), `close()` ends the child
+    (unheard, if it is still at work) and reaps it. `tables`: memo table name -> its limit; the entries the child adds to them come back with each
+    message (those added since the one before)."""
 
-    def __init__(self, fn: Callable[[], Any], tables: Mapping[str, int] | None = None):
-        tables = dict(tables or {})
-        self.tables = tables
+    def __init__(self, fn: Callable[[Callable[[Any], None]], None], tables: Mapping[str, int] | None = None):
+        self.tables = dict(tables or {})
+        self._failed = False
         self._read, write = os.pipe()
         self._pid = os.fork()
         if self._pid == 0:  # the child: compute, send, leave without running the parent's exit handlers
             os.close(self._read)
             try:
-                known = {name: {k for k, _ in memo(name, limit).items()} for name, limit in tables.items()}
-                value = fn()
-                added = {name: [(k, v) for k, v in memo(name, limit).items() if k not in known[name]]
-                         for name, limit in tables.items()}
-                data = pickle.dumps(("ok", value, added), protocol=pickle.HIGHEST_PROTOCOL)
-            except BaseException as exc:  # noqa: BLE001 -- any failure: the caller plans in-process
-                data = pickle.dumps(("error", f"{type(exc).__name__}: {exc}", {}))
-            try:
                 with os.fdopen(write, "wb") as out:
-                    out.write(data)
+                    known = {name: {k for k, _ in memo(name, limit).items()} for name, limit in self.tables.items()}
+
+                    def send(value: Any) -> None:
+                        added = {}
+                        for name, limit in self.tables.items():
+                            added[name] = [(k, v) for k, v in memo(name, limit).items() if k not in known[name]]
+                            known[name].update(k for k, _ in added[name])
+                        _write(out, ("ok", value, added))
+
+                    try:
+                        fn(send)
+                    except BaseException as exc:  # noqa: BLE001 -- any failure: the caller plans in-process
+                        _write(out, ("error", f"{type(exc).__name__}: {exc}", {}))
             finally:
                 os._exit(0)
         os.close(write)
+        self._src = os.fdopen(self._read, "rb")
 
     def result(self) -> Any | None:
-        """The child's value (its search tables' new entries merged into the caller's), or None."""
+        """The child's next message's value (its search tables' new entries merged into the caller's), or None."""
+        if self._failed:
+            return None
         try:
-            with os.fdopen(self._read, "rb") as src:
-                data = src.read()
-        finally:
-            os.waitpid(self._pid, 0)
-        try:
-            status, value, added = pickle.loads(data)
-        except Exception as exc:  # noqa: BLE001 -- an empty or cut pipe: the child died
+            head = self._src.read(8)
+            status, value, added = pickle.loads(self._src.read(int.from_bytes(head, "little")))
+        except Exception as exc:  # noqa: BLE001 -- an empty or cut pipe: the child died or ended
             debug(1, f"forked plan: no result from the child ({type(exc).__name__}); planning in-process")
+            self._failed = True
             return None
         if status != "ok":
             debug(1, f"forked plan: the child failed ({value}); planning in-process")
+            self._failed = True
             return None
         for name, entries in added.items():
             table = memo(name, self.tables[name])
@@ -101,11 +111,20 @@ class Forked:
                     table.put(k, v)
         return value
 
-    def cancel(self) -> None:
-        """End the child (its value is not wanted)."""
+    def close(self) -> None:
+        """End the child (nothing more of it is wanted) and reap it; again, nothing."""
+        if self._src.closed:
+            return
         try:
             os.kill(self._pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        os.close(self._read)
+        self._src.close()
         os.waitpid(self._pid, 0)
+
+
+def _write(out, message: tuple) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    out.write(len(data).to_bytes(8, "little"))
+    out.write(data)
+    out.flush()

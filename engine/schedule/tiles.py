@@ -657,4 +657,12 @@ def _rename(s: GroupSchedule, old: list[str], new: list[str]) -> GroupSchedule:
 
 
 def _sub(text: str, m: Mapping[str, str]) -> str:
-    return re.sub(r"[^\s',()]+", lambda t: m.get(t.group(0), t.group(0)), text)
+    """`text` with each name in `m` renamed, one followed by ".." too (rule 7 names a segment "first.."): left
+    as it was, the cached message of one layer's group named a stage of the layer that was searched first."""
+    def one(t: re.Match) -> str:
+        word = t.group(0)
+        if word not in m and word.endswith("..") and word[:-2] in m:
+            return m[word[:-2]] + ".."
+        return m.get(word, word)
+
+    return re.sub(r"[^\s',()]+", one, text)

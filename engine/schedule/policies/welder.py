@@ -6,6 +6,7 @@ The subgraph cache makes repeated layers free."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 
 from engine.device import Device
@@ -42,19 +43,50 @@ WALK_MARGIN = 0.05  # how much faster the stitch plan must model to replace the 
 
 
 def plan_welder(graph: PrimGraph, device: Device, options: dict, started: float) -> Plan:
-    beside = _stitch_beside(graph, device, options)
+    split = _split_at(graph)
+    beside = _beside(graph, device, options, split)
     try:
-        walk = welder_walk(graph, device, options, started)
-    except BaseException:
+        walk = welder_walk(graph, device, options, started, beside if split else None, split)
+        return at_least_stitch(graph, device, options, walk, started, beside)
+    finally:
         if beside is not None:
-            beside.cancel()
-        raise
-    return at_least_stitch(graph, device, options, walk, started, beside)
+            beside.close()
 
 
-def _stitch_beside(graph: PrimGraph, device: Device, options: dict):
-    """The stitch plan `at_least_stitch` may hold the walk's against, planned by a forked child while the walk
-    runs, where a core is spare (engine/schedule/forked.py); None: planned after the walk, if needed."""
+SPLIT_EDGES = 120  # a graph of this many edges or more may have its later half's searches warmed by the child
+SPLIT_REPEATS = 0.6  # ... unless this share of the later half's stages repeat an earlier stage
+
+
+def _split_at(graph: PrimGraph) -> int:
+    """The edge from which a forked child warms the walk's searches (`_beside`), or 0 for none: the middle edge
+    of a graph of SPLIT_EDGES or more whose later half is mostly stages unlike the earlier half's (kind, shape,
+    reduction and body with the tensor names left out). Where the later layers repeat the earlier ones (bert12,
+    lstm's steps: all of them; gpt2, vit: 0.9) the walk's own searches of the first layers answer theirs, and
+    the child would only search them again (lstm planned 1.47 -> 1.72 s with it); where they do not (zoo swin
+    0.23, mobilevit 0.37, efficientnet 0.16, convnext 0.44) the walk of the later half is mostly the child's
+    searches (swin 9.5 -> 5.4 s)."""
+    if len(graph.edges) < SPLIT_EDGES:
+        return 0
+    from engine.schedule.tiles import _body_template
+
+    def alike(name: str) -> tuple:
+        st = graph.stage(name)
+        return st.kind, st.shape, st.reduce, re.sub("\x00[^\x01]*\x01", "t", _body_template(st))
+
+    split = len(graph.edges) // 2
+    before = {s for edge in graph.edges[:split] for s in edge}
+    later = {s for edge in graph.edges[split:] for s in edge} - before
+    earlier = {alike(s) for s in before}
+    repeats = sum(alike(s) in earlier for s in later)
+    return split if later and repeats < SPLIT_REPEATS * len(later) else 0
+
+
+def _beside(graph: PrimGraph, device: Device, options: dict, split: int):
+    """A forked child working beside the walk where a core is spare (engine/schedule/forked.py), or None. With
+    `split`, it first walks the graph from that edge on (the edges before it apart) and sends the tile searches
+    that made, which the walk takes when it reaches that edge (it waits for them there, so the plan never
+    depends on timing): away from the split the later part's groups are the walk's own and those searches are
+    hits. Then it plans the stitch plan `at_least_stitch` may hold the walk's against, and sends that."""
     from engine.schedule.forked import MIN_STAGES, Forked, can_fork, fork_enabled
     from engine.schedule.policies.stitch import plan_stitch
     from engine.schedule.schedcache import TABLES
@@ -62,13 +94,23 @@ def _stitch_beside(graph: PrimGraph, device: Device, options: dict):
 
     if not fork_enabled() or len(graph.stages) < MIN_STAGES or not can_fork():  # a bad flag value: its error
         return None
-    return Forked(lambda: plan_stitch(graph, device, options, time.perf_counter()),
-                  {name: SEARCH_TABLE_LIMIT for name in TABLES})
+
+    def work(send) -> None:
+        if split:
+            connect_greedy(graph, device, "welder", welder_levels, welder_fallback, start=split)
+            send(None)
+        send(plan_stitch(graph, device, options, time.perf_counter()))
+
+    return Forked(work, {name: SEARCH_TABLE_LIMIT for name in TABLES})
 
 
-def welder_walk(graph: PrimGraph, device: Device, options: dict, started: float) -> Plan:
-    """The walk's own plan: first connect (Welder's greedy pass over the edges), then schedule."""
-    conns, reasons, scores, log, kept = connect_greedy(graph, device, "welder", welder_levels, welder_fallback)
+def welder_walk(graph: PrimGraph, device: Device, options: dict, started: float, beside=None,
+                split: int = 0) -> Plan:
+    """The walk's own plan: first connect (Welder's greedy pass over the edges), then schedule. `beside`: a
+    child warming the searches from edge `split` on (`_beside`), whose searches the walk takes there."""
+    pause = {split: beside.result} if beside is not None and split else None
+    conns, reasons, scores, log, kept = connect_greedy(graph, device, "welder", welder_levels, welder_fallback,
+                                                       pause=pause)
     return assemble(graph, device, conns, policy="welder", mode="welder", reasons=reasons, scores=scores,
                     decisions=log, options=options, started=started, fixed=kept)
 
@@ -150,7 +192,7 @@ def at_least_stitch(graph: PrimGraph, device: Device, options: dict, plan: Plan,
     least = stitch_floor(graph, device)
     if least >= plan.modeled_us * (1 - WALK_MARGIN):
         if beside is not None:
-            beside.cancel()
+            beside.close()
         why = (f"welder: the walk's plan models {plan.modeled_us:.1f} us, the stitch policy's at least {least:.1f} us "
                f"(its contraction kernels, the launches and stores between them): the walk's kept (the stitch plan, "
                f"not {WALK_MARGIN:.0%} faster, not made)")

@@ -24,30 +24,38 @@ def test_value_and_new_table_entries_come_back():
     with Caches("forked").active():
         memo("forked.table", 100).put("old", 1)
 
-        def work():
+        def work(send):
             memo("forked.table", 100).put("new", [2, 3])
-            return {"answer": 42}
+            send({"answer": 42})
+            memo("forked.table", 100).put("newer", 4)
+            send("second")
 
         child = Forked(work, {"forked.table": 100})
         assert child.result() == {"answer": 42}
         table = memo("forked.table", 100)
-        assert table.get("new") == [2, 3] and table.get("old") == 1
+        assert table.get("new") == [2, 3] and table.get("old") == 1 and not table.has("newer")
+        assert child.result() == "second" and table.get("newer") == 4
+        assert child.result() is None  # the child has ended: no third message
+        child.close()
+        child.close()
 
 
 @pytest.mark.parametrize("how", ["raise", "exit"])
 def test_a_failed_child_gives_none(how):
-    def work():
+    def work(send):
         if how == "raise":
             raise RuntimeError("boom")
         os._exit(3)
 
-    assert Forked(work).result() is None
+    child = Forked(work)
+    assert child.result() is None
+    child.close()
 
 
-def test_cancel_ends_the_child():
-    child = Forked(lambda: time.sleep(60))
+def test_close_ends_the_child():
+    child = Forked(lambda send: time.sleep(60))
     pid = child._pid
-    child.cancel()
+    child.close()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped: no such child any more
 
@@ -86,10 +94,12 @@ def _plan(model: Path, device: str, fork: str) -> tuple[str, str]:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a child is forked only with a core to spare")
-def test_the_forked_stitch_plan_is_the_in_process_one():
-    """Zoo gpt2 on host: its walk's plan is held against a stitch plan the floor does not rule out, so the
-    child's plan is taken; the welder plan (decisions, groups, tiles, costs) is the one made without a fork."""
-    model = ROOT / "samples" / "zoo" / "gpt2.onnx"
+@pytest.mark.parametrize("name", ["gpt2", "convnext"])
+def test_the_forked_stitch_plan_is_the_in_process_one(name):
+    """Zoo gpt2 and convnext on host: the walk's plan is held against a stitch plan the floor does not rule out,
+    so the child's plan is taken (convnext's child warms the later half's searches first); the welder plan
+    (decisions, groups, tiles, costs, every edge's reason) is the one made without a fork."""
+    model = ROOT / "samples" / "zoo" / f"{name}.onnx"
     forked, log = _plan(model, "host", "on")
     assert "the stitch plan from a forked child" in log
     alone, log_alone = _plan(model, "host", "off")
@@ -106,3 +116,27 @@ def test_a_bad_flag_is_a_one_line_cli_error(monkeypatch, capsys):
     assert main(["plan", str(ROOT / "samples" / "layernorm_residual.onnx"), "--policy", "welder"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "TILEWEAVE_PLAN_FORK='sometimes' is not on or off" in err[0], err
+
+
+def test_split_only_where_the_later_half_is_new():
+    """The child warms the later half's searches of graphs whose later stages are unlike the earlier ones
+    (zoo swin's stages, efficientnet's blocks), not where they repeat them (bert12's layers)."""
+    from engine.frontend.importer import load_graph
+    from engine.schedule.pipeline import batch_graph
+    from engine.schedule.policies.welder import _split_at
+
+    zoo = ROOT / "samples" / "zoo"
+    assert _split_at(batch_graph(load_graph(zoo / "swin.onnx"))[0]) > 0
+    assert _split_at(batch_graph(load_graph(zoo / "efficientnet.onnx"))[0]) > 0
+    assert _split_at(batch_graph(load_graph(ROOT / "samples" / "bert12.onnx"))[0]) == 0
+    assert _split_at(load_graph(ROOT / "samples" / "layernorm_residual.onnx")) == 0  # small: no fork's worth
+
+
+def test_renamed_refusals_name_the_asking_group():
+    """A cached refusal names the asking group's stages, rule 7's "first.." included (it named the stage of the
+    layer searched first: zoo mobilevit's add_9 -> add_10 refusal said permute_3, a stage of another block)."""
+    from engine.schedule.tiles import _sub
+
+    text = "rule segment_sink: segment s3.. has 2 sinks (s5, s7); stage s3 of x1"
+    assert _sub(text, {"s3": "permute_4", "s5": "matmul_9", "s7": "add_10"}) == (
+        "rule segment_sink: segment permute_4.. has 2 sinks (matmul_9, add_10); stage permute_4 of x1")
