@@ -110,7 +110,7 @@ def test_welder_is_never_slower_than_stitch_by_its_model(monkeypatch):
     graph = _graph("bert_layer")
     unfused = make_plan(graph, "unfused", DEVICE)
     assert make_plan(graph, "stitch", DEVICE).modeled_us < unfused.modeled_us * (1 - WALK_MARGIN)
-    monkeypatch.setattr(welder_policy, "welder_walk", lambda graph, device, options, started: unfused)
+    monkeypatch.setattr(welder_policy, "welder_walk", lambda graph, device, options, started, *rest: unfused)
     taken = make_plan(graph, "welder", DEVICE)
     assert "stitch plan taken" in taken.decisions[0] and taken.policy == "welder"
 
