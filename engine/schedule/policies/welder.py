@@ -97,7 +97,11 @@ def _beside(graph: PrimGraph, device: Device, options: dict, split: int):
 
     def work(send) -> None:
         if split:
+            from engine import flags
+
+            level, flags.DEBUG = flags.DEBUG, 0  # its decisions are not the plan's: DEBUG=3 would print them too
             connect_greedy(graph, device, "welder", welder_levels, welder_fallback, start=split)
+            flags.DEBUG = level
             send(None)
         send(plan_stitch(graph, device, options, time.perf_counter()))
 
