@@ -35,6 +35,19 @@ def sim_stack_kib() -> int:
     return int(raw)
 
 
+def switch(name: str, off_means: str) -> bool:
+    """An on/off flag `name`: on (unset, "on" or "1") or off ("off" or "0"); anything else is a one-line error
+    whose hint says what off does (`off_means`)."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("", "on", "1"):
+        return True
+    if raw in ("off", "0"):
+        return False
+    from engine.errors import TileweaveError
+
+    raise TileweaveError(f"{name}={raw!r} is not on or off", hint=f"use on or off (off: {off_means}), or unset it")
+
+
 def c_loops() -> str:
     """TILEWEAVE_C_LOOPS: who runs the C backend's parallel tile loops — "pool" (the default: the generated
     C's own work-claiming thread pool) or "omp" (OpenMP parallel for loops). With any other process on the

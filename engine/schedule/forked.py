@@ -26,8 +26,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from engine.errors import TileweaveError
-from engine.flags import debug
+from engine.flags import debug, switch
 from engine.memo import memo
 
 MIN_STAGES = 40  # graphs smaller than this plan in well under a fork's cost of waiting (tens of ms)
@@ -35,14 +34,7 @@ MIN_STAGES = 40  # graphs smaller than this plan in well under a fork's cost of 
 
 def fork_enabled() -> bool:
     """TILEWEAVE_PLAN_FORK: on (the default) or off; anything else is a one-line error."""
-    raw = os.environ.get("TILEWEAVE_PLAN_FORK", "").strip().lower()
-    if raw in ("", "on", "1"):
-        return True
-    if raw in ("off", "0"):
-        return False
-    raise TileweaveError(f"TILEWEAVE_PLAN_FORK={raw!r} is not on or off",
-                         hint="use on or off (off: the welder policy plans in-process only, no forked child "
-                              "beside its walk), or unset it")
+    return switch("TILEWEAVE_PLAN_FORK", "the welder policy plans in-process only, no forked child beside its walk")
 
 
 def can_fork() -> bool:

@@ -28,14 +28,12 @@ are trusted artefacts of this user's runs: never point TILEWEAVE_CACHE at a fold
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 import sys
 from pathlib import Path
 
 from engine.device import Device
-from engine.errors import TileweaveError
-from engine.flags import cache_dir, debug
+from engine.flags import cache_dir, debug, switch
 from engine.memo import Caches, current
 from engine.schedule.tiles import SEARCH_TABLE_LIMIT
 
@@ -47,13 +45,7 @@ _VERSION: list[str] = []
 
 def enabled() -> bool:
     """TILEWEAVE_SCHEDULE_CACHE: on (the default) or off; anything else is a one-line error."""
-    raw = os.environ.get("TILEWEAVE_SCHEDULE_CACHE", "").strip().lower()
-    if raw in ("", "on", "1"):
-        return True
-    if raw in ("off", "0"):
-        return False
-    raise TileweaveError(f"TILEWEAVE_SCHEDULE_CACHE={raw!r} is not on or off",
-                         hint="use on or off (off: every plan searches from scratch), or unset it")
+    return switch("TILEWEAVE_SCHEDULE_CACHE", "every plan searches from scratch")
 
 
 def code_version() -> str:

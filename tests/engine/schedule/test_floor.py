@@ -102,6 +102,21 @@ def test_floor_charges_math_ops_at_the_math_rate():
     assert checked >= 2
 
 
+def _lone_segments(graph, plan, device):
+    """(group, segs, seg, tile, trial, use, cost) for each candidate of a one-segment group of `plan` the model
+    costs (those the search's checks refuse are left out)."""
+    conns = {e.key: e.conn for e in plan.edges}
+    for group, segs, seg, tile, trial in candidate_trials(graph, plan, device):
+        if len(segs) != 1:
+            continue
+        try:
+            use = segment_use(graph, seg, conns, tile, device=device)
+            cost = estimate_group(graph, group.stages, conns, trial, device, segs=segs)
+        except (CountBudgetError, PlanError):
+            continue
+        yield group, segs, seg, tile, trial, use, cost
+
+
 @pytest.mark.parametrize("policy", ["unfused", "welder"])
 @pytest.mark.parametrize("name", ["layernorm_residual", "vit_block", "gelu_chain", "masked_softmax"])
 def test_serial_claims_hold_and_raise_the_floor(name, policy):
@@ -113,14 +128,7 @@ def test_serial_claims_hold_and_raise_the_floor(name, policy):
     graph, plan = plan_model(load_graph(root / f"{name}.onnx"), policy, device)
     conns = {e.key: e.conn for e in plan.edges}
     claimed = raised = 0
-    for group, segs, seg, tile, trial in candidate_trials(graph, plan, device):
-        if len(segs) != 1:
-            continue
-        try:
-            use = segment_use(graph, seg, conns, tile, device=device)
-            cost = estimate_group(graph, group.stages, conns, trial, device, segs=segs)
-        except (CountBudgetError, PlanError):
-            continue
+    for group, segs, seg, tile, trial, use, cost in _lone_segments(graph, plan, device):
         if serial_for_sure(graph, seg, conns, tile, use.regions):
             claimed += 1
             assert cost.serial_segments == 1, (group.name, tile)
@@ -145,15 +153,8 @@ def test_serial_claims_reach_gemm_segments():
     for name in ("vit_block", "bert_layer", "masked_softmax"):
         graph, plan = plan_model(load_graph(root / f"{name}.onnx"), "unfused", device)
         conns = {e.key: e.conn for e in plan.edges}
-        for group, segs, seg, tile, trial in candidate_trials(graph, plan, device):
-            if len(segs) != 1 or not any(_gemm_like(graph.stage(s)) for s in seg):
-                continue
-            try:
-                use = segment_use(graph, seg, conns, tile, device=device)
-                cost = estimate_group(graph, group.stages, conns, trial, device, segs=segs)
-            except (CountBudgetError, PlanError):
-                continue
-            if serial_for_sure(graph, seg, conns, tile, use.regions):
+        for group, _, seg, tile, _, use, cost in _lone_segments(graph, plan, device):
+            if any(_gemm_like(graph.stage(s)) for s in seg) and serial_for_sure(graph, seg, conns, tile, use.regions):
                 claimed += 1
                 assert cost.serial_segments == 1, (name, group.name, tile)
     assert claimed, "no contraction segment claimed serial"
