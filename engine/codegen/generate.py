@@ -899,7 +899,7 @@ def _resolve_body(stage: Stage, graph: PrimGraph, inline: set[str], block_buf: d
         return hit
 
     body = kmap(stage.body, expand)
-    expand = None  # noqa: F841 -- it named itself: the cycle left for the garbage collector (policies.gc_paused)
+    expand = None  # noqa: F841 -- it refers to itself: no cycle left for the garbage collector (policies.gc_paused)
     # The inlined reductions' loop variables (one name may serve reductions of different extents:
     # bounds cover the widest).
     for n in kwalk(body):

@@ -136,7 +136,7 @@ def serial_for_sure(graph: PrimGraph, seg: Sequence[str], conns: Mapping, tile: 
     its transcendentals), each inlined read counted (generate shares repeated ones),
     times the tiles. A GEMM phase counts as any other (its elements times its k), so a segment with a
     contraction or a sum of products is claimed too, with two exceptions `segment_loop` makes: a direct
-    convolution's staged input window (a rank-4 stage beside one: never claimed), and a GEMM of at most
+    convolution's staged input window (never claimed where one may form: `_weighs`), and a GEMM of at most
     ctarget.GEMV_ROWS rows per block streaming its weight, which splits statically from ctarget.STREAM_WORK
     (claimed above that only where every phase of its own has more rows and no completion phase may be one).
     Never for a row split, or a stage read through an index (gathers)."""
@@ -242,7 +242,7 @@ def _element_steps(graph: PrimGraph, name: str, inline: frozenset) -> int:
         try:
             return node(stage.body)
         finally:
-            node = None  # noqa: F841 -- it names itself: no cycle left for the garbage collector
+            node = None  # noqa: F841 -- it refers to itself: no cycle left for the garbage collector
 
     stage = graph.stage(name)
     red, exp = stage_steps(stage)

@@ -51,8 +51,8 @@ def can_fork() -> bool:
 class Forked:
     """`fn(send)` running in a forked child, each `send(value)` a message: `result()` waits for the next one's
     value (None where the child failed or ended first: the caller computes it itself), `close()` ends the child
-    (unheard, if it is still at work) and reaps it. `tables`: memo table name -> its limit; the entries the child adds to them come back with each
-    message (those added since the one before)."""
+    (unheard, if it is still at work) and reaps it. `tables`: memo table name -> its limit; the entries the child
+    adds to them come back with each message (those added since the one before)."""
 
     def __init__(self, fn: Callable[[Callable[[Any], None]], None], tables: Mapping[str, int] | None = None):
         self.tables = dict(tables or {})

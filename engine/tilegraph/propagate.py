@@ -239,7 +239,7 @@ def propagate_many(stage: Stage, out: Boxes, input_shapes: Mapping[str, tuple[in
         elif isinstance(node, E.IndexVal):
             for a, _ in node.expr.terms:
                 add_indirect(a)
-    add_load = add_indirect = None  # noqa: F841 -- they named each other: no cycle left for the garbage collector
+    add_load = add_indirect = None  # noqa: F841 -- they refer to each other: no cycle left for the garbage collector
     for t in stage.inputs:
         if t not in acc:
             rank = len(input_shapes[t]) if t in input_shapes else 1

@@ -189,8 +189,8 @@ def at_least_stitch(graph: PrimGraph, device: Device, options: dict, plan: Plan,
     not be clearly worse than another one by the model it plans with. The stitch plan is taken only when
     it models faster by more than WALK_MARGIN: below that the two are a tie at the model's resolution, and
     the walk's plan (the welder fusion a user asked for) stays (at most WALK_MARGIN slower by the model). The choice and both figures open the
-    decision log. `beside`: the stitch plan in the making in a forked child (`_stitch_beside`), taken from it
-    where needed (else planned here)."""
+    decision log. `beside`: the forked child making the stitch plan (`_beside`), taken from it where needed
+    (else planned here)."""
     from engine.schedule.policies.stitch import plan_stitch
 
     least = stitch_floor(graph, device)
