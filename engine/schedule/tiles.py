@@ -621,6 +621,12 @@ def _body_template(stage: Stage) -> str:
     return hit[1]
 
 
+def erased_body(stage: Stage) -> str:
+    """`stage`'s body as a group's signature writes it, with every tensor name left out: two stages that compute
+    alike from different tensors (one layer's and the next's) have the same text."""
+    return _MARK.sub("t", _body_template(stage))
+
+
 def _canon(e: E.Expr, names: Mapping[str, str]) -> str:
     if isinstance(e, E.Load):
         return f"{names.get(e.tensor, e.tensor)}[{', '.join(_canon_index(ix, names) for ix in e.index)}]{e.pad}"

@@ -6,7 +6,6 @@ The subgraph cache makes repeated layers free."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 
 from engine.device import Device
@@ -67,11 +66,11 @@ def _split_at(graph: PrimGraph) -> int:
     searches (swin 9.5 -> 5.4 s)."""
     if len(graph.edges) < SPLIT_EDGES:
         return 0
-    from engine.schedule.tiles import _body_template
+    from engine.schedule.tiles import erased_body
 
     def alike(name: str) -> tuple:
         st = graph.stage(name)
-        return st.kind, st.shape, st.reduce, re.sub("\x00[^\x01]*\x01", "t", _body_template(st))
+        return st.kind, st.shape, st.reduce, erased_body(st)
 
     split = len(graph.edges) // 2
     before = {s for edge in graph.edges[:split] for s in edge}
@@ -87,12 +86,12 @@ def _beside(graph: PrimGraph, device: Device, options: dict, split: int):
     that made, which the walk takes when it reaches that edge (it waits for them there, so the plan never
     depends on timing): away from the split the later part's groups are the walk's own and those searches are
     hits. Then it plans the stitch plan `at_least_stitch` may hold the walk's against, and sends that."""
-    from engine.schedule.forked import MIN_STAGES, Forked, can_fork, fork_enabled
+    from engine.schedule.forked import MIN_STAGES, Forked, can_fork
     from engine.schedule.policies.stitch import plan_stitch
     from engine.schedule.schedcache import TABLES
     from engine.schedule.tiles import SEARCH_TABLE_LIMIT
 
-    if not fork_enabled() or len(graph.stages) < MIN_STAGES or not can_fork():  # a bad flag value: its error
+    if not can_fork() or len(graph.stages) < MIN_STAGES:  # can_fork reads the flag first: a bad value, its error
         return None
 
     def work(send) -> None:

@@ -1,5 +1,6 @@
-"""The welder policy's stitch plan made in a forked child beside the walk (engine/schedule/forked.py): the same
-plan as in-process, the child's tile searches merged back, and any failure of the child planned around."""
+"""A forked child beside the welder walk (engine/schedule/forked.py): it searches the later half of a graph whose
+later layers are new and makes the stitch plan the walk's is held against; the plan is the in-process one, the
+child's tile searches are merged back, and any failure of the child is planned around."""
 
 from __future__ import annotations
 
