@@ -14,9 +14,10 @@ from engine.flags import debug
 from engine.ir.graph import PrimGraph, StageKind
 from engine.memo import memo
 from engine.schedule.cost import estimate_group, whole_graph_facts
+from engine.schedule.forked import serve_point
 from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, components, kernel_name
 from engine.schedule.residency import with_l2_residency
-from engine.schedule.tiles import GroupSchedule, record_mappings, search_group
+from engine.schedule.tiles import GroupSchedule, record_mappings, search_cached, search_group
 from engine.schedule.validate import Decision
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, stage_order
 
@@ -194,6 +195,7 @@ def can_connect(
     graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level: Conn, device: Device, mode: str,
     groups: Callable[[str], set[str]] | None = None, keep_tiles: bool = False,
     kept: Mapping[str, Tile] | None = None, beat: float = math.inf, standing: dict | None = None,
+    ahead=None,
 ) -> tuple[Decision, dict[Edge, Conn]]:
     """Is `edge` at `level` legal, and does it not make the modeled time worse? The Decision's
     score is the merged group's modeled µs; the trial connections come back for the caller to keep.
@@ -207,6 +209,33 @@ def can_connect(
     is bounded by it and by the sides' figure (`search_group`'s `bound`), and a merge no tile brings under
     the bound is refused as such, without the figure of its best tile. `standing`: the walk's schedules of its
     groups as they stand (`_as_it_stands`), keyed by their stages, filled here."""
+    prep = trial_search(graph, conns, edge, level, device, mode, groups, keep_tiles, kept, standing)
+    if isinstance(prep[0], Decision):
+        return prep
+    stages, trial, fixed, before, limit = prep
+    bound = min(limit, beat - 1e-9)
+    sched = ahead.take(edge, level, bound) if ahead is not None else None
+    if sched is None:
+        sched = search_group(graph, stages, trial, device, mode, fixed, k=1, bound=bound)
+    if sched.above:
+        other = f"; another level models {beat:.2f} us" if beat - 1e-9 < limit else ""
+        return Decision(False, f"{level.value}: no tile models under {bound:.2f} us fused vs {before:.2f} us apart"
+                        f"{other} (the tile search stopped there)"), trial
+    if sched.violations:
+        v = sched.violations[0]
+        return Decision(False, f"{level.value}: rule {v.rule}: {v.message}"), trial
+    after = sched.cost.modeled_us
+    verdict = f"{level.value}: modeled {after:.2f} us fused vs {before:.2f} us apart"
+    return Decision(after <= limit, verdict, after, sched.tiles if fixed else (),
+                    sched.cost.extra_evaluations == 0 and not sched.cost.serial_segments), trial
+
+
+def trial_search(graph: PrimGraph, conns: Mapping[Edge, Conn], edge: Edge, level: Conn, device: Device, mode: str,
+                 groups: Callable[[str], set[str]] | None = None, keep_tiles: bool = False,
+                 kept: Mapping[str, Tile] | None = None, standing: dict | None = None) -> tuple:
+    """What `can_connect`'s tile search of `edge` at `level` is asked with: (stages, trial connections, fixed
+    tiles, the sides' modeled µs apart, the limit the merge must model at or under) — or (Decision, trial)
+    where the answer needs no search (a level that does not fuse, a group cycle)."""
     groups = groups or (lambda s: component_of(graph, conns, s))
     if not level.fused:
         return Decision(True, "separate kernels"), trial_conns(graph, conns, edge, level)
@@ -234,19 +263,7 @@ def can_connect(
                      for seg in trial_segs if frozenset(seg) in before_tiles} or None
     before = sum(s.cost.modeled_us if s.cost else math.inf for s in now)
     limit = before * (1 + 1e-6) + 1e-6  # the merge is kept at or under it
-    bound = min(limit, beat - 1e-9)
-    sched = search_group(graph, stages, trial, device, mode, fixed, k=1, bound=bound)
-    if sched.above:
-        other = f"; another level models {beat:.2f} us" if beat - 1e-9 < limit else ""
-        return Decision(False, f"{level.value}: no tile models under {bound:.2f} us fused vs {before:.2f} us apart"
-                        f"{other} (the tile search stopped there)"), trial
-    if sched.violations:
-        v = sched.violations[0]
-        return Decision(False, f"{level.value}: rule {v.rule}: {v.message}"), trial
-    after = sched.cost.modeled_us
-    verdict = f"{level.value}: modeled {after:.2f} us fused vs {before:.2f} us apart"
-    return Decision(after <= limit, verdict, after, sched.tiles if fixed else (),
-                    sched.cost.extra_evaluations == 0 and not sched.cost.serial_segments), trial
+    return stages, trial, fixed, before, limit
 
 
 def _standing(graph, stages, conns, device, mode, kept: Mapping[str, Tile] | None, standing: dict | None) -> GroupSchedule:
@@ -273,11 +290,94 @@ def _as_it_stands(graph, stages, conns, device, mode, kept: Mapping[str, Tile] |
     return search_group(graph, stages, conns, device, mode, k=1)
 
 
+class SearchAhead:
+    """The tile search of an edge's second level (SHARED after REGISTER), asked of a forked child
+    (`forked.Forked`, `welder._beside`) before the walk tries the first. The child searches it bounded by the
+    sides' figure alone (the first level's score, which bounds it too, is not known yet); `take` gives the walk
+    the answer its own search would give under the tighter bound, or None where it cannot tell or the child has
+    not started on it (the walk searches itself):
+    - where the walk's tables answer already, they do (its own search would hit them);
+    - a found schedule: it where it models at or under the bound, else "nothing under the bound" — as a bounded
+      search answers (its schedule is the unbounded one wherever that models under its bound);
+    - nothing under the child's bound: nothing under the tighter one;
+    - no valid tile: None (whether the tighter bound cuts a candidate decides how the search words it).
+    The walk's decisions and their wording are the ones it makes alone, whoever searched and whenever."""
+
+    def __init__(self, child):
+        self.child = child
+        self.rid = 0  # requests asked
+        self.used = 0  # answers the walk took
+        self.pending: dict = {}
+
+    def before(self, graph, conns, edge: Edge, listed, device: Device, mode: str, group_of_stage, kept, standing):
+        """Ask for `edge`'s second level's search (`listed`: its levels), unless the walk's tables have it."""
+        listed = list(listed)
+        self.pending = {}
+        if len(listed) < 2 or not listed[1][0].fused or listed[1][0] == Conn.GLOBAL_SYNC or not self.child.serving():
+            return
+        level = listed[1][0]
+        prep = trial_search(graph, conns, edge, level, device, mode, group_of_stage.__getitem__, False, kept, standing)
+        if isinstance(prep[0], Decision):
+            return
+        stages, trial, fixed, _, limit = prep
+        if search_cached(graph, stages, trial, device, mode, fixed, 1, limit) is not None:
+            return
+        self.rid += 1
+        index = _edge_index(graph)
+        diff = [(index[e], c) for e, c in trial.items() if c != Conn.KERNEL]
+        self.child.ask(self.rid, (stages, diff, fixed, limit))
+        self.pending[(edge, level)] = (self.rid, graph, stages, trial, fixed, limit, device, mode)
+
+    def take(self, edge: Edge, level: Conn, bound: float) -> GroupSchedule | None:
+        """The search of `edge` at `level` under `bound` where the child's answer gives it, else None."""
+        got = self.pending.pop((edge, level), None)
+        if got is None:
+            return None
+        rid, graph, stages, trial, fixed, limit, device, mode = got
+        hit = search_cached(graph, stages, trial, device, mode, fixed, 1, bound)
+        if hit is not None:
+            self.child.drop(rid)
+            return hit
+        got = self.child.answer(rid)
+        sched = under_tighter(got, limit, bound) if got is not None else None
+        self.used += sched is not None
+        return sched
+
+
+def under_tighter(sched: GroupSchedule, wider: float, bound: float) -> GroupSchedule | None:
+    """A bounded search's answer under `bound` from its answer `sched` under `wider` (≥ `bound`), as
+    `search_group` gives it: a found schedule where it models at or under `bound`, else nothing under it; nothing
+    under `wider`: nothing under `bound`; a refusal: None (under `bound` the search may cut a candidate the
+    wider bound did not, and then words it as nothing under the bound)."""
+    if sched.violations:
+        return None
+    if bound >= wider:
+        return sched
+    if sched.above or sched.cost.modeled_us > bound:
+        return GroupSchedule((), (), None, (), 1, above=bound)
+    return sched
+
+
+def _edge_index(graph: PrimGraph) -> dict:
+    return memo("build.edge_index", 64).lookup(graph.structural_hash, lambda: {e: i for i, e in enumerate(graph.edges)})
+
+
+def serve_searches(graph: PrimGraph, device: Device, mode: str):
+    """The child's side of `SearchAhead`: a request's search, bounded as asked."""
+    def search(request):
+        stages, diff, fixed, limit = request
+        conns = {e: Conn.KERNEL for e in graph.edges}
+        for i, c in diff:
+            conns[graph.edges[i]] = c
+        return search_group(graph, stages, conns, device, mode, fixed, k=1, bound=limit)
+    return search
+
+
 LevelChoice = Callable[[PrimGraph, Edge], Sequence[tuple[Conn, str]]]
 
 
 def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str, group_of_stage, kept=None,
-               beat: float = math.inf, standing: dict | None = None):
+               beat: float = math.inf, standing: dict | None = None, ahead=None):
     if level == Conn.GLOBAL_SYNC:
         merged = group_of_stage[edge[0]] | group_of_stage[edge[1]]
         segs = len(segments_of(graph, sorted(merged), trial_conns(graph, conns, edge, level, set(merged))))
@@ -285,7 +385,7 @@ def _try_level(graph, conns, edge: Edge, level: Conn, device: Device, mode: str,
             return Decision(False, f"global_sync: the kernel would have {segs} grid-barrier segments "
                             f"(the greedy walk stops at {MAX_SEGMENTS})"), conns
     return can_connect(graph, conns, edge, level, device, mode, group_of_stage.__getitem__,
-                       keep_tiles=level == Conn.GLOBAL_SYNC, kept=kept, beat=beat, standing=standing)
+                       keep_tiles=level == Conn.GLOBAL_SYNC, kept=kept, beat=beat, standing=standing, ahead=ahead)
 
 
 MAX_SEGMENTS = 6  # grid-barrier segments per kernel a greedy walk may build (bounds the work of every
@@ -315,7 +415,7 @@ def staging_saves_nothing(graph: PrimGraph, edge: Edge, kept: Decision, trial: M
 
 def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelChoice,
                    fallback: LevelChoice | None = None, start: int = 0,
-                   pause: Mapping[int, Callable[[], object]] | None = None):
+                   pause: Mapping[int, Callable[[], object]] | None = None, ahead: SearchAhead | None = None):
     """Walk edges in topological order; per edge try each allowed level (with why it is allowed),
     keep the legal one with the lowest modeled time (ties go to the closer level). When none is
     kept, the `fallback` levels get the same test. Returns (conns, reasons, scores, log, kept): `kept`
@@ -334,6 +434,7 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
     for index, edge in enumerate(graph.edges):
         if index < start:
             continue
+        serve_point()
         if pause and index in pause:
             pause[index]()
         if conns[edge].fused:
@@ -341,6 +442,8 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
             continue
         best = None
         noes: list[str] = []
+        if ahead is not None:
+            ahead.before(graph, conns, edge, levels(graph, edge), device, mode, group_of_stage, kept, standing)
         for choose in (levels, fallback):
             if best is not None or choose is None:
                 break
@@ -350,7 +453,7 @@ def connect_greedy(graph: PrimGraph, device: Device, mode: str, levels: LevelCho
                     continue
                 beat = best[0].score if best is not None else math.inf
                 decision, trial = _try_level(graph, conns, edge, level, device, mode, group_of_stage, kept, beat,
-                                             standing)
+                                             standing, ahead)
                 if not decision.ok:
                     noes.append(decision.reason)
                 elif best is None or decision.score < best[0].score - 1e-9:

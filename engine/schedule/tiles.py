@@ -310,31 +310,12 @@ def search_group(
     unbounded search of the group made before answers from its cache."""
     fixed = fixed or {}
     names = list(stages)
-    canon = {s: f"s{j}" for j, s in enumerate(names)}
-    # Fixed tiles join the key with their anchors renamed (a GLOBAL_SYNC trial keeps each side's
-    # tiles: the same structure one layer on hits the cache too).
-    pinned = tuple(sorted((canon[s], replace(fixed[s], stage=canon[s])) for s in stages if s in fixed))
-    key = (group_signature(graph, stages, conns), pinned, recompute_bound(), tf32_allowed(),
-           whole_graph_facts(graph, device))
-    # Only stitch's candidate pool differs, and only where a reduction may split its rows, so the other
-    # modes share their searches, and stitch shares the rest: the Compare page's unfused plan finds the
-    # one-stage searches the welder plan made before it, and welder's stitch plan (`at_least_stitch`)
-    # the walk's searches of the groups both build.
-    split = mode == "stitch" and any(splits_rows(graph.stage(s), device) for s in stages)
-    pools_of = "stitch" if split else "tiles"
-    named, cache = memo("tiles.named", 20000), memo("tiles.subgraph", SEARCH_TABLE_LIMIT)
+    key, pools_of = _search_key(graph, stages, conns, device, mode, fixed)
+    cache = memo("tiles.subgraph", SEARCH_TABLE_LIMIT)
     bounded = k == 1 and bound < math.inf
-    hit = named.get((key, pools_of, device, tuple(names)))
-    if hit is not None and hit.k >= k:
-        return _under(hit, bound) if bounded else hit
-    hit = cache.get((key, pools_of, device))
-    if hit is not None and hit.k >= k:
-        hit = named.put((key, pools_of, device, tuple(names)), _rename(hit, [f"s{j}" for j in range(len(names))], names))
-        return _under(hit, bound) if bounded else hit
-    if bounded:  # bounded searches that found nothing under their bound
-        hit = memo("tiles.above", SEARCH_TABLE_LIMIT).get((key, pools_of, device, bound))
-        if hit is not None:
-            return hit
+    hit = _cached(key, pools_of, device, names, k, bound)
+    if hit is not None:
+        return hit
     segs = segments_of(graph, stages, conns)
     chosen: list[Tile] = []
     pools: list[list[Tile]] = []
@@ -379,6 +360,46 @@ def search_group(
     canonical = _rename(out, list(stages), [f"s{j}" for j in range(len(stages))])
     cache.put((key, pools_of, device), canonical)
     return _under(out, bound) if bounded else out
+
+
+def search_cached(graph: PrimGraph, stages: Sequence[str], conns: Mapping, device: Device, mode: str,
+                  fixed: Mapping[str, Tile] | None = None, k: int = TOP_K, bound: float = math.inf) -> GroupSchedule | None:
+    """`search_group`'s answer where its tables hold it already (nothing searched), else None."""
+    key, pools_of = _search_key(graph, stages, conns, device, mode, fixed or {})
+    return _cached(key, pools_of, device, list(stages), k, bound)
+
+
+def _search_key(graph: PrimGraph, stages: Sequence[str], conns: Mapping, device: Device, mode: str,
+                fixed: Mapping[str, Tile]) -> tuple:
+    """(key, pool kind) a group's search is kept under in the subgraph cache."""
+    canon = {s: f"s{j}" for j, s in enumerate(stages)}
+    # Fixed tiles join the key with their anchors renamed (a GLOBAL_SYNC trial keeps each side's
+    # tiles: the same structure one layer on hits the cache too).
+    pinned = tuple(sorted((canon[s], replace(fixed[s], stage=canon[s])) for s in stages if s in fixed))
+    key = (group_signature(graph, stages, conns), pinned, recompute_bound(), tf32_allowed(),
+           whole_graph_facts(graph, device))
+    # Only stitch's candidate pool differs, and only where a reduction may split its rows, so the other
+    # modes share their searches, and stitch shares the rest: the Compare page's unfused plan finds the
+    # one-stage searches the welder plan made before it, and welder's stitch plan (`at_least_stitch`)
+    # the walk's searches of the groups both build.
+    split = mode == "stitch" and any(splits_rows(graph.stage(s), device) for s in stages)
+    pools_of = "stitch" if split else "tiles"
+    return key, pools_of
+
+
+def _cached(key, pools_of: str, device: Device, names: list, k: int, bound: float) -> GroupSchedule | None:
+    bounded = k == 1 and bound < math.inf
+    named, cache = memo("tiles.named", 20000), memo("tiles.subgraph", SEARCH_TABLE_LIMIT)
+    hit = named.get((key, pools_of, device, tuple(names)))
+    if hit is not None and hit.k >= k:
+        return _under(hit, bound) if bounded else hit
+    hit = cache.get((key, pools_of, device))
+    if hit is not None and hit.k >= k:
+        hit = named.put((key, pools_of, device, tuple(names)), _rename(hit, [f"s{j}" for j in range(len(names))], names))
+        return _under(hit, bound) if bounded else hit
+    if bounded:  # bounded searches that found nothing under their bound
+        return memo("tiles.above", SEARCH_TABLE_LIMIT).get((key, pools_of, device, bound))
+    return None
 
 
 def border_lighter(graph: PrimGraph, stages: Sequence[str]) -> bool:

@@ -45,7 +45,7 @@ def plan_welder(graph: PrimGraph, device: Device, options: dict, started: float)
     split = _split_at(graph)
     beside = _beside(graph, device, options, split)
     try:
-        walk = welder_walk(graph, device, options, started, beside if split else None, split)
+        walk = welder_walk(graph, device, options, started, beside, split)
         return at_least_stitch(graph, device, options, walk, started, beside)
     finally:
         if beside is not None:
@@ -81,12 +81,19 @@ def _split_at(graph: PrimGraph) -> int:
 
 
 def _beside(graph: PrimGraph, device: Device, options: dict, split: int):
-    """A forked child working beside the walk where a core is spare (engine/schedule/forked.py), or None. With
-    `split`, it first walks the graph from that edge on (the edges before it apart) and sends the tile searches
-    that made, which the walk takes when it reaches that edge (it waits for them there, so the plan never
-    depends on timing): away from the split the later part's groups are the walk's own and those searches are
-    hits. Then it plans the stitch plan `at_least_stitch` may hold the walk's against, and sends that."""
-    from engine.schedule.forked import MIN_STAGES, Forked, can_fork
+    """A forked child working beside the walk where a core is spare (engine/schedule/forked.py), or None. In
+    turn it
+    - searches each stage of the walk's part (the edges before `split`, else all) alone, in the walk's order,
+      and shares each answer at once: the walk asks for every group apart before it merges it;
+    - with `split`, walks the graph from that edge on (the edges before it apart) and sends the tile searches
+      that made, which the walk takes when it reaches that edge (it waits for them there, so the plan never
+      depends on timing): away from the split the later part's groups are the walk's own and those searches
+      are hits;
+    - plans the stitch plan `at_least_stitch` may hold the walk's against, and sends that;
+    and before each of its own edges and searches (and once done) answers the walk's requests: the search of
+    an edge's second level, which the walk asks for before it tries the first (`build.SearchAhead`)."""
+    from engine.schedule.build import serve_searches
+    from engine.schedule.forked import MIN_STAGES, Forked, can_fork, serve_point, unserved
     from engine.schedule.policies.stitch import plan_stitch
     from engine.schedule.schedcache import TABLES
     from engine.schedule.tiles import SEARCH_TABLE_LIMIT
@@ -99,21 +106,42 @@ def _beside(graph: PrimGraph, device: Device, options: dict, split: int):
             from engine import flags
 
             level, flags.DEBUG = flags.DEBUG, 0  # its decisions are not the plan's: DEBUG=3 would print them too
-            connect_greedy(graph, device, "welder", welder_levels, welder_fallback, start=split)
+            with unserved():  # the walk waits for these at the split
+                connect_greedy(graph, device, "welder", welder_levels, welder_fallback, start=split)
             flags.DEBUG = level
             send(None)
+        else:
+            apart = {e: Conn.KERNEL for e in graph.edges}
+            for name in dict.fromkeys(s for edge in graph.edges for s in edge):
+                serve_point()
+                search_group(graph, [name], apart, device, "welder", k=1)
+                send.share()
         send(plan_stitch(graph, device, options, time.perf_counter()))
 
-    return Forked(work, {name: SEARCH_TABLE_LIMIT for name in TABLES})
+    return Forked(work, {name: SEARCH_TABLE_LIMIT for name in TABLES}, serve_searches(graph, device, "welder"),
+                  answers_alike)
+
+
+def answers_alike(table: str, value) -> bool:
+    """Whether a search table's entry made elsewhere answers every later search as the walk's own search would,
+    whenever it arrives: a found schedule (a bounded search answers it where it models under the bound and
+    "nothing under it" elsewhere, as the unbounded one would) and a "nothing under this bound" — not a refusal
+    (which a bounded search words by whether its bound cut a candidate, `tiles.search_group`)."""
+    return table == "tiles.above" or not value.violations
 
 
 def welder_walk(graph: PrimGraph, device: Device, options: dict, started: float, beside=None,
                 split: int = 0) -> Plan:
     """The walk's own plan: first connect (Welder's greedy pass over the edges), then schedule. `beside`: a
     child warming the searches from edge `split` on (`_beside`), whose searches the walk takes there."""
+    from engine.schedule.build import SearchAhead
+
     pause = {split: beside.result} if beside is not None and split else None
+    ahead = SearchAhead(beside) if beside is not None else None
     conns, reasons, scores, log, kept = connect_greedy(graph, device, "welder", welder_levels, welder_fallback,
-                                                       pause=pause)
+                                                       pause=pause, ahead=ahead)
+    if ahead is not None:
+        debug(1, f"welder: {ahead.used} of the {ahead.rid} second-level searches asked of the forked child came from it")
     return assemble(graph, device, conns, policy="welder", mode="welder", reasons=reasons, scores=scores,
                     decisions=log, options=options, started=started, fixed=kept)
 

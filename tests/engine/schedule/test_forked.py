@@ -1,6 +1,7 @@
 """A forked child beside the welder walk (engine/schedule/forked.py): it searches the later half of a graph whose
-later layers are new and makes the stitch plan the walk's is held against; the plan is the in-process one, the
-child's tile searches are merged back, and any failure of the child is planned around."""
+later layers are new, or each stage alone, makes the stitch plan the walk's is held against, and answers the walk's
+requests for an edge's second-level search; the plan is the in-process one, the child's tile searches are merged
+back, and any failure of the child is planned around."""
 
 from __future__ import annotations
 
@@ -61,6 +62,71 @@ def test_close_ends_the_child():
         os.waitpid(pid, os.WNOHANG)  # reaped: no such child any more
 
 
+def test_requests_are_answered_newest_first_while_wanted():
+    """The child answers requests once its work is done (or at `serve_point`): only the newest it finds, only
+    while the caller wants it; `answer` gives None for one the child has not started."""
+    def serve(request):
+        if request == "slow":
+            time.sleep(0.3)
+        return request * 2
+
+    child = Forked(lambda send: (time.sleep(0.3), send("free")), serve=serve)
+    try:
+        child.ask(1, 1)
+        child.ask(2, 2)  # both while the child is at its work: the second replaces the first
+        assert child.result() == "free"
+        assert child.answer(2, wait=True) == 4
+        assert child.answer(1) is None
+        child.ask(3, "slow")
+        while not child.serving() or child._get(8) != 3:  # the child is at request 3
+            time.sleep(0.01)
+        child.ask(4, 4)
+        child.drop(4)  # wanted no more before the child is free: never started
+        assert child.answer(3) == "slowslow"  # started: the caller waits for it
+        child.ask(5, 5)
+        assert child.answer(5, wait=True) == 10
+        assert child.answer(4) is None and 4 not in child._got
+    finally:
+        child.close()
+
+
+def test_shared_and_served_entries_come_back_as_safe_allows():
+    """`send.share()` sends the entries `safe` allows at once; a served request's work keeps its search tables
+    apart from the child's own (what the child sends later does not hold them) and brings back the safe ones."""
+    from engine.schedule.forked import serve_point
+
+    with Caches("forked").active():
+        memo("tiles.subgraph", 100).put("old", 1)
+        served: list = []
+
+        def work(send):
+            memo("forked.table", 100).put("good", 1)
+            memo("forked.table", 100).put("bad", -1)
+            send.share()
+            while not served:  # answer the request inside its work
+                serve_point()
+                time.sleep(0.005)
+            send(memo("tiles.subgraph", 100).has("served-good"))
+
+        def serve(request):
+            served.append(request)
+            memo("tiles.subgraph", 100).put("served-good", request)
+            memo("tiles.subgraph", 100).put("served-bad", -request)
+            return memo("tiles.subgraph", 100).has("old")  # the served search tables start empty
+
+        child = Forked(work, {"forked.table": 100, "tiles.subgraph": 100}, serve, lambda name, value: value > 0)
+        try:
+            child.ask(1, 7)
+            assert child.answer(1, wait=True) is False
+            table = memo("tiles.subgraph", 100)
+            assert table.get("served-good") == 7 and not table.has("served-bad")
+            assert memo("forked.table", 100).get("good") == 1 and not memo("forked.table", 100).has("bad")
+            assert child.result() is False  # the child's own search table never held the served entries
+            assert memo("forked.table", 100).get("bad") == -1  # a message brings every entry
+        finally:
+            child.close()
+
+
 def test_flag_values(monkeypatch):
     monkeypatch.setenv("TILEWEAVE_PLAN_FORK", "off")
     assert not fork_enabled() and not can_fork()
@@ -110,6 +176,22 @@ def test_the_forked_stitch_plan_is_the_in_process_one(name):
     assert "the stitch policy's" in verdict and "at least" not in verdict  # compared, not ruled out by the floor
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a child is forked only with a core to spare")
+@pytest.mark.parametrize("name", ["llama", "lstm"])
+def test_searches_the_child_answered_leave_the_plan_as_it_is(name):
+    """Zoo llama and lstm on host (the floor rules their stitch plans out, so the child searches each stage alone
+    and answers the walk's requests): the child answers some of the walk's second-level searches, and the plan
+    (every edge's reason included) is the one made without a fork."""
+    import re
+
+    model = ROOT / "samples" / "zoo" / f"{name}.onnx"
+    forked, log = _plan(model, "host", "on")
+    used = re.search(r"welder: (\d+) of the (\d+) second-level searches asked of the forked child came from it", log)
+    assert used and int(used[1]) > 0, log[-2000:]
+    alone, _ = _plan(model, "host", "off")
+    assert json.loads(forked) == json.loads(alone)
+
+
 def test_a_bad_flag_is_a_one_line_cli_error(monkeypatch, capsys):
     from engine.cli import main
 
@@ -141,3 +223,61 @@ def test_renamed_refusals_name_the_asking_group():
     text = "rule segment_sink: segment s3.. has 2 sinks (s5, s7); stage s3 of x1"
     assert _sub(text, {"s3": "permute_4", "s5": "matmul_9", "s7": "add_10"}) == (
         "rule segment_sink: segment permute_4.. has 2 sinks (matmul_9, add_10); stage permute_4 of x1")
+
+
+class _Recorder:
+    """Stands in for `build.SearchAhead` (the walk's `ahead`): records each second-level search the walk
+    would ask for and the bound it then searches under; answers none (the walk searches itself)."""
+
+    def __init__(self):
+        self.asked: list = []
+        self.current = None
+
+    def before(self, graph, conns, edge, listed, device, mode, group_of_stage, kept, standing):
+        from engine.schedule.build import trial_search
+        from engine.schedule.validate import Decision
+
+        listed, self.current = list(listed), None
+        if len(listed) > 1:
+            prep = trial_search(graph, conns, edge, listed[1][0], device, mode, group_of_stage.__getitem__, False,
+                                kept, standing)
+            if not isinstance(prep[0], Decision):
+                self.current = (edge, listed[1][0], prep)
+
+    def take(self, edge, level, bound):
+        if self.current is not None and self.current[:2] == (edge, level):
+            self.asked.append((self.current[2], bound))
+        return None
+
+
+@pytest.mark.parametrize("model", ["bert_layer", "vit_block", "lstm"])
+def test_an_answer_under_a_wider_bound_is_the_search_under_the_tighter_one(model):
+    """For every second-level search a welder walk makes (host), `under_tighter` of the search under the
+    sides' figure alone (what the child searches) is, where it answers, what the search under the walk's
+    tighter bound finds — tiles, cost, "nothing under" and refusals alike — each searched with empty tables."""
+    from engine.device import get_device
+    from engine.frontend.importer import load_graph
+    from engine.schedule import build
+    from engine.schedule.policies.welder import welder_fallback, welder_levels
+    from engine.schedule.tiles import search_group
+
+    graph, device = load_graph(ROOT / "samples" / f"{model}.onnx"), get_device("host")
+    recorder = _Recorder()
+    with Caches("walk").active():
+        build.connect_greedy(graph, device, "welder", welder_levels, welder_fallback, ahead=recorder)
+    assert recorder.asked
+    answered = tighter = 0
+    for (stages, trial, fixed, _, limit), bound in recorder.asked:
+        with Caches("wide").active():
+            wide = search_group(graph, stages, trial, device, "welder", fixed, k=1, bound=limit)
+        with Caches("own").active():
+            own = search_group(graph, stages, trial, device, "welder", fixed, k=1, bound=bound)
+        got = build.under_tighter(wide, limit, bound)
+        if got is None:
+            assert wide.violations
+            continue
+        answered += 1
+        tighter += bound < limit
+        assert (got.tiles, got.above, got.violations) == (own.tiles, own.above, own.violations)
+        assert (got.cost.modeled_us if got.cost else None) == (own.cost.modeled_us if own.cost else None)
+    assert answered and tighter  # the walk's bound was the tighter one in some of them
