@@ -63,28 +63,6 @@ def assemble(
     return dataclasses.replace(plan, schedule_seconds=round(time.perf_counter() - started, 4))
 
 
-def coarsen_ahead(graph: PrimGraph, device: Device, conns: Mapping[Edge, Conn], kept: Mapping[str, Tile],
-                  start: int) -> None:
-    """What `assemble` asks of the welder plan's groups on a CPU — each group's search and its coarsening — made
-    into the memo tables for the groups of a walk started at edge `start` (a forked child's, `welder._beside`)
-    that hold no stage of an edge before it: away from the split they are the groups the whole walk forms."""
-    if device.kind != "cpu":
-        return
-    early = {s for edge in graph.edges[:start] for s in edge}
-    full = {e: conns.get(e, Conn.KERNEL) for e in graph.edges}
-    plan = Plan(model_hash=graph.structural_hash, model_name=graph.name, policy="welder", device=device.name,
-                edges=tuple(EdgePlan(p, c, full[(p, c)], "") for p, c in graph.edges), groups=())
-    for k, comp in enumerate(components(graph, full)):
-        if early.intersection(comp):
-            continue
-        sched = search_group(graph, comp, full, device, "welder", kept)
-        if sched.violations:
-            continue
-        group = Group(k, kernel_name(k, graph, comp), tuple(comp), sched.tiles, "", sched.cost.modeled_us,
-                      sched.candidates, sched.cost)
-        _coarsened(plan, group, graph, device, full, set())
-
-
 def coarsen_plan(plan: Plan, graph: PrimGraph, device: Device, keep: set[str] = frozenset()) -> Plan:
     """A plan for the host CPU runs the tiles the C target runs: fewer, larger blocks where a block is an
     OpenMP iteration (`codegen.coarsen.coarsen_for_c`), made here so the Plan shows them and the cost
@@ -102,7 +80,6 @@ def coarsen_plan(plan: Plan, graph: PrimGraph, device: Device, keep: set[str] = 
 # depthwise group widened from 1 to 16 channels per block: 6.6x modeled, 334 us measured against 31 at its searched tiles;
 # benchmarks/NOTES.md coarsenguard).
 COARSEN_SLACK = 2.0
-COARSENED_LIMIT = 20000  # entries of "build.coarsened"
 
 
 def _coarsened(plan: Plan, old: Group, graph: PrimGraph, device: Device, full: Mapping, keep) -> Group:
@@ -120,7 +97,7 @@ def _coarsened(plan: Plan, old: Group, graph: PrimGraph, device: Device, full: M
                                                           for t in old.segments),
            frozenset(names[a] for a in keep if a in names), device, recompute_bound(), tf32_allowed(),
            whole_graph_facts(graph, device))
-    table = memo("build.coarsened", COARSENED_LIMIT)
+    table = memo("build.coarsened", 20000)
     hit = table.get(key)
     if hit is None:
         new = coarsen_for_c(dataclasses.replace(plan, groups=(old,)), graph, device, keep=keep).groups[0]

@@ -92,7 +92,7 @@ def _beside(graph: PrimGraph, device: Device, options: dict, split: int):
     - plans the stitch plan `at_least_stitch` may hold the walk's against, and sends that;
     and before each of its own edges and searches (and once done) answers the walk's requests: the search of
     an edge's second level, which the walk asks for before it tries the first (`build.SearchAhead`)."""
-    from engine.schedule.build import COARSENED_LIMIT, coarsen_ahead, serve_searches
+    from engine.schedule.build import serve_searches
     from engine.schedule.forked import MIN_STAGES, Forked, can_fork, serve_point, unserved
     from engine.schedule.policies.stitch import plan_stitch
     from engine.schedule.schedcache import TABLES
@@ -107,12 +107,9 @@ def _beside(graph: PrimGraph, device: Device, options: dict, split: int):
 
             level, flags.DEBUG = flags.DEBUG, 0  # its decisions are not the plan's: DEBUG=3 would print them too
             with unserved():  # the walk waits for these at the split
-                conns, _, _, _, kept = connect_greedy(graph, device, "welder", welder_levels, welder_fallback,
-                                                      start=split)
+                connect_greedy(graph, device, "welder", welder_levels, welder_fallback, start=split)
             flags.DEBUG = level
             send(None)
-            coarsen_ahead(graph, device, conns, kept, split)
-            send.share()
         else:
             apart = {e: Conn.KERNEL for e in graph.edges}
             for name in dict.fromkeys(s for edge in graph.edges for s in edge):
@@ -121,17 +118,16 @@ def _beside(graph: PrimGraph, device: Device, options: dict, split: int):
                 send.share()
         send(plan_stitch(graph, device, options, time.perf_counter()))
 
-    tables = {name: SEARCH_TABLE_LIMIT for name in TABLES} | {"build.coarsened": COARSENED_LIMIT}
-    return Forked(work, tables, serve_searches(graph, device, "welder"), answers_alike)
+    return Forked(work, {name: SEARCH_TABLE_LIMIT for name in TABLES}, serve_searches(graph, device, "welder"),
+                  answers_alike)
 
 
 def answers_alike(table: str, value) -> bool:
     """Whether a search table's entry made elsewhere answers every later search as the walk's own search would,
     whenever it arrives: a found schedule (a bounded search answers it where it models under the bound and
-    "nothing under it" elsewhere, as the unbounded one would), a "nothing under this bound" and a group's
-    coarsening (`build._coarsened`) — not a refusal (which a bounded search words by whether its bound cut a
-    candidate, `tiles.search_group`)."""
-    return table != "tiles.subgraph" or not value.violations
+    "nothing under it" elsewhere, as the unbounded one would) and a "nothing under this bound" — not a refusal
+    (which a bounded search words by whether its bound cut a candidate, `tiles.search_group`)."""
+    return table == "tiles.above" or not value.violations
 
 
 def welder_walk(graph: PrimGraph, device: Device, options: dict, started: float, beside=None,
