@@ -134,6 +134,8 @@ class Forked:
             os.write(self._bell, b"r")
         except BlockingIOError:
             pass  # the child has a full pipe of rings to read: it will look at the slot anyway
+        except OSError:
+            self._failed = True  # the child is gone
 
     def answer(self, rid: int, wait: bool = False) -> Any | None:
         """Request `rid`'s value where the child has it or is at it (waiting for it then), else None. `wait`:
@@ -188,16 +190,16 @@ class Forked:
 
     def close(self) -> None:
         """End the child (nothing more of it is wanted) and reap it; again, nothing."""
-        if self._pid is None:
+        if self._res is None:
             return
         try:
             os.kill(self._pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            os.waitpid(self._pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass  # reaped already
         os.close(self._bell)
         os.close(self._res)
-        os.waitpid(self._pid, 0)
-        self._pid = None
+        self._res, self._failed = None, True
 
 
 SEPARATE = ("tiles.subgraph", "tiles.named", "tiles.above")  # served searches keep their own answers apart

@@ -90,6 +90,30 @@ def test_requests_are_answered_newest_first_while_wanted():
         child.close()
 
 
+def test_a_failed_request_or_child_gives_none():
+    """A request whose work raises is answered None (the caller searches itself) and the child goes on answering;
+    a child that dies answers None from then on, without the caller waiting."""
+    def serve(request):
+        if request == "bad":
+            raise ValueError("no")
+        return request + 1
+
+    child = Forked(lambda send: None, serve=serve)
+    try:
+        child.ask(1, "bad")
+        assert child.answer(1, wait=True) is None
+        child.ask(2, 2)
+        assert child.answer(2, wait=True) == 3
+        os.kill(child._pid, 9)
+        os.waitpid(child._pid, 0)
+        child.ask(3, 3)  # to a child that is gone: no error
+        assert child.answer(3, wait=True) is None and not child.serving()
+        child.ask(4, 4)  # no error: nothing is sent any more
+        assert child.answer(4) is None and child.result() is None
+    finally:
+        child.close()
+
+
 def test_shared_and_served_entries_come_back_as_safe_allows():
     """`send.share()` sends the entries `safe` allows at once; a served request's work keeps its search tables
     apart from the child's own (what the child sends later does not hold them) and brings back the safe ones."""
