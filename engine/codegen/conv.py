@@ -14,6 +14,7 @@ from engine.codegen.kir import Conv, Kernel, Phase, Scope
 from engine.ir import expr as E
 from engine.ir import index as I
 from engine.ir.dtypes import DType
+from engine.memo import memo
 
 STAGE_BYTES = 48 * 1024  # weights + window per channel step: the static shared-memory budget of a block
 MAX_MICRO = 128  # accumulators per thread (registers)
@@ -38,6 +39,41 @@ def conv_of(p: Phase, contraction: tuple | None, factors, threads: int) -> Conv 
     if contraction is None or factors is None or region.flat or region.rank != 4 or region.extent[0] != 1 \
             or not p.dtype.is_float:
         return None
+    form = memo("conv.forms", 20000).lookup((contraction, factors), lambda: _window_form(contraction, factors))
+    if form is None:
+        return None
+    x, w, target, chan_vars, ext, tap_vars, taps, strides, dils, depthwise = form
+    co, ho, wo = region.extent[1:]
+    best = None
+    ty = 1
+    while ty <= threads:
+        if threads % ty == 0:
+            tx = threads // ty
+            tm, tn = -(-co // ty), -(-(ho * wo) // tx)
+            key = (tm * tn, tm + tn)
+            if best is None or key < best[0]:
+                best = (key, tm, tn, tx, ty)
+        ty *= 2
+    _, tm, tn, tx, ty = best
+    if tm * tn > MAX_MICRO:
+        return None
+    chans = 1
+    for v in chan_vars:
+        chans *= ext[v]
+    conv = Conv(x, w, target, chan_vars, tuple(ext[v] for v in chan_vars), tuple(t or "" for t in tap_vars),
+                tuple(taps), tuple(strides), tuple(dils), WINDOW_VARS, depthwise, (co, ho, wo),
+                ty * tm if depthwise else min(chans, MAX_STEP), tm, tn, tx, ty)
+    while not depthwise and conv.bc > 1 and 4 * (conv.a_elems + conv.b_elems) > STAGE_BYTES:
+        conv = dataclasses.replace(conv, bc=-(-conv.bc // 2))
+    if 4 * (conv.a_elems + conv.b_elems) > STAGE_BYTES:
+        return None
+    return conv
+
+
+def _window_form(contraction: tuple, factors) -> tuple | None:
+    """What of `conv_of` depends on the contraction alone (memoised: a tile search builds one phase at many
+    tiles): the input factor with its windows' indices, the weight, the channel and tap variables, strides and
+    dilations, and whether it is depthwise; None when it reads no sliding windows."""
     target, _, names, extents = contraction
     x, w = factors
     spatial = {"i2", "i3"}
@@ -71,31 +107,7 @@ def conv_of(p: Phase, contraction: tuple | None, factors, threads: int) -> Conv 
     if free_vars(x) - set(WINDOW_VARS) - set(chan_vars) - {"i0", "i1"} or \
             free_vars(w) - set(chan_vars) - set(tap_vars) - {"i1"}:
         return None
-    co, ho, wo = region.extent[1:]
-    best = None
-    ty = 1
-    while ty <= threads:
-        if threads % ty == 0:
-            tx = threads // ty
-            tm, tn = -(-co // ty), -(-(ho * wo) // tx)
-            key = (tm * tn, tm + tn)
-            if best is None or key < best[0]:
-                best = (key, tm, tn, tx, ty)
-        ty *= 2
-    _, tm, tn, tx, ty = best
-    if tm * tn > MAX_MICRO:
-        return None
-    chans = 1
-    for v in chan_vars:
-        chans *= ext[v]
-    conv = Conv(x, w, target, chan_vars, tuple(ext[v] for v in chan_vars), tuple(t or "" for t in tap_vars),
-                tuple(taps), tuple(strides), tuple(dils), WINDOW_VARS, depthwise, (co, ho, wo),
-                ty * tm if depthwise else min(chans, MAX_STEP), tm, tn, tx, ty)
-    while not depthwise and conv.bc > 1 and 4 * (conv.a_elems + conv.b_elems) > STAGE_BYTES:
-        conv = dataclasses.replace(conv, bc=-(-conv.bc // 2))
-    if 4 * (conv.a_elems + conv.b_elems) > STAGE_BYTES:
-        return None
-    return conv
+    return x, w, target, chan_vars, ext, tuple(tap_vars), tuple(taps), tuple(strides), tuple(dils), depthwise
 
 
 def _indices(e) -> list[I.Lin]:
