@@ -81,8 +81,8 @@ class Forked:
         self.tables = dict(tables or {})
         self._failed = False
         # Shared with the child: the rid wanted, the rid the child is at, the request slot's version (odd while
-        # it is written) and length, whether the child answers now; the slot holds the newest request (a pipe could fill while the child is
-        # busy and block the caller; a request passed over is not wanted anyway).
+        # it is written) and length, whether the child answers now. The slot holds the newest request: a pipe
+        # could fill while the child is busy and block the caller, and a request passed over is not wanted.
         self._flags = mmap.mmap(-1, 33)
         self._slot = mmap.mmap(-1, REQUEST_BYTES) if serve is not None else None
         self._flags[32] = serve is not None
@@ -241,7 +241,7 @@ class _Child:
         tables = parent.tables
         self.known = {name: {k for k, _ in memo(name, limit).items()} for name, limit in tables.items()}
         self.shared = {name: set(keys) for name, keys in self.known.items()}
-        self.served = {name: set() for name in tables}  # the served tables start empty
+        self.served = {name: set() for name in tables if name in SEPARATE}  # the served tables start empty
 
     def run(self) -> None:
         global _SERVING
@@ -262,9 +262,10 @@ class _Child:
             pass
 
     def _added(self, known: dict, keep) -> dict:
+        """The entries of the tables in `known` not in it yet (added to it) that `keep(name, value)` allows."""
         added = {}
-        for name, limit in self.parent.tables.items():
-            new = [(k, v) for k, v in memo(name, limit).items() if k not in known[name]]
+        for name in known:
+            new = [(k, v) for k, v in memo(name, self.parent.tables[name]).items() if k not in known[name]]
             known[name].update(k for k, _ in new)
             added[name] = [(k, v) for k, v in new if keep(name, v)]
         return added
@@ -286,7 +287,9 @@ class _Child:
         version = parent._get(16)
         if version == self.version:
             return True
-        while True:  # the slot as it was between two writes
+        # The slot as it was between two writes (a version read before and after). A torn read the versions
+        # missed would fail to unpickle: the exception ends this child's work, and the caller plans in-process.
+        while True:
             if version % 2 == 0:
                 data = bytes(parent._slot[:parent._get(24)])
                 if parent._get(16) == version:

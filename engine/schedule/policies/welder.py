@@ -83,12 +83,11 @@ def _split_at(graph: PrimGraph) -> int:
 def _beside(graph: PrimGraph, device: Device, options: dict, split: int):
     """A forked child working beside the walk where a core is spare (engine/schedule/forked.py), or None. In
     turn it
-    - searches each stage of the walk's part (the edges before `split`, else all) alone, in the walk's order,
-      and shares each answer at once: the walk asks for every group apart before it merges it;
     - with `split`, walks the graph from that edge on (the edges before it apart) and sends the tile searches
       that made, which the walk takes when it reaches that edge (it waits for them there, so the plan never
       depends on timing): away from the split the later part's groups are the walk's own and those searches
-      are hits;
+      are hits; without, searches each stage alone, in the walk's order, and shares each answer at once (the
+      walk asks for every group apart before it merges it);
     - plans the stitch plan `at_least_stitch` may hold the walk's against, and sends that;
     and before each of its own edges and searches (and once done) answers the walk's requests: the search of
     an edge's second level, which the walk asks for before it tries the first (`build.SearchAhead`)."""
