@@ -17,7 +17,7 @@ from engine.schedule.cost import estimate_group, whole_graph_facts
 from engine.schedule.forked import serve_point
 from engine.schedule.plan import Conn, EdgePlan, Edit, Group, Plan, Tile, components, kernel_name
 from engine.schedule.residency import with_l2_residency
-from engine.schedule.tiles import GroupSchedule, record_mappings, search_cached, search_group
+from engine.schedule.tiles import GroupSchedule, record_mappings, search_cached, search_group, under_tighter
 from engine.schedule.validate import Decision
 from engine.tilegraph.tilegraph import segment_sinks, segments_of, stage_order
 
@@ -307,12 +307,12 @@ class SearchAhead:
         self.child = child
         self.rid = 0  # requests asked
         self.used = 0  # answers the walk took
-        self.pending: dict = {}
+        self.pending: tuple | None = None  # the edge's request: (edge, level, rid, what it searches)
 
     def before(self, graph, conns, edge: Edge, listed, device: Device, mode: str, group_of_stage, kept, standing):
         """Ask for `edge`'s second level's search (`listed`: its levels), unless the walk's tables have it."""
         listed = list(listed)
-        self.pending = {}
+        self.pending = None
         if len(listed) < 2 or not listed[1][0].fused or listed[1][0] == Conn.GLOBAL_SYNC or not self.child.serving():
             return
         level = listed[1][0]
@@ -326,15 +326,15 @@ class SearchAhead:
         index = _edge_index(graph)
         diff = [(index[e], c) for e, c in trial.items() if c != Conn.KERNEL]
         self.child.ask(self.rid, (stages, diff, fixed, limit))
-        self.pending[(edge, level)] = (self.rid, graph, stages, trial, fixed, limit, device, mode)
+        self.pending = (edge, level, self.rid, (graph, stages, trial, device, mode, fixed), limit)
 
     def take(self, edge: Edge, level: Conn, bound: float) -> GroupSchedule | None:
         """The search of `edge` at `level` under `bound` where the child's answer gives it, else None."""
-        got = self.pending.pop((edge, level), None)
-        if got is None:
+        if self.pending is None or self.pending[:2] != (edge, level):
             return None
-        rid, graph, stages, trial, fixed, limit, device, mode = got
-        hit = search_cached(graph, stages, trial, device, mode, fixed, 1, bound)
+        _, _, rid, search, limit = self.pending
+        self.pending = None
+        hit = search_cached(*search, 1, bound)
         if hit is not None:
             self.child.drop(rid)
             return hit
@@ -342,20 +342,6 @@ class SearchAhead:
         sched = under_tighter(got, limit, bound) if got is not None else None
         self.used += sched is not None
         return sched
-
-
-def under_tighter(sched: GroupSchedule, wider: float, bound: float) -> GroupSchedule | None:
-    """A bounded search's answer under `bound` from its answer `sched` under `wider` (≥ `bound`), as
-    `search_group` gives it: a found schedule where it models at or under `bound`, else nothing under it; nothing
-    under `wider`: nothing under `bound`; a refusal: None (under `bound` the search may cut a candidate the
-    wider bound did not, and then words it as nothing under the bound)."""
-    if sched.violations:
-        return None
-    if bound >= wider:
-        return sched
-    if sched.above or sched.cost.modeled_us > bound:
-        return GroupSchedule((), (), None, (), 1, above=bound)
-    return sched
 
 
 def _edge_index(graph: PrimGraph) -> dict:

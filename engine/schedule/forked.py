@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from engine.flags import debug, switch
-from engine.memo import memo
+from engine.memo import Caches, memo
 
 MIN_STAGES = 40  # graphs smaller than this plan in well under a fork's cost of waiting (tens of ms)
 REQUEST_BYTES = 1 << 22  # the largest request (pickled) `Forked.ask` sends; larger ones are not asked
@@ -310,21 +310,15 @@ class _Child:
         return True
 
 
-class _Apart:
+class _Apart(Caches):
     """The tables served work runs with: `SEPARATE` ones of its own, the rest those of `base`."""
 
-    def __init__(self, base):
-        from engine.memo import Caches
-
-        self.own, self.base = Caches("served"), base
+    def __init__(self, base: Caches):
+        super().__init__("served")
+        self.base = base
 
     def memo(self, name: str, limit: int):
-        return (self.own if name in SEPARATE else self.base).memo(name, limit)
-
-    def active(self):
-        from engine.memo import Caches
-
-        return Caches.active(self)
+        return super().memo(name, limit) if name in SEPARATE else self.base.memo(name, limit)
 
 
 def _merge(added: Mapping[str, list], tables: Mapping[str, int]) -> None:

@@ -429,6 +429,19 @@ def _under(sched: GroupSchedule, bound: float) -> GroupSchedule:
     return sched
 
 
+def under_tighter(sched: GroupSchedule, wider: float, bound: float) -> GroupSchedule | None:
+    """A bounded search's answer under `bound` from its answer `sched` under `wider` (≥ `bound`), as
+    `search_group` gives it (a forked child's search for the walk, `build.SearchAhead`): a found schedule is the
+    unbounded one wherever it models under its bound, so `_under` it; nothing under `wider` is nothing under
+    `bound`; a refusal: None (under `bound` the search may cut a candidate the wider bound did not, and then
+    words it as nothing under the bound)."""
+    if sched.violations:
+        return None
+    if bound >= wider:
+        return sched
+    return _above(bound) if sched.above else _under(sched, bound)
+
+
 def _exact_under(graph, stages, conns, chosen: list[Tile], device: Device, segs, local: dict, bound: float) -> bool:
     """Whether `chosen` (the best a bounded pass tried) is valid and its exact cost, as `search_group`
     reports it, models at or under `bound`."""

@@ -283,7 +283,7 @@ def test_an_answer_under_a_wider_bound_is_the_search_under_the_tighter_one(model
     from engine.frontend.importer import load_graph
     from engine.schedule import build
     from engine.schedule.policies.welder import welder_fallback, welder_levels
-    from engine.schedule.tiles import search_group
+    from engine.schedule.tiles import search_group, under_tighter
 
     graph, device = load_graph(ROOT / "samples" / f"{model}.onnx"), get_device("host")
     recorder = _Recorder()
@@ -296,7 +296,7 @@ def test_an_answer_under_a_wider_bound_is_the_search_under_the_tighter_one(model
             wide = search_group(graph, stages, trial, device, "welder", fixed, k=1, bound=limit)
         with Caches("own").active():
             own = search_group(graph, stages, trial, device, "welder", fixed, k=1, bound=bound)
-        got = build.under_tighter(wide, limit, bound)
+        got = under_tighter(wide, limit, bound)
         if got is None:
             assert wide.violations
             continue
