@@ -100,13 +100,67 @@ def _segment_work(graph: PrimGraph, members: set, seg: Sequence[str], conns: Map
     # rate, the rest at the faster of the two. The kernel IR counts at least `maths` math flops and at least
     # `other` flops in all, so with the math rate the slower this stays under the model's charge whatever the
     # IR adds to either; where the probe found the math rate the faster (or one rate), all go at the faster.
+    compute = compute_seconds(device, macs, other, maths)
+    return dram + written, glob * per_block, compute * per_block, (macs + other) * per_block, regions
+
+
+def compute_seconds(device: Device, macs: float, other: float, maths: float) -> float:
+    """Seconds under what the model charges for `macs` contraction flops and `other` flops of which `maths` are
+    math ops (`work_floor`'s counts): the multiply-adds at the fastest rate the device has, the rest as
+    `_segment_work` explains."""
     math_rate = device.elementwise_flops or device.peak_fp32_flops
     elementwise = max(math_rate, device.plain_flops)
     fastest = max(device.peak_fp32_flops, elementwise, device.peak_tf32_tensor_flops,
                   device.peak_fp16_tensor_flops if f16_mma(device) or bf16_mma(device) else 0.0)
-    compute = macs / fastest + (other / elementwise if elementwise == math_rate else
-                                (other - maths) / elementwise + maths / math_rate)
-    return dram + written, glob * per_block, compute * per_block, (macs + other) * per_block, regions
+    return macs / fastest + (other / elementwise if elementwise == math_rate else
+                             (other - maths) / elementwise + maths / math_rate)
+
+
+def whole_work_floor(graph: PrimGraph, part: Sequence[str]) -> tuple[float, float]:
+    """(flops, math flops among them) the kernel IR of ANY kernels computing the stages of `part` counts at
+    least, no contraction among them and none outside `part` reading one of them but through global memory
+    (`welder._between_floor`'s connected parts: a kernel never spans two). A stage the model outputs or a
+    stage outside the part reads is stored whole, so computed on every element; a stage a stage so computed
+    reads whole through a box load is computed on every element too (stored and loaded, or inlined and
+    evaluated where read). Each such stage's operations count as `work_floor` counts an inlined stage's on its
+    whole box — once per binding of their free variables — a GEMM-like sum per term; an operation another stage
+    of the part has too, indices aside, not at all (the printer may share one value)."""
+    members = set(part)
+    order = sorted(part, key=stage_order(graph).__getitem__)
+    whole = {s: tuple((0, n) for n in graph.stage(s).shape) for s in order}
+    needed = {s for s in order if s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ()))}
+    for c in reversed(order):  # consumers before their producers
+        if c not in needed:
+            continue
+        st = graph.stage(c)
+        for t, index in box_loads(st):
+            if t in members and t not in needed and _project(st, whole[c], index) == whole[t]:
+                needed.add(t)
+    seen: dict = {}
+    for s in order:
+        for k in {op[0] for op in body_nodes(graph.stage(s))[0]}:
+            seen[k] = seen.get(k, 0) + 1
+    other = maths = 0.0
+    for s in order:
+        if s not in needed:
+            continue
+        st = graph.stage(s)
+        if st.kind == StageKind.CONTRACTION:
+            raise ValueError(f"whole_work_floor: {s} is a contraction")
+        elems = math.prod(graph.stage(s).shape)
+        if _gemm_like(st):
+            other += elems * st.reduce_size
+            continue
+        ops = [(flops, v, math_op) for k, flops, v, math_op in body_nodes(st)[0] if seen[k] == 1]
+        if st.reduce:  # the combine, once per term of every distinct row the body reads
+            nodes = body_nodes(st)
+            used = frozenset().union(*(v for _, v in nodes[1]), *(v for _, _, v, _ in nodes[0]))
+            ops.append((1, frozenset(f"r{k}" for k in range(len(st.reduce))) | {v for v in used if v[0] == "i"}, False))
+        for flops, v, math_op in ops:
+            n = flops * _extent(st, whole[s], v)
+            other += n
+            maths += n if math_op else 0.0
+    return other, maths
 
 
 def _segment_floor(device: Device, tile: Tile, most: int, dram: float, glob: float, compute: float,

@@ -154,10 +154,10 @@ def stitch_floor(graph: PrimGraph, device: Device) -> float:
     another stage touches warm in L2 (the plan's L2 residency can only make fewer of them warm; an input no
     other kernel touches is cold), on a CPU exactly as the plan costs it (no residency there). Its other
     kernels are each at least a launch, one per connected part of the stages between contractions at least,
-    and together store every such stage a contraction reads or the model outputs — to DRAM (unless a CPU's
-    last-level cache holds the model) and, on a CPU, where memory levels add up, through L2 too
-    (`_between_floor`). On a100 it rules the stitch plan out on 11 of 12 zoo models, all but lstm; on the
-    host on bert12, nerf and lstm (benchmarks/NOTES.md stitchfloor, hoststitchfloor)."""
+    and together store every such stage a contraction reads or the model outputs and compute what those
+    stores need (`_between_floor`). On a100 it rules the stitch plan out on 13 of 14 zoo models, all but lstm;
+    on the host (two threads) on 11 of 14, all but resnet, swin and unet, and on bert12 (benchmarks/NOTES.md
+    stitchfloor, hoststitchfloor, betweencompute)."""
     from engine.schedule.build import _coarsened
     from engine.schedule.plan import Group
 
@@ -184,23 +184,34 @@ def stitch_floor(graph: PrimGraph, device: Device) -> float:
 
 def _between_floor(graph: PrimGraph, device: Device) -> float:
     """µs the stitch plan's kernels of the stages between contractions model at least: a launch per connected
-    part of those stages (a kernel never spans two: it would hold an edge that touches a contraction), and
-    the stores of every such stage a contraction reads or the model outputs (`cost._write_dram` stores each
-    once, whatever the kernel: over DRAM's bandwidth unless a CPU's last-level cache holds the model; on a CPU,
-    whose memory terms add up, over L2's as well, as every global store is counted there)."""
+    part of those stages (a kernel never spans two: it would hold an edge that touches a contraction), and the
+    larger of two floors over all of them — the stores of every such stage a contraction reads or the model
+    outputs (`cost._write_dram` stores each once, whatever the kernel: over DRAM's bandwidth unless a CPU's
+    last-level cache holds the model; on a CPU, whose memory terms add up, over L2's as well, as every global
+    store is counted there) and the arithmetic any kernels computing them count at least
+    (`floor.whole_work_floor`) at the model's rates. Each kernel segment models at least the larger of its
+    memory and arithmetic terms (a CPU adds its memory levels, a GPU takes the busiest), so the kernels
+    together at least the larger of the sums. The arithmetic floor is what rules the stitch plan out on the
+    host where its elementwise and normalisation kernels are most of what it adds (zoo swin: 14.6 us of
+    stores against 198.0 modeled between its contractions; benchmarks/NOTES.md betweencompute)."""
     from engine.schedule.cost import _in_llc, nbytes
+    from engine.schedule.floor import compute_seconds, whole_work_floor
 
     between = {s.name for s in graph.stages if s.kind != StageKind.CONTRACTION}
     if not between:
         return 0.0
     joined = {(p, c): Conn.REGISTER for p, c in graph.edges if p in between and c in between}
-    parts = sum(1 for comp in components(graph, joined) if comp[0] in between)
+    parts = [comp for comp in components(graph, joined) if comp[0] in between]
     stored = sum(nbytes(graph, s) for s in between
                  if s in graph.outputs or any(c not in between for c in graph.consumers.get(s, ())))
     memory = 0.0 if _in_llc(graph, device) else stored / device.dram_bw_bytes_per_s
     if device.kind == "cpu":
         memory += stored / device.l2_bw_bytes_per_s
-    return parts * device.launch_overhead_s * 1e6 + memory * 1e6
+    work = [whole_work_floor(graph, comp) for comp in parts]
+    compute = compute_seconds(device, 0.0, sum(w[0] for w in work), sum(w[1] for w in work))
+    # Less 1e-4 us a part: the plan rounds each kernel's figure to 1e-4 us, and where the arithmetic floor is the
+    # whole of a kernel's time (sample gelu_chain on the host) the rounding may take it under the floor's sum.
+    return len(parts) * (device.launch_overhead_s * 1e6 - 1e-4) + max(memory, compute) * 1e6
 
 
 def at_least_stitch(graph: PrimGraph, device: Device, options: dict, plan: Plan, started: float,
@@ -224,8 +235,8 @@ def at_least_stitch(graph: PrimGraph, device: Device, options: dict, plan: Plan,
         if beside is not None:
             beside.close()
         why = (f"welder: the walk's plan models {plan.modeled_us:.1f} us, the stitch policy's at least {least:.1f} us "
-               f"(its contraction kernels, the launches and stores between them): the walk's kept (the stitch plan, "
-               f"not {WALK_MARGIN:.0%} faster, not made)")
+               f"(its contraction kernels, the launches, stores and arithmetic between them): the walk's kept (the "
+               f"stitch plan, not {WALK_MARGIN:.0%} faster, not made)")
         return dataclasses.replace(plan, decisions=(why,) + plan.decisions,
                                    schedule_seconds=round(time.perf_counter() - started, 4))
     other = beside.result() if beside is not None else None

@@ -185,10 +185,10 @@ def _plan(model: Path, device: str, fork: str) -> tuple[str, str]:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a child is forked only with a core to spare")
-@pytest.mark.parametrize("name", ["gpt2", "convnext"])
+@pytest.mark.parametrize("name", ["resnet", "swin"])
 def test_the_forked_stitch_plan_is_the_in_process_one(name):
-    """Zoo gpt2 and convnext on host: the walk's plan is held against a stitch plan the floor does not rule out,
-    so the child's plan is taken (convnext's child warms the later half's searches first); the welder plan
+    """Zoo resnet and swin on host: the walk's plan is held against a stitch plan the floor does not rule out,
+    so the child's plan is taken (swin's child warms the later half's searches first); the welder plan
     (decisions, groups, tiles, costs, every edge's reason) is the one made without a fork."""
     model = ROOT / "samples" / "zoo" / f"{name}.onnx"
     forked, log = _plan(model, "host", "on")
