@@ -34,7 +34,7 @@ from engine.schedule.validate import (
     refused_early,
     refused_whatever_tiles,
 )
-from engine.tilegraph.tilegraph import segment_sinks, segments_of, tile_counts
+from engine.tilegraph.tilegraph import _per_graph, segment_sinks, segments_of, tile_counts
 
 TOP_K = 6
 _POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -615,23 +615,45 @@ def _group_signature(graph: PrimGraph, stages: Sequence[str], conns: Mapping) ->
     its internal connections, and which stages are also read outside (their writes cost traffic)."""
     names = canonical_names(graph, stages)
     members = set(stages)
+    texts = _per_graph("tiles.signature_texts", graph, dict)  # what each stage's part is made of, once a graph
     parts: list[str] = []
     read: set[str] = set()
     for s in stages:
-        st = graph.stage(s)
-        for t in st.inputs:
+        got = texts.get(s)
+        if got is None:
+            got = texts[s] = _stage_text(graph, s)
+        inputs, fixed, pieces, is_output, consumers = got
+        for t in inputs:
             if t not in members and t not in read:
                 read.add(t)
-                spec = graph.specs[t]
-                parts.append(f"{names[t]}:{spec.shape}:{spec.dtype.value}")
-        outside = s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ()))
-        parts.append(f"{names[s]}|{st.kind.value}|{st.shape}|{st.dtype.value}|{st.reduce}|{st.combine}|"
-                     f"{outside}|{_MARK.sub(lambda m: names.get(m[1], m[1]), _body_template(st))}")
+                spec = texts.get(("spec", t))
+                if spec is None:
+                    spec = texts[("spec", t)] = _spec_text(graph, t)
+                parts.append(names[t] + spec)
+        outside = is_output or any(c not in members for c in consumers)
+        body = "".join([p if k % 2 == 0 else names.get(p, p) for k, p in enumerate(pieces)])
+        parts.append(f"{names[s]}{fixed}{outside}|{body}")
     for p in stages:
-        for c in graph.consumers.get(p, ()):
+        for c in texts[p][4]:
             if c in members:
                 parts.append(f"{names[p]}>{names[c]}={conns.get((p, c), 'kernel')}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def _stage_text(graph: PrimGraph, name: str) -> tuple:
+    """What `_group_signature` makes a stage's part of: its inputs, the text naming no tensor
+    ("|kind|shape|dtype|reduce|combine|"), its body template split at the markers (text, tensor, text, ...:
+    `_MARK.split`, filled with a group's naming instead of running the pattern over the body), whether the model
+    outputs it and its consumers."""
+    st = graph.stage(name)
+    fixed = f"|{st.kind.value}|{st.shape}|{st.dtype.value}|{st.reduce}|{st.combine}|"
+    return (st.inputs, fixed, tuple(_MARK.split(_body_template(st))), name in graph.outputs,
+            tuple(graph.consumers.get(name, ())))
+
+
+def _spec_text(graph: PrimGraph, tensor: str) -> str:
+    spec = graph.specs[tensor]
+    return f":{spec.shape}:{spec.dtype.value}"
 
 
 _MARK = re.compile("\x00([^\x01]*)\x01")
