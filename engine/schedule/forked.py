@@ -66,7 +66,8 @@ class Forked:
     as the caller's own search would, whenever they arrive).
 
     Requests (`serve`: request -> value): `ask(rid, request)` sends one; the child answers the newest it has when
-    it reaches `serve_point()` (the walk calls it before each edge) or is done with `fn`, and only while the
+    it reaches `serve_point()` (the walk calls it before each edge, a tile search's pass before each candidate it
+    costs; none inside a served request) or is done with `fn`, and only while the
     caller still wants it. `answer(rid)` gives the value where it came, waits where the child is at it, and
     otherwise gives None (the caller does it itself; the child will not start it). Served work runs with its
     own `SEPARATE` tables (the search answers; the pure tables below them are shared), so it never changes what
@@ -300,12 +301,16 @@ class _Child:
         if parent._get(0) != rid:
             return True  # taken over by the caller
         parent._set(8, rid)
-        with self.apart.active():
-            try:
-                reply = (rid, "ok", self.serve(request))
-            except BaseException as exc:  # noqa: BLE001 -- the caller searches in-process
-                reply = (rid, "error", f"{type(exc).__name__}: {exc}")
-            added = self._added(self.served, self.safe)
+        self.serving = False  # a serve point inside the served search answers nothing (no request in a request)
+        try:
+            with self.apart.active():
+                try:
+                    reply = (rid, "ok", self.serve(request))
+                except BaseException as exc:  # noqa: BLE001 -- the caller searches in-process
+                    reply = (rid, "error", f"{type(exc).__name__}: {exc}")
+                added = self._added(self.served, self.safe)
+        finally:
+            self.serving = True
         _send(self.res, ("served",) + reply + (added,))
         return True
 

@@ -25,6 +25,7 @@ from engine.ir.graph import PrimGraph, Stage, StageKind
 from engine.memo import memo
 from engine.schedule.cost import estimate_group, whole_graph_facts
 from engine.schedule.floor import floor_us, score_floor
+from engine.schedule.forked import serve_point
 from engine.schedule.plan import Candidate, GroupCost, Tile
 from engine.schedule.validate import (
     Violation,
@@ -485,6 +486,7 @@ def _search_pass(graph, stages, conns, device: Device, k: int, segs, pools, chos
         scores = [score_floor(trial, device, local) for trial in trials] if len(pool) > 1 else [0.0]
         scored = []
         for i in sorted(range(len(pool)), key=lambda i: (floors[i], scores[i])):
+            serve_point()
             if floors[i] > _kth_best(scored, k) + _FLOOR_SLACK:
                 break
             if floors[i] * _fill(graph, pool[i]) > bound + _FLOOR_SLACK:

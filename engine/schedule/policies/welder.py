@@ -89,8 +89,9 @@ def _beside(graph: PrimGraph, device: Device, options: dict, split: int):
       are hits; without, searches each stage alone, in the walk's order, and shares each answer at once (the
       walk asks for every group apart before it merges it);
     - plans the stitch plan `at_least_stitch` may hold the walk's against, and sends that;
-    and before each of its own edges and searches (and once done) answers the walk's requests: the search of
-    an edge's second level, which the walk asks for before it tries the first (`build.SearchAhead`)."""
+    and before each of its own edges and searches, before each candidate its searches cost (`tiles._search_pass`)
+    and once done, answers the walk's requests: the search of an edge's second level, which the walk asks for
+    before it tries the first (`build.SearchAhead`)."""
     from engine.schedule.build import serve_searches
     from engine.schedule.forked import MIN_STAGES, Forked, can_fork, serve_point, unserved
     from engine.schedule.policies.stitch import plan_stitch

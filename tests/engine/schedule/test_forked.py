@@ -90,6 +90,48 @@ def test_requests_are_answered_newest_first_while_wanted():
         child.close()
 
 
+def test_a_search_pass_in_the_child_answers_requests_but_not_inside_one():
+    """A tile search's pass has a serve point per candidate: a child busy with long searches (the stitch plan)
+    answers the walk's requests between candidates, not only between edges — and a serve point reached inside
+    a served search answers nothing (no request within a request)."""
+    from engine.device import get_device
+    from engine.frontend.importer import load_graph
+    from engine.schedule import forked
+    from engine.schedule.plan import Conn
+    from engine.schedule.tiles import search_group
+
+    graph, dev = load_graph(ROOT / "samples" / "bert_layer.onnx"), get_device("a100")
+    stages = [s.name for s in graph.stages[:6]]
+    conns = {e: Conn.REGISTER for e in graph.edges if e[0] in stages and e[1] in stages}
+    nested: list = []
+
+    def serve(request):
+        if request == 41:
+            time.sleep(0.3)  # the caller's next request comes meanwhile
+        before = forked._SERVING.version
+        forked.serve_point()  # inside a served request: must not read (and serve) the next one
+        nested.append(forked._SERVING.version != before)
+        return request + 1, any(nested)
+
+    def work(send):
+        time.sleep(0.3)  # the caller's request is in the slot by then
+        with Caches("pass").active():  # a cold search: its passes reach their serve points
+            search_group(graph, stages, conns, dev, "welder", k=1)
+        send(forked._SERVING.version)  # the slot's version the child last read, before its work ended
+
+    child = Forked(work, serve=serve)
+    try:
+        child.ask(1, 41)
+        while child._get(8) != 1:  # the child is at request 1 (inside its search's pass)
+            time.sleep(0.01)
+        child.ask(2, 9)  # while request 1 is served (the caller asks one at a time: this is the next one)
+        assert child.answer(2, wait=True) == (10, False)
+        assert child.answer(1) == (42, False)  # came first; request 2 was not served inside it
+        assert child.result() > 0  # both read inside the search, not after the work
+    finally:
+        child.close()
+
+
 def test_a_failed_request_or_child_gives_none():
     """A request whose work raises is answered None (the caller searches itself) and the child goes on answering;
     a child that dies answers None from then on, without the caller waiting."""
