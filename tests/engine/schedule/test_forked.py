@@ -114,7 +114,8 @@ def test_a_search_pass_in_the_child_answers_requests_but_not_inside_one():
         return request + 1, any(nested)
 
     def work(send):
-        time.sleep(0.3)  # the caller's request is in the slot by then
+        while forked._SERVING.parent._get(0) != 1:  # the caller's request is in the slot before the search starts
+            time.sleep(0.01)
         with Caches("pass").active():  # a cold search: its passes reach their serve points
             search_group(graph, stages, conns, dev, "welder", k=1)
         send(forked._SERVING.version)  # the slot's version the child last read, before its work ended
