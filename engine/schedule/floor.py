@@ -136,10 +136,7 @@ def whole_work_floor(graph: PrimGraph, part: Sequence[str]) -> tuple[float, floa
         for t, index in box_loads(st):
             if t in members and t not in needed and _project(st, whole[c], index) == whole[t]:
                 needed.add(t)
-    seen: dict = {}
-    for s in order:
-        for k in {op[0] for op in body_nodes(graph.stage(s))[0]}:
-            seen[k] = seen.get(k, 0) + 1
+    seen = _op_counts({s: body_nodes(graph.stage(s)) for s in order})
     other = maths = 0.0
     for s in order:
         if s not in needed:
@@ -151,12 +148,7 @@ def whole_work_floor(graph: PrimGraph, part: Sequence[str]) -> tuple[float, floa
         if _gemm_like(st):
             other += elems * st.reduce_size
             continue
-        ops = [(flops, v, math_op) for k, flops, v, math_op in body_nodes(st)[0] if seen[k] == 1]
-        if st.reduce:  # the combine, once per term of every distinct row the body reads
-            nodes = body_nodes(st)
-            used = frozenset().union(*(v for _, v in nodes[1]), *(v for _, _, v, _ in nodes[0]))
-            ops.append((1, frozenset(f"r{k}" for k in range(len(st.reduce))) | {v for v in used if v[0] == "i"}, False))
-        for flops, v, math_op in ops:
+        for flops, v, math_op in _own_ops(st, body_nodes(st), seen):
             n = flops * _extent(st, whole[s], v)
             other += n
             maths += n if math_op else 0.0
@@ -409,10 +401,7 @@ def _make_recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, ancho
     nodes = {s: body_nodes(graph.stage(s)) for s in names}
     # Inlined, a stage's loads and operations take its consumer's indices: two stages' nodes that differ
     # only in their indices may become one value. Only what no other stage has, indices aside, counts.
-    seen: dict = {}
-    for s in names:
-        for k in {op[0] for op in nodes[s][0]}:
-            seen[k] = seen.get(k, 0) + 1
+    seen = _op_counts(nodes)
     readers: dict[str, int] = {}
     for s in names:
         for t in {n.tensor for n in E.walk(graph.stage(s).body) if isinstance(n, E.Load)}:
@@ -428,14 +417,31 @@ def _make_recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, ancho
             stages.append((s, st, outside, mac if st.kind == StageKind.CONTRACTION else 0.0,
                            0.0 if st.kind == StageKind.CONTRACTION else mac, (), ()))
             continue
-        ops = tuple((flops, v, math_op) for k, flops, v, math_op in nodes[s][0] if seen[k] == 1)
-        if st.reduce:  # the combine, once per term of every distinct row the body reads
-            used = frozenset().union(*(v for _, v in nodes[s][1]), *(v for _, _, v, _ in nodes[s][0]))
-            ops += ((1, frozenset(f"r{k}" for k in range(len(st.reduce))) | {v for v in used if v[0] == "i"}, False),)
+        ops = _own_ops(st, nodes[s], seen)
         loads = tuple((t, v) for t, v in nodes[s][1] if t not in members and readers.get(t) == 1)
         stages.append((s, st, outside, 0.0, 0.0, ops, loads))
     own = frozenset(s for s, reads in order if reads is None)
     return _Recipe(tuple(order), tuple(stages), graph.stage(anchor).dtype.itemsize, own)
+
+
+def _op_counts(nodes: Mapping[str, tuple]) -> dict:
+    """Index-erased operation -> how many of the stages (stage -> `body_nodes`) have it."""
+    seen: dict = {}
+    for ops, _ in nodes.values():
+        for k in {op[0] for op in ops}:
+            seen[k] = seen.get(k, 0) + 1
+    return seen
+
+
+def _own_ops(st: Stage, nodes: tuple, seen: Mapping) -> tuple:
+    """(flops, free variables, math op) of each operation of `st` (its `body_nodes`) that no other stage has,
+    indices aside (`seen`: `_op_counts`; inlined, the printer may share one value), and of a reduction's
+    combine, once per term of every distinct row the body reads."""
+    ops = tuple((flops, v, math_op) for k, flops, v, math_op in nodes[0] if seen[k] == 1)
+    if st.reduce:
+        used = frozenset().union(*(v for _, v in nodes[1]), *(v for _, _, v, _ in nodes[0]))
+        ops += ((1, frozenset(f"r{k}" for k in range(len(st.reduce))) | {v for v in used if v[0] == "i"}, False),)
+    return ops
 
 
 def _erased(e: E.Expr) -> tuple:
