@@ -39,7 +39,7 @@ def conv_of(p: Phase, contraction: tuple | None, factors, threads: int) -> Conv 
     if contraction is None or factors is None or region.flat or region.rank != 4 or region.extent[0] != 1 \
             or not p.dtype.is_float:
         return None
-    form = memo("conv.forms", 20000).lookup((contraction, factors), lambda: _window_form(contraction, factors))
+    form = conv_form(contraction, factors)
     if form is None:
         return None
     x, w, target, chan_vars, ext, tap_vars, taps, strides, dils, depthwise = form
@@ -68,6 +68,13 @@ def conv_of(p: Phase, contraction: tuple | None, factors, threads: int) -> Conv 
     if 4 * (conv.a_elems + conv.b_elems) > STAGE_BYTES:
         return None
     return conv
+
+
+def conv_form(contraction: tuple, factors) -> tuple | None:
+    """`_window_form`, memoised (None also where the body is no product of two factors)."""
+    if factors is None:
+        return None
+    return memo("conv.forms", 20000).lookup((contraction, factors), lambda: _window_form(contraction, factors))
 
 
 def _window_form(contraction: tuple, factors) -> tuple | None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
-from engine.codegen.conv import conv_dot_products, conv_of
+from engine.codegen.conv import conv_dot_products, conv_form, conv_of
 from engine.codegen.ctarget import c_decisions, c_lanes
 from engine.codegen.kexpr import (
     Guard,
@@ -324,13 +324,8 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroB
     region = p.region
     if region.flat or region.rank < 2 or not p.dtype.is_float:
         return None
-    wide = [d for d in range(region.rank - 2) if region.extent[d] != 1]
-    rows = region.rank - 1 - wide[0] if wide else 1  # axes wide[0] .. rank-2 flattened into the rows
-    # Which factor is A and which B depends on the phase's body and the axes alone, not on the tile: the
-    # tile search asks for it once per candidate tile. Keyed per model, as the bodies are (`_resolve`): the
-    # factors come back as objects of the first body, and the work count memoises per object.
-    key = (graph.structural_hash, p.body, graph.stage(p.stage).kind, p.combine, p.reduce, region.rank, rows)
-    operands = memo("generate.gemm_operands", 20000).lookup(key, lambda: _gemm_operands(p, graph, region.rank, rows))
+    rows = gemm_rows(region.extent)
+    operands = _operands_at(p, graph, region.rank, rows)
     if operands is None:
         return None
     target, names, extents, a, b = operands
@@ -345,6 +340,46 @@ def _gemm_of(p: Phase, graph: PrimGraph, threads: int, step: int, budget: MicroB
     if 4 * bk * (ty * tm + tx * tn) > budget.stage_bytes:
         return None
     return Gemm(a, b, target, tuple(names), tuple(extents), bm, bn, bk, tm, tn, tx, ty, rows)
+
+
+def gemm_rows(extent: Sequence[int]) -> int:
+    """How many axes `_gemm_of` flattens into a GEMM's rows over a region of `extent`: from the first axis
+    wider than one before the last two (one where every such axis is one wide) to the one before the last."""
+    wide = [d for d in range(len(extent) - 2) if extent[d] != 1]
+    return len(extent) - 1 - wide[0] if wide else 1
+
+
+def _operands_at(p: Phase, graph: PrimGraph, rank: int, rows: int) -> tuple | None:
+    """`_gemm_operands`, memoised. Which factor is A and which B depends on the phase's body and the axes
+    alone, not on the tile: the tile search asks for it once per candidate tile. Keyed per model, as the
+    bodies are (`_resolve`): the factors come back as objects of the first body, and the work count
+    memoises per object."""
+    key = (graph.structural_hash, p.body, graph.stage(p.stage).kind, p.combine, p.reduce, rank, rows)
+    return memo("generate.gemm_operands", 20000).lookup(key, lambda: _gemm_operands(p, graph, rank, rows))
+
+
+def may_tile(graph: PrimGraph, stage: str, body: E.Expr, extent: Sequence[int]) -> bool:
+    """Whether a phase computing `stage` with the resolved `body` (`resolved_body`) over a box region of
+    `extent` may run its sum of products as a tiled GEMM (`_gemm_of`) or a direct convolution (`_map_conv`)
+    under some block and k step. False where its dtype, the region's rank and one-wide axes and the body
+    alone rule both out: the kernel IR then counts its multiply-adds as per-element flops, which the cost
+    model's floor charges at a per-element rate (engine/schedule/floor.py `work_floor`)."""
+    st = graph.stage(stage)
+    if not st.dtype.is_float or len(extent) < 2:
+        return False
+    p = Phase(stage, st.dtype, body, None, (), st.reduce, st.combine)
+    if _operands_at(p, graph, len(extent), gemm_rows(extent)) is not None:
+        return True
+    if len(extent) != 4 or extent[0] != 1:
+        return False
+    found = _contraction_of(p, graph, repeated=True)
+    return found is not None and conv_form(found, _factors(found[1])) is not None
+
+
+def resolved_body(graph: PrimGraph, stage: str, inline: set[str], buffered: Collection[str]) -> E.Expr:
+    """The body a phase of `stage` computes in a segment whose stages in `inline` are inlined and in
+    `buffered` kept in block buffers (`_build_segment`'s `_resolve`, from the same memo)."""
+    return _resolve(graph.stage(stage), graph, inline, {t: f"s_{_ident(t)}" for t in buffered}, {})
 
 
 def micro_tile(bm: int, bn: int, threads: int) -> tuple[int, int, int, int]:

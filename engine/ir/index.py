@@ -510,3 +510,32 @@ def _rename_atom(atom: Atom, old: str, new: str) -> Lin:
 
 
 hash_once(Var, FloorDiv, Mod, Min, Max, Abs, Indirect, Lin)
+
+
+def evaluate(e: Lin, env: dict) -> object:
+    """`e`'s value at every point of `env` (variable name -> integer numpy array, all of one shape), with
+    Python's floor division and modulo; an index read through a tensor (Indirect) has no value here."""
+    import numpy as np
+
+    out = np.full(np.shape(next(iter(env.values()))) if env else (), e.const, dtype=np.int64)
+    for atom, k in e.terms:
+        out = out + k * _evaluate_atom(atom, env)
+    return out
+
+
+def _evaluate_atom(atom: Atom, env: dict) -> object:
+    import numpy as np
+
+    if isinstance(atom, Var):
+        return env[atom.name]
+    if isinstance(atom, FloorDiv):
+        return np.floor_divide(evaluate(atom.x, env), atom.k)
+    if isinstance(atom, Mod):
+        return np.mod(evaluate(atom.x, env), atom.k)
+    if isinstance(atom, Min):
+        return np.minimum(evaluate(atom.a, env), evaluate(atom.b, env))
+    if isinstance(atom, Max):
+        return np.maximum(evaluate(atom.a, env), evaluate(atom.b, env))
+    if isinstance(atom, Abs):
+        return np.abs(evaluate(atom.x, env))
+    raise ValueError(f"index {atom} reads a tensor: no value without it")

@@ -31,10 +31,12 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
     phase left out) and the global loads and stores its kernel IR must count at least (`work_floor`),
     each over its bandwidth and slowed by the latency efficiency of the warps an SM would hold, bounded
     as `estimate_group` bounds its terms, times that residency's wave quantisation — the least over
-    every residency the block size allows — plus the launch and the grid barriers (none on a CPU of several
-    threads, where two serial segments in a row have none: `cost.serial_on`). `local`: the tile search's
-    memo (its connections and segments are fixed), for the per-segment bytes."""
-    barriers = 0 if device.kind == "cpu" and device.sm_count > 1 else len(segs) - 1
+    every residency the block size allows — plus the launch and the grid barriers (on a CPU of several
+    threads, where two serial segments in a row have none — `cost.serial_on` — those next to a segment the
+    C target certainly splits over its threads: `surely_parallel`). `local`: the tile search's memo (its
+    connections and segments are fixed), for the per-segment bytes."""
+    serial_cpu = device.kind == "cpu" and device.sm_count > 1
+    barriers = 0 if serial_cpu else len(segs) - 1
     total = device.launch_overhead_s * 1e6 + barriers * device.grid_barrier_s * 1e6
     local = {} if local is None else local
     shared = local.get(("floor-group",))
@@ -46,8 +48,9 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
     members, in_llc, written = shared
     # Registers and shared memory only lower the blocks an SM holds: the thread count bounds them.
     most = max(1, resident_blocks_per_sm(device, max(t.threads for t in tiles), 0, 0)[0])
-    # The C target runs a lone segment under ctarget.SERIAL_WORK element-steps on one thread (`cost.serial_on`).
-    alone = device.kind == "cpu" and device.sm_count > 1 and len(segs) == 1
+    # The C target runs a segment under ctarget.SERIAL_WORK element-steps on one thread, and the model charges
+    # each segment of a kernel so that its own kernel would run (`cost.serial_on` of `segment_use`'s build).
+    parallel = []
     for k, (seg, tile) in enumerate(zip(segs, tiles)):
         fkey = ("floor-work", k, tile.stage, tile.shape, tile.blocks, tile.row_split)
         got = local.get(fkey)
@@ -64,10 +67,29 @@ def floor_us(graph: PrimGraph, stages: Sequence[str], conns: Mapping, tiles: Seq
         bkey = (fkey, tile.threads, most)  # a segment's floor at one residency bound, reused across trials
         best = local.get(bkey)
         if best is None:
-            serial = alone and serial_for_sure(graph, seg, conns, tile, got[4])
+            serial = serial_cpu and serial_for_sure(graph, seg, conns, tile, got[4])
             best = local[bkey] = _segment_floor(device, tile, most, *got[:3], serial=serial)
         total += best
+        if serial_cpu and len(segs) > 1:
+            parallel.append(surely_parallel(graph, tile, got[4]))
+    if parallel:
+        total += sum(parallel[k] or parallel[k + 1] for k in range(len(segs) - 1)) * device.grid_barrier_s * 1e6
     return total
+
+
+def surely_parallel(graph: PrimGraph, tile: Tile, regions: GroupRegions) -> bool:
+    """Whether the C target splits a segment anchored by `tile` over a CPU's threads whatever kernel IR
+    generate builds for it: its anchor's phase alone, its box of `regions` per tile times the anchor's
+    reduction, over the tiles, is ctarget.SERIAL_WORK element-steps or more (`ctarget.segment_work` counts at
+    least that; rows split across blocks: no claim)."""
+    from engine.codegen.ctarget import SERIAL_WORK
+
+    anchor = graph.stage(tile.stage)
+    box = regions.stages.get(tile.stage)
+    if box is None or tile.row_split != 1:
+        return False
+    ntiles = math.prod(-(-n // t) for n, t in zip(anchor.shape, tile.shape))
+    return box_size(box) * math.prod(anchor.reduce) * ntiles >= SERIAL_WORK
 
 
 def score_floor(tiles: Sequence[Tile], device: Device, local: Mapping) -> float:
@@ -331,7 +353,8 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
     least as often."""
     recipe = _recipe(graph, segment, conns, regions.anchor)
     dense: dict[str, Box | None] = {}
-    for s, reads in recipe.order:  # consumers before their producers
+    count: dict[str, int] = {}  # an inlined stage no box load reaches: distinct elements computed at least
+    for s, reads, through in recipe.order:  # consumers before their producers
         if reads is None:
             dense[s] = regions.stages.get(s)
             continue
@@ -342,16 +365,48 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
                 if best is None or box_size(box) > box_size(best):
                     best = box
         dense[s] = best
+        if best is None and through:
+            # Read through a reshape, a roll, ...: as many distinct elements as its reader computes.
+            count[s] = max(box_size(dense[c]) if dense.get(c) is not None else count.get(c, 0) for c in through)
     most: dict[str, int] = {}
     macs = other = maths = 0.0
     for s, st, outside, mac, per_elem, ops, loads in recipe.stages:
         box = dense.get(s)
         if box is None:
+            n = count.get(s, 0)
+            if not n:
+                continue
+            # Computed (inlined) on n distinct elements, no box known: a node free in every axis of the stage
+            # longer than one is evaluated once per element at least, and a box load reading each such axis
+            # reads n distinct elements.
+            full = _full_axes(st)
+            if mac and _untiled(graph, recipe.hosts.get(s, ()), regions):
+                other += n * mac
+            else:
+                macs += n * mac
+            other += n * per_elem
+            for flops, v, math_op in ops:
+                if full <= v:
+                    e = flops * n * _extent(st, (), frozenset(x for x in v if x[0] == "r"))
+                    other += e
+                    maths += e if math_op else 0.0
+            for t, index in outside:
+                if full <= {d[0] for d in index if d is not None}:
+                    most[t] = max(most.get(t, 0), n)
+            each_n: dict[str, int] = {}
+            for t, v in loads:
+                if full <= v:
+                    each_n[t] = each_n.get(t, 0) + n * _extent(st, (), frozenset(x for x in v if x[0] == "r"))
+            for t, k in each_n.items():
+                most[t] = max(most.get(t, 0), k)
             continue
         for t, index in outside:
             most[t] = max(most.get(t, 0), box_size(_project(st, box, index)))
         elems = box_size(box)
-        macs += elems * mac
+        if mac and _untiled(graph, recipe.hosts.get(s, ()), regions):
+            other += elems * mac  # per-element flops: the per-element rate
+        else:
+            macs += elems * mac
         other += elems * per_elem
         # A stage in a phase of its own evaluates every node once per element of its region (per term where
         # the node depends on the reduce variables), an inlined one once per binding of the node's free
@@ -371,16 +426,32 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
             float(other), float(maths))
 
 
+def _untiled(graph: PrimGraph, hosts: tuple, regions: GroupRegions) -> bool:
+    """Whether every phase of `hosts` (`_Recipe.hosts`: a contraction's) computes it outside any tiled GEMM
+    or direct convolution, whatever the block (`generate.may_tile` at the phase's region)."""
+    from engine.codegen.generate import may_tile
+
+    for c, body in hosts:
+        box = regions.stages.get(c)
+        if box is None or may_tile(graph, c, body, tuple(hi - lo for lo, hi in box)):
+            return False
+    return bool(hosts)
+
+
 @dataclass(frozen=True)
 class _Recipe:
     """What `work_floor` needs of a segment besides its regions, worked out once per segment."""
 
-    order: tuple  # (stage, None when not inlined else ((consumer, its Stage, box load index), ...))
+    order: tuple  # (stage, None when not inlined else ((consumer, its Stage, box load index), ...),
+    #               consumers reading a distinct element of it per element of theirs: `reads_distinct`)
     stages: tuple  # (stage, Stage, ((outside tensor, box load index), ...), macs and flops per element,
     #                ((flops, free variables, math op) per distinct operation), ((outside tensor only it loads,
     #                free variables) per distinct load))
     store_itemsize: int
     own: frozenset  # stages computed in a phase of their own (not inlined)
+    # Per contraction: ((phase stage, its resolved body), ...) of the phases computing it (its own, or those
+    # of the stages it is inlined into, through inlined ones)
+    hosts: Mapping[str, tuple]
 
 
 def _recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str) -> _Recipe:
@@ -397,7 +468,8 @@ def _make_recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, ancho
         outside = s in graph.outputs or any(c not in members for c in graph.consumers.get(s, ()))
         inline = s != anchor and not outside and all(conns.get((s, c)) == Conn.REGISTER for c in cons[s])
         reads = tuple((c, graph.stage(c), index) for c in cons[s] for t, index in box_loads(graph.stage(c)) if t == s)
-        order.append((s, reads if inline else None))
+        through = tuple(c for c in cons[s] if inline and reads_distinct(graph, c, s))
+        order.append((s, reads if inline else None, through))
     nodes = {s: body_nodes(graph.stage(s)) for s in names}
     # Inlined, a stage's loads and operations take its consumer's indices: two stages' nodes that differ
     # only in their indices may become one value. Only what no other stage has, indices aside, counts.
@@ -420,8 +492,39 @@ def _make_recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, ancho
         ops = _own_ops(st, nodes[s], seen)
         loads = tuple((t, v) for t, v in nodes[s][1] if t not in members and readers.get(t) == 1)
         stages.append((s, st, outside, 0.0, 0.0, ops, loads))
-    own = frozenset(s for s, reads in order if reads is None)
-    return _Recipe(tuple(order), tuple(stages), graph.stage(anchor).dtype.itemsize, own)
+    own = frozenset(s for s, reads, _ in order if reads is None)
+    return _Recipe(tuple(order), tuple(stages), graph.stage(anchor).dtype.itemsize, own,
+                   _hosts(graph, names, cons, own))
+
+
+def _hosts(graph: PrimGraph, names: Sequence[str], cons: Mapping[str, list], own: frozenset) -> dict[str, tuple]:
+    """`_Recipe.hosts`: per contraction of the segment, the phases generate computes it in, each with the
+    body it resolves for that phase (the stages not in `own` inlined, the others with consumers in the
+    segment kept in block buffers)."""
+    from engine.codegen.generate import resolved_body
+
+    inline = set(names) - own
+    buffered = [s for s in names if s in own and cons[s]]
+    bodies: dict[str, E.Expr] = {}
+    out = {}
+    for s in names:
+        if graph.stage(s).kind != StageKind.CONTRACTION:
+            continue
+        found, todo, seen = [], [s], {s}
+        while todo:
+            x = todo.pop()
+            if x in own:
+                found.append(x)
+                continue
+            for c in cons[x]:
+                if c not in seen:
+                    seen.add(c)
+                    todo.append(c)
+        for c in found:
+            if c not in bodies:
+                bodies[c] = resolved_body(graph, c, inline, buffered)
+        out[s] = tuple((c, bodies[c]) for c in sorted(found))
+    return out
 
 
 def _op_counts(nodes: Mapping[str, tuple]) -> dict:
@@ -522,6 +625,61 @@ def _free(e: E.Expr, ops: dict, loads: dict, seen: dict, plain: bool) -> frozens
             ops[e] = out
     seen[(id(e), plain)] = out
     return out
+
+
+def _full_axes(stage: Stage) -> frozenset:
+    """The output variables of `stage`'s axes longer than one: a binding of them is an element."""
+    return frozenset(f"i{d}" for d, n in enumerate(stage.shape) if n > 1)
+
+
+DISTINCT_CHECK_LIMIT = 1 << 22  # elements of a reader whose index map is checked point by point
+
+
+def reads_distinct(graph: PrimGraph, reader: str, tensor: str) -> bool:
+    """Whether stage `reader` reads a distinct element of `tensor` for each element of its own: some load of
+    it outside any select's branches, unpadded, indexed by the output variables alone through a one-to-one
+    map of the reader's elements (a box load naming every axis longer than one, or — a reshape, a roll —
+    an index map checked point by point over the reader's whole shape, up to DISTINCT_CHECK_LIMIT
+    elements). Memoised per graph."""
+    key = (graph.structural_hash, reader, tensor)
+    return memo("floor.reads_distinct", 50000).lookup(key, lambda: _reads_distinct(graph.stage(reader), tensor))
+
+
+def _reads_distinct(st: Stage, tensor: str) -> bool:
+    import numpy as np
+
+    from engine.ir import index as I
+
+    full = _full_axes(st)
+    stack, loads = [st.body], []
+    while stack:
+        e = stack.pop()
+        if isinstance(e, E.Select):
+            stack.append(e.cond)
+        elif isinstance(e, E.Load):
+            if e.tensor == tensor and e.pad is None:
+                loads.append(e)
+        else:
+            stack.extend(_children(e))
+    for load in loads:
+        used = frozenset().union(*(ix.vars() for ix in load.index)) if load.index else frozenset()
+        if any(v[0] != "i" for v in used) or any(ix.indirect_tensors() for ix in load.index):
+            continue
+        index = _box_index(load)
+        if index is not None and full <= {d[0] for d in index if d is not None}:
+            return True
+        if not full <= used or math.prod(st.shape) > DISTINCT_CHECK_LIMIT:
+            continue
+        grid = np.indices(st.shape, dtype=np.int64).reshape(len(st.shape), -1)
+        env = {f"i{d}": grid[d] for d in range(len(st.shape))}
+        flat = np.zeros(grid.shape[1], dtype=np.int64)
+        for ix in load.index:  # any mixed radix: the extents the index takes
+            v = I.evaluate(ix, env)
+            lo, hi = int(v.min()), int(v.max())
+            flat = flat * (hi - lo + 1) + (v - lo)
+        if np.unique(flat).size == flat.size:
+            return True
+    return False
 
 
 def _evaluations(stage: Stage, box: Box, variables: frozenset, own: bool) -> int:

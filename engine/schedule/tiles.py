@@ -552,15 +552,22 @@ def _kth_best(scored: list, k: int) -> float:
     return top[k - 1][1] if len(top) >= k else math.inf
 
 
-# A floor this close under a modeled time (rounded to 1e-4 µs) floors a candidate that models no less: its own
-# time, at least its floor less float error, rounds to that time or above.
-_TIE_SLACK = 4.5e-5
+# How far under the exact sum a floor's float sum of its terms (in another order) may fall: relative.
+_FLOAT_ERROR = 1e-12
+
+
+def _models_at_least(floor: float, time: float) -> bool:
+    """Whether a candidate whose floor is `floor` models (rounded to 1e-4 µs, as `estimate_group` reports) no
+    less than `time`: its own time is at least its floor less float error, and rounding keeps that order.
+    A floor exact to the last digit may sit half a unit under the time it rounds to (bert12 on host: a GEMM
+    floored at 122.54325000071 µs and modeled at 122.5433, as every tile of it ties)."""
+    return round(floor - abs(floor) * _FLOAT_ERROR - _FLOAT_ERROR, 4) >= time
 
 
 def _cannot_enter(scored: list, k: int, floor: float, score: float) -> bool:
     """Whether a candidate whose floor is `floor` and score floor `score` (`floor.score_floor`) cannot enter
-    the top k of `scored`: it models no less than the k-th best (its floor is within _TIE_SLACK under it or
-    above), so it could only tie that one's time, and its score is above that one's, which breaks the tie
+    the top k of `scored`: it models no less than the k-th best (`_models_at_least`), so it could only tie
+    that one's time, and its score is above that one's, which breaks the tie
     (`_rank`). Many candidates tie on a CPU: the same flops, the same bytes, serial or compute-bound
     whatever the tiling (bert12 on host: 68 % of those costed, benchmarks/NOTES.md tiecount); costing them
     built a kernel each to lose the tie-break."""
@@ -570,7 +577,7 @@ def _cannot_enter(scored: list, k: int, floor: float, score: float) -> bool:
     if len(top) < k:
         return False
     kth = top[k - 1]
-    return floor >= kth[1] - _TIE_SLACK and score > kth[0]
+    return score > kth[0] and _models_at_least(floor, kth[1])
 
 
 def _distinct(scored: list) -> list:

@@ -22,7 +22,7 @@ from engine.frontend.importer import load_graph
 from engine.memo import Caches
 from engine.schedule import tiles
 from engine.schedule.cost import estimate_group, segment_use
-from engine.schedule.floor import floor_us, score_floor, serial_for_sure, work_floor
+from engine.schedule.floor import floor_us, score_floor, serial_for_sure, surely_parallel, work_floor
 from engine.schedule.pipeline import plan_model
 from engine.tilegraph.tilegraph import segments_of
 
@@ -41,9 +41,17 @@ def _check_plan_segments(graph, plan, device) -> int:
         glob, macs, other, maths = work_floor(graph, seg, conns, use.regions)
         assert glob <= use.global_bytes * (1 + SLACK) + SLACK, (seg, tile, glob, use.global_bytes)
         assert macs + other <= use.flops_fp32 * (1 + SLACK) + SLACK, (seg, tile, macs, other, use.flops_fp32)
+        # Per-element flops (a contraction's among them where no phase computing it can be a tiled GEMM or
+        # direct convolution: `generate.may_tile`) are never the kernel IR's tiled ones.
+        per_element = use.flops_fp32 + use.flops_tc - use.flops_tiled
+        assert other <= per_element * (1 + SLACK) + SLACK, (seg, tile, other, per_element)
         assert maths <= min(other, use.flops_math) * (1 + SLACK) + SLACK, (seg, tile, maths, use.flops_math)
-        if device.kind == "cpu" and len(segs) == 1 and serial_for_sure(graph, seg, conns, tile, use.regions):
-            assert cost.serial_segments == 1, (group.name, tile)  # the floor charged it on one core
+        if device.kind == "cpu" and serial_for_sure(graph, seg, conns, tile, use.regions):
+            # the floor charged it on one core; the model costs each segment as its own kernel would run
+            assert segment_use(graph, seg, conns, tile, device=device).serial, (group.name, tile)
+            assert cost.serial_segments >= 1, (group.name, tile)
+        if device.kind == "cpu" and surely_parallel(graph, tile, use.regions):
+            assert not segment_use(graph, seg, conns, tile, device=device).serial, (group.name, tile)
         local: dict = {}
         floor = floor_us(graph, group.stages, conns, trial, device, segs, local)
         assert floor <= cost.modeled_us + tiles._FLOOR_SLACK, (group.name, tile, floor, cost.modeled_us)

@@ -112,7 +112,7 @@ def test_the_score_condition_is_needed(name, device, tmp_path, monkeypatch):
 
     def floor_only(scored, k, least, score):
         top = tiles._distinct(sorted(scored, key=tiles._rank))
-        return len(top) >= k and least >= top[k - 1][1] - tiles._TIE_SLACK
+        return len(top) >= k and tiles._models_at_least(least, top[k - 1][1])
 
     monkeypatch.setattr(tiles, "_cannot_enter", floor_only)
     with Caches("widened").active():
