@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.codegen.mma import bf16_mma, f16_mma
 from engine.device import Device, resident_blocks_per_sm
@@ -380,7 +380,7 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
             # longer than one is evaluated once per element at least, and a box load reading each such axis
             # reads n distinct elements.
             full = _full_axes(st)
-            if mac and _untiled(graph, recipe.hosts.get(s, ()), regions):
+            if mac and _untiled(graph, recipe, recipe.hosts.get(s, ()), regions):
                 other += n * mac
             else:
                 macs += n * mac
@@ -403,7 +403,7 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
         for t, index in outside:
             most[t] = max(most.get(t, 0), box_size(_project(st, box, index)))
         elems = box_size(box)
-        if mac and _untiled(graph, recipe.hosts.get(s, ()), regions):
+        if mac and _untiled(graph, recipe, recipe.hosts.get(s, ()), regions):
             other += elems * mac  # per-element flops: the per-element rate
         else:
             macs += elems * mac
@@ -426,14 +426,21 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
             float(other), float(maths))
 
 
-def _untiled(graph: PrimGraph, hosts: tuple, regions: GroupRegions) -> bool:
+def _untiled(graph: PrimGraph, recipe: _Recipe, hosts: tuple, regions: GroupRegions) -> bool:
     """Whether every phase of `hosts` (`_Recipe.hosts`: a contraction's) computes it outside any tiled GEMM
     or direct convolution, whatever the block (`generate.may_tile` at the phase's region)."""
-    from engine.codegen.generate import may_tile
+    from engine.codegen.generate import gemm_rows, may_tile
 
     for c, body in hosts:
         box = regions.stages.get(c)
-        if box is None or may_tile(graph, c, body, tuple(hi - lo for lo, hi in box)):
+        if box is None:
+            return False
+        extent = tuple(hi - lo for lo, hi in box)
+        key = (c, len(extent), gemm_rows(extent), extent[0] == 1 if extent else False)
+        tiles = recipe.tiling.get(key)
+        if tiles is None:
+            tiles = recipe.tiling[key] = may_tile(graph, c, body, extent)
+        if tiles:
             return False
     return bool(hosts)
 
@@ -452,6 +459,8 @@ class _Recipe:
     # Per contraction: ((phase stage, its resolved body), ...) of the phases computing it (its own, or those
     # of the stages it is inlined into, through inlined ones)
     hosts: Mapping[str, tuple]
+    # `generate.may_tile` of a host phase by what of its region it reads: (stage, rank, GEMM rows, one batch)
+    tiling: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 def _recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str) -> _Recipe:
@@ -501,11 +510,22 @@ def _hosts(graph: PrimGraph, names: Sequence[str], cons: Mapping[str, list], own
     """`_Recipe.hosts`: per contraction of the segment, the phases generate computes it in, each with the
     body it resolves for that phase (the stages not in `own` inlined, the others with consumers in the
     segment kept in block buffers)."""
+    import os
+    if os.environ.get("UNT") == "0":
+        return {}
     from engine.codegen.generate import resolved_body
 
     inline = set(names) - own
     buffered = [s for s in names if s in own and cons[s]]
     bodies: dict[str, E.Expr] = {}
+
+    def body_of(c: str) -> E.Expr:
+        # With nothing inlined into it, a phase computes its stage's own body (its loads renamed to buffers,
+        # which changes no variable `may_tile` reads): no need to resolve it.
+        if not any(t in inline for t in graph.stage(c).inputs):
+            return graph.stage(c).body
+        return resolved_body(graph, c, inline, buffered)
+
     out = {}
     for s in names:
         if graph.stage(s).kind != StageKind.CONTRACTION:
@@ -522,7 +542,7 @@ def _hosts(graph: PrimGraph, names: Sequence[str], cons: Mapping[str, list], own
                     todo.append(c)
         for c in found:
             if c not in bodies:
-                bodies[c] = resolved_body(graph, c, inline, buffered)
+                bodies[c] = body_of(c)
         out[s] = tuple((c, bodies[c]) for c in sorted(found))
     return out
 
