@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.codegen.mma import bf16_mma, f16_mma
 from engine.device import Device, resident_blocks_per_sm
@@ -380,7 +380,7 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
             # longer than one is evaluated once per element at least, and a box load reading each such axis
             # reads n distinct elements.
             full = _full_axes(st)
-            if mac and _untiled(graph, recipe, recipe.hosts.get(s, ()), regions):
+            if mac and _untiled(graph, recipe.hosts.get(s, ()), regions):
                 other += n * mac
             else:
                 macs += n * mac
@@ -403,7 +403,7 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
         for t, index in outside:
             most[t] = max(most.get(t, 0), box_size(_project(st, box, index)))
         elems = box_size(box)
-        if mac and _untiled(graph, recipe, recipe.hosts.get(s, ()), regions):
+        if mac and _untiled(graph, recipe.hosts.get(s, ()), regions):
             other += elems * mac  # per-element flops: the per-element rate
         else:
             macs += elems * mac
@@ -426,21 +426,20 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
             float(other), float(maths))
 
 
-def _untiled(graph: PrimGraph, recipe: _Recipe, hosts: tuple, regions: GroupRegions) -> bool:
+def _untiled(graph: PrimGraph, hosts: tuple, regions: GroupRegions) -> bool:
     """Whether every phase of `hosts` (`_Recipe.hosts`: a contraction's) computes it outside any tiled GEMM
     or direct convolution, whatever the block (`generate.may_tile` at the phase's region)."""
     from engine.codegen.generate import gemm_rows, may_tile
 
+    table = memo("floor.may_tile", 20000)
     for c, body in hosts:
         box = regions.stages.get(c)
         if box is None:
             return False
         extent = tuple(hi - lo for lo, hi in box)
-        key = (c, len(extent), gemm_rows(extent), extent[0] == 1 if extent else False)
-        tiles = recipe.tiling.get(key)
-        if tiles is None:
-            tiles = recipe.tiling[key] = may_tile(graph, c, body, extent)
-        if tiles:
+        # What of the region `may_tile` reads: its rank, the GEMM's rows, whether its batch axis is one wide.
+        key = (graph.structural_hash, c, body, len(extent), gemm_rows(extent), bool(extent) and extent[0] == 1)
+        if table.lookup(key, lambda c=c, body=body, extent=extent: may_tile(graph, c, body, extent)):
             return False
     return bool(hosts)
 
@@ -459,8 +458,6 @@ class _Recipe:
     # Per contraction: ((phase stage, its resolved body), ...) of the phases computing it (its own, or those
     # of the stages it is inlined into, through inlined ones)
     hosts: Mapping[str, tuple]
-    # `generate.may_tile` of a host phase by what of its region it reads: (stage, rank, GEMM rows, one batch)
-    tiling: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 def _recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, anchor: str) -> _Recipe:
@@ -509,10 +506,7 @@ def _make_recipe(graph: PrimGraph, segment: Sequence[str], conns: Mapping, ancho
 def _hosts(graph: PrimGraph, names: Sequence[str], cons: Mapping[str, list], own: frozenset) -> dict[str, tuple]:
     """`_Recipe.hosts`: per contraction of the segment, the phases generate computes it in, each with the
     body it resolves for that phase (the stages not in `own` inlined, the others with consumers in the
-    segment kept in block buffers)."""
-    import os
-    if os.environ.get("UNT") == "0":
-        return {}
+    segment kept in block buffers) — its stage's own body where nothing is inlined into it."""
     from engine.codegen.generate import resolved_body
 
     inline = set(names) - own
