@@ -366,7 +366,7 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
                     best = box
         dense[s] = best
         if best is None and through:
-            # Read through a reshape, a roll, ...: as many distinct elements as its reader computes.
+            # Read through a reshape, a roll by a modulo, ...: as many distinct elements as its reader computes.
             count[s] = max(box_size(dense[c]) if dense.get(c) is not None else count.get(c, 0) for c in through)
     most: dict[str, int] = {}
     macs = other = maths = 0.0
@@ -652,7 +652,7 @@ DISTINCT_CHECK_LIMIT = 1 << 22  # elements of a reader whose index map is checke
 def reads_distinct(graph: PrimGraph, reader: str, tensor: str) -> bool:
     """Whether stage `reader` reads a distinct element of `tensor` for each element of its own: some load of
     it outside any select's branches, unpadded, indexed by the output variables alone through a one-to-one
-    map of the reader's elements (a box load naming every axis longer than one, or — a reshape, a roll —
+    map of the reader's elements (a box load naming every axis longer than one, or — a reshape, a roll by a modulo —
     an index map checked point by point over the reader's whole shape, up to DISTINCT_CHECK_LIMIT
     elements). Memoised per graph."""
     key = (graph.structural_hash, reader, tensor)

@@ -1,6 +1,6 @@
 """What the tile search's floor claims beyond its regions' boxes (engine/schedule/floor.py), each checked
 against what it stands for: a reader whose index map is one-to-one (`reads_distinct`, checked point by point
-for reshapes and rolls), a contraction no phase can tile (`generate.may_tile`: its multiply-adds are
+for a reshape), a contraction no phase can tile (`generate.may_tile`: its multiply-adds are
 per-element flops), and the rounding that lets a floor skip a candidate that could at most tie
 (`tiles._models_at_least`). The bounds themselves are held against the kernel IR's counts over random graphs
 in test_floor.py."""
