@@ -646,7 +646,9 @@ def _full_axes(stage: Stage) -> frozenset:
     return frozenset(f"i{d}" for d, n in enumerate(stage.shape) if n > 1)
 
 
-DISTINCT_CHECK_LIMIT = 1 << 22  # elements of a reader whose index map is checked point by point
+# Elements of a reader whose index map is checked point by point (its index grids: 8 bytes per element and axis;
+# larger readers are not claimed).
+DISTINCT_CHECK_LIMIT = 1 << 20
 
 
 def reads_distinct(graph: PrimGraph, reader: str, tensor: str) -> bool:

@@ -117,7 +117,7 @@ def typical_index(shape: Sequence[int], tile: Sequence[int]) -> tuple[int, ...]:
     return tuple(n // 2 if n >= 3 else 0 for n in counts)
 
 
-PROPAGATIONS_KEPT = 200_000  # (stage, box) propagations kept per graph (`propagate_group`)
+PROPAGATIONS_KEPT = 50_000  # (stage, box) propagations kept per graph (`propagate_group`; zoo swin plans with 5,695)
 
 
 def propagate_group(
