@@ -412,39 +412,6 @@ def _has_guards(body) -> bool:
     return hit[1]
 
 
-def _evaluate(ix, env: dict[str, np.ndarray]) -> np.ndarray | None:
-    """`ix` (an index Lin) at every position of `env`, as the IR defines it (floor division and modulo);
-    None where it needs a variable `env` lacks or a gathered value."""
-    out = np.full(len(next(iter(env.values()))), ix.const, dtype=np.int64) if env else None
-    if out is None:
-        return None
-    for atom, k in ix.terms:
-        v = _atom(atom, env)
-        if v is None:
-            return None
-        out = out + k * v
-    return out
-
-
-def _atom(atom, env: dict[str, np.ndarray]) -> np.ndarray | None:
-    if isinstance(atom, I.Var):
-        return env.get(atom.name)
-    if isinstance(atom, (I.FloorDiv, I.Mod)):
-        x = _evaluate(atom.x, env)
-        if x is None:
-            return None
-        return np.floor_divide(x, atom.k) if isinstance(atom, I.FloorDiv) else np.mod(x, atom.k)
-    if isinstance(atom, (I.Min, I.Max)):
-        a, b = _evaluate(atom.a, env), _evaluate(atom.b, env)
-        if a is None or b is None:
-            return None
-        return np.minimum(a, b) if isinstance(atom, I.Min) else np.maximum(a, b)
-    if isinstance(atom, I.Abs):
-        x = _evaluate(atom.x, env)
-        return None if x is None else np.abs(x)
-    return None  # a gathered value
-
-
 def _value_work(kernel: Kernel, e, outside: frozenset[str] = frozenset()) -> Work:
     cnt = _Counter(kernel)
     cnt.outside = outside
@@ -701,7 +668,7 @@ class _Counter:
                 if not 0 <= ix.const < n:
                     return np.zeros(len(next(iter(self.positions.values()))), dtype=bool)
                 continue
-            v = _evaluate(ix, self.positions)
+            v = I.evaluate(ix, self.positions)
             if v is None:
                 return None
             ok = (v >= 0) & (v < n)

@@ -512,14 +512,21 @@ def _rename_atom(atom: Atom, old: str, new: str) -> Lin:
 hash_once(Var, FloorDiv, Mod, Min, Max, Abs, Indirect, Lin)
 
 
+
 def evaluate(e: Lin, env: dict) -> object:
-    """`e`'s value at every point of `env` (variable name -> integer numpy array, all of one shape), with
-    Python's floor division and modulo; an index read through a tensor (Indirect) has no value here."""
+    """`e` (an index) at every position of `env` (variable name -> 1-D integer numpy array, all of one length),
+    as the IR defines it (floor division and modulo); None where it needs a variable `env` lacks or a value
+    read through a tensor (Indirect)."""
     import numpy as np
 
-    out = np.full(np.shape(next(iter(env.values()))) if env else (), e.const, dtype=np.int64)
+    if not env:
+        return None
+    out = np.full(len(next(iter(env.values()))), e.const, dtype=np.int64)
     for atom, k in e.terms:
-        out = out + k * _evaluate_atom(atom, env)
+        v = _evaluate_atom(atom, env)
+        if v is None:
+            return None
+        out = out + k * v
     return out
 
 
@@ -527,15 +534,16 @@ def _evaluate_atom(atom: Atom, env: dict) -> object:
     import numpy as np
 
     if isinstance(atom, Var):
-        return env[atom.name]
-    if isinstance(atom, FloorDiv):
-        return np.floor_divide(evaluate(atom.x, env), atom.k)
-    if isinstance(atom, Mod):
-        return np.mod(evaluate(atom.x, env), atom.k)
-    if isinstance(atom, Min):
-        return np.minimum(evaluate(atom.a, env), evaluate(atom.b, env))
-    if isinstance(atom, Max):
-        return np.maximum(evaluate(atom.a, env), evaluate(atom.b, env))
-    if isinstance(atom, Abs):
-        return np.abs(evaluate(atom.x, env))
-    raise ValueError(f"index {atom} reads a tensor: no value without it")
+        return env.get(atom.name)
+    if isinstance(atom, (FloorDiv, Mod, Abs)):
+        x = evaluate(atom.x, env)
+        if x is None:
+            return None
+        return np.floor_divide(x, atom.k) if isinstance(atom, FloorDiv) else np.mod(x, atom.k) \
+            if isinstance(atom, Mod) else np.abs(x)
+    if isinstance(atom, (Min, Max)):
+        a, b = evaluate(atom.a, env), evaluate(atom.b, env)
+        if a is None or b is None:
+            return None
+        return np.minimum(a, b) if isinstance(atom, Min) else np.maximum(a, b)
+    return None  # a value read through a tensor

@@ -688,10 +688,12 @@ def _reads_distinct(st: Stage, tensor: str) -> bool:
             continue
         grid = np.indices(st.shape, dtype=np.int64).reshape(len(st.shape), -1)
         env = {f"i{d}": grid[d] for d in range(len(st.shape))}
+        values = [I.evaluate(ix, env) for ix in load.index]
+        if any(v is None for v in values):
+            continue
         flat = np.zeros(grid.shape[1], dtype=np.int64)
         span = 1
-        for ix in load.index:  # any mixed radix: the extents the index takes
-            v = I.evaluate(ix, env)
+        for v in values:  # any mixed radix: the extents the index takes
             lo, hi = int(v.min()), int(v.max())
             flat = flat * (hi - lo + 1) + (v - lo)
             span *= hi - lo + 1
