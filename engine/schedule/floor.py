@@ -342,7 +342,9 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
                regions: GroupRegions) -> tuple[float, float, float, float]:
     """(global bytes, contraction flops, other flops, the math ops' share of them) the kernel IR of one block
     of `segment` counts at least, from its regions. A stage not inlined is computed on every element of its
-    region; an inlined one at least on what a consumer so computed reads of it through a box load (`dense`). Global bytes:
+    region; an inlined one at least on what a consumer so computed reads of it through a box load (`dense`), or,
+    where none does, on as many elements as a reader reading one of it per element of its own computes
+    (`reads_distinct`: a reshape's div/mod index). Global bytes:
     every element a box load reads of a tensor from outside the segment is loaded at least once, and a
     tensor only one stage loads is loaded per evaluation of each of its load nodes (loads under a
     select's branches left out: the printer may load one of them); the anchor stores its tile. Flops: a
@@ -350,7 +352,7 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
     of another stage's body (outside selects) per evaluation — counting no operation another stage of
     the segment has too, indices aside (inlined, the printer may share one value). Math ops (`_math`: exp,
     div, ... as the kernel IR's `Work.op_flops` counts them) are a part of the other flops the IR counts at
-    least as often."""
+    least as often. A contraction no phase computing it can tile (`_untiled`) counts among the other flops."""
     recipe = _recipe(graph, segment, conns, regions.anchor)
     dense: dict[str, Box | None] = {}
     count: dict[str, int] = {}  # an inlined stage no box load reaches: distinct elements computed at least
@@ -372,53 +374,45 @@ def work_floor(graph: PrimGraph, segment: Sequence[str], conns: Mapping,
     macs = other = maths = 0.0
     for s, st, outside, mac, per_elem, ops, loads in recipe.stages:
         box = dense.get(s)
-        if box is None:
-            n = count.get(s, 0)
-            if not n:
-                continue
-            # Computed (inlined) on n distinct elements, no box known: a node free in every axis of the stage
-            # longer than one is evaluated once per element at least, and a box load reading each such axis
-            # reads n distinct elements.
-            full = _full_axes(st)
-            if mac and _untiled(graph, recipe.hosts.get(s, ()), regions):
-                other += n * mac
-            else:
-                macs += n * mac
-            other += n * per_elem
-            for flops, v, math_op in ops:
-                if full <= v:
-                    e = flops * n * _extent(st, (), frozenset(x for x in v if x[0] == "r"))
-                    other += e
-                    maths += e if math_op else 0.0
-            for t, index in outside:
-                if full <= {d[0] for d in index if d is not None}:
-                    most[t] = max(most.get(t, 0), n)
-            each_n: dict[str, int] = {}
-            for t, v in loads:
-                if full <= v:
-                    each_n[t] = each_n.get(t, 0) + n * _extent(st, (), frozenset(x for x in v if x[0] == "r"))
-            for t, k in each_n.items():
-                most[t] = max(most.get(t, 0), k)
+        if box is not None:
+            elems = box_size(box)
+            # A stage in a phase of its own evaluates every node once per element of its region (per term where
+            # the node depends on the reduce variables), an inlined one once per binding of the node's free
+            # variables at least: its consumer's loops may hoist it out of a loop that does not bind them.
+            own = s in recipe.own
+
+            def evaluations(v: frozenset, st=st, box=box, own=own) -> int:
+                return _evaluations(st, box, v, own)
+
+            def reads(index: tuple, st=st, box=box) -> int:
+                return box_size(_project(st, box, index))
+        elif count.get(s):
+            # Computed (inlined) on that many distinct elements, no box known: a node free in every axis of the
+            # stage longer than one is evaluated once per element at least, and a box load naming each such
+            # axis reads that many distinct elements.
+            elems, full = count[s], _full_axes(st)
+
+            def evaluations(v: frozenset, st=st, n=elems, full=full) -> int:
+                return n * _extent(st, (), frozenset(x for x in v if x[0] == "r")) if full <= v else 0
+
+            def reads(index: tuple, n=elems, full=full) -> int:
+                return n if full <= {d[0] for d in index if d is not None} else 0
+        else:
             continue
         for t, index in outside:
-            most[t] = max(most.get(t, 0), box_size(_project(st, box, index)))
-        elems = box_size(box)
+            most[t] = max(most.get(t, 0), reads(index))
         if mac and _untiled(graph, recipe.hosts.get(s, ()), regions):
             other += elems * mac  # per-element flops: the per-element rate
         else:
             macs += elems * mac
         other += elems * per_elem
-        # A stage in a phase of its own evaluates every node once per element of its region (per term where
-        # the node depends on the reduce variables), an inlined one once per binding of the node's free
-        # variables at least: its consumer's loops may hoist it out of a loop that does not bind them.
-        own = s in recipe.own
         for flops, v, math_op in ops:
-            n = flops * _evaluations(st, box, v, own)
+            n = flops * evaluations(v)
             other += n
             maths += n if math_op else 0.0
         each: dict[str, int] = {}
         for t, v in loads:
-            each[t] = each.get(t, 0) + _evaluations(st, box, v, own)
+            each[t] = each.get(t, 0) + evaluations(v)
         for t, n in each.items():
             most[t] = max(most.get(t, 0), n)
     loads = sum(n * graph.specs[t].dtype.itemsize for t, n in most.items())
