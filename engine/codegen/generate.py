@@ -164,6 +164,11 @@ def _ident(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
+def _block_name(stage: str) -> str:
+    """The block buffer a segment keeps `stage` in for its consumers there."""
+    return f"s_{_ident(stage)}"
+
+
 def _segments(group: Group, graph: PrimGraph, conns) -> list[tuple[Tile, list[str]]]:
     """Split the group by its GLOBAL_SYNC edges; pair each part with its tile; order producers first."""
     members = set(group.stages)
@@ -379,7 +384,7 @@ def may_tile(graph: PrimGraph, stage: str, body: E.Expr, extent: Sequence[int]) 
 def resolved_body(graph: PrimGraph, stage: str, inline: set[str], buffered: Collection[str]) -> E.Expr:
     """The body a phase of `stage` computes in a segment whose stages in `inline` are inlined and in
     `buffered` kept in block buffers (`_build_segment`'s `_resolve`, from the same memo)."""
-    return _resolve(graph.stage(stage), graph, inline, {t: f"s_{_ident(t)}" for t in buffered}, {})
+    return _resolve(graph.stage(stage), graph, inline, {t: _block_name(t) for t in buffered}, {})
 
 
 def micro_tile(bm: int, bn: int, threads: int) -> tuple[int, int, int, int]:
@@ -598,7 +603,7 @@ def _build_segment(tile, names, graph, conns, members, params, locals_, gname, s
         stage = graph.stage(s)
         stores = []
         if local_cons[s]:
-            buf = Buffer(f"s_{_ident(s)}", s, stage.dtype, stage.shape, Scope.BLOCK, regions[s])
+            buf = Buffer(_block_name(s), s, stage.dtype, stage.shape, Scope.BLOCK, regions[s])
             locals_.append(buf)
             block_buf[s] = buf.name
             stores.append(buf.name)
