@@ -261,6 +261,8 @@ class Printer:
         tables = [(b.name, b.region) for b in kernel.locals if b.region and b.region.table]
         tables += [(self.owned_tag(kernel, p), p.owned) for s in kernel.segments for p in s.phases
                    if p.owned is not None and p.owned.table]
+        tables += [(self.phase_tag(kernel, p), p.region) for s in kernel.segments for p in s.phases
+                   if p.region.table and self.phase_owner(kernel, p) is None]
         for tag, region in tables:
             rows = ", ".join("{" + ", ".join(map(str, r)) + "}" for r in region.table)
             lines.append(f"{self.table_qualifier} int tab_{kernel.name}_{tag}[{len(region.table)}]"
@@ -368,14 +370,31 @@ class Printer:
         lines += ["    }", "}"]
         return lines
 
+    @staticmethod
+    def phase_owner(kernel: Kernel, phase: Phase):
+        """The block buffer a phase stores, whose bounds are already declared for the tile; None for a
+        phase that stores global memory alone (a stage completed in chunks for global memory has its
+        own region, not its block buffer's)."""
+        return next((b for b in kernel.locals if b.tensor == phase.stage and b.name in phase.stores), None)
+
+    def phase_tag(self, kernel: Kernel, phase: Phase) -> str:
+        """The tag naming a phase's region bounds: its block buffer's name, else "p", declared in the
+        phase's own block — "p{n}" (n: the phase's position in the kernel) where the region is a per-tile
+        table, which `render_kernel` prints at file scope, one per such phase (zoo swin's h200 welder
+        plan: a GEMM stored to global memory over a window reshape's clipped boxes)."""
+        owner = self.phase_owner(kernel, phase)
+        if owner is not None:
+            return owner.name
+        if not phase.region.table:
+            return "p"
+        phases = [q for s in kernel.segments for q in s.phases]
+        return f"p{next(n for n, q in enumerate(phases) if q is phase)}"
+
     def open_phase(self, kernel: Kernel, phase: Phase, title: str) -> tuple[str, list[str]]:
-        """The tag naming a phase's region bounds (the block buffer it stores, already declared for the
-        tile, or "p" declared here: a stage completed in chunks for global memory has its own region,
-        not its block buffer's) and the opening lines of its block."""
-        owner = next((b for b in kernel.locals if b.tensor == phase.stage and b.name in phase.stores), None)
-        tag = owner.name if owner is not None else "p"
+        """The tag naming a phase's region bounds (`phase_tag`) and the opening lines of its block."""
+        tag = self.phase_tag(kernel, phase)
         lines = [f"{{  // {title}"]
-        if owner is None:
+        if self.phase_owner(kernel, phase) is None:
             lines += ["    " + x for x in self.region_bounds(kernel, tag, phase.region)]
         return tag, lines
 
