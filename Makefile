@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 JOBS    ?= auto
 
-.PHONY: run test test-fast test-slow test-fuzz test-gpu test-browser lint venv install install-dev sys-deps samples clean
+.PHONY: run test test-fast test-slow test-fuzz test-zoo-cuda test-gpu test-browser lint venv install install-dev sys-deps samples clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,11 @@ test-slow: install-dev
 # as oracle); .ci/run runs it after `make test`. TILEWEAVE_FUZZ_SEED=random explores anew.
 test-fuzz: install-dev
 	$(BIN)/python -m pytest -q -n $(JOBS) -m slow tests/engine/test_fuzz_graphs.py
+
+# Every zoo model x policy planned for the h200 preset and compiled by NVRTC for sm_90 (no GPU needed; ~2-5
+# minutes on two cores); .ci/run runs it after the fuzzer.
+test-zoo-cuda: install-dev
+	$(BIN)/python -m pytest -q -n $(JOBS) -m slow tests/samples/test_zoo_cuda.py
 
 # The first thing to run on a machine with an NVIDIA GPU (driver R580+, docs/gpu.md): every sample x policy
 # and the persistent kernel on the device, against onnxruntime. One process: the tests share the GPU.
