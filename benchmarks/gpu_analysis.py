@@ -2,6 +2,7 @@
 JSON, and what a latency (Little's law) term in the cost model would change, evaluated on those kernels.
 
     .venv/bin/python benchmarks/gpu_analysis.py [benchmarks/data/h200-2026-11-27] [--latency-variants] [--rate-variant]
+        [--against=FILE.json.gz:POLICY]
 
 Reads every bench*.json(.gz) in the folder (a model present twice is taken from the last file in name
 order). The latency variant divides a kernel's memory terms by min(1, W·m·128 B / (L · the SM's share of L2
@@ -100,6 +101,27 @@ def score(models: list[dict], estimate, ranking: bool = True) -> str:
             + (f" | fastest policy right on {best} of {len(models)}" if ranking else f" | {len(rows)} kernels"))
 
 
+def side_by_side(models: list[dict], path: str, policy: str, base: str = "welder") -> None:
+    """`--against=FILE:POLICY`: each model of FILE (a bench JSON of other plans, e.g. a branch's welder plans
+    saved as POLICY) beside this folder's `base` policy: modeled (this run's model at the compiled registers),
+    kernels alone, back to back, and the ratios of the two measured times."""
+    raw = Path(path).read_bytes()
+    other = {m["model"]: m["cells"][policy] for m in json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)}
+    mine = {m["model"]: m["cells"][base] for m in models}
+    print(f"\n| model | {base} modeled / alone / back to back µs | {policy} modeled / alone / back to back µs | "
+          f"alone {policy} / {base} | back to back {policy} / {base} |\n|---|---:|---:|---:|---:|")
+    ratios = []
+    for name in sorted(set(other) & set(mine)):
+        a, b = mine[name], other[name]
+        al, bl = (sum(k["measured_us"] for k in c["kernels"]) for c in (a, b))
+        ratios.append((bl / al, b["program_us"] / a["program_us"]))
+        print(f"| {name} | {a['modeled_total_us']:.0f} / {al:.0f} / {a['program_us']:.0f} | "
+              f"{b['modeled_total_us']:.0f} / {bl:.0f} / {b['program_us']:.0f} | {ratios[-1][0]:.2f} | {ratios[-1][1]:.2f} |")
+    if ratios:
+        print(f"| median of {len(ratios)} | | | {statistics.median(r[0] for r in ratios):.2f} | "
+              f"{statistics.median(r[1] for r in ratios):.2f} |")
+
+
 def main() -> int:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     folder = Path(args[0]) if args else ROOT / "benchmarks" / "data" / "h200-2026-11-27"
@@ -122,6 +144,18 @@ def main() -> int:
             print(f"| {m['model']} | " + " | ".join(
                 f"{m['programs'][p][0]:.0f} / {m['programs'][p][1]:.0f} / {m['cells'][p].get('program_us') or 0:.0f}"
                 for p in POLICIES) + " |")
+    if any(c.get("program_us") for m in models for c in m["cells"].values()):
+        print("\n| policy | programs | kernels | launch saved in a program, median µs a kernel | back to back, median µs a kernel |"
+              "\n|---|---:|---:|---:|---:|")
+        for p in POLICIES:
+            cells = [m["cells"][p] for m in models if m["cells"][p].get("program_us")]
+            alone = [sum(k["measured_us"] for k in c["kernels"]) for c in cells]
+            n = [len(c["kernels"]) for c in cells]
+            print(f"| {p} | {len(cells)} | {sum(n)} | "
+                  f"{statistics.median((a - c['program_us']) / k for a, c, k in zip(alone, cells, n)):.1f} | "
+                  f"{statistics.median(c['program_us'] / k for c, k in zip(cells, n)):.1f} |")
+    for other in (a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--against=")):
+        side_by_side(models, *other.split(":"))
     print("\n| cost model | all kernels |\n|---|---|")
     print(f"| as it is | {score(models, lambda k: k['modeled_us'])} |")
     for latency in (300, 600) if "--latency-variants" in sys.argv else ():
