@@ -388,7 +388,8 @@ class Printer:
         if not phase.region.table:
             return "p"
         phases = [q for s in kernel.segments for q in s.phases]
-        return f"p{next(n for n, q in enumerate(phases) if q is phase)}"
+        n = next((n for n, q in enumerate(phases) if q is phase), None)
+        return f"p{phases.index(phase) if n is None else n}"  # by equality for a phase of a copy of the kernel
 
     def open_phase(self, kernel: Kernel, phase: Phase, title: str) -> tuple[str, list[str]]:
         """The tag naming a phase's region bounds (`phase_tag`) and the opening lines of its block."""
