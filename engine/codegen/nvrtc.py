@@ -12,7 +12,10 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import re
+import shutil
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -30,6 +33,11 @@ DEFAULT_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 # parsed prelude in a per-process temp folder and reuses it, 2-6x faster per kernel after the first.
 # 629 is its "options differ from the PCH's" note when a second arch makes its own.
 SPEED_OPTIONS: tuple[str, ...] = ("-pch", "--pch-messages=false", "-diag-suppress=629")
+# Where NVRTC writes those headers: a folder of this process's own under the cache (`pch_options`). Left to
+# itself NVRTC makes /tmp/__nvrtc_auto_pch_PID_0 and deletes it when the process exits normally — but a process
+# that ends by os._exit or a signal (pytest-xdist's workers, a worker past its time limit) leaves 100-300 MB
+# there: 59 such folders, 9.8 GB, had piled up in this machine's /tmp over three days of test runs.
+_PCH: tuple[int, str | None] | None = None  # (pid, this process's folder) once made
 NVRTC_PIP = "nvidia-cuda-nvrtc==13.0.88"
 HEADERS_PIP = "nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 nvidia-cuda-cccl==13.0.85"
 _CACHE_FORMAT = 1  # bump when the cache entry layout changes
@@ -219,11 +227,12 @@ def compile_cuda(
             debug(2, f"nvrtc {name} {arch}: cache hit {entry.name}")
             return cached
 
-    full = [f"-arch={arch}", *opts, *SPEED_OPTIONS, *(f"-I{d}" for d in include_dirs())]
+    speed = pch_options()
+    full = [f"-arch={arch}", *opts, *speed, *(f"-I{d}" for d in include_dirs())]
     with _NVRTC_LOCK:
         ok, ptx, cubin, log = _run_nvrtc(source, name, full)
         if not ok:  # the automatic precompiled header is an optimisation: never let it be why a kernel fails
-            plain = [o for o in full if o not in SPEED_OPTIONS]
+            plain = [o for o in full if o not in speed]
             ok, ptx, cubin, plain_log = _run_nvrtc(source, name, plain)
             if ok:  # kept for a bug report: the source and what NVRTC said with the PCH
                 kept = cache_dir() / "nvrtc" / "failed" / f"{_safe(name)}-{key[:12]}.pch"
@@ -250,6 +259,46 @@ def compile_cuda(
         record = dataclasses.asdict(binary) | {"cubin": base64.b64encode(cubin).decode()}
         write_atomic(entry, json.dumps(record).encode())
     return binary
+
+
+def pch_options() -> tuple[str, ...]:
+    """SPEED_OPTIONS, with `--pch-dir` naming this process's own folder for the automatic precompiled headers:
+    `cache_dir()/nvrtc/pch/HOST-PID`, emptied when made. Making it first removes the folders of this host's
+    processes that are gone (NVRTC deletes its files when a process exits normally; one that ended otherwise
+    left them). Without a usable cache folder, NVRTC's own temp folder (SPEED_OPTIONS alone)."""
+    global _PCH
+    if "-pch" not in SPEED_OPTIONS:
+        return SPEED_OPTIONS
+    pid = os.getpid()
+    if _PCH is None or _PCH[0] != pid:  # a forked child makes its own
+        _PCH = (pid, _own_pch_dir(pid))
+    return SPEED_OPTIONS + ((f"--pch-dir={_PCH[1]}",) if _PCH[1] else ())
+
+
+def _own_pch_dir(pid: int) -> str | None:
+    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+    root = cache_dir() / "nvrtc" / "pch"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for old in root.iterdir():
+            owner, _, number = old.name.rpartition("-")
+            if owner == host and number.isdigit() and (int(number) == pid or not _alive(int(number))):
+                shutil.rmtree(old, ignore_errors=True)
+        mine = root / f"{host}-{pid}"
+        mine.mkdir()
+        return str(mine)
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
 
 
 def _read_entry(path: Path, name: str) -> CudaBinary | None:

@@ -200,3 +200,29 @@ def test_a_kernel_that_fails_only_with_the_precompiled_header_is_compiled_withou
     assert "failed with -pch" in capsys.readouterr().err
     with pytest.raises(CompileError, match="k00_broken failed to compile for sm_90: .*error"):
         compile_cuda("this is not CUDA", name="k00_broken", arch="sm_90")
+
+
+def test_precompiled_headers_of_a_process_that_did_not_exit_normally_are_removed_by_the_next(tmp_path) -> None:
+    """NVRTC deletes its automatic precompiled headers when a process exits normally; one ended by os._exit or
+    a signal (pytest-xdist's workers, a worker past its time limit) left 100-300 MB in /tmp each (9.8 GB had
+    piled up on the development machine). They go to the process's own folder under the cache instead, and
+    the next process that compiles removes the folders of processes that are gone."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = tmp_path / "nvrtc" / "pch"
+    compile_and = ("from engine.codegen import nvrtc\n"
+                   f"nvrtc.compile_cuda({KERNEL!r}, name='k01_sum_half', arch='sm_90', use_cache=False)\n"
+                   "import os, sys; print(os.getpid()); sys.stdout.flush()\n")
+    env = os.environ | {"TILEWEAVE_CACHE": str(tmp_path)}
+    repo = Path(__file__).resolve().parents[3]
+    crashed = subprocess.run([sys.executable, "-c", compile_and + "os._exit(0)\n"], env=env, cwd=repo,
+                             capture_output=True, text=True, check=True)
+    pid = int(crashed.stdout.split()[-1])
+    left = [p for p in root.iterdir() if p.name.endswith(f"-{pid}")]
+    assert len(left) == 1 and list(left[0].glob("*.pch")), "its headers stay in its own folder"
+    assert not list(Path("/tmp").glob(f"__nvrtc_auto_pch_{pid}_*")), "and nowhere else"
+    subprocess.run([sys.executable, "-c", compile_and], env=env, cwd=repo, capture_output=True, check=True)
+    assert not left[0].exists()
