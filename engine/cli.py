@@ -12,6 +12,7 @@ from engine.errors import TileweaveError
 COMMANDS = [
     ("engine.commands", "add_info_command"),
     ("engine.commands", "add_device_command"),
+    ("engine.commands", "add_cache_command"),
     ("engine.schedule.cli", "add_plan_command"),
     ("engine.codegen.cli", "add_compile_command"),
     ("engine.commands", "add_run_command"),

@@ -272,6 +272,48 @@ def cmd_device(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_cache_command(sub) -> None:
+    p = sub.add_parser("cache", help="show what the cache folder holds; trim or clear its compiled parts",
+                       description="Print the cache folder (TILEWEAVE_CACHE, default ~/.cache/tileweave) part by "
+                                   "part: files, size, what each holds. The compile caches (cc, nvrtc) grow with "
+                                   "every program compiled; --prune trims them to a size, least recently used "
+                                   "first; --clear removes every part that is rebuilt on demand (cc, nvrtc, "
+                                   "schedule). The measurements (host, tune) and the workbench's edits and uploads are never removed.")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--prune", metavar="SIZE",
+                     help="remove the least recently used compiled programs until cc and nvrtc hold at most SIZE "
+                          "(bytes, or e.g. 500M, 2G)")
+    how.add_argument("--clear", action="store_true", help="remove cc, nvrtc and schedule (all rebuilt on demand)")
+    p.add_argument("--json", action="store_true", help="print the parts as JSON")
+    p.set_defaults(func=cmd_cache)
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from engine import cache
+    from engine.flags import cache_dir
+
+    limit = cache.parse_size(args.prune) if args.prune is not None else None
+    root = cache_dir()
+    if limit is not None:
+        removed, freed = cache.prune(limit, root)
+        print(f"removed {removed} entries (compiled programs, CUDA units, kernel objects), {cache.human(freed)}, "
+              "least recently used first")
+    if args.clear:
+        gone = cache.clear(root)
+        print(f"removed {', '.join(gone) or 'nothing (already empty)'}; kept the measurements (host, tune) and the "
+              "workbench's edits and uploads")
+    rows = cache.usage(root)
+    if args.json:
+        print(json.dumps({"folder": str(root), "parts": rows}, indent=1))
+        return 0
+    print(f"cache folder {root}")
+    for r in rows:
+        kept = "rebuilt on demand" if r["rebuilt"] else "kept"
+        print(f"  {r['part']:9s} {r['files']:>8d} files {cache.human(r['bytes']):>10s}  {r['holds']} ({kept})")
+    print(f"  {'total':9s} {sum(r['files'] for r in rows):>8d} files {cache.human(sum(r['bytes'] for r in rows)):>10s}")
+    return 0
+
+
 # ---- run ------------------------------------------------------------------------------------
 
 

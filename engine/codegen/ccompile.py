@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.cache import touch
 from engine.codegen.kir import ENTRY_COMMENT, PROGRAM_ENTRY
 from engine.errors import CompileError, TimeLimitError
 from engine.files import write_atomic
@@ -150,6 +151,7 @@ def compile_c(source: str, *, name: str, options: tuple[str, ...] | None = None,
     lib = folder / f"{stem}.so"
     if lib.exists():
         debug(2, f"cc {name}: cache hit {lib.name}")
+        touch(lib)  # used now: `tileweave cache --prune` removes the least recently used first
         return lib
 
     # The source stays beside the library: it is what the repro command and a debugger point at.
@@ -247,7 +249,9 @@ def compile_c_kernels(source: str, *, name: str, units: Units | None = None, tim
             unit = prelude + text  # the function and its tables (tab_<UNIT_SYMBOL>_…)
             unit_key = hashlib.sha256(json.dumps(key_parts[:1] + [unit] + key_parts[2:]).encode()).hexdigest()
             obj = objects / f"{unit_key[:24]}.o"
-            if not obj.exists():
+            if obj.exists():
+                touch(obj)
+            else:
                 src = work / f"{_safe(kernel)}.c"
                 src.write_text(unit)
                 tmp = work / f"{_safe(kernel)}.o"

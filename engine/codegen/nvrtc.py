@@ -20,6 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
+from engine.cache import touch
 from engine.errors import CompileError
 from engine.files import write_atomic
 from engine.flags import cache_dir, debug
@@ -225,6 +226,7 @@ def compile_cuda(
         cached = _read_entry(entry, name)
         if cached is not None:
             debug(2, f"nvrtc {name} {arch}: cache hit {entry.name}")
+            touch(entry)  # used now: `tileweave cache --prune` removes the least recently used first
             return cached
 
     speed = pch_options()

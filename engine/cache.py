@@ -1,0 +1,165 @@
+"""The cache folder (`flags.cache_dir()`, TILEWEAVE_CACHE): what each part holds, how much, and trimming it
+(`tileweave cache`). The compile caches grow with every program compiled and nothing else bounds them (this
+project's development machine held 62,334 files, 1.3 GB, in `cc/` after a few weeks of test runs); a hit
+marks its file used (`touch`), so `prune` removes the least recently used first."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import TileweaveError
+from engine.flags import cache_dir
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    holds: str
+    rebuilt: bool  # made again on demand when removed (else it is a measurement worth keeping)
+
+
+PARTS = (
+    Part("cc", "compiled C programs and kernel objects (the cpu backend)", True),
+    Part("nvrtc", "compiled CUDA: PTX and CUBIN per kernel unit and arch; failed sources and logs", True),
+    Part("schedule", "tile searches of earlier plans, per code version (kept for the 8 newest)", True),
+    Part("host", "this machine's measured device figures (tileweave device host)", False),
+    Part("tune", "measured kernel times of --tune, by subgraph signature", False),
+    Part("edits", "the workbench's autosaved plan edits, per model", False),
+    Part("uploads", "models uploaded to the workbench", False),
+)
+COMPILED = ("cc", "nvrtc")  # what `prune` trims
+TEMP_GRACE_S = 3600.0  # a temporary file (a compile in flight) younger than this is left alone
+
+
+def touch(path: Path) -> None:
+    """Mark a cache entry used now (a hit): `prune` removes the least recently used entries first."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def usage(root: Path | None = None) -> list[dict]:
+    """Per part (and `other` for anything else in the folder): files, bytes, what it holds, whether it is
+    rebuilt on demand."""
+    root = root or cache_dir()
+    rows, known = [], {p.name for p in PARTS}
+    for part in PARTS:
+        files, size = _measure(root / part.name)
+        rows.append({"part": part.name, "files": files, "bytes": size, "holds": part.holds, "rebuilt": part.rebuilt})
+    other = [p for p in root.iterdir() if p.name not in known] if root.is_dir() else []
+    if other:
+        counts = [_measure(p) for p in other]
+        rows.append({"part": "other", "files": sum(c[0] for c in counts), "bytes": sum(c[1] for c in counts),
+                     "holds": ", ".join(sorted(p.name for p in other)), "rebuilt": False})
+    return rows
+
+
+def _measure(path: Path) -> tuple[int, int]:
+    if path.is_file():
+        return 1, path.stat().st_size
+    files = size = 0
+    for dirpath, _, names in os.walk(path):
+        for n in names:
+            try:
+                size += os.stat(os.path.join(dirpath, n)).st_size
+                files += 1
+            except OSError:
+                pass  # removed meanwhile
+    return files, size
+
+
+def _entries(root: Path) -> list[tuple[float, int, list[Path]]]:
+    """The compiled parts' entries as (last used, bytes, files): a C program's source and library are one
+    entry (NAME-KEY.*), a CUDA unit one file, a kernel object one file. Folders of compiles in flight and
+    NVRTC's per-process precompiled headers (nvrtc/pch, managed by engine.codegen.nvrtc) are left out."""
+    groups: dict[tuple[Path, str], list[Path]] = {}
+    now = time.time()
+    for part in COMPILED:
+        for dirpath, dirnames, names in os.walk(root / part):
+            here = Path(dirpath)
+            dirnames[:] = [d for d in dirnames if not (here == root / "nvrtc" and d == "pch") and not d.startswith(".")]
+            for n in names:
+                path = here / n
+                if n.startswith("."):  # a temporary file: only one left behind long ago
+                    try:
+                        if now - path.stat().st_mtime < TEMP_GRACE_S:
+                            continue
+                    except OSError:
+                        continue
+                stem = n.lstrip(".").split(".", 1)[0]
+                groups.setdefault((here, stem), []).append(path)
+    out = []
+    for files in groups.values():
+        stats = []
+        for f in files:
+            try:
+                stats.append(f.stat())
+            except OSError:
+                pass
+        if stats:
+            out.append((max(s.st_mtime for s in stats), sum(s.st_size for s in stats), files))
+    return sorted(out, key=lambda e: e[0])
+
+
+def prune(limit: int, root: Path | None = None) -> tuple[int, int]:
+    """Remove the least recently used entries of the compiled parts (cc, nvrtc) until they hold at most
+    `limit` bytes; (entries removed, bytes removed). Measurements (host, tune) are never touched."""
+    root = root or cache_dir()
+    entries = _entries(root)
+    total = sum(e[1] for e in entries)
+    removed = freed = 0
+    for _, size, files in entries:
+        if total <= limit:
+            break
+        for f in files:
+            f.unlink(missing_ok=True)
+        total -= size
+        freed += size
+        removed += 1
+    return removed, freed
+
+
+def clear(root: Path | None = None) -> list[str]:
+    """Empty every part that is rebuilt on demand (cc, nvrtc, schedule), all but NVRTC's per-process precompiled
+    headers; the measurements and the workbench's files stay. The parts emptied, by name."""
+    root = root or cache_dir()
+    gone = []
+    for part in PARTS:
+        folder = root / part.name
+        if not part.rebuilt or not folder.exists():
+            continue
+        for item in folder.iterdir():
+            if part.name == "nvrtc" and item.name == "pch":
+                continue  # running compiles' precompiled headers (engine.codegen.nvrtc sweeps the dead ones)
+            if item.is_dir():
+                shutil.rmtree(item, ignore_errors=True)
+            else:
+                item.unlink(missing_ok=True)
+        gone.append(part.name)
+    return gone
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `500M`, `2G`, `1.5GB`, `800k` or a plain number of bytes (powers of 1024)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise TileweaveError(f"--prune {text!r} is not a size", hint="give bytes or a size such as 500M or 2G")
+    unit = m.group(2).lower()
+    return int(float(m.group(1)) * (1024 ** ("kmgt".index(unit) + 1) if unit else 1))
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
