@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,9 @@ PARTS = (
 )
 COMPILED = ("cc", "nvrtc")  # what `prune` trims
 TEMP_GRACE_S = 3600.0  # a temporary file (a compile in flight) younger than this is left alone
+DEFAULT_MAX = 5 * 1024 ** 3  # what the compile caches may hold before a compile trims them (TILEWEAVE_CACHE_MAX)
+TRIM_EVERY_S = 86400.0  # at most one automatic trim a day per cache folder (its `.trimmed` stamp)
+_TRIMMING = threading.Lock()
 
 
 def touch(path: Path) -> None:
@@ -42,6 +46,45 @@ def touch(path: Path) -> None:
         os.utime(path)
     except OSError:
         pass
+
+
+def max_bytes() -> int | None:
+    """TILEWEAVE_CACHE_MAX (a size: 5G, 800M; 0 or off: unbounded), else DEFAULT_MAX."""
+    raw = os.environ.get("TILEWEAVE_CACHE_MAX", "").strip()
+    if not raw:
+        return DEFAULT_MAX
+    if raw.lower() in ("0", "off", "none"):
+        return None
+    try:
+        return parse_size(raw, "TILEWEAVE_CACHE_MAX")
+    except TileweaveError:
+        return DEFAULT_MAX  # a compile must not fail on it: `tileweave cache` reports the bad value
+
+
+def trim_soon() -> None:
+    """After a compile wrote an entry: at most once a day per cache folder, trim the compile caches to
+    `max_bytes()` (least recently used first) in a background thread, so no compile waits for the scan
+    (~2.6 s over 76,000 files)."""
+    limit = max_bytes()
+    if limit is None or _TRIMMING.locked():
+        return
+    try:
+        stamp = cache_dir() / ".trimmed"
+        if stamp.exists() and time.time() - stamp.stat().st_mtime < TRIM_EVERY_S:
+            return
+        stamp.touch()
+    except OSError:
+        return
+    root = stamp.parent
+
+    def work() -> None:
+        with _TRIMMING:
+            try:
+                prune(limit, root)
+            except OSError:
+                pass
+
+    threading.Thread(target=work, name="tileweave-cache-trim", daemon=True).start()
 
 
 def usage(root: Path | None = None) -> list[dict]:
@@ -148,11 +191,11 @@ def clear(root: Path | None = None) -> list[str]:
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, source: str = "--prune") -> int:
     """Bytes from `500M`, `2G`, `1.5GB`, `800k` or a plain number of bytes (powers of 1024)."""
     m = _SIZE.match(text)
     if not m:
-        raise TileweaveError(f"--prune {text!r} is not a size", hint="give bytes or a size such as 500M or 2G")
+        raise TileweaveError(f"{source} {text!r} is not a size", hint="give bytes or a size such as 500M or 2G")
     unit = m.group(2).lower()
     return int(float(m.group(1)) * (1024 ** ("kmgt".index(unit) + 1) if unit else 1))
 

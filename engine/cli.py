@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `tileweave ... | head`: the reader left; stop quietly, as a SIGPIPE'd tool would
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 141
     finally:
         from engine.memo import report_at_debug
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -293,6 +294,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from engine.flags import cache_dir
 
     limit = cache.parse_size(args.prune) if args.prune is not None else None
+    raw = os.environ.get("TILEWEAVE_CACHE_MAX", "").strip()
+    if raw and raw.lower() not in ("0", "off", "none"):
+        cache.parse_size(raw, "TILEWEAVE_CACHE_MAX")  # a bad value: one line here (compiles ignore it)
+    bound = cache.max_bytes()
     root = cache_dir()
     if limit is not None:
         removed, freed = cache.prune(limit, root)
@@ -304,9 +309,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
               "workbench's edits and uploads")
     rows = cache.usage(root)
     if args.json:
-        print(json.dumps({"folder": str(root), "parts": rows}, indent=1))
+        print(json.dumps({"folder": str(root), "max_bytes": bound, "parts": rows}, indent=1))
         return 0
-    print(f"cache folder {root}")
+    print(f"cache folder {root}; " + (f"compiles trim cc and nvrtc to {cache.human(bound)}, least recently used "
+                                      "first, at most once a day (TILEWEAVE_CACHE_MAX)" if bound else
+                                      "compiles never trim cc and nvrtc (TILEWEAVE_CACHE_MAX=off)"))
     for r in rows:
         kept = "rebuilt on demand" if r["rebuilt"] else "kept"
         print(f"  {r['part']:9s} {r['files']:>8d} files {cache.human(r['bytes']):>10s}  {r['holds']} ({kept})")

@@ -3,6 +3,7 @@
 DEBUG=1 plan summary, 2 per-kernel numbers and the memo tables' hits and misses (engine/memo.py),
 3 every decision with its reason, 4 generated source, 5 IR after each stage. DUMP_DIR=path writes graph, plans, kernels, profile and a repro.sh.
 TILEWEAVE_CACHE=path overrides the compile cache folder (default: ~/.cache/tileweave).
+TILEWEAVE_CACHE_MAX=size bounds its compile caches, trimmed least recently used first once a day (engine/cache.py; 5G).
 TILEWEAVE_SCHEDULE_CACHE=off plans without the schedule cache on disk (engine/schedule/schedcache.py; on by default).
 TILEWEAVE_PLAN_FORK=off plans welder in-process only, with no forked child beside its walk (engine/schedule/forked.py;
 on by default where a core is spare and the process has one thread).

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.cache import touch
+from engine.cache import touch, trim_soon
 from engine.codegen.kir import ENTRY_COMMENT, PROGRAM_ENTRY
 from engine.errors import CompileError, TimeLimitError
 from engine.files import write_atomic
@@ -171,6 +171,7 @@ def compile_c(source: str, *, name: str, options: tuple[str, ...] | None = None,
             err.source_path = src
             raise err
         os.replace(tmp, lib)
+        trim_soon()
     except WorkerTimeout:
         lang = "C++" if cxx else "C"
         raise TimeLimitError(f"the {lang} compile of {name} did not finish within the {timeout:g} s time limit",
@@ -278,6 +279,7 @@ def compile_c_kernels(source: str, *, name: str, units: Units | None = None, tim
         if code != 0:
             return compile_c(source, name=name, timeout=max(deadline - time.monotonic(), 0.1), poll=poll)
         os.replace(tmp, lib)
+        trim_soon()
     except WorkerTimeout:
         raise TimeLimitError(f"the C compile of {name} did not finish within the {timeout:g} s time limit",
                              hint=RAISE_IT) from None

@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from engine.cache import touch
+from engine.cache import touch, trim_soon
 from engine.errors import CompileError
 from engine.files import write_atomic
 from engine.flags import cache_dir, debug
@@ -260,6 +260,7 @@ def compile_cuda(
     if use_cache:
         record = dataclasses.asdict(binary) | {"cubin": base64.b64encode(cubin).decode()}
         write_atomic(entry, json.dumps(record).encode())
+        trim_soon()
     return binary
 
 

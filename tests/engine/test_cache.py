@@ -90,3 +90,33 @@ def test_the_command_shows_prunes_and_clears_keeping_the_measurements(folder, ca
     assert main(["cache", "--prune", "lots"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --prune 'lots' is not a size")
+
+
+def test_a_compile_trims_the_caches_in_the_background_at_most_once_a_day(folder, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("TILEWEAVE_CACHE_MAX", "10k")
+    old = _file(folder / "cc" / "k-aaa.so", 9000, age_s=500)
+    new = _file(folder / "nvrtc" / "bbb.json", 5000, age_s=5)
+    cache.trim_soon()
+    for t in threading.enumerate():
+        if t.name == "tileweave-cache-trim":
+            t.join(10)
+    assert not old.exists() and new.exists() and (folder / ".trimmed").exists()
+    again = _file(folder / "cc" / "k-ccc.so", 9000, age_s=400)  # over the bound again, but trimmed today
+    cache.trim_soon()
+    assert not any(t.name == "tileweave-cache-trim" for t in threading.enumerate()) and again.exists()
+
+
+def test_the_bound_is_read_from_the_environment(monkeypatch):
+    for raw, want in (("", cache.DEFAULT_MAX), ("800M", 800 * 1024 ** 2), ("off", None), ("0", None),
+                      ("bad", cache.DEFAULT_MAX)):  # a compile never fails on it; `tileweave cache` says why
+        monkeypatch.setenv("TILEWEAVE_CACHE_MAX", raw)
+        assert cache.max_bytes() == want, raw
+
+
+def test_a_bad_bound_is_one_line_from_the_command(folder, monkeypatch, capsys):
+    monkeypatch.setenv("TILEWEAVE_CACHE_MAX", "bad")
+    assert main(["cache"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: TILEWEAVE_CACHE_MAX 'bad' is not a size (give bytes or a size "
+                                               "such as 500M or 2G)")

@@ -448,3 +448,18 @@ def test_run_profile_refuses_what_it_cannot_time_in_one_line(capsys, tmp_path, a
     code, out, err = run_cli(capsys, "run", sample_path("gelu_chain"), *argv, "--outputs", tmp_path / "o.npz")
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o.npz").exists()
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`tileweave ... | head`: the pipe closes under the command's output; it stops quietly (exit 141, as a tool
+    killed by SIGPIPE), never with a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    code = ("import engine.commands as c\n"
+            "def closed(args):\n    raise BrokenPipeError(32, 'Broken pipe')\n"
+            "c.cmd_info = closed\n"
+            "from engine.cli import main\nimport sys\nsys.exit(main(['info', 'x.onnx']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr
