@@ -1,6 +1,6 @@
 """The cache folder (`flags.cache_dir()`, TILEWEAVE_CACHE): what each part holds, how much, and trimming it
 (`tileweave cache`). The compile caches grow with every program compiled and nothing else bounds them (this
-project's development machine held 62,334 files, 1.3 GB, in `cc/` after a few weeks of test runs); a hit
+project's development machine held 75,918 files, 1.2 GB, in `cc/` after a few weeks of test runs); a hit
 marks its file used (`touch`), so `prune` removes the least recently used first."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def usage(root: Path | None = None) -> list[dict]:
     for part in PARTS:
         files, size = _measure(root / part.name)
         rows.append({"part": part.name, "files": files, "bytes": size, "holds": part.holds, "rebuilt": part.rebuilt})
-    other = [p for p in root.iterdir() if p.name not in known] if root.is_dir() else []
+    other = [p for p in root.iterdir() if p.name not in known and not p.name.startswith(".")] if root.is_dir() else []
     if other:
         counts = [_measure(p) for p in other]
         rows.append({"part": "other", "files": sum(c[0] for c in counts), "bytes": sum(c[1] for c in counts),
