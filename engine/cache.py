@@ -48,8 +48,9 @@ def touch(path: Path) -> None:
         pass
 
 
-def max_bytes() -> int | None:
-    """TILEWEAVE_CACHE_MAX (a size: 5G, 800M; 0 or off: unbounded), else DEFAULT_MAX."""
+def max_bytes(strict: bool = False) -> int | None:
+    """TILEWEAVE_CACHE_MAX (a size: 5G, 800M; 0 or off: unbounded), else DEFAULT_MAX. A bad value is
+    DEFAULT_MAX (a compile must not fail on it), or with `strict` (`tileweave cache`) a TileweaveError."""
     raw = os.environ.get("TILEWEAVE_CACHE_MAX", "").strip()
     if not raw:
         return DEFAULT_MAX
@@ -58,7 +59,9 @@ def max_bytes() -> int | None:
     try:
         return parse_size(raw, "TILEWEAVE_CACHE_MAX")
     except TileweaveError:
-        return DEFAULT_MAX  # a compile must not fail on it: `tileweave cache` reports the bad value
+        if strict:
+            raise
+        return DEFAULT_MAX
 
 
 def trim_soon() -> None:

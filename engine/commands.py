@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -294,10 +293,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from engine.flags import cache_dir
 
     limit = cache.parse_size(args.prune) if args.prune is not None else None
-    raw = os.environ.get("TILEWEAVE_CACHE_MAX", "").strip()
-    if raw and raw.lower() not in ("0", "off", "none"):
-        cache.parse_size(raw, "TILEWEAVE_CACHE_MAX")  # a bad value: one line here (compiles ignore it)
-    bound = cache.max_bytes()
+    bound = cache.max_bytes(strict=True)  # a bad value: one line here (compiles ignore it)
     root = cache_dir()
     if limit is not None:
         removed, freed = cache.prune(limit, root)
