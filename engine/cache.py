@@ -6,7 +6,6 @@ marks its file used (`touch`), so `prune` removes the least recently used first.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import threading
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from engine.errors import TileweaveError
 from engine.flags import cache_dir
+from engine.runtime.budget import parse_size
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def max_bytes(strict: bool = False) -> int | None:
     if raw.lower() in ("0", "off", "none"):
         return None
     try:
-        return parse_size(raw, "TILEWEAVE_CACHE_MAX")
+        return parse_size(raw, "TILEWEAVE_CACHE_MAX")  # the sizes --memory-budget takes
     except TileweaveError:
         if strict:
             raise
@@ -189,23 +189,3 @@ def clear(root: Path | None = None) -> list[str]:
                 item.unlink(missing_ok=True)
         gone.append(part.name)
     return gone
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str, source: str = "--prune") -> int:
-    """Bytes from `500M`, `2G`, `1.5GB`, `800k` or a plain number of bytes (powers of 1024)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise TileweaveError(f"{source} {text!r} is not a size", hint="give bytes or a size such as 500M or 2G")
-    unit = m.group(2).lower()
-    return int(float(m.group(1)) * (1024 ** ("kmgt".index(unit) + 1) if unit else 1))
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"

@@ -282,7 +282,7 @@ def add_cache_command(sub) -> None:
     how = p.add_mutually_exclusive_group()
     how.add_argument("--prune", metavar="SIZE",
                      help="remove the least recently used compiled programs until cc and nvrtc hold at most SIZE "
-                          "(bytes, or e.g. 500M, 2G)")
+                          "(bytes, or e.g. 500M, 2GiB, 2GB: as --memory-budget)")
     how.add_argument("--clear", action="store_true", help="remove cc, nvrtc and schedule (all rebuilt on demand)")
     p.add_argument("--json", action="store_true", help="print the parts as JSON")
     p.set_defaults(func=cmd_cache)
@@ -291,13 +291,14 @@ def add_cache_command(sub) -> None:
 def cmd_cache(args: argparse.Namespace) -> int:
     from engine import cache
     from engine.flags import cache_dir
+    from engine.runtime.budget import format_bytes, parse_size
 
-    limit = cache.parse_size(args.prune) if args.prune is not None else None
+    limit = parse_size(args.prune, "--prune") if args.prune is not None else None
     bound = cache.max_bytes(strict=True)  # a bad value: one line here (compiles ignore it)
     root = cache_dir()
     if limit is not None:
         removed, freed = cache.prune(limit, root)
-        print(f"removed {removed} entries (compiled programs, CUDA units, kernel objects), {cache.human(freed)}, "
+        print(f"removed {removed} entries (compiled programs, CUDA units, kernel objects), {format_bytes(freed)}, "
               "least recently used first")
     if args.clear:
         gone = cache.clear(root)
@@ -307,13 +308,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"folder": str(root), "max_bytes": bound, "parts": rows}, indent=1))
         return 0
-    print(f"cache folder {root}; " + (f"compiles trim cc and nvrtc to {cache.human(bound)}, least recently used "
+    print(f"cache folder {root}; " + (f"compiles trim cc and nvrtc to {format_bytes(bound)}, least recently used "
                                       "first, at most once a day (TILEWEAVE_CACHE_MAX)" if bound else
                                       "compiles never trim cc and nvrtc (TILEWEAVE_CACHE_MAX=off)"))
     for r in rows:
         kept = "rebuilt on demand" if r["rebuilt"] else "kept"
-        print(f"  {r['part']:9s} {r['files']:>8d} files {cache.human(r['bytes']):>10s}  {r['holds']} ({kept})")
-    print(f"  {'total':9s} {sum(r['files'] for r in rows):>8d} files {cache.human(sum(r['bytes'] for r in rows)):>10s}")
+        print(f"  {r['part']:9s} {r['files']:>8d} files {format_bytes(r['bytes']):>10s}  {r['holds']} ({kept})")
+    print(f"  {'total':9s} {sum(r['files'] for r in rows):>8d} files {format_bytes(sum(r['bytes'] for r in rows)):>10s}")
     return 0
 
 

@@ -24,19 +24,20 @@ class Budget:
     source: str  # where the figure came from, quoted in every refusal
 
 
-def parse_size(text: str | int) -> int:
-    """`"8GiB"`, `"512M"` (binary), `"2GB"` (decimal), `"1e9"` or an int -> bytes (> 0)."""
+def parse_size(text: str | int, flag: str = "--memory-budget") -> int:
+    """`"8GiB"`, `"512M"` (binary), `"2GB"` (decimal), `"1e9"` or an int -> bytes (> 0); errors name `flag`
+    (also `tileweave cache --prune`, TILEWEAVE_CACHE_MAX)."""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
         unit = m and m.group(2).lower()
         if not m or unit not in _UNITS:
-            raise TileweaveError(f"--memory-budget '{text}' is not a size",
+            raise TileweaveError(f"{flag} '{text}' is not a size",
                                  hint="write bytes or a number with a unit, e.g. 8GiB, 512MiB, 2GB")
         value = int(float(m.group(1)) * _UNITS[unit])
     if value <= 0:
-        raise TileweaveError(f"--memory-budget must be positive, got {text}", hint="e.g. --memory-budget 8GiB")
+        raise TileweaveError(f"{flag} must be positive, got {text}", hint=f"e.g. {flag} 8GiB")
     return value
 
 

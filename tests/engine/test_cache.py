@@ -28,14 +28,16 @@ def folder(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_sizes_parse_in_powers_of_1024_and_a_bad_one_says_how():
-    assert cache.parse_size("500M") == 500 * 1024 ** 2
-    assert cache.parse_size("2G") == 2 * 1024 ** 3
-    assert cache.parse_size("1.5GB") == int(1.5 * 1024 ** 3)
-    assert cache.parse_size("800k") == 800 * 1024
-    assert cache.parse_size("1234") == 1234
-    with pytest.raises(TileweaveError, match="not a size"):
-        cache.parse_size("lots")
+def test_sizes_parse_as_memory_budget_sizes_and_a_bad_one_names_its_flag():
+    from engine.runtime.budget import parse_size
+
+    assert parse_size("500M", "--prune") == 500 * 1024 ** 2
+    assert parse_size("2G", "--prune") == 2 * 1024 ** 3
+    assert parse_size("1.5GB", "--prune") == int(1.5 * 1000 ** 3)  # decimal with B, as --memory-budget
+    assert parse_size("800k", "--prune") == 800 * 1024
+    assert parse_size("1234", "--prune") == 1234
+    with pytest.raises(TileweaveError, match="^--prune 'lots' is not a size"):
+        parse_size("lots", "--prune")
 
 
 def test_prune_removes_the_least_recently_used_programs_whole_and_never_the_measurements(folder):
@@ -118,5 +120,5 @@ def test_the_bound_is_read_from_the_environment(monkeypatch):
 def test_a_bad_bound_is_one_line_from_the_command(folder, monkeypatch, capsys):
     monkeypatch.setenv("TILEWEAVE_CACHE_MAX", "bad")
     assert main(["cache"]) == 2
-    assert capsys.readouterr().err.strip() == ("error: TILEWEAVE_CACHE_MAX 'bad' is not a size (give bytes or a size "
-                                               "such as 500M or 2G)")
+    assert capsys.readouterr().err.strip() == ("error: TILEWEAVE_CACHE_MAX 'bad' is not a size (write bytes or a "
+                                               "number with a unit, e.g. 8GiB, 512MiB, 2GB)")
